@@ -45,11 +45,11 @@ type elfKernel struct {
 
 // elfLayout gives field offsets that differ between ELF32 and ELF64.
 type elfLayout struct {
-	ehsize                            uint64
-	entry, phoff, shoff               uint64 // offsets in the ELF header
+	ehsize                             uint64
+	entry, phoff, shoff                uint64 // offsets in the ELF header
 	phentsize, phnum, shentsize, shnum uint64
-	word                              uint64 // 4 or 8: size of addresses/offsets
-	phsize, shsize                    uint64
+	word                               uint64 // 4 or 8: size of addresses/offsets
+	phsize, shsize                     uint64
 }
 
 var (

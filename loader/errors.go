@@ -50,13 +50,13 @@ func inFile(role, name string, err error) error {
 	return &loadError{msg: fmt.Sprintf("%s %s: %v", role, name, err), errs: []error{err}}
 }
 
-// size formats a byte count for messages: "16 MiB", "1.5 MiB", "300 KiB".
+// size formats a byte count for messages: "16 MiB", "1.50 MiB", "300 KiB".
 func size(n uint64) string {
 	switch {
 	case n >= 1<<20 && n%(1<<20) == 0:
 		return fmt.Sprintf("%d MiB", n>>20)
 	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+		return fmt.Sprintf("%d.%02d MiB", n>>20, (n&(1<<20-1))*100>>20) // truncated, never rounded up
 	case n >= 1<<10 && n%(1<<10) == 0:
 		return fmt.Sprintf("%d KiB", n>>10)
 	default:

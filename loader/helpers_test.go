@@ -18,9 +18,18 @@ func machineRanges(size uint64) []guestmem.Range {
 	return []guestmem.Range{{GPA: 0, Size: mmioGap}, {GPA: fourGiB, Size: size - mmioGap}}
 }
 
-// newMem is guest memory of size bytes backed by plain slices.
+// newMem is guest memory of size bytes backed by plain slices, or by lazily
+// mapped anonymous memory above 256 MiB (untouched pages cost nothing).
 func newMem(t testing.TB, size uint64) *guestmem.Memory {
 	t.Helper()
+	if size > 256*mib {
+		m, err := guestmem.NewAnonymous(machineRanges(size)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
 	var regs []guestmem.Region
 	for _, r := range machineRanges(size) {
 		regs = append(regs, guestmem.Region{GPA: r.GPA, Data: make([]byte, r.Size)})
@@ -250,9 +259,9 @@ func pattern(n int, seed byte) []byte {
 // defaultPVH is a small PVH ELF64 kernel at 16 MiB: 8 KiB of code, 4 KiB of bss.
 func defaultPVH() elfSpec {
 	return elfSpec{
-		entry: 0xffffffff81000000,
-		segs:  []elfSeg{{paddr: 0x1000000, vaddr: 0xffffffff81000000, data: pattern(8192, 0x5a), memsz: 12288}},
-		notes: append(note("GNU", 3, []byte{1, 2, 3, 4, 5, 6, 7, 8}, 4), pvhNote(0x1000100)...),
+		entry:    0xffffffff81000000,
+		segs:     []elfSeg{{paddr: 0x1000000, vaddr: 0xffffffff81000000, data: pattern(8192, 0x5a), memsz: 12288}},
+		notes:    append(note("GNU", 3, []byte{1, 2, 3, 4, 5, 6, 7, 8}, 4), pvhNote(0x1000100)...),
 		notePhdr: true,
 	}
 }

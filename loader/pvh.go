@@ -6,11 +6,11 @@ import "encoding/binary"
 // in 32-bit protected mode at the XEN_ELFNOTE_PHYS32_ENTRY address with EBX
 // holding the physical address of struct hvm_start_info.
 const (
-	hvmStartMagic     = 0x336ec578 // XEN_HVM_START_MAGIC_VALUE
-	hvmStartVersion   = 1          // version 1 adds memmap_paddr/memmap_entries
-	startInfoSize     = 56         // sizeof(struct hvm_start_info), version 1
-	modlistEntrySize  = 32         // sizeof(struct hvm_modlist_entry)
-	memmapEntrySize   = 24         // sizeof(struct hvm_memmap_table_entry)
+	hvmStartMagic    = 0x336ec578 // XEN_HVM_START_MAGIC_VALUE
+	hvmStartVersion  = 1          // version 1 adds memmap_paddr/memmap_entries
+	startInfoSize    = 56         // sizeof(struct hvm_start_info), version 1
+	modlistEntrySize = 32         // sizeof(struct hvm_modlist_entry)
+	memmapEntrySize  = 24         // sizeof(struct hvm_memmap_table_entry)
 )
 
 // startInfo holds what goes in the PVH start info page.
