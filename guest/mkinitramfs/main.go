@@ -1,0 +1,171 @@
+// Command mkinitramfs writes the initramfs for the Linux test guest: a newc
+// cpio archive (gzip-compressed when the output name ends in ".gz") holding
+// the static /init built from guest/init, plus /dev (with /dev/console and
+// /dev/null), /proc, /sys and /tmp.
+//
+//	CGO_ENABLED=0 go build -o build/guest-init ./guest/init
+//	go run ./guest/mkinitramfs -o build/initramfs.cpio.gz -init build/guest-init
+//
+// Extra files can be added with -file GUESTPATH=HOSTPATH (repeatable); their
+// parent directories are created as needed. See docs/guest-linux.md.
+package main
+
+import (
+	"debug/elf"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/microvm/microvm/guest/initramfs"
+)
+
+type fileFlags []string
+
+func (f *fileFlags) String() string     { return strings.Join(*f, ",") }
+func (f *fileFlags) Set(v string) error { *f = append(*f, v); return nil }
+
+func main() {
+	out := flag.String("o", "", "output archive (gzip-compressed when it ends in .gz)")
+	initPath := flag.String("init", "", "static binary to install as /init")
+	var extra fileFlags
+	flag.Var(&extra, "file", "add GUESTPATH=HOSTPATH (repeatable)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: mkinitramfs -o OUT -init BINARY [-file GUEST=HOST]...\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if *out == "" || *initPath == "" || flag.NArg() != 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(*out, *initPath, extra); err != nil {
+		fmt.Fprintf(os.Stderr, "mkinitramfs: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(out, initPath string, extra []string) error {
+	initData, err := os.ReadFile(initPath)
+	if err != nil {
+		return err
+	}
+	if err := checkStaticELF(initPath); err != nil {
+		return err
+	}
+
+	dir := filepath.Dir(out)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".mkinitramfs-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename this is a no-op error
+
+	w := initramfs.NewWriter(tmp)
+	if strings.HasSuffix(out, ".gz") {
+		w = initramfs.NewGzipWriter(tmp)
+	}
+	if err := writeEntries(w, initData, extra); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := w.Close(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), out)
+}
+
+func writeEntries(w *initramfs.Writer, initData []byte, extra []string) error {
+	steps := []func() error{
+		func() error { return w.Dir("dev", 0o755) },
+		// The kernel opens /dev/console for init's stdin/stdout/stderr before
+		// /init runs, so it must exist in the archive; /init then mounts
+		// devtmpfs over /dev.
+		func() error { return w.CharDev("dev/console", 0o600, 5, 1) },
+		func() error { return w.CharDev("dev/null", 0o666, 1, 3) },
+		func() error { return w.Dir("proc", 0o555) },
+		func() error { return w.Dir("sys", 0o555) },
+		func() error { return w.Dir("tmp", 0o1777) },
+		func() error { return w.File("init", 0o755, initData) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	dirs := map[string]bool{"dev": true, "proc": true, "sys": true, "tmp": true}
+	for _, spec := range extra {
+		guest, host, ok := strings.Cut(spec, "=")
+		if !ok || guest == "" || host == "" {
+			return fmt.Errorf("-file %q: want GUESTPATH=HOSTPATH", spec)
+		}
+		name, err := initramfs.CleanPath(guest)
+		if err != nil {
+			return err
+		}
+		fi, err := os.Stat(host)
+		if err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("-file %q: %s is not a regular file", spec, host)
+		}
+		data, err := os.ReadFile(host)
+		if err != nil {
+			return err
+		}
+		if err := mkdirAll(w, dirs, path.Dir(name)); err != nil {
+			return err
+		}
+		if err := w.File(name, uint32(fi.Mode().Perm()), data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mkdirAll adds dir and its missing ancestors to the archive.
+func mkdirAll(w *initramfs.Writer, dirs map[string]bool, dir string) error {
+	if dir == "." || dirs[dir] {
+		return nil
+	}
+	if err := mkdirAll(w, dirs, path.Dir(dir)); err != nil {
+		return err
+	}
+	dirs[dir] = true
+	return w.Dir(dir, 0o755)
+}
+
+// checkStaticELF refuses anything but a statically linked x86-64 ELF
+// executable: the archive has no dynamic loader or libc, and a dynamically
+// linked /init fails in the guest with a bare "No such file or directory".
+func checkStaticELF(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("%s: not an ELF executable: %w", p, err)
+	}
+	defer f.Close()
+	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
+		return fmt.Errorf("%s: is %v %v, want a 64-bit x86-64 executable", p, f.Class, f.Machine)
+	}
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return errors.New(p + ": dynamically linked (has PT_INTERP); build it with CGO_ENABLED=0")
+		}
+	}
+	return nil
+}
