@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+)
+
+// hostCID is the vsock context ID of the host (VMADDR_CID_HOST).
+const hostCID = 2
+
+// Conn is a stream connection that can be half-closed: CloseWrite sends the
+// peer EOF (shutdown(SHUT_WR)) while reading goes on.
+type Conn interface {
+	net.Conn
+	CloseWrite() error
+}
+
+// Network is what scenarios use to reach the host. The guest implementation
+// is vsockNetwork; tests substitute a fake built on Unix sockets, so the
+// scenario logic runs on any host.
+type Network interface {
+	// LocalCID returns this side's CID, or an error when no vsock transport
+	// (no virtio-vsock device) is present.
+	LocalCID() (uint32, error)
+	// Listen listens on a port of the local CID. Accepted connections
+	// implement Conn.
+	Listen(port uint32) (net.Listener, error)
+	// Dial connects to (cid, port). It gives up when ctx ends.
+	Dial(ctx context.Context, cid, port uint32) (Conn, error)
+}
+
+// asConn checks that an accepted connection can be half-closed.
+func asConn(c net.Conn) (Conn, error) {
+	hc, ok := c.(Conn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("accepted %T cannot be half-closed", c)
+	}
+	return hc, nil
+}
+
+// VsockAddr is an AF_VSOCK address; it implements net.Addr.
+type VsockAddr struct {
+	CID  uint32
+	Port uint32
+}
+
+// Network returns "vsock".
+func (a *VsockAddr) Network() string { return "vsock" }
+
+// String returns "vsock(CID:PORT)", or "vsock(any:PORT)" for VMADDR_CID_ANY.
+func (a *VsockAddr) String() string {
+	if a.CID == vmaddrCIDAny {
+		return fmt.Sprintf("vsock(any:%d)", a.Port)
+	}
+	return fmt.Sprintf("vsock(%d:%d)", a.CID, a.Port)
+}
+
+// vmaddrCIDAny is VMADDR_CID_ANY: bind to whichever CID this side has.
+const vmaddrCIDAny = 0xffffffff

@@ -1,0 +1,565 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults shared by the scenarios. Every one can be overridden on the kernel
+// command line (microvm.KEY or microvm.NAME.KEY).
+const (
+	defaultPort = 1024
+	bufSize     = 64 << 10
+)
+
+// scenarios is the table of everything /init can run. Names are stable: the
+// host-side conformance test refers to them.
+var scenarios = NewRegistry(
+	&Scenario{
+		Name:  "echo",
+		Doc:   "listen on port; echo each connection until EOF, then close it; stop after conns connections (0: until the timeout)",
+		Vsock: true,
+		Run:   runEcho,
+	},
+	&Scenario{
+		Name:  "connect",
+		Doc:   "dial cid:port; send size seeded bytes while reading the echo back; compare",
+		Vsock: true,
+		Run:   runConnect,
+	},
+	&Scenario{
+		Name:  "send",
+		Doc:   "dial cid:port; send size seeded bytes, shut down writing, wait for EOF; report sha256 for the host to compare",
+		Vsock: true,
+		Run:   sendScenario(1 << 20),
+	},
+	&Scenario{
+		Name:  "recv",
+		Doc:   "dial cid:port; read until EOF; report bytes and sha256 (checked here too when size or sha256 is set)",
+		Vsock: true,
+		Run:   runRecv,
+	},
+	&Scenario{
+		Name:  "halfclose-guest",
+		Doc:   "dial cid:port; send size bytes, shut down writing, then read the reply until EOF (expect=echo: must equal what was sent)",
+		Vsock: true,
+		Run:   runHalfCloseGuest,
+	},
+	&Scenario{
+		Name:  "halfclose-host",
+		Doc:   "listen on port; read one connection until the host shuts down writing, then send back what was read and close",
+		Vsock: true,
+		Run:   runHalfCloseHost,
+	},
+	&Scenario{
+		Name:  "slowreader",
+		Doc:   "dial cid:port; send size (8M) bytes as fast as credit allows to a slow host reader; no loss, no reset",
+		Vsock: true,
+		Run:   sendScenario(8 << 20),
+	},
+	&Scenario{
+		Name:  "concurrent",
+		Doc:   "dial cid:port conns (32) times at once; each sends size bytes (seed+i) and checks the echo",
+		Vsock: true,
+		Run:   runConcurrent,
+	},
+	&Scenario{
+		Name: "loopback",
+		Doc:  "self-test inside the guest over vsock_loopback (cid 1): echo size bytes through our own listener with a half-close, then expect a refused dial",
+		Run:  runLoopback,
+	},
+	&Scenario{
+		Name:  "refused",
+		Doc:   "dial cid:port where nobody listens; expect ECONNRESET or ECONNREFUSED within `within` (1s)",
+		Vsock: true,
+		Run:   runRefused,
+	},
+)
+
+// dialTarget is the peer a dialing scenario connects to.
+type dialTarget struct {
+	cid, port uint32
+	retry     time.Duration // keep retrying a refused dial this long
+}
+
+func readDialTarget(p *ScenarioParams) dialTarget {
+	return dialTarget{
+		cid:   p.Uint32("cid", hostCID),
+		port:  p.Uint32("port", defaultPort),
+		retry: p.Duration("dial-retry", 0),
+	}
+}
+
+func isRefusal(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// dial connects to t, retrying refusals for t.retry (for a host listener that
+// comes up after the guest boots), and ties the connection to ctx: its
+// deadline becomes the connection's, and ctx's end closes it.
+func dial(ctx context.Context, env *Env, t dialTarget) (Conn, func(), error) {
+	give := time.Now().Add(t.retry)
+	for {
+		c, err := env.Net.Dial(ctx, t.cid, t.port)
+		if err == nil {
+			return c, bindConn(ctx, c), nil
+		}
+		if t.retry == 0 || !isRefusal(err) || time.Now().After(give) {
+			return nil, nil, fmt.Errorf("dial %d:%d: %w", t.cid, t.port, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("dial %d:%d: %w (retried until %v)", t.cid, t.port, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// bindConn applies ctx's deadline to c and closes c when ctx ends. The
+// returned func undoes the binding and closes c.
+func bindConn(ctx context.Context, c io.Closer) func() {
+	if d, ok := ctx.Deadline(); ok {
+		if dc, ok := c.(interface{ SetDeadline(time.Time) error }); ok {
+			_ = dc.SetDeadline(d)
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	return func() {
+		stop()
+		c.Close()
+	}
+}
+
+// sendPayload writes n bytes of seed's payload to w, hashing what it writes.
+func sendPayload(w io.Writer, seed uint64, n int64) (*digest, error) {
+	d := newDigest()
+	buf := make([]byte, bufSize)
+	src := io.LimitReader(newPayload(seed), n)
+	for {
+		m, rerr := src.Read(buf)
+		if m > 0 {
+			k, err := w.Write(buf[:m])
+			d.Write(buf[:k])
+			if err != nil {
+				return d, fmt.Errorf("write after %d of %d bytes: %w", d.Len(), n, err)
+			}
+		}
+		if rerr == io.EOF {
+			return d, nil
+		}
+	}
+}
+
+// readAll reads r until EOF into d (and into keep, when not nil), adding the
+// count to total as it goes so another goroutine can watch progress.
+func readAll(r io.Reader, d *digest, keep *bytes.Buffer, total *atomic.Int64) error {
+	buf := make([]byte, bufSize)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			d.Write(buf[:n])
+			if keep != nil {
+				keep.Write(buf[:n])
+			}
+			if total != nil {
+				total.Add(int64(n))
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read after %d bytes: %w", d.Len(), err)
+		}
+	}
+}
+
+// exchangeResult describes one send-and-read-back exchange.
+type exchangeResult struct {
+	sent, recv    *digest
+	afterShutdown int64 // bytes received after our shutdown(SHUT_WR) returned
+}
+
+// exchange sends n bytes of seed's payload on c while reading c until EOF in
+// parallel (so a streaming echo cannot deadlock on flow control), shutting
+// down the sending side once everything is written.
+func exchange(c Conn, seed uint64, n int64) (exchangeResult, error) {
+	res := exchangeResult{recv: newDigest()}
+	var total atomic.Int64
+	readDone := make(chan error, 1)
+	go func() { readDone <- readAll(c, res.recv, nil, &total) }()
+
+	sent, werr := sendPayload(c, seed, n)
+	res.sent = sent
+	atShutdown := total.Load()
+	if werr == nil {
+		if err := c.CloseWrite(); err != nil {
+			werr = fmt.Errorf("shutdown(SHUT_WR): %w", err)
+		}
+	}
+	if werr != nil {
+		c.Close() // unblock the reader
+		<-readDone
+		return res, werr
+	}
+	if err := <-readDone; err != nil {
+		return res, err
+	}
+	res.afterShutdown = res.recv.Len() - atShutdown
+	return res, nil
+}
+
+func runEcho(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	port := p.Uint32("port", defaultPort)
+	conns := p.Int("conns", 1, 0, 1<<30)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	ln, err := env.Net.Listen(port)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+	defer func() { stopLn(); ln.Close() }()
+	env.Progress("listening port=%d", port)
+
+	type served struct {
+		id  int
+		n   int64
+		err error
+	}
+	results := make(chan served)
+	acceptErr := make(chan error, 1)
+	go func() {
+		for id := 0; conns == 0 || id < conns; id++ {
+			c, err := ln.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			go func() {
+				release := bindConn(ctx, c)
+				defer release()
+				n, err := io.CopyBuffer(c, c, make([]byte, bufSize))
+				select {
+				case results <- served{id, n, err}:
+				case <-ctx.Done():
+				}
+			}()
+		}
+	}()
+
+	count, total := 0, int64(0)
+	for conns == 0 || count < conns {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				return "", fmt.Errorf("connection %d: echoed %d bytes: %w", r.id, r.n, r.err)
+			}
+			count++
+			total += r.n
+		case err := <-acceptErr:
+			return "", fmt.Errorf("accept after %d connections served: %w", count, err)
+		}
+	}
+	return fmt.Sprintf("conns=%d bytes=%d", count, total), nil
+}
+
+func runConnect(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	t := readDialTarget(p)
+	size := p.Size("size", 1<<20)
+	seed := p.Uint64("seed", 1)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	c, release, err := dial(ctx, env, t)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	res, err := exchange(c, seed, size)
+	if err != nil {
+		return "", err
+	}
+	if res.recv.Len() != res.sent.Len() || res.recv.Sum() != res.sent.Sum() {
+		return "", fmt.Errorf("echo mismatch: sent %d bytes sha256=%s, got back %d bytes sha256=%s",
+			res.sent.Len(), res.sent.Sum(), res.recv.Len(), res.recv.Sum())
+	}
+	return fmt.Sprintf("bytes=%d sha256=%s", res.sent.Len(), res.sent.Sum()), nil
+}
+
+// sendScenario sends size bytes (default def), shuts down writing and waits
+// for the host to close, so that success means the host read everything.
+func sendScenario(def int64) func(context.Context, *Env, *ScenarioParams) (string, error) {
+	return func(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+		t := readDialTarget(p)
+		size := p.Size("size", def)
+		seed := p.Uint64("seed", 1)
+		if err := p.Err(); err != nil {
+			return "", err
+		}
+		c, release, err := dial(ctx, env, t)
+		if err != nil {
+			return "", err
+		}
+		defer release()
+		start := time.Now()
+		sent, err := sendPayload(c, seed, size)
+		if err != nil {
+			return "", err
+		}
+		if err := c.CloseWrite(); err != nil {
+			return "", fmt.Errorf("shutdown(SHUT_WR) after %d bytes: %w", size, err)
+		}
+		reply := newDigest()
+		if err := readAll(c, reply, nil, nil); err != nil {
+			return "", fmt.Errorf("all %d bytes written, then waiting for the host to close: %w", size, err)
+		}
+		elapsed := time.Since(start)
+		rate := float64(size) / (1 << 20) / max(elapsed.Seconds(), 1e-9)
+		return fmt.Sprintf("bytes=%d sha256=%s elapsed=%s rate=%.1fMiB/s",
+			sent.Len(), sent.Sum(), elapsed.Round(time.Millisecond), rate), nil
+	}
+}
+
+func runRecv(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	t := readDialTarget(p)
+	want := p.Size("size", -1)
+	wantSum := p.String("sha256", "")
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	c, release, err := dial(ctx, env, t)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	d := newDigest()
+	if err := readAll(c, d, nil, nil); err != nil {
+		return "", err
+	}
+	got := fmt.Sprintf("bytes=%d sha256=%s", d.Len(), d.Sum())
+	if (want >= 0 && d.Len() != want) || (wantSum != "" && d.Sum() != wantSum) {
+		return "", fmt.Errorf("received %s, want size=%d sha256=%s", got, want, wantSum)
+	}
+	return got, nil
+}
+
+func runHalfCloseGuest(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	t := readDialTarget(p)
+	size := p.Size("size", 64<<10)
+	seed := p.Uint64("seed", 1)
+	expect := p.String("expect", "echo")
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	if expect != "echo" && expect != "any" {
+		return "", fmt.Errorf("bad parameter expect=%q: want echo or any", expect)
+	}
+	c, release, err := dial(ctx, env, t)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	res, err := exchange(c, seed, size)
+	if err != nil {
+		return "", err
+	}
+	details := fmt.Sprintf("bytes=%d sha256=%s reply_bytes=%d reply_sha256=%s after_shutdown=%d",
+		res.sent.Len(), res.sent.Sum(), res.recv.Len(), res.recv.Sum(), res.afterShutdown)
+	if expect == "echo" && (res.recv.Len() != res.sent.Len() || res.recv.Sum() != res.sent.Sum()) {
+		return "", fmt.Errorf("reply is not the data sent: %s", details)
+	}
+	return details, nil
+}
+
+func runHalfCloseHost(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	port := p.Uint32("port", defaultPort)
+	limit := p.Size("max", 64<<20)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	ln, err := env.Net.Listen(port)
+	if err != nil {
+		return "", err
+	}
+	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+	defer func() { stopLn(); ln.Close() }()
+	env.Progress("listening port=%d", port)
+	nc, err := ln.Accept()
+	if err != nil {
+		return "", fmt.Errorf("accept: %w", err)
+	}
+	ln.Close()
+	c, err := asConn(nc)
+	if err != nil {
+		return "", err
+	}
+	release := bindConn(ctx, c)
+	defer release()
+	d := newDigest()
+	var data bytes.Buffer
+	if err := readAll(io.LimitReader(c, limit+1), d, &data, nil); err != nil {
+		return "", fmt.Errorf("before the host's shutdown: %w", err)
+	}
+	if d.Len() > limit {
+		return "", fmt.Errorf("host sent more than max=%d bytes without shutting down", limit)
+	}
+	if _, err := c.Write(data.Bytes()); err != nil {
+		return "", fmt.Errorf("reply after the host's shutdown (EOF after %d bytes): %w", d.Len(), err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		return "", fmt.Errorf("shutdown(SHUT_WR) after the reply: %w", err)
+	}
+	return fmt.Sprintf("bytes=%d sha256=%s", d.Len(), d.Sum()), nil
+}
+
+func runConcurrent(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	t := readDialTarget(p)
+	conns := p.Int("conns", 32, 1, 4096)
+	size := p.Size("size", 256<<10)
+	seed := p.Uint64("seed", 1)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	errs := make([]error, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() {
+			c, release, err := dial(ctx, env, t)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer release()
+			res, err := exchange(c, seed+uint64(i), size)
+			if err == nil && (res.recv.Len() != res.sent.Len() || res.recv.Sum() != res.sent.Sum()) {
+				err = fmt.Errorf("echo mismatch: sent %d bytes, got back %d (sha256 %s vs %s)",
+					res.sent.Len(), res.recv.Len(), res.sent.Sum(), res.recv.Sum())
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	failed, first := 0, -1
+	for i, err := range errs {
+		if err != nil {
+			failed++
+			if first < 0 {
+				first = i
+			}
+		}
+	}
+	if failed > 0 {
+		return "", fmt.Errorf("%d of %d connections failed; first: connection %d: %w", failed, conns, first, errs[first])
+	}
+	return fmt.Sprintf("conns=%d bytes_each=%d total=%d", conns, size, int64(conns)*size), nil
+}
+
+func runRefused(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	cid := p.Uint32("cid", hostCID)
+	port := p.Uint32("port", 9999)
+	within := p.Duration("within", time.Second)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	// Wait longer than `within` so that a slow answer is told apart from none.
+	dctx, cancel := context.WithTimeout(ctx, max(3*within, 3*time.Second))
+	defer cancel()
+	start := time.Now()
+	c, err := env.Net.Dial(dctx, cid, port)
+	elapsed := time.Since(start)
+	if err == nil {
+		c.Close()
+		return "", fmt.Errorf("connected to %d:%d, where nobody should listen", cid, port)
+	}
+	var errno syscall.Errno
+	name := "none"
+	if errors.As(err, &errno) {
+		name = unix.ErrnoName(errno)
+	}
+	if !isRefusal(err) {
+		return "", fmt.Errorf("want ECONNRESET or ECONNREFUSED, got errno=%s after %v: %v", name, elapsed.Round(time.Millisecond), err)
+	}
+	if elapsed > within {
+		return "", fmt.Errorf("refused (errno=%s) but only after %v, more than within=%v", name, elapsed.Round(time.Millisecond), within)
+	}
+	return fmt.Sprintf("errno=%s elapsed=%v", name, elapsed.Round(100*time.Microsecond)), nil
+}
+
+func runLoopback(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
+	cid := p.Uint32("cid", unix.VMADDR_CID_LOCAL)
+	port := p.Uint32("port", unix.VMADDR_PORT_ANY)
+	size := p.Size("size", 1<<20)
+	seed := p.Uint64("seed", 1)
+	if err := p.Err(); err != nil {
+		return "", err
+	}
+	ln, err := env.Net.Listen(port)
+	if err != nil {
+		return "", err
+	}
+	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+	defer func() { stopLn(); ln.Close() }()
+	if a, ok := ln.Addr().(*VsockAddr); ok {
+		port = a.Port // the one picked for VMADDR_PORT_ANY
+	}
+	served := make(chan error, 1)
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			served <- fmt.Errorf("accept: %w", err)
+			return
+		}
+		release := bindConn(ctx, nc)
+		defer release()
+		c, err := asConn(nc)
+		if err == nil {
+			_, err = io.CopyBuffer(c, c, make([]byte, bufSize))
+		}
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		served <- err
+	}()
+	c, release, err := dial(ctx, env, dialTarget{cid: cid, port: port})
+	if err != nil {
+		return "", err
+	}
+	res, err := exchange(c, seed, size)
+	release()
+	if err != nil {
+		return "", err
+	}
+	if err := <-served; err != nil {
+		return "", fmt.Errorf("echo side: %w", err)
+	}
+	if res.recv.Sum() != res.sent.Sum() {
+		return "", fmt.Errorf("echo mismatch: sent %d bytes, got back %d", res.sent.Len(), res.recv.Len())
+	}
+	ln.Close()
+	start := time.Now()
+	c2, err := env.Net.Dial(ctx, cid, port)
+	if err == nil {
+		c2.Close()
+		return "", fmt.Errorf("dial %d:%d after closing the listener connected", cid, port)
+	}
+	if !isRefusal(err) {
+		return "", fmt.Errorf("dial %d:%d after closing the listener: want a refusal, got %w", cid, port, err)
+	}
+	var errno syscall.Errno
+	errors.As(err, &errno)
+	return fmt.Sprintf("bytes=%d sha256=%s refused=%s refused_after=%v",
+		res.sent.Len(), res.sent.Sum(), unix.ErrnoName(errno), time.Since(start).Round(100*time.Microsecond)), nil
+}
