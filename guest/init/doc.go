@@ -6,9 +6,11 @@
 // # Life cycle (as PID 1)
 //
 //  1. Mount /proc, /sys and devtmpfs on /dev; print "init: ready".
+//
 //  2. Ask /dev/vsock for the local CID: "init: vsock cid=N", or
 //     "init: vsock unavailable: REASON" (then every vsock scenario fails at
 //     once instead of waiting for its timeout).
+//
 //  3. Run the scenarios listed in microvm.scenarios, in order, each bounded by
 //     its timeout, printing
 //

@@ -2,7 +2,7 @@
 # Build the microvm guest kernel: Debian's linux-source-6.1, `make tinyconfig`,
 # then guest/kernel/microvm.config merged on top and `make olddefconfig`.
 #
-# Usage: guest/kernel/build.sh [OUTDIR]      (OUTDIR defaults to build/kernel)
+# Usage: guest/kernel/build.sh [OUTDIR]   (OUTDIR defaults to build/kernel in the repository)
 #
 # Writes OUTDIR/vmlinux (PVH-bootable ELF) and OUTDIR/bzImage. The kernel
 # source is extracted once into build/kernel-cache/src and built out of tree in
@@ -16,7 +16,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 fragment="$here/microvm.config"
-outdir="${1:-build/kernel}"
+outdir="${1:-$root/build/kernel}" # an explicit OUTDIR is relative to the current directory
 case "$outdir" in
 /*) ;;
 *) outdir="$PWD/$outdir" ;;
