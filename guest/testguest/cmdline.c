@@ -9,6 +9,7 @@ static const struct {
 } modes[] = {
 	{ "hello", MODE_HELLO },     { "fail", MODE_FAIL }, { "echo", MODE_ECHO },
 	{ "connect", MODE_CONNECT }, { "sink", MODE_SINK }, { "source", MODE_SOURCE },
+	{ "rng", MODE_RNG },
 };
 
 const char *mode_name(enum tg_mode m)

@@ -14,6 +14,7 @@ enum tg_mode {
 	MODE_CONNECT,
 	MODE_SINK,
 	MODE_SOURCE,
+	MODE_RNG, /* virtio transport self-test (virtio-rng) */
 };
 
 #define TG_MAX_MMIO_DEVS 8

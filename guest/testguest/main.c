@@ -97,8 +97,8 @@ static void setup_memory(const struct hvm_start_info *si, uint64_t img_end)
 	}
 	/* Leave the top of the map alone (the MMIO gap starts at 3 GiB at the
 	 * latest) and keep to what the 4 GiB identity map covers. */
-	if (heap_end > 0xc0000000ull)
-		heap_end = 0xc0000000ull;
+	if (heap_end > HEAP_LIMIT)
+		heap_end = HEAP_LIMIT;
 	if (heap_end <= img_end)
 		heap_end = img_end + (16ull << 20); /* nothing known: hope for 16 MiB */
 	heap_init(img_end, heap_end);

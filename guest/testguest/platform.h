@@ -92,6 +92,8 @@ static inline uint64_t virt_to_phys(const void *p)
 
 /* boot.S maps [0, 4 GiB). */
 #define PHYS_LIMIT 0x100000000ull
+/* The heap stays below the MMIO gap (3 GiB at the latest). */
+#define HEAP_LIMIT 0xc0000000ull
 
 #else /* HOST_TEST */
 
@@ -105,6 +107,7 @@ void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]);
 void *phys_to_virt(uint64_t pa);
 uint64_t virt_to_phys(const void *p);
 #define PHYS_LIMIT (1ull << 47)
+#define HEAP_LIMIT PHYS_LIMIT
 
 #endif /* HOST_TEST */
 
