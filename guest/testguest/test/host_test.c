@@ -10,6 +10,13 @@
  *   build/host_test            run everything
  *   build/host_test -v NAME    run scenarios whose name contains NAME,
  *                              printing their console output
+ *   build/host_test -boot DUMP ADDR
+ *                              boot the guest over a dump of low memory
+ *                              (the first MiB, as a VMM's loader wrote it)
+ *                              with hvm_start_info at ADDR: checks what the
+ *                              loader writes (start_info, memory map,
+ *                              command line, MP table) the way the guest
+ *                              reads it
  */
 #include "cmdline.h"
 #include "fake.h"
@@ -757,8 +764,27 @@ static void run_scenario(const struct scenario *s)
 	}
 }
 
+static int boot_dump(const char *path, const char *addr)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		perror(path);
+		return 2;
+	}
+	size_t n = fread(fake_lowmem, 1, sizeof(fake_lowmem), f);
+	fclose(f);
+	printf("loaded %zu bytes of low memory; start_info at %s\n", n, addr);
+	fflush(stdout);
+	default_host();
+	fake_reset();
+	tg_main(strtoull(addr, NULL, 0));
+	return 99;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 4 && strcmp(argv[1], "-boot") == 0)
+		return boot_dump(argv[2], argv[3]);
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "-v") == 0)
 			verbose = true;
