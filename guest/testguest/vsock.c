@@ -141,10 +141,8 @@ static struct conn *conn_alloc(void)
 	/* The fifo array needs no clearing: head == tail. */
 	memset(c, 0, offsetof(struct conn, fifo));
 	c->buf = NULL;
-	c->done = false;
 	c->id = (uint16_t)(c - E.conns);
 	c->buf_alloc = VSOCK_BUF_ALLOC;
-	c->opened_tsc = rdtsc();
 	return c;
 }
 

@@ -109,7 +109,7 @@ struct conn {
 	uint32_t peer_buf_alloc, peer_fwd_cnt;
 
 	uint64_t rx_total, tx_total; /* 64-bit stream offsets */
-	uint64_t opened_tsc, close_deadline, credit_req_tsc;
+	uint64_t close_deadline, credit_req_tsc;
 
 	/* In-flight TX: count of slots, and data packets in send order
 	 * (length | FIFO_DONE once the device completed it). */
@@ -118,7 +118,6 @@ struct conn {
 	uint32_t fifo[VSOCK_MAX_TX_SLOTS];
 
 	uint8_t *buf; /* mode-owned (echo ring) */
-	bool done;    /* mode-owned flag */
 };
 
 /* What a mode does with connections. Hooks may be NULL where noted. */

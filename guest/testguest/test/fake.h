@@ -31,6 +31,7 @@ enum fault {
 	F_RX_HDR_LEN,	 /* header len larger than the used len says */
 	F_TX_BAD_ID,	 /* TX used id never posted */
 	F_USED_IDX_JUMP, /* used idx jumps past the queue size */
+	F_TRANSPORT_RESET, /* a TRANSPORT_RESET event */
 };
 
 struct host_cfg {
@@ -63,6 +64,7 @@ struct host_cfg {
 	uint32_t read_chunk;   /* bytes consumed per step, 0 = all */
 	uint32_t stall_steps;  /* steps before the host reader starts */
 	bool credit_requests;  /* send CREDIT_REQUEST when stalled */
+	bool no_rst_reply;     /* never answer the guest's SHUTDOWN */
 };
 
 extern struct host_cfg hcfg;

@@ -433,6 +433,10 @@ static void host_rx(const struct vsock_hdr *h, const uint8_t *data)
 			check_rx_expectations(c, "guest SHUTDOWN");
 		if (!c->initiated && c->rx_cnt != c->fwd_cnt)
 			host_fail("guest SHUTDOWN before its data was echoed");
+		if (hcfg.no_rst_reply) {
+			c->st = HS_WAIT_RST; /* the guest must give up and reset */
+			break;
+		}
 		ob_push(c, VSOCK_OP_RST, 0, NULL, 0);
 		c->host_rst_sent = true;
 		c->st = HS_DONE;
@@ -671,6 +675,19 @@ static void deliver_rx(void)
 	}
 }
 
+static void inject_event(uint32_t ev)
+{
+	struct fq *q = &D.q[2];
+	uint16_t head;
+	if (!avail_pop(q, &head))
+		host_fail("no event buffer posted");
+	struct virtq_desc *d = qdesc(q, head);
+	if (!(d->flags & VIRTQ_DESC_F_WRITE) || d->len < 4)
+		host_fail("bad event buffer");
+	memcpy((void *)(uintptr_t)d->addr, &ev, 4);
+	used_push(q, head, 4);
+}
+
 static void step(void)
 {
 	if (!(D.status & S_DRIVER_OK))
@@ -682,6 +699,11 @@ static void step(void)
 		process_tx();
 	}
 	D.q[2].kicked = false;
+	if (hcfg.fault == F_TRANSPORT_RESET && D.delivered > hcfg.fault_after && !D.fault_done) {
+		D.fault_done = true;
+		hcfg.cid = 7;
+		inject_event(0);
+	}
 	host_tick();
 	deliver_rx();
 	for (int i = 0; i < 3; i++)

@@ -586,6 +586,19 @@ static void s_fault_hdr_len(void) { s_connect_fault(F_RX_HDR_LEN, 5); }
 static void s_fault_tx_id(void) { s_connect_fault(F_TX_BAD_ID, 5); }
 static void s_fault_used_jump(void) { s_connect_fault(F_USED_IDX_JUMP, 5); }
 
+static void s_fault_transport_reset(void) { s_connect_fault(F_TRANSPORT_RESET, 20); }
+
+static void s_source_no_rst(void)
+{
+	hcfg.nconns = 2;
+	hcfg.conc = 2;
+	hcfg.guest_port = 7001;
+	hcfg.expect_rx = 100000;
+	hcfg.rx_kind = HR_PATTERN;
+	hcfg.close_kind = HC_WAIT_GUEST;
+	hcfg.no_rst_reply = true;
+}
+
 static void s_sink(void)
 {
 	hcfg.nconns = 5;
@@ -688,6 +701,12 @@ static const struct scenario scenarios[] = {
 	{ "fault-used-idx-jump",
 	  "testguest.mode=connect testguest.port=5000 testguest.bytes=1M" DEV, s_fault_used_jump, 4,
 	  "used idx" },
+	{ "transport-reset", "testguest.mode=connect testguest.port=5000 testguest.bytes=1M" DEV,
+	  s_fault_transport_reset, 6, "transport reset, guest cid now 7" },
+	{ "source-no-rst-after-shutdown",
+	  "testguest.mode=source testguest.port=7001 testguest.bytes=100000 testguest.conns=2 "
+	  "testguest.timeout=4" DEV,
+	  s_source_no_rst, 0, "no RST after our SHUTDOWN: resetting" },
 	{ "sink-halfclose", "testguest.mode=sink testguest.port=7000 testguest.conns=5" DEV, s_sink,
 	  0, "sink done: 5 connections" },
 	{ "sink-shutdown-both", "testguest.mode=sink testguest.port=7000 testguest.conns=5" DEV,
