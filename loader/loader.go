@@ -23,6 +23,7 @@ const (
 	ELF64
 )
 
+// String names the format.
 func (k Kind) String() string {
 	switch k {
 	case BzImage:
@@ -367,7 +368,7 @@ func long64Boot(k Kind, rip uint64) *Boot {
 		Kind: k, Mode: Long64,
 		RIP: rip, RSP: BootStackTop, RSI: BootParamsAddr, RFLAGS: RFLAGSR1,
 		CR0: CR0PE | CR0ET | CR0PG, CR3: PageTableAddr, CR4: CR4PAE, EFER: EFERLME | EFERLMA,
-		GDT: GDT, CS: code64, DS: data, TR: tss,
+		GDT: bootGDT, CS: code64, DS: data, TR: tss,
 	}
 }
 
@@ -379,6 +380,6 @@ func pvhBoot(rip uint64) *Boot {
 		Kind: PVH, Mode: Protected32,
 		RIP: rip, RSP: BootStackTop, RBX: StartInfoAddr, RFLAGS: RFLAGSR1,
 		CR0: CR0PE | CR0ET,
-		GDT: GDT, CS: code32, DS: data, TR: tss,
+		GDT: bootGDT, CS: code32, DS: data, TR: tss,
 	}
 }

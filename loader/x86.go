@@ -14,6 +14,7 @@ const (
 	Long64
 )
 
+// String names the mode.
 func (m Mode) String() string {
 	switch m {
 	case Protected32:
@@ -124,8 +125,8 @@ func gdtBytes() []byte {
 	return b
 }
 
-// GDT is the GDTR value for the table at GDTAddr.
-var GDT = DescriptorTable{Base: GDTAddr, Limit: gdtSlots*8 - 1}
+// bootGDT is the GDTR value for the table at GDTAddr.
+var bootGDT = DescriptorTable{Base: GDTAddr, Limit: gdtSlots*8 - 1}
 
 // Page table entry bits.
 const (

@@ -23,8 +23,8 @@ func TestDescriptors(t *testing.T) {
 		}
 	}
 	g := gdtBytes()
-	if len(g) != int(GDT.Limit)+1 {
-		t.Fatalf("GDT is %d bytes, limit %d", len(g), GDT.Limit)
+	if len(g) != int(bootGDT.Limit)+1 {
+		t.Fatalf("GDT is %d bytes, limit %d", len(g), bootGDT.Limit)
 	}
 	le := binary.LittleEndian
 	for sel, want := range map[int]uint64{0: 0, SelCode32: code32.Descriptor(), SelCode64: code64.Descriptor(), SelData: data.Descriptor(), SelTSS: tss.Descriptor(), SelTSS + 8: 0} {
