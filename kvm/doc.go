@@ -1,0 +1,26 @@
+// Package kvm is a typed interface to Linux KVM on x86-64.
+//
+// Three handle types own their file descriptors, and every ioctl is a method
+// on the handle it applies to:
+//
+//	System  /dev/kvm: API version, capabilities, supported CPUID, creating VMs
+//	VM      a VM fd: memory slots, in-kernel irqchip and PIT, irqfd, ioeventfd, vCPUs
+//	VCPU    a vCPU fd plus its mapped kvm_run page: registers, MSRs, CPUID, the run loop
+//
+// Close them in reverse order of creation (VCPU, then VM, then System); each
+// Close is idempotent.
+//
+// Kernel layouts: every struct that mirrors a kernel structure names it in its
+// comment and has a size test (kvm_test.go). Ioctl numbers are built in
+// const.go from the _IO/_IOR/_IOW/_IOWR encoding, each named after its C macro.
+// The only code that converts Go pointers for the kernel lives in
+// ioctl_unsafe.go and run_unsafe.go.
+//
+// The run loop: VCPU.Run enters the guest (KVM_RUN) and returns the decoded
+// exit reason; the exit's details (port I/O, MMIO, system event, internal
+// error) are read from the shared kvm_run page through accessor methods that
+// hand out bounded views of it, valid until the next Run. A VCPU is used by one
+// goroutine (its owner, locked to an OS thread); the only methods another
+// goroutine may call are Kick and RequestExit, which make a running vCPU leave
+// KVM_RUN.
+package kvm

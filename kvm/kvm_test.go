@@ -1,0 +1,258 @@
+package kvm
+
+import (
+	"errors"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestLayoutSizes checks every struct that mirrors a kernel layout against
+// sizeof() of the C struct (x86-64, include/uapi/linux/kvm.h).
+func TestLayoutSizes(t *testing.T) {
+	tests := []struct {
+		name string
+		got  uintptr
+		want uintptr
+	}{
+		{"kvm_regs", unsafe.Sizeof(Regs{}), 144},
+		{"kvm_sregs", unsafe.Sizeof(Sregs{}), 312},
+		{"kvm_segment", unsafe.Sizeof(Segment{}), 24},
+		{"kvm_dtable", unsafe.Sizeof(DTable{}), 16},
+		{"kvm_fpu", unsafe.Sizeof(FPU{}), 416},
+		{"kvm_lapic_state", unsafe.Sizeof(LAPICState{}), 1024},
+		{"kvm_msr_entry", unsafe.Sizeof(MSR{}), 16},
+		{"kvm_cpuid_entry2", unsafe.Sizeof(CPUIDEntry{}), 40},
+		{"kvm_userspace_memory_region", unsafe.Sizeof(userspaceMemoryRegion{}), 32},
+		{"kvm_irqfd", unsafe.Sizeof(irqfd{}), 32},
+		{"kvm_ioeventfd", unsafe.Sizeof(ioeventfd{}), 64},
+		{"kvm_pit_config", unsafe.Sizeof(pitConfig{}), 64},
+		{"kvm_irq_level", unsafe.Sizeof(irqLevel{}), 8},
+		{"kvm_mp_state", unsafe.Sizeof(mpState{}), 4},
+		{"kvm_cpuid2 header", unsafe.Offsetof(cpuid2{}.Entries), 8},
+		{"kvm_msrs header", unsafe.Offsetof(msrs{}.Entries), 8},
+	}
+	for _, tc := range tests {
+		if tc.got != tc.want {
+			t.Errorf("%s: Go size %d, kernel size %d", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// TestIoctlNumbers pins the request numbers to the values <linux/kvm.h>
+// produces (printed by a C program on x86-64).
+func TestIoctlNumbers(t *testing.T) {
+	tests := map[string][2]uint64{
+		"KVM_GET_API_VERSION":        {kvmGetAPIVersion, 0xae00},
+		"KVM_CREATE_VM":              {kvmCreateVM, 0xae01},
+		"KVM_GET_SUPPORTED_CPUID":    {kvmGetSupportedCPUID, 0xc008ae05},
+		"KVM_SET_USER_MEMORY_REGION": {kvmSetUserMemoryRegion, 0x4020ae46},
+		"KVM_IRQFD":                  {kvmIRQFD, 0x4020ae76},
+		"KVM_CREATE_PIT2":            {kvmCreatePIT2, 0x4040ae77},
+		"KVM_IOEVENTFD":              {kvmIOEventFD, 0x4040ae79},
+		"KVM_RUN":                    {kvmRun, 0xae80},
+		"KVM_GET_REGS":               {kvmGetRegs, 0x8090ae81},
+		"KVM_SET_SREGS":              {kvmSetSregs, 0x4138ae84},
+		"KVM_GET_MSRS":               {kvmGetMSRs, 0xc008ae88},
+		"KVM_SET_MSRS":               {kvmSetMSRs, 0x4008ae89},
+		"KVM_GET_FPU":                {kvmGetFPU, 0x81a0ae8c},
+		"KVM_SET_LAPIC":              {kvmSetLAPIC, 0x4400ae8f},
+		"KVM_SET_CPUID2":             {kvmSetCPUID2, 0x4008ae90},
+		"KVM_GET_MP_STATE":           {kvmGetMPState, 0x8004ae98},
+		"KVM_GET_TSC_KHZ":            {kvmGetTSCKHz, 0xaea3},
+	}
+	for name, v := range tests {
+		if v[0] != v[1] {
+			t.Errorf("%s = %#x, want %#x", name, v[0], v[1])
+		}
+	}
+}
+
+func TestCPUIDEdit(t *testing.T) {
+	c := CPUID{
+		{Function: 1, ECX: 1<<13 | 1<<26, EBX: 0x00010800},
+		{Function: 0xb, Index: 0, Flags: cpuidFlagSignificantIndex},
+		{Function: 0xb, Index: 1, Flags: cpuidFlagSignificantIndex},
+	}
+	if !c.Has(Features["cx16"]) {
+		t.Fatal("cx16 not seen")
+	}
+	c.Hide(Features["cx16"])
+	if c.Has(Features["cx16"]) || !c.Has(Features["xsave"]) {
+		t.Fatalf("Hide(cx16) left ECX=%#x", c[0].ECX)
+	}
+	v := c.ForVCPU(3, 4)
+	if got := v[0].EBX >> 24; got != 3 {
+		t.Errorf("APIC id = %d, want 3", got)
+	}
+	if got := v[0].EBX >> 16 & 0xff; got != 4 {
+		t.Errorf("logical count = %d, want 4", got)
+	}
+	if v[2].EDX != 3 || c[2].EDX != 0 {
+		t.Errorf("x2APIC id %d (original %d)", v[2].EDX, c[2].EDX)
+	}
+	if _, err := ParseFeatures("cx16, XSAVE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseFeatures("cx16,bogus"); err == nil {
+		t.Fatal("unknown feature accepted")
+	}
+}
+
+func TestOpenMissingDevice(t *testing.T) {
+	_, err := OpenPath("/nonexistent/kvm")
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+}
+
+// openKVM opens /dev/kvm or skips; under CI=true a missing KVM fails.
+func openKVM(t *testing.T) *System {
+	t.Helper()
+	s, err := Open()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI requires KVM: %v", err)
+		}
+		t.Skipf("KVM unavailable: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestRealModeOut runs a few real-mode instructions that write to a port and
+// checks the decoded I/O exit, and that ioeventfd/irqfd registration works.
+func TestRealModeOut(t *testing.T) {
+	s := openKVM(t)
+	vm, err := s.CreateVM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Close()
+	if err := vm.SetTSSAddr(0xfffbd000); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.CreateIRQChip(); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.CreatePIT2(); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, 0x10000, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	// mov al, 0x2a; out 0xf4, al; mov ax,[0x2000] (MMIO hole read);
+	// out 0xf4, al; jmp $
+	copy(mem[0x1000:], []byte{0xb0, 0x2a, 0xe6, 0xf4, 0xa1, 0x00, 0x20, 0xe6, 0xf4, 0xeb, 0xfe})
+	if err := vm.SetMemoryRegion(0, 0, 0x2000, uintptr(unsafe.Pointer(&mem[0]))); err != nil {
+		t.Fatal(err)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	if err := vm.RegisterIRQFD(efd, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.UnregisterIRQFD(efd, 5); err != nil {
+		t.Fatal(err)
+	}
+	dm := uint64(1)
+	ioe := IOEventFD{FD: efd, Addr: 0xd0000050, Len: 4, Datamatch: &dm}
+	if err := vm.RegisterIOEventFD(ioe); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.UnregisterIOEventFD(ioe); err != nil {
+		t.Fatal(err)
+	}
+
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	v, err := vm.CreateVCPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	v.BindThread()
+	sr, err := v.Sregs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr.CS.Base, sr.CS.Selector = 0, 0
+	if err := v.SetSregs(sr); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.SetRegs(Regs{RIP: 0x1000, RFLAGS: 2}); err != nil {
+		t.Fatal(err)
+	}
+	reason, err := v.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason != ExitIO {
+		t.Fatalf("exit %v, want KVM_EXIT_IO", reason)
+	}
+	io, err := v.IO()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !io.Out || io.Port != 0xf4 || io.Size != 1 || len(io.Data) != 1 || io.Data[0] != 0x2a {
+		t.Fatalf("I/O exit %+v", io)
+	}
+	reason, err = v.Run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reason != ExitMMIO {
+		t.Fatalf("exit %v, want KVM_EXIT_MMIO", reason)
+	}
+	mm, err := v.MMIO()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mm.Write || mm.Addr != 0x2000 || len(mm.Data) != 2 {
+		t.Fatalf("MMIO exit %+v", mm)
+	}
+	mm.Data[0], mm.Data[1] = 0x34, 0x12
+	// A Kick before Run makes Run return at once.
+	v.Kick()
+	if reason, err = v.Run(); err != nil || reason != ExitIntr {
+		t.Fatalf("Run after Kick = %v, %v; want KVM_EXIT_INTR", reason, err)
+	}
+	for reason, err = v.Run(); err == nil && reason == ExitIntr; reason, err = v.Run() {
+		// a runtime signal; run again
+	}
+	if err != nil || reason != ExitIO {
+		t.Fatalf("Run = %v, %v; want KVM_EXIT_IO", reason, err)
+	}
+	if io, _ := v.IO(); io.Data[0] != 0x34 {
+		t.Fatalf("MMIO read result not delivered: out %#x", io.Data[0])
+	}
+	// The guest now spins; a Kick from another goroutine interrupts KVM_RUN.
+	var kicked atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(50 * time.Millisecond)
+		kicked.Store(true)
+		v.Kick()
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !kicked.Load() && time.Now().Before(deadline) {
+		if reason, err = v.Run(); err != nil || reason != ExitIntr {
+			t.Fatalf("Run while kicked = %v, %v; want KVM_EXIT_INTR", reason, err)
+		}
+	}
+	<-done
+	if !kicked.Load() {
+		t.Fatal("Kick did not interrupt the spinning guest")
+	}
+}

@@ -1,0 +1,151 @@
+package kvm
+
+import (
+	"fmt"
+	"os"
+	"sync"
+)
+
+// VM is a KVM virtual machine. It owns the VM file descriptor.
+type VM struct {
+	f        *os.File
+	once     sync.Once
+	mmapSize int
+}
+
+func (vm *VM) fd() uintptr { return vm.f.Fd() }
+
+// Close closes the VM fd. Close every VCPU first.
+func (vm *VM) Close() error {
+	var err error
+	vm.once.Do(func() { err = vm.f.Close() })
+	return err
+}
+
+// SetMemoryRegion maps host memory at hostAddr into the guest at gpa as memory
+// slot slot (KVM_SET_USER_MEMORY_REGION). A size of 0 deletes the slot.
+func (vm *VM) SetMemoryRegion(slot uint32, gpa, size uint64, hostAddr uintptr) error {
+	r := userspaceMemoryRegion{Slot: slot, GuestPhysAddr: gpa, MemorySize: size, UserspaceAddr: uint64(hostAddr)}
+	if _, err := ioctlPtr(vm.fd(), kvmSetUserMemoryRegion, &r); err != nil {
+		return fmt.Errorf("kvm: set memory slot %d (%#x+%#x): %w", slot, gpa, size, err)
+	}
+	return nil
+}
+
+// SetTSSAddr places the three pages KVM needs for real-mode emulation on
+// Intel (KVM_SET_TSS_ADDR); they must not overlap RAM or MMIO the guest uses.
+func (vm *VM) SetTSSAddr(addr uint32) error {
+	if _, err := ioctl(vm.fd(), kvmSetTSSAddr, uintptr(addr)); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_TSS_ADDR %#x: %w", addr, err)
+	}
+	return nil
+}
+
+// CreateIRQChip creates the in-kernel PIC, IOAPIC and per-vCPU local APICs
+// (KVM_CREATE_IRQCHIP). Call it before creating vCPUs.
+func (vm *VM) CreateIRQChip() error {
+	if _, err := ioctl(vm.fd(), kvmCreateIRQChip, 0); err != nil {
+		return fmt.Errorf("kvm: KVM_CREATE_IRQCHIP: %w", err)
+	}
+	return nil
+}
+
+// CreatePIT2 creates the in-kernel i8254 timer (KVM_CREATE_PIT2) with a dummy
+// PC speaker port.
+func (vm *VM) CreatePIT2() error {
+	c := pitConfig{Flags: pitSpeakerDummy}
+	if _, err := ioctlPtr(vm.fd(), kvmCreatePIT2, &c); err != nil {
+		return fmt.Errorf("kvm: KVM_CREATE_PIT2: %w", err)
+	}
+	return nil
+}
+
+// IRQLine sets the level of an interrupt line of the in-kernel irqchip
+// (KVM_IRQ_LINE).
+func (vm *VM) IRQLine(gsi uint32, high bool) error {
+	l := irqLevel{IRQ: gsi}
+	if high {
+		l.Level = 1
+	}
+	if _, err := ioctlPtr(vm.fd(), kvmIRQLine, &l); err != nil {
+		return fmt.Errorf("kvm: KVM_IRQ_LINE %d=%v: %w", gsi, high, err)
+	}
+	return nil
+}
+
+// RegisterIRQFD makes every write to the eventfd efd inject an edge on gsi
+// (KVM_IRQFD), without a trip through the VMM.
+func (vm *VM) RegisterIRQFD(efd int, gsi uint32) error {
+	r := irqfd{FD: uint32(efd), GSI: gsi}
+	if _, err := ioctlPtr(vm.fd(), kvmIRQFD, &r); err != nil {
+		return fmt.Errorf("kvm: KVM_IRQFD fd %d gsi %d: %w", efd, gsi, err)
+	}
+	return nil
+}
+
+// UnregisterIRQFD removes an irqfd registered with RegisterIRQFD.
+func (vm *VM) UnregisterIRQFD(efd int, gsi uint32) error {
+	r := irqfd{FD: uint32(efd), GSI: gsi, Flags: irqfdFlagDeassign}
+	if _, err := ioctlPtr(vm.fd(), kvmIRQFD, &r); err != nil {
+		return fmt.Errorf("kvm: KVM_IRQFD deassign fd %d gsi %d: %w", efd, gsi, err)
+	}
+	return nil
+}
+
+// IOEventFD describes a guest write that KVM turns into an eventfd signal
+// instead of an exit (KVM_IOEVENTFD).
+type IOEventFD struct {
+	FD   int    // eventfd to signal
+	Addr uint64 // MMIO address or I/O port
+	Len  uint32 // access width in bytes: 1, 2, 4 or 8 (0: any, with KVM_CAP_IOEVENTFD_ANY_LENGTH)
+	PIO  bool   // port I/O instead of MMIO
+	// Datamatch, when set, limits the match to writes of this value.
+	Datamatch *uint64
+}
+
+func (e IOEventFD) raw(deassign bool) ioeventfd {
+	r := ioeventfd{Addr: e.Addr, Len: e.Len, FD: int32(e.FD)}
+	if e.Datamatch != nil {
+		r.Flags |= ioeventfdFlagDatamatch
+		r.Datamatch = *e.Datamatch
+	}
+	if e.PIO {
+		r.Flags |= ioeventfdFlagPIO
+	}
+	if deassign {
+		r.Flags |= ioeventfdFlagDeassign
+	}
+	return r
+}
+
+// RegisterIOEventFD registers e.
+func (vm *VM) RegisterIOEventFD(e IOEventFD) error {
+	r := e.raw(false)
+	if _, err := ioctlPtr(vm.fd(), kvmIOEventFD, &r); err != nil {
+		return fmt.Errorf("kvm: KVM_IOEVENTFD %#x/%d: %w", e.Addr, e.Len, err)
+	}
+	return nil
+}
+
+// UnregisterIOEventFD removes e, registered earlier with the same fields.
+func (vm *VM) UnregisterIOEventFD(e IOEventFD) error {
+	r := e.raw(true)
+	if _, err := ioctlPtr(vm.fd(), kvmIOEventFD, &r); err != nil {
+		return fmt.Errorf("kvm: KVM_IOEVENTFD deassign %#x/%d: %w", e.Addr, e.Len, err)
+	}
+	return nil
+}
+
+// CreateVCPU creates vCPU id and maps its kvm_run page.
+func (vm *VM) CreateVCPU(id int) (*VCPU, error) {
+	fd, err := ioctl(vm.fd(), kvmCreateVCPU, uintptr(id))
+	if err != nil {
+		return nil, fmt.Errorf("kvm: create vCPU %d: %w", id, err)
+	}
+	v := &VCPU{id: id, f: os.NewFile(fd, fmt.Sprintf("kvm-vcpu-%d", id))}
+	if err := v.mapRun(vm.mmapSize); err != nil {
+		v.f.Close()
+		return nil, fmt.Errorf("kvm: map kvm_run of vCPU %d: %w", id, err)
+	}
+	return v, nil
+}
