@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm"
+)
+
+// Version is set at build time with -ldflags "-X main.Version=...".
+var Version = "dev"
+
+// usageError marks errors that exit with status 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// statusError carries a process exit status chosen by the guest.
+type statusError struct{ status int }
+
+func (s statusError) Error() string { return fmt.Sprintf("exit status %d", s.status) }
+
+// Main runs the CLI and returns the process exit status.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	app := newApp(stdin, stdout, stderr)
+	var unknown string
+	app.CommandNotFound = func(_ *cli.Context, name string) { unknown = name }
+	err := app.Run(args)
+	if unknown != "" {
+		fmt.Fprintf(stderr, "microvm: unknown command %q (see microvm --help)\n", unknown)
+		return microvm.StatusUsage
+	}
+	var se statusError
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &se):
+		return se.status
+	case errors.As(err, &ue), errors.Is(err, microvm.ErrConfig):
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		return microvm.StatusUsage
+	default:
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		return microvm.StatusError
+	}
+}
+
+func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:      "microvm",
+		Usage:     "a KVM micro-VM monitor with a built-in virtio-vsock device",
+		Version:   Version,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		// Errors are printed once, by Main, with the right exit status.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError:   onUsageError,
+		Commands: []*cli.Command{
+			runCommand(stdin, stdout, stderr),
+			{
+				Name:         "version",
+				Usage:        "print the version",
+				OnUsageError: onUsageError,
+				Action: func(c *cli.Context) error {
+					if c.NArg() > 0 {
+						return usagef("version takes no arguments")
+					}
+					fmt.Fprintf(stdout, "microvm %s\n", Version)
+					return nil
+				},
+			},
+		},
+	}
+}
+
+// onUsageError turns flag parsing errors into usage errors (exit status 2)
+// without printing the whole help text.
+func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+
+func logFlag() cli.Flag {
+	return &cli.StringFlag{Name: "log-level", Value: "warn", Usage: "diagnostics on stderr: panic, fatal, error, warn, info, debug or trace"}
+}
+
+func setupLog(c *cli.Context, stderr io.Writer) (*logrus.Logger, error) {
+	lvl, err := logrus.ParseLevel(c.String("log-level"))
+	if err != nil {
+		return nil, usagef("--log-level %q: want one of panic, fatal, error, warn, info, debug, trace", c.String("log-level"))
+	}
+	l := logrus.New()
+	l.SetOutput(stderr)
+	l.SetLevel(lvl)
+	l.SetFormatter(&logrus.TextFormatter{DisableTimestamp: false, FullTimestamp: true, TimestampFormat: "15:04:05.000"})
+	return l, nil
+}
+
+func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "run",
+		Usage:        "boot a guest kernel",
+		OnUsageError: onUsageError,
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--vsock-cid N --vsock-uds PATH]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
+			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
+			&cli.StringFlag{Name: "cmdline", Usage: "kernel command line"},
+			&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
+			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM: a number with an optional K/M/G suffix; a bare number means MiB"},
+			&cli.StringFlag{Name: "cpu-hide", Usage: "comma-separated CPUID features to hide from the guest (e.g. cx16,xsave)"},
+			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
+			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
+			&cli.IntFlag{Name: "vsock-max-conns", Value: 1023, Usage: "most vsock connections open at once"},
+			&cli.StringFlag{Name: "vsock-conn-buffer", Value: "64K", Usage: "per-connection vsock buffer (SIZE; a bare number means bytes)"},
+			&cli.DurationFlag{Name: "vsock-connect-timeout", Value: 2 * time.Second, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
+			logFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("run: unexpected argument %q", c.Args().First())
+			}
+			log, err := setupLog(c, stderr)
+			if err != nil {
+				return err
+			}
+			cfg, err := runConfig(c)
+			if err != nil {
+				return err
+			}
+			cfg.Log = log
+			cfg.Console = stdout
+			cfg.ConsoleInput = stdin
+			return runMachine(cfg, log)
+		},
+	}
+}
+
+func runConfig(c *cli.Context) (microvm.Config, error) {
+	mem, err := microvm.ParseSize(c.String("memory"))
+	if err != nil {
+		return microvm.Config{}, usagef("--memory: %v", err)
+	}
+	if c.String("kernel") == "" {
+		return microvm.Config{}, usagef("run: --kernel is required")
+	}
+	if n := c.Int("cpus"); n < 1 || n > microvm.MaxCPUs {
+		return microvm.Config{}, usagef("--cpus %d: want 1..%d", n, microvm.MaxCPUs)
+	}
+	cfg := microvm.Config{
+		Kernel:      c.String("kernel"),
+		Initrd:      c.String("initrd"),
+		Cmdline:     c.String("cmdline"),
+		CPUs:        c.Int("cpus"),
+		MemoryBytes: mem,
+	}
+	if h := c.String("cpu-hide"); h != "" {
+		cfg.HideCPUFeatures = strings.Split(h, ",")
+	}
+	if c.IsSet("vsock-cid") || c.IsSet("vsock-uds") {
+		if !c.IsSet("vsock-cid") || !c.IsSet("vsock-uds") {
+			return cfg, usagef("--vsock-cid and --vsock-uds go together")
+		}
+		buf, err := parseBytes(c.String("vsock-conn-buffer"))
+		if err != nil {
+			return cfg, usagef("--vsock-conn-buffer: %v", err)
+		}
+		cfg.Vsock = &microvm.VsockConfig{
+			CID:            c.Uint64("vsock-cid"),
+			UDSPath:        c.String("vsock-uds"),
+			MaxConnections: c.Int("vsock-max-conns"),
+			ConnBuffer:     int(buf),
+			ConnectTimeout: c.Duration("vsock-connect-timeout"),
+		}
+	}
+	return cfg, nil
+}
+
+// parseBytes is ParseSize where a bare number means bytes.
+func parseBytes(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	if t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
+		t += "B"
+		v, err := microvm.ParseSize(strings.TrimSuffix(t, "B") + "K")
+		if err != nil {
+			return 0, err
+		}
+		return v >> 10, nil
+	}
+	return microvm.ParseSize(t)
+}
+
+// runMachine boots the guest and turns its end into an exit status: the
+// status the guest chose, 0 for a reset or power-off, 125 for a triple fault,
+// 128+signal when a SIGINT or SIGTERM stopped it.
+func runMachine(cfg microvm.Config, log *logrus.Logger) error {
+	m, err := microvm.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	var got os.Signal
+	go func() {
+		select {
+		case s := <-sigs:
+			got = s
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+
+	res, err := m.Run(ctx)
+	if err != nil {
+		return err
+	}
+	log.WithField("reason", res.Kind).WithField("status", res.Status).Info("guest stopped")
+	switch res.Kind {
+	case microvm.ExitCanceled:
+		if sig, ok := got.(syscall.Signal); ok {
+			log.Warnf("stopped by %v", sig)
+			return statusError{128 + int(sig)}
+		}
+		return statusError{microvm.StatusError}
+	default:
+		if res.Status != 0 {
+			return statusError{res.Status}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,11 @@
+// Command microvm runs KVM micro-VMs. See the README for usage and exit
+// codes.
+package main
+
+import (
+	"os"
+)
+
+func main() {
+	os.Exit(Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
+}

@@ -1,0 +1,123 @@
+package microvm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultCPUs   = 1
+	DefaultMemory = 256 << 20
+	MinMemory     = 8 << 20
+	MaxMemory     = 1 << 40
+	MaxCPUs       = 32
+)
+
+// Config describes a machine.
+type Config struct {
+	// Kernel is the path of a bzImage, a PVH ELF or an x86-64 vmlinux.
+	Kernel string
+	// Initrd is the optional path of an initial ramdisk.
+	Initrd string
+	// Cmdline is the kernel command line; virtio-mmio device entries are
+	// appended to it.
+	Cmdline string
+	// CPUs is the number of vCPUs (default 1).
+	CPUs int
+	// MemoryBytes is the guest RAM size (default 256 MiB).
+	MemoryBytes uint64
+	// HideCPUFeatures names CPUID features to hide from the guest
+	// (kvm.Features: "cx16", "xsave", ...).
+	HideCPUFeatures []string
+	// Console receives the guest's serial output (nil: discarded).
+	Console io.Writer
+	// ConsoleInput, when set, is copied to the guest's serial input.
+	ConsoleInput io.Reader
+	// Vsock, when set, adds a virtio-vsock device.
+	Vsock *VsockConfig
+	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
+	Log *logrus.Logger
+}
+
+// ErrConfig marks an invalid Config (the CLI reports it as a usage error).
+var ErrConfig = errors.New("invalid configuration")
+
+func (c *Config) withDefaults() (Config, error) {
+	cfg := *c
+	if cfg.CPUs == 0 {
+		cfg.CPUs = DefaultCPUs
+	}
+	if cfg.MemoryBytes == 0 {
+		cfg.MemoryBytes = DefaultMemory
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.StandardLogger()
+	}
+	switch {
+	case cfg.Kernel == "":
+		return cfg, fmt.Errorf("%w: no kernel given", ErrConfig)
+	case cfg.CPUs < 1 || cfg.CPUs > MaxCPUs:
+		return cfg, fmt.Errorf("%w: %d vCPUs; microvm supports 1..%d", ErrConfig, cfg.CPUs, MaxCPUs)
+	case cfg.MemoryBytes < MinMemory || cfg.MemoryBytes > MaxMemory:
+		return cfg, fmt.Errorf("%w: memory %s; microvm supports %s..%s", ErrConfig,
+			FormatSize(cfg.MemoryBytes), FormatSize(MinMemory), FormatSize(MaxMemory))
+	case cfg.MemoryBytes%(2<<20) != 0:
+		return cfg, fmt.Errorf("%w: memory %s is not a multiple of 2 MiB", ErrConfig, FormatSize(cfg.MemoryBytes))
+	}
+	if cfg.Vsock != nil {
+		if err := cfg.Vsock.validate(); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// ParseSize parses a memory size: a number with an optional K, M, G or T
+// suffix (powers of 1024, optionally followed by "B" or "iB"). A bare number
+// means MiB.
+func ParseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	u := strings.ToUpper(t)
+	u = strings.TrimSuffix(u, "IB")
+	u = strings.TrimSuffix(u, "B")
+	shift := uint(20)
+	if n := len(u); n > 0 {
+		switch u[n-1] {
+		case 'K':
+			shift, u = 10, u[:n-1]
+		case 'M':
+			shift, u = 20, u[:n-1]
+		case 'G':
+			shift, u = 30, u[:n-1]
+		case 'T':
+			shift, u = 40, u[:n-1]
+		}
+	}
+	v, err := strconv.ParseUint(u, 10, 64)
+	if err != nil || u == "" {
+		return 0, fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix (e.g. 64M, 1G)", s)
+	}
+	if v > (1<<64-1)>>shift {
+		return 0, fmt.Errorf("bad size %q: too large", s)
+	}
+	return v << shift, nil
+}
+
+// FormatSize renders a byte count in the largest exact binary unit.
+func FormatSize(v uint64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}} {
+		if v != 0 && v%(1<<u.shift) == 0 {
+			return strconv.FormatUint(v>>u.shift, 10) + u.name
+		}
+	}
+	return strconv.FormatUint(v, 10) + "B"
+}

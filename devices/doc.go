@@ -1,0 +1,20 @@
+// Package devices holds the platform devices of the microvm machine and the
+// buses that route vCPU exits to them.
+//
+// Data flow: a vCPU goroutine takes a KVM_EXIT_IO or KVM_EXIT_MMIO, asks the
+// matching Bus to dispatch the access, and the Bus calls the Device whose
+// address range holds it with the offset inside that range. Accesses nobody
+// claims are counted (Bus.Unclaimed) and read as all-ones, as on a PC.
+//
+// Devices: Serial (8250 UART on COM1, host stdin to the guest, guest output to
+// a writer), I8042 (keyboard controller: only the reset line matters),
+// DebugExit (port 0xf4: the guest chooses microvm's exit status), CMOS (time
+// of day and memory size), and PVWait (a paravirtual "sleep until a device has
+// work" port for polling guests).
+//
+// Concurrency: buses are built before the vCPUs start and are immutable
+// afterwards, so dispatch takes no lock. Several vCPUs can reach one device at
+// once, so every device guards its registers with its own mutex; a device
+// never calls back into a bus. Lock order: a device's mutex is a leaf, except
+// that Serial may take its output writer's lock while holding its own.
+package devices

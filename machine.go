@@ -1,0 +1,401 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/loader"
+)
+
+// Guest physical layout (docs/machine.md).
+const (
+	mmioGapStart = 0xc000_0000   // RAM below this, MMIO above
+	highRAMStart = 0x1_0000_0000 // RAM beyond the gap continues here
+	tssAddr      = 0xfffb_d000   // KVM_SET_TSS_ADDR: 3 pages in the MMIO gap
+)
+
+// ExitKind says why a machine stopped.
+type ExitKind int
+
+// Exit kinds.
+const (
+	ExitDebugPort   ExitKind = iota + 1 // the guest wrote its status to port 0xf4
+	ExitReset                           // the guest reset the machine (i8042, KVM system event)
+	ExitPowerOff                        // the guest powered off (KVM system event)
+	ExitTripleFault                     // KVM_EXIT_SHUTDOWN
+	ExitCanceled                        // the Run context was canceled (a signal in the CLI)
+	ExitError                           // the VMM failed
+)
+
+func (k ExitKind) String() string {
+	return [...]string{"?", "debug-exit", "reset", "power-off", "triple-fault", "canceled", "error"}[k]
+}
+
+// Exit statuses the CLI uses (README: exit codes).
+const (
+	StatusOK          = 0
+	StatusError       = 1
+	StatusUsage       = 2
+	StatusTripleFault = 125
+)
+
+// Result is how a machine ended.
+type Result struct {
+	Kind ExitKind
+	// Status is the process exit status the CLI uses for this result.
+	Status int
+	// Err is set for ExitError.
+	Err error
+}
+
+// Machine is a configured VM ready to Run.
+type Machine struct {
+	cfg Config
+	log *logrus.Logger
+
+	sys   *kvm.System
+	vm    *kvm.VM
+	mem   *guestmem.Memory
+	vcpus []*kvm.VCPU
+	boot  *loader.Boot
+
+	pio, mmio *devices.Bus
+	serial    *devices.Serial
+	serialIRQ *eventfd.EventFD
+	pvwait    *devices.PVWait
+	closers   []func() error // device teardown, run in reverse
+
+	stopOnce sync.Once
+	result   Result
+	stopped  chan struct{}
+}
+
+// New creates the machine described by cfg: KVM VM, memory, devices, kernel.
+// Errors are one line naming what failed.
+func New(cfg Config) (*Machine, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	m := &Machine{cfg: c, log: c.Log, stopped: make(chan struct{})}
+	if err := m.build(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Machine) build() error {
+	hide := make([]kvm.Feature, 0, len(m.cfg.HideCPUFeatures))
+	for _, n := range m.cfg.HideCPUFeatures {
+		fs, err := kvm.ParseFeatures(n)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		hide = append(hide, fs...)
+	}
+	// Open the kernel first: a missing file is the most common mistake and
+	// deserves its own message, before KVM is even looked at.
+	kf, err := os.Open(m.cfg.Kernel)
+	if err != nil {
+		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, unwrapPath(err))
+	}
+	defer kf.Close()
+	kimg, err := loader.FileImage(kf)
+	if err != nil {
+		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, err)
+	}
+	var iimg *loader.Image
+	if m.cfg.Initrd != "" {
+		f, err := os.Open(m.cfg.Initrd)
+		if err != nil {
+			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, unwrapPath(err))
+		}
+		defer f.Close()
+		img, err := loader.FileImage(f)
+		if err != nil {
+			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, err)
+		}
+		iimg = &img
+	}
+
+	if m.sys, err = kvm.Open(); err != nil {
+		return err
+	}
+	if max := m.sys.MaxVCPUs(); m.cfg.CPUs > max {
+		return fmt.Errorf("%w: %d vCPUs; this host's KVM allows %d", ErrConfig, m.cfg.CPUs, max)
+	}
+	if m.vm, err = m.sys.CreateVM(); err != nil {
+		return err
+	}
+	if err := m.vm.SetTSSAddr(tssAddr); err != nil {
+		return err
+	}
+	if err := m.vm.CreateIRQChip(); err != nil {
+		return err
+	}
+	if err := m.vm.CreatePIT2(); err != nil {
+		return err
+	}
+	if err := m.setupMemory(); err != nil {
+		return err
+	}
+	if err := m.setupDevices(); err != nil {
+		return err
+	}
+
+	m.boot, err = loader.Load(m.mem, loader.Config{
+		Kernel:  kimg,
+		Initrd:  iimg,
+		Cmdline: m.cmdline(),
+		CPUs:    m.cfg.CPUs,
+	})
+	if err != nil {
+		return err
+	}
+	m.log.WithFields(logrus.Fields{"format": m.boot.Kind, "entry": fmt.Sprintf("%#x", m.boot.RIP),
+		"cpus": m.cfg.CPUs, "memory": FormatSize(m.cfg.MemoryBytes)}).Debug("kernel loaded")
+
+	cpuid, err := m.sys.SupportedCPUID()
+	if err != nil {
+		return err
+	}
+	for _, f := range hide {
+		cpuid.Hide(f)
+	}
+	for i := 0; i < m.cfg.CPUs; i++ {
+		v, err := m.vm.CreateVCPU(i)
+		if err != nil {
+			return err
+		}
+		m.vcpus = append(m.vcpus, v)
+		if err := m.setupVCPU(v, cpuid.ForVCPU(i, m.cfg.CPUs)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unwrapPath drops the *PathError wrapper so messages name the file once.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// setupMemory maps guest RAM (below the MMIO gap, and above 4 GiB for the
+// rest) and registers each range with KVM.
+func (m *Machine) setupMemory() error {
+	size := m.cfg.MemoryBytes
+	ranges := []guestmem.Range{{GPA: 0, Size: min(size, mmioGapStart)}}
+	if size > mmioGapStart {
+		ranges = append(ranges, guestmem.Range{GPA: highRAMStart, Size: size - mmioGapStart})
+	}
+	mem, err := guestmem.NewAnonymous(ranges...)
+	if err != nil {
+		return err
+	}
+	m.mem = mem
+	for slot, r := range ranges {
+		addr, err := mem.HostAddr(r.GPA)
+		if err != nil {
+			return err
+		}
+		if err := m.vm.SetMemoryRegion(uint32(slot), r.GPA, r.Size, addr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setupDevices builds the buses and the platform devices.
+func (m *Machine) setupDevices() error {
+	m.pio = devices.NewBus("pio")
+	m.mmio = devices.NewBus("mmio")
+
+	irq, err := eventfd.New()
+	if err != nil {
+		return err
+	}
+	m.serialIRQ = irq
+	m.closers = append(m.closers, irq.Close)
+	if err := m.vm.RegisterIRQFD(irq.FD(), devices.COM1IRQ); err != nil {
+		return err
+	}
+	m.serial = devices.NewSerial(m.cfg.Console, func() { _ = irq.Signal() })
+	m.closers = append(m.closers, func() error { m.serial.Close(); return nil })
+
+	var low, high uint64
+	for _, r := range m.mem.Ranges() {
+		if r.GPA < highRAMStart {
+			low += r.Size
+		} else {
+			high += r.Size
+		}
+	}
+	m.pvwait = devices.NewPVWait()
+	kbd := devices.NewI8042(func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) })
+	regs := []struct {
+		base, size uint64
+		name       string
+		dev        devices.Device
+	}{
+		{devices.COM1Port, devices.SerialPorts, "serial", m.serial},
+		{devices.I8042DataPort, 1, "i8042-data", kbd.DataPort()},
+		{devices.I8042CommandPort, 1, "i8042-cmd", kbd.CommandPort()},
+		{devices.CMOSPort, devices.CMOSPorts, "cmos", devices.NewCMOS(low, high)},
+		{devices.DebugExitPort, 1, "debug-exit", &devices.DebugExit{Exit: func(s int) {
+			m.stop(Result{Kind: ExitDebugPort, Status: s})
+		}}},
+		{devices.PVWaitPort, 4, "pv-wait", m.pvwait},
+	}
+	for _, r := range regs {
+		if err := m.pio.Register(r.base, r.size, r.name, r.dev); err != nil {
+			return err
+		}
+	}
+	return m.setupVirtio()
+}
+
+// cmdline is the configured command line plus the virtio-mmio device entries.
+func (m *Machine) cmdline() string {
+	s := m.cfg.Cmdline
+	for _, d := range m.virtioCmdline() {
+		if s != "" {
+			s += " "
+		}
+		s += d
+	}
+	return s
+}
+
+// Memory exposes guest memory to embedders (for example to inspect a result
+// the guest left behind). It is valid until Close.
+func (m *Machine) Memory() *guestmem.Memory { return m.mem }
+
+// stop records the first exit condition and makes every vCPU leave KVM_RUN.
+// Any goroutine may call it; later calls are ignored.
+func (m *Machine) stop(r Result) {
+	m.stopOnce.Do(func() {
+		m.result = r
+		close(m.stopped)
+		m.pvwait.Close()
+		for _, v := range m.vcpus {
+			v.Kick()
+		}
+	})
+}
+
+// Run starts the vCPUs and blocks until the guest exits, an error stops the
+// machine, or ctx is canceled. It may be called once.
+func (m *Machine) Run(ctx context.Context) (Result, error) {
+	if m.cfg.ConsoleInput != nil {
+		go m.pumpConsoleInput()
+	}
+	m.startDevices()
+	var wg sync.WaitGroup
+	for _, v := range m.vcpus {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.runVCPU(v)
+		}()
+	}
+	select {
+	case <-m.stopped:
+	case <-ctx.Done():
+		m.stop(Result{Kind: ExitCanceled, Status: StatusError, Err: ctx.Err()})
+	}
+	wg.Wait()
+	m.serial.Flush()
+	r := m.result
+	if r.Kind == ExitError {
+		return r, r.Err
+	}
+	return r, nil
+}
+
+// pumpConsoleInput copies host input to the UART until EOF or stop. The
+// goroutine may stay blocked in Read after the machine stopped (stdin cannot
+// be interrupted); it holds nothing the teardown needs.
+func (m *Machine) pumpConsoleInput() {
+	buf := make([]byte, 256)
+	for {
+		n, err := m.cfg.ConsoleInput.Read(buf)
+		if n > 0 {
+			if m.serial.Input(buf[:n]) < n {
+				return // closed
+			}
+		}
+		if err != nil {
+			return
+		}
+		select {
+		case <-m.stopped:
+			return
+		default:
+		}
+	}
+}
+
+// runVCPU is the body of a vCPU goroutine.
+func (m *Machine) runVCPU(v *kvm.VCPU) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	v.BindThread()
+	for {
+		select {
+		case <-m.stopped:
+			return
+		default:
+		}
+		reason, err := v.Run()
+		if err != nil {
+			m.stop(Result{Kind: ExitError, Status: StatusError, Err: err})
+			return
+		}
+		if err := m.handleExit(v, reason); err != nil {
+			m.stop(Result{Kind: ExitError, Status: StatusError, Err: err})
+			return
+		}
+	}
+}
+
+// Close releases everything New created, in reverse order. The machine must
+// not be running.
+func (m *Machine) Close() error {
+	var errs []error
+	for i := len(m.closers) - 1; i >= 0; i-- {
+		errs = append(errs, m.closers[i]())
+	}
+	m.closers = nil
+	for i := len(m.vcpus) - 1; i >= 0; i-- {
+		errs = append(errs, m.vcpus[i].Close())
+	}
+	m.vcpus = nil
+	if m.vm != nil {
+		errs = append(errs, m.vm.Close())
+		m.vm = nil
+	}
+	if m.mem != nil {
+		errs = append(errs, m.mem.Close())
+		m.mem = nil
+	}
+	if m.sys != nil {
+		errs = append(errs, m.sys.Close())
+		m.sys = nil
+	}
+	return errors.Join(errs...)
+}
