@@ -147,6 +147,12 @@ func (m *Memory) Write(gpa uint64, p []byte) error {
 	return m.span(gpa, uint64(len(p)), func(view []byte, done uint64) { copy(view, p[done:]) })
 }
 
+// Check reports whether [gpa, gpa+n) lies entirely in guest memory, without
+// touching it.
+func (m *Memory) Check(gpa, n uint64) error {
+	return m.span(gpa, n, func([]byte, uint64) {})
+}
+
 // Zero clears n bytes of guest memory at gpa.
 func (m *Memory) Zero(gpa, n uint64) error {
 	return m.span(gpa, n, func(view []byte, _ uint64) { clear(view) })

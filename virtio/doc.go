@@ -1,0 +1,35 @@
+// Package virtio is the device side of virtio 1.2 (OASIS virtio v1.2,
+// cs01): split virtqueues, the descriptor-chain walker, and the virtio-mmio
+// transport. Devices (package vsock) implement Device and receive activated
+// queues; they never see descriptors or registers.
+//
+// Data flow, guest to device: the driver fills descriptors and the available
+// ring (2.7.13), then writes QueueNotify (4.2.2). Under KVM that write is
+// caught by an ioeventfd registered with a datamatch on the queue index, so
+// the vCPU never leaves the kernel; the eventfd wakes the device worker that
+// owns the queue. The worker calls Queue.Pop, which walks the chain once
+// (Walker: bounds, loops, indirect tables, readable-before-writable) and
+// returns a Chain of bounded guest-memory views. The worker consumes the
+// chain and calls Queue.Push, which publishes the used element and the used
+// index with release ordering. Device to guest: Queue.NeedsNotification
+// applies the guest's suppression (VIRTQ_AVAIL_F_NO_INTERRUPT or, with
+// VIRTIO_F_EVENT_IDX, used_event) and the worker calls the queue's Notify,
+// which for virtio-mmio sets InterruptStatus and signals an irqfd (an edge on
+// the device's GSI, as Firecracker does: no resample round trip per
+// interrupt) and for vhost-user signals the frontend's call eventfd.
+//
+// Guest errors: anything the driver gets wrong in a ring or descriptor makes
+// Pop/Push return an error wrapping ErrGuest; the device reports it through
+// Activation.Fail, and the transport counts it, logs it, and sets
+// DEVICE_NEEDS_RESET (2.1.2) with a configuration-change interrupt. Illegal
+// status moves and register misuse are counted the same way. Nothing the guest
+// writes is trusted as an index, length or address before it is checked.
+//
+// Concurrency: a Queue has one owner goroutine at a time (the device worker,
+// or whoever holds the lock the device documents for it). The MMIO transport
+// is called from vCPU goroutines and serialises register accesses with its
+// mutex; it calls Device.Activate and Device.Reset with that mutex held, so a
+// device must not call back into the transport from those methods except
+// through Activation.Fail, which only takes the transport's separate
+// interrupt lock. Lock order: MMIO.mu, then MMIO.irqMu.
+package virtio
