@@ -80,14 +80,20 @@ func (c *Config) withDefaults() (Config, error) {
 
 // ParseSize parses a memory size: a number with an optional K, M, G or T
 // suffix (powers of 1024, optionally followed by "B" or "iB"). A bare number
-// means MiB.
+// means MiB; a number followed by "B" alone means bytes, so that
+// ParseSize(FormatSize(v)) == v.
 func ParseSize(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	u := strings.ToUpper(t)
-	u = strings.TrimSuffix(u, "IB")
-	u = strings.TrimSuffix(u, "B")
 	shift := uint(20)
+	iB, unit := false, false
+	if v, ok := strings.CutSuffix(u, "IB"); ok {
+		u, iB = v, true // only valid after a unit letter
+	} else if v, ok := strings.CutSuffix(u, "B"); ok {
+		u, shift = v, 0 // bytes, unless a unit letter precedes the B
+	}
 	if n := len(u); n > 0 {
+		unit = true
 		switch u[n-1] {
 		case 'K':
 			shift, u = 10, u[:n-1]
@@ -97,10 +103,12 @@ func ParseSize(s string) (uint64, error) {
 			shift, u = 30, u[:n-1]
 		case 'T':
 			shift, u = 40, u[:n-1]
+		default:
+			unit = false
 		}
 	}
 	v, err := strconv.ParseUint(u, 10, 64)
-	if err != nil || u == "" {
+	if err != nil || u == "" || (iB && !unit) {
 		return 0, fmt.Errorf("bad size %q: want a number with an optional K, M, G or T suffix (e.g. 64M, 1G)", s)
 	}
 	if v > (1<<64-1)>>shift {
