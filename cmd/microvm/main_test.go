@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// envAsCLI makes the test binary behave as the microvm command, so tests can
+// run it as a child process (for signals and real exit statuses) without
+// building bin/microvm first.
+const envAsCLI = "MICROVM_TEST_AS_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envAsCLI) == "1" {
+		os.Exit(Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// runMain runs Main in-process and returns the exit status, stdout and
+// stderr.
+func runMain(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	status := Main(append([]string{"microvm"}, args...), strings.NewReader(""), &stdout, &stderr)
+	return status, stdout.String(), stderr.String()
+}
+
+// oneLine checks that s is exactly one line starting with "microvm: " and
+// containing want.
+func oneLine(t *testing.T, what, s, want string) {
+	t.Helper()
+	if !strings.HasPrefix(s, "microvm: ") || !strings.HasSuffix(s, "\n") || strings.Count(s, "\n") != 1 {
+		t.Errorf("%s = %q, want one line starting with \"microvm: \"", what, s)
+	}
+	if !strings.Contains(s, want) {
+		t.Errorf("%s = %q, want it to contain %q", what, s, want)
+	}
+}
+
+// TestUsageErrors: every mistake on the command line exits 2 with one line
+// on stderr and nothing on stdout, before any VM is created.
+func TestUsageErrors(t *testing.T) {
+	kernel := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(kernel, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string // substring of the stderr line
+	}{
+		{"unknown flag", []string{"run", "--kernel", kernel, "--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown global flag", []string{"--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"missing --kernel", []string{"run"}, "--kernel is required"},
+		{"bad --memory", []string{"run", "--kernel", kernel, "--memory", "12Q"}, `--memory: bad size "12Q"`},
+		{"--memory too small", []string{"run", "--kernel", kernel, "--memory", "4M"}, "memory 4M; microvm supports 8M..1T"},
+		{"--memory not 2 MiB aligned", []string{"run", "--kernel", kernel, "--memory", "9M"}, "not a multiple of 2 MiB"},
+		{"--cpus 0", []string{"run", "--kernel", kernel, "--cpus", "0"}, "--cpus 0: want 1..32"},
+		{"--cpus 33", []string{"run", "--kernel", kernel, "--cpus", "33"}, "--cpus 33: want 1..32"},
+		{"--cpus not a number", []string{"run", "--kernel", kernel, "--cpus", "two"}, `invalid value "two" for flag -cpus`},
+		{"unknown --cpu-hide feature", []string{"run", "--kernel", kernel, "--cpu-hide", "cx16,warp"}, `unknown CPU feature "warp"`},
+		{"bad --log-level", []string{"run", "--kernel", kernel, "--log-level", "loud"}, `--log-level "loud"`},
+		{"stray argument", []string{"run", "--kernel", kernel, "extra"}, `unexpected argument "extra"`},
+		{"version with an argument", []string{"version", "x"}, "version takes no arguments"},
+		{"--vsock-cid without --vsock-uds", []string{"run", "--kernel", kernel, "--vsock-cid", "3"}, "--vsock-cid and --vsock-uds go together"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, stdout, stderr := runMain(t, tc.args...)
+			if status != 2 {
+				t.Errorf("exit status %d, want 2", status)
+			}
+			if stdout != "" {
+				t.Errorf("stdout = %q, want nothing", stdout)
+			}
+			oneLine(t, "stderr", stderr, tc.want)
+		})
+	}
+}
+
+// TestFileErrors: a kernel that cannot be used is a VMM error (exit 1) with
+// one line naming the file.
+func TestFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("#!/bin/sh\nnot a kernel\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "no-such-kernel")
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing kernel file", []string{"run", "--kernel", missing}, "kernel " + missing + ": no such file or directory"},
+		{"garbage kernel file", []string{"run", "--kernel", garbage}, "kernel " + garbage + ": not a bzImage or ELF kernel"},
+		{"missing initrd file", []string{"run", "--kernel", garbage, "--initrd", missing}, "initrd " + missing + ": no such file or directory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			status, stdout, stderr := runMain(t, tc.args...)
+			if status != 1 {
+				t.Errorf("exit status %d, want 1", status)
+			}
+			if stdout != "" {
+				t.Errorf("stdout = %q, want nothing", stdout)
+			}
+			oneLine(t, "stderr", stderr, tc.want)
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	old := Version
+	Version = "v1.2.3-test"
+	defer func() { Version = old }()
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		status, stdout, stderr := runMain(t, args...)
+		if status != 0 || stderr != "" {
+			t.Errorf("%v: status %d, stderr %q; want 0 and nothing", args, status, stderr)
+		}
+		if stdout != "microvm v1.2.3-test\n" && stdout != "microvm version v1.2.3-test\n" {
+			t.Errorf("%v: stdout = %q, want the version", args, stdout)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {}} {
+		status, stdout, stderr := runMain(t, args...)
+		if status != 0 || stderr != "" {
+			t.Errorf("%v: status %d, stderr %q; want 0 and nothing", args, status, stderr)
+		}
+		if !strings.Contains(stdout, "run") {
+			t.Errorf("%v: help does not mention run:\n%s", args, stdout)
+		}
+	}
+	_, stdout, _ := runMain(t, "run", "--help")
+	for _, flag := range []string{"--kernel", "--initrd", "--cmdline", "--cpus", "--memory", "--cpu-hide", "--log-level"} {
+		if !strings.Contains(stdout, flag) {
+			t.Errorf("run --help does not list %s", flag)
+		}
+	}
+}
+
+func TestParseBytes(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    uint64
+		wantErr bool
+	}{
+		{"65536", 65536, false}, // a bare number means bytes here
+		{"64K", 64 << 10, false},
+		{"1M", 1 << 20, false},
+		{"512B", 512, false},
+		{"", 0, true},
+		{"x", 0, true},
+	}
+	for _, tc := range tests {
+		got, err := parseBytes(tc.in)
+		if (err != nil) != tc.wantErr || got != tc.want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d (error %v)", tc.in, got, err, tc.want, tc.wantErr)
+		}
+	}
+}

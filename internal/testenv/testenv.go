@@ -1,0 +1,238 @@
+// Package testenv finds what the KVM integration tests need — /dev/kvm, the
+// bundled test guest, the Linux test kernel — and decides what happens when
+// something is missing: outside CI the test is skipped with a message saying
+// how to provide it; under CI=true it fails, because CI must run every layer.
+//
+// Every helper takes a testing.TB so tests and benchmarks share it.
+package testenv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Environment variables that override where artefacts are looked for.
+const (
+	// EnvTestGuest names a prebuilt test guest ELF.
+	EnvTestGuest = "MICROVM_TESTGUEST"
+	// EnvKernel names a Linux vmlinux to boot instead of build/kernel/vmlinux.
+	EnvKernel = "MICROVM_KERNEL"
+)
+
+// InCI reports whether the tests run under CI (CI=true), where a missing
+// prerequisite is a failure rather than a skip.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+// Missing skips tb, or fails it under CI, with the reason.
+func Missing(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if InCI() {
+		tb.Fatalf("CI requires this test to run: %s", msg)
+	}
+	tb.Skip(msg)
+}
+
+var (
+	rootOnce sync.Once
+	root     string
+	rootErr  error
+)
+
+// Root returns the repository root: the nearest directory above the working
+// directory whose go.mod declares the microvm module.
+func Root() (string, error) {
+	rootOnce.Do(func() {
+		dir, err := os.Getwd()
+		if err != nil {
+			rootErr = err
+			return
+		}
+		for {
+			b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+			if err == nil && bytes.HasPrefix(b, []byte("module github.com/microvm/microvm\n")) {
+				root = dir
+				return
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				rootErr = fmt.Errorf("testenv: no microvm go.mod above the working directory")
+				return
+			}
+			dir = parent
+		}
+	})
+	return root, rootErr
+}
+
+// RequireKVM skips (fails under CI) unless /dev/kvm can be opened for
+// reading and writing.
+func RequireKVM(tb testing.TB) {
+	tb.Helper()
+	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		Missing(tb, "KVM unavailable: open /dev/kvm: %v", err)
+		return
+	}
+	unix.Close(fd)
+}
+
+var guestMu sync.Mutex // one make at a time within a process
+
+// TestGuest returns the path of the bundled test guest (guest/testguest).
+// $MICROVM_TESTGUEST wins. Otherwise it runs make for bin/testguest in the
+// repository (a no-op when up to date, so edited guest sources are picked up),
+// holding a file lock so parallel test binaries do not link the same file at
+// once. Without gcc or make, an existing bin/testguest is used as it is.
+func TestGuest(tb testing.TB) string {
+	tb.Helper()
+	if p := os.Getenv(EnvTestGuest); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			tb.Fatalf("$%s: %v", EnvTestGuest, err)
+		}
+		return p
+	}
+	r, err := Root()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	out := filepath.Join(r, "bin", "testguest")
+	guestMu.Lock()
+	defer guestMu.Unlock()
+	if err := makeGuest(r, out); err != nil {
+		if _, serr := os.Stat(out); serr == nil {
+			tb.Logf("using existing %s: rebuilding it failed: %v", out, err)
+			return out
+		}
+		Missing(tb, "no test guest: %v (run `make` first, or set $%s)", err, EnvTestGuest)
+	}
+	return out
+}
+
+func makeGuest(root, out string) error {
+	if _, err := exec.LookPath("make"); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(root, "build"), 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(root, "build", ".testguest.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	cmd := exec.Command("make", "-s", "-C", filepath.Join(root, "guest", "testguest"), "OUT="+out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make test guest: %v: %s", err, bytes.TrimSpace(b))
+	}
+	return nil
+}
+
+// Kernel returns the Linux test kernel (build/kernel/vmlinux, built by `make
+// kernel`), or $MICROVM_KERNEL. It skips (fails under CI) when absent.
+func Kernel(tb testing.TB) string {
+	tb.Helper()
+	p := os.Getenv(EnvKernel)
+	if p == "" {
+		r, err := Root()
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		p = filepath.Join(r, "build", "kernel", "vmlinux")
+	}
+	if _, err := os.Stat(p); err != nil {
+		Missing(tb, "no Linux test kernel: %v (run `make kernel`, or set $%s)", err, EnvKernel)
+	}
+	return p
+}
+
+// Program is a tiny x86-64 guest program, built instruction by instruction.
+// It runs in 64-bit mode at CPL0 from the loader's ELF64 entry (identity-mapped
+// low memory, interrupts off, no IDT). Methods append and return the program.
+type Program []byte
+
+// Print writes s to COM1's transmit register, one `out` per byte.
+func (p Program) Print(s string) Program {
+	p = append(p, 0x66, 0xba, 0xf8, 0x03) // mov dx, 0x3f8
+	for i := 0; i < len(s); i++ {
+		p = append(p, 0xb0, s[i], 0xee) // mov al, c; out dx, al
+	}
+	return p
+}
+
+// Exit writes status to the debug-exit port 0xf4.
+func (p Program) Exit(status byte) Program {
+	return append(p, 0xb0, status, 0xe6, 0xf4) // mov al, status; out 0xf4, al
+}
+
+// Reset asks the i8042 to pulse the reset line (command 0xfe to port 0x64).
+func (p Program) Reset() Program {
+	return append(p, 0xb0, 0xfe, 0xe6, 0x64) // mov al, 0xfe; out 0x64, al
+}
+
+// Halt halts forever (interrupts are off): only the VMM can end the guest.
+func (p Program) Halt() Program {
+	return append(p, 0xf4, 0xeb, 0xfd) // 1: hlt; jmp 1b
+}
+
+// UD2 raises #UD; with no IDT that escalates to a triple fault.
+func (p Program) UD2() Program { return append(p, 0x0f, 0x0b) }
+
+// Tiny guest ELF layout: one PT_LOAD segment at 1 MiB holding the headers
+// and the code right after them.
+const (
+	tinyBase    = 0x10_0000
+	elfHdrSize  = 64
+	elfPhdrSize = 56
+	tinyCodeOff = elfHdrSize + elfPhdrSize
+)
+
+// TinyELF returns an ELF64 x86-64 executable (no PVH note, so the loader
+// enters it in 64-bit mode) that runs p.
+func TinyELF(p Program) []byte {
+	size := uint64(tinyCodeOff + len(p))
+	b := make([]byte, tinyCodeOff, size)
+	copy(b, "\x7fELF\x02\x01\x01") // ELFCLASS64, little-endian, version 1
+	le := binary.LittleEndian
+	le.PutUint16(b[16:], 2)  // ET_EXEC
+	le.PutUint16(b[18:], 62) // EM_X86_64
+	le.PutUint32(b[20:], 1)  // EV_CURRENT
+	le.PutUint64(b[24:], tinyBase+tinyCodeOff)
+	le.PutUint64(b[32:], elfHdrSize) // e_phoff
+	le.PutUint16(b[52:], elfHdrSize)
+	le.PutUint16(b[54:], elfPhdrSize)
+	le.PutUint16(b[56:], 1) // e_phnum
+	le.PutUint16(b[58:], 64)
+	ph := elfHdrSize
+	le.PutUint32(b[ph:], 1)   // PT_LOAD
+	le.PutUint32(b[ph+4:], 5) // PF_R|PF_X
+	le.PutUint64(b[ph+8:], 0) // p_offset
+	le.PutUint64(b[ph+16:], tinyBase)
+	le.PutUint64(b[ph+24:], tinyBase)
+	le.PutUint64(b[ph+32:], size)
+	le.PutUint64(b[ph+40:], size)
+	le.PutUint64(b[ph+48:], 0x1000)
+	return append(b, p...)
+}
+
+// TinyGuest writes TinyELF(p) to a file in tb's temporary directory and
+// returns its path.
+func TinyGuest(tb testing.TB, p Program) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "tiny.elf")
+	if err := os.WriteFile(path, TinyELF(p), 0o644); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	return path
+}
