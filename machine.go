@@ -15,6 +15,7 @@ import (
 	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/vsock"
 )
 
 // Guest physical layout (docs/machine.md).
@@ -73,6 +74,9 @@ type Machine struct {
 	serial    *devices.Serial
 	serialIRQ *eventfd.EventFD
 	pvwait    *devices.PVWait
+	virtio    []*virtioSlot
+	vsock     *vsock.Device
+	uds       *vsock.UDS
 	closers   []func() error // device teardown, run in reverse
 
 	stopOnce sync.Once

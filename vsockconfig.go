@@ -3,6 +3,8 @@ package microvm
 import (
 	"fmt"
 	"time"
+
+	"github.com/microvm/microvm/vsock"
 )
 
 // VsockConfig adds a virtio-vsock device reached from the host through
@@ -19,6 +21,8 @@ type VsockConfig struct {
 	ConnBuffer int
 	// ConnectTimeout bounds the CONNECT handshake (default 2 s).
 	ConnectTimeout time.Duration
+	// Options selects data-path optimisations (nil: vsock.DefaultOptions).
+	Options *vsock.Options
 }
 
 func (v *VsockConfig) validate() error {

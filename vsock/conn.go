@@ -1,0 +1,154 @@
+package vsock
+
+import (
+	"sync"
+	"time"
+)
+
+// connState is the life cycle of a stream connection.
+type connState int
+
+const (
+	// stateGuestConnecting: the guest sent REQUEST to a host port; the
+	// device is connecting to <uds>_<port> in the background.
+	stateGuestConnecting connState = iota + 1
+	// stateHostConnecting: a host client sent CONNECT; REQUEST is (being)
+	// sent to the guest and the device waits for RESPONSE or RST.
+	stateHostConnecting
+	// stateEstablished: data flows both ways, subject to the shutdown
+	// flags of each side.
+	stateEstablished
+	// stateClosing: both sides are shut down or the guest went away; the
+	// connection only drains what the host has not yet been given, then
+	// is removed. No packets are sent to the guest any more except RST.
+	stateClosing
+	// stateClosed: removed from the table; the host socket is closed.
+	stateClosed
+)
+
+func (s connState) String() string {
+	switch s {
+	case stateGuestConnecting:
+		return "guest-connecting"
+	case stateHostConnecting:
+		return "host-connecting"
+	case stateEstablished:
+		return "established"
+	case stateClosing:
+		return "closing"
+	case stateClosed:
+		return "closed"
+	}
+	return "?"
+}
+
+// connKey identifies a connection: the host-side port and the guest's port.
+type connKey struct {
+	hostPort  uint32
+	guestPort uint32
+}
+
+// Pending control packets a connection owes the guest (conn.pend bits).
+const (
+	pendRequest  = 1 << iota // host-initiated: REQUEST
+	pendResponse             // guest-initiated: RESPONSE
+	pendCredit               // CREDIT_UPDATE (our fwd_cnt moved or the guest asked)
+	pendShutdown             // SHUTDOWN with conn.shutFlags
+)
+
+// conn is one stream connection between a guest socket and a host socket.
+//
+// Locking: mu guards every field below it. The fd is only used under mu, so
+// closing it can never race with a read or write. inReady is guarded by the
+// session's rxMu instead (it mirrors membership of the RX ready list).
+type conn struct {
+	key connKey
+
+	mu    sync.Mutex
+	state connState
+	fd    int // host socket (non-blocking), -1 when none
+
+	// Guest -> host: our receive side. bufAlloc is what we advertise;
+	// rxCnt counts payload bytes the guest sent; fwdCnt those written to
+	// the host socket; lastFwd the fwd_cnt we last told the guest.
+	// txBuf holds guest bytes the host socket has not taken yet; the
+	// guest's credit keeps it below bufAlloc.
+	bufAlloc uint32
+	rxCnt    uint32
+	fwdCnt   uint32
+	lastFwd  uint32
+	txBuf    []byte
+
+	// Host -> guest: the guest's receive window. txCnt counts payload
+	// bytes sent to the guest. All counters wrap (u32 arithmetic).
+	peerBufAlloc uint32
+	peerFwdCnt   uint32
+	txCnt        uint32
+
+	pend      uint32 // pend* bits
+	shutFlags uint32 // flags of the pending SHUTDOWN
+	// prefix holds host bytes that arrived with the CONNECT line; they go
+	// to the guest before anything read from the socket.
+	prefix []byte
+	// hostReadable: the socket may have data (an EPOLLIN edge was seen and
+	// no read has returned EAGAIN since).
+	hostReadable bool
+	// hostEOF: the host shut down its sending side (a read returned 0).
+	hostEOF bool
+	// hostHup: the host closed the socket entirely (EPOLLHUP).
+	hostHup bool
+	// guestShut: SHUTDOWN flags the guest sent.
+	guestShut uint32
+	// hostWriteShut: we shut down writing on the host socket (after the
+	// guest's SHUTDOWN SEND and txBuf drained).
+	hostWriteShut bool
+
+	timer *time.Timer // connect or close timeout
+
+	inReady bool // guarded by session.rxMu
+}
+
+// peerCredit is how many more payload bytes the guest can take.
+// Guarded by mu.
+func (c *conn) peerCredit() uint32 {
+	inFlight := c.txCnt - c.peerFwdCnt
+	if inFlight > c.peerBufAlloc {
+		return 0 // the guest shrank its buffer, or lies: send nothing
+	}
+	return c.peerBufAlloc - inFlight
+}
+
+// guestViewFree is the free space the guest believes we have: what it may
+// still send before it needs a credit update. Guarded by mu.
+func (c *conn) guestViewFree() uint32 {
+	used := c.rxCnt - c.lastFwd
+	if used > c.bufAlloc {
+		return 0
+	}
+	return c.bufAlloc - used
+}
+
+// updatePeerCredit takes the credit fields every guest packet carries.
+func (c *conn) updatePeerCredit(h *Header) {
+	c.peerBufAlloc = h.BufAlloc
+	c.peerFwdCnt = h.FwdCnt
+}
+
+// hasRxWork reports whether the connection has something for the guest.
+// Guarded by mu.
+func (c *conn) hasRxWork() bool {
+	if c.state == stateClosed {
+		return false
+	}
+	return c.pend != 0 || c.dataReady()
+}
+
+// dataReady: host data could flow to the guest now.
+func (c *conn) dataReady() bool {
+	return c.state == stateEstablished && c.guestShut&ShutdownRcv == 0 && !c.hostEOF &&
+		(len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
+}
+
+// pendCreditForced: the guest asked for our credit (CREDIT_REQUEST), so the
+// update is sent even if fwd_cnt did not move.
+const pendCreditForced = 1 << 8

@@ -1,0 +1,279 @@
+package vsock
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm/virtio"
+)
+
+// Queue indices (5.10.2).
+const (
+	QueueRX    = 0
+	QueueTX    = 1
+	QueueEvent = 2
+	// DefaultQueueSize is the size offered for each queue.
+	DefaultQueueSize = 256
+)
+
+// Defaults for Config.
+const (
+	DefaultMaxConns       = 1023
+	DefaultConnBuffer     = 64 << 10
+	DefaultConnectTimeout = 2 * time.Second
+	// hostPortBase..hostPortLimit is where host-initiated connections get
+	// their host-side port (Firecracker's range).
+	hostPortBase  = 1 << 30
+	hostPortLimit = 1 << 31
+)
+
+// Options switch the data-path optimisations, so each can be measured on
+// and off (bench-vsock). The zero value is the plain design; DefaultOptions
+// is what microvm runs with.
+type Options struct {
+	// KickSuppress keeps the guest's TX kicks disabled while the device
+	// writes to host sockets, re-enabling them only with a final ring
+	// re-check (seed 002).
+	KickSuppress bool
+	// DirectEnqueue lets the goroutine that produces a control packet put
+	// it in the RX ring itself when nothing is queued ahead of it, instead
+	// of waking the RX worker (seed 001).
+	DirectEnqueue bool
+	// BatchLock processes a run of TX packets for one connection under a
+	// single lock acquisition and decides on a credit update once per run
+	// (seed 000).
+	BatchLock bool
+	// Copybreak: guest payloads shorter than this are copied into the
+	// connection's buffer and written to the host in one write per run;
+	// longer ones go to the host socket straight from guest memory with
+	// writev (seed 004). 0 disables copying.
+	Copybreak int
+}
+
+// DefaultOptions are the optimisations enabled by default.
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, Copybreak: 0}
+
+// Dialer opens host-side connections for guest-initiated requests. Dial is
+// called on its own goroutine and may block up to timeout; it returns a
+// connected stream socket the device takes ownership of.
+type Dialer interface {
+	Dial(port uint32, timeout time.Duration) (fd int, err error)
+}
+
+// Config configures a vsock device.
+type Config struct {
+	CID            uint64
+	MaxConns       int           // default DefaultMaxConns
+	ConnBuffer     uint32        // per-connection buffer, default DefaultConnBuffer
+	ConnectTimeout time.Duration // default DefaultConnectTimeout
+	QueueSize      uint16        // default DefaultQueueSize
+	Options        *Options      // nil: DefaultOptions
+	Dialer         Dialer        // guest-initiated connections; nil refuses them
+	Log            logrus.FieldLogger
+}
+
+// Stats are the device's counters.
+type Stats struct {
+	TxPackets, RxPackets uint64 // guest->device, device->guest
+	TxBytes, RxBytes     uint64 // payload bytes
+	ConnsOpened          uint64
+	ConnsOpen            int64
+	RstSent              uint64
+	GuestErrors          uint64 // malformed packets and protocol violations
+	DroppedRsts          uint64 // RSTs dropped because the queue was full
+	DirectEnqueues       uint64
+	TxKicks, RxKicks     uint64 // queue notifications observed by the workers
+	Interrupts           uint64
+	HostWriteStalls      uint64 // guest data that had to wait for the host socket
+	CreditUpdatesSent    uint64
+}
+
+type counters struct {
+	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
+	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates atomic.Uint64
+	connsOpen atomic.Int64
+}
+
+// Device is a virtio-vsock device (virtio 1.2, 5.10) with stream sockets
+// bridged to host Unix sockets.
+type Device struct {
+	cfg  Config
+	opts Options
+	log  logrus.FieldLogger
+	ctr  counters
+
+	mu      sync.Mutex // guards sess, ready and closing
+	sess    *session
+	ready   chan struct{} // closed while a session is active
+	closing bool
+	done    chan struct{} // closed by Close
+}
+
+// New returns a device for cfg.
+func New(cfg Config) (*Device, error) {
+	if cfg.CID < 3 || cfg.CID >= 0xffffffff {
+		return nil, fmt.Errorf("vsock: guest CID %d is reserved or out of range", cfg.CID)
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ConnBuffer == 0 {
+		cfg.ConnBuffer = DefaultConnBuffer
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.StandardLogger()
+	}
+	opts := DefaultOptions
+	if cfg.Options != nil {
+		opts = *cfg.Options
+	}
+	return &Device{cfg: cfg, opts: opts, log: cfg.Log, ready: make(chan struct{}), done: make(chan struct{})}, nil
+}
+
+// Type implements virtio.Device.
+func (d *Device) Type() uint32 { return virtio.DeviceVsock }
+
+// Features implements virtio.Device: stream sockets only (no feature bits).
+func (d *Device) Features() uint64 { return 0 }
+
+// QueueSizes implements virtio.Device.
+func (d *Device) QueueSizes() []uint16 {
+	return []uint16{d.cfg.QueueSize, d.cfg.QueueSize, d.cfg.QueueSize}
+}
+
+// ReadConfig implements virtio.Device: the config space is the 64-bit guest
+// CID (5.10.4).
+func (d *Device) ReadConfig(offset uint64, p []byte) {
+	var cfg [8]byte
+	binary.LittleEndian.PutUint64(cfg[:], d.cfg.CID)
+	clear(p)
+	if offset < uint64(len(cfg)) {
+		copy(p, cfg[offset:])
+	}
+}
+
+// WriteConfig implements virtio.Device: the config space is read-only.
+func (d *Device) WriteConfig(uint64, []byte) {}
+
+// CID is the guest's context id.
+func (d *Device) CID() uint64 { return d.cfg.CID }
+
+// Stats returns a snapshot of the counters.
+func (d *Device) Stats() Stats {
+	c := &d.ctr
+	return Stats{
+		TxPackets: c.txPackets.Load(), RxPackets: c.rxPackets.Load(),
+		TxBytes: c.txBytes.Load(), RxBytes: c.rxBytes.Load(),
+		ConnsOpened: c.connsOpened.Load(), ConnsOpen: c.connsOpen.Load(),
+		RstSent: c.rstSent.Load(), GuestErrors: c.guestErrors.Load(), DroppedRsts: c.droppedRsts.Load(),
+		DirectEnqueues: c.directEnqueues.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
+		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
+		CreditUpdatesSent: c.creditUpdates.Load(),
+	}
+}
+
+// Activate implements virtio.Device: it starts the TX and RX workers on the
+// driver's queues. The event queue may be absent (vhost-user).
+func (d *Device) Activate(a virtio.Activation) error {
+	if len(a.Queues) < 2 || a.Queues[QueueRX] == nil || a.Queues[QueueTX] == nil {
+		return fmt.Errorf("%w: vsock needs its rx and tx queues", virtio.ErrGuest)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.sess != nil {
+		return errors.New("vsock: activated twice without a reset")
+	}
+	if d.closing {
+		return errors.New("vsock: device closed")
+	}
+	s, err := newSession(d, a)
+	if err != nil {
+		return err
+	}
+	d.sess = s
+	s.start()
+	close(d.ready)
+	return nil
+}
+
+// Reset implements virtio.Device: it stops the workers, closes every host
+// connection and forgets the queues. The guest's queues are gone, so nothing
+// is sent to it.
+func (d *Device) Reset() {
+	d.mu.Lock()
+	s := d.sess
+	d.sess = nil
+	if s != nil {
+		d.ready = make(chan struct{})
+	}
+	d.mu.Unlock()
+	if s != nil {
+		s.shutdown()
+	}
+}
+
+// Close resets the device and refuses later activations; host clients
+// waiting for the guest are released.
+func (d *Device) Close() {
+	d.mu.Lock()
+	if !d.closing {
+		d.closing = true
+		close(d.done)
+	}
+	d.mu.Unlock()
+	d.Reset()
+}
+
+// session waits until the device is active, or the deadline passes, and
+// returns the active session.
+func (d *Device) session(deadline time.Time) (*session, error) {
+	for {
+		d.mu.Lock()
+		s, ready, closing := d.sess, d.ready, d.closing
+		d.mu.Unlock()
+		if closing {
+			return nil, errors.New("vsock: device closed")
+		}
+		if s != nil {
+			return s, nil
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return nil, errors.New("vsock: the guest driver is not ready")
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ready:
+		case <-t.C:
+		case <-d.done:
+		}
+		t.Stop()
+	}
+}
+
+// ConnectFromHost starts a host-initiated connection to guest port port over
+// the connected host socket fd (the device takes ownership of fd, closing it
+// on failure). prefix holds host bytes already read past the CONNECT line.
+// It waits (until deadline) for the guest driver to be ready, then sends the
+// guest a REQUEST; the reply "OK <host port>\n" is written to fd when the
+// guest accepts, and fd is closed if it refuses or does not answer in time.
+func (d *Device) ConnectFromHost(fd int, port uint32, prefix []byte, deadline time.Time) error {
+	s, err := d.session(deadline)
+	if err != nil {
+		closeFD(fd)
+		return err
+	}
+	return s.connectFromHost(fd, port, prefix, deadline)
+}

@@ -1,0 +1,76 @@
+// Package vsock is microvm's virtio-vsock device (virtio 1.2, 5.10): stream
+// sockets between the guest and host Unix sockets, with the Firecracker
+// host protocol ("CONNECT <port>\n" -> "OK <host port>\n" on the listening
+// socket; guest connections to port P go to "<uds>_P").
+//
+// The device runs unchanged under two hosts: microvm's own virtio-mmio
+// transport (KVM: kicks arrive through ioeventfds, interrupts leave through
+// an irqfd) and the vhost-user backend (kicks and interrupts are the
+// frontend's eventfds). It only sees virtio.Activation: guest memory, the rx
+// and tx queues (the event queue is unused so far) and a Fail callback.
+//
+// # Goroutines and what they own
+//
+//   - TX worker (tx.go, one per activation): owns the TX queue. Woken by the
+//     TX kick eventfd, it pops chains, decodes each header once from a copy,
+//     and acts on it: REQUEST starts a dial goroutine, RESPONSE completes a
+//     host-initiated connection (writing "OK <port>\n"), RW payloads go to
+//     the host socket straight from guest memory with writev, SHUTDOWN/RST
+//     close. It returns the chains and interrupts once per batch.
+//   - RX worker (rx.go, one per activation): owns the epoll set (host
+//     sockets, the RX kick eventfd, a wake eventfd, a stop eventfd). It
+//     fills guest RX buffers: queued RSTs first, then each connection on the
+//     ready list (control packets, then host data read with readv straight
+//     into the guest buffer, then credit updates and shutdowns). One
+//     interrupt per pass.
+//   - dial goroutines (one per guest-initiated connection attempt): connect
+//     to "<uds>_P" with a timeout, so a slow listener never blocks a worker.
+//   - UDS accept goroutine and handshake goroutines (uds.go): parse the
+//     CONNECT line under a deadline and hand the socket to the device.
+//   - timers (time.AfterFunc): connection attempt timeouts.
+//
+// # Locks
+//
+// Device.mu guards the active session. In a session: connMu guards the
+// connection table; conn.mu guards one connection (its state, credit
+// counters, buffered data and host descriptor); rxMu guards the RX queue,
+// the ready list and the RST queue. Lock order: connMu -> conn.mu -> rxMu,
+// with one exception that cannot deadlock: conn.mu holders take connMu
+// briefly to update the table (nobody holding connMu takes a conn.mu).
+// Nobody holds two conn.mu at once.
+//
+// # A packet's path
+//
+// Guest to host: driver writes the packet into the TX ring and kicks ->
+// ioeventfd -> TX worker pops the chain, copies the 44-byte header out once,
+// checks CIDs, type, length against the chain and the connection's credit
+// -> writev of the payload views to the host socket; what the socket does
+// not take is copied into the connection's buffer (bounded by the credit we
+// advertised) and flushed on EPOLLOUT by the RX worker -> used entry, fwd_cnt
+// advanced, CREDIT_UPDATE when the guest's view of our free space falls
+// below half.
+//
+// Host to guest: host socket readable (edge-triggered EPOLLIN) -> the RX
+// worker puts the connection on the ready list -> when the guest has RX
+// buffers and credit, readv from the socket into the buffer after the
+// header space, header written, used entry pushed -> one interrupt per pass.
+// A connection without credit leaves the list until a guest packet brings
+// credit; with no RX buffers the worker re-enables RX kicks and sleeps.
+//
+// # Optimisations (Options, each measurable on and off)
+//
+// KickSuppress (guest kicks stay off across the host write, with a final
+// ring re-check), DirectEnqueue (a producer places a control packet into the
+// RX ring itself when nothing is queued ahead), BatchLock (one lock and one
+// credit decision per run of packets for a connection, readiness made
+// visible after unlocking), Copybreak (small payloads are copied and written
+// in one call per run; large ones use scatter-gather).
+//
+// # Untrusted guest
+//
+// Ring and descriptor errors stop the device (Activation.Fail ->
+// DEVICE_NEEDS_RESET). Packet-level errors (bad length, credit overrun,
+// unknown op, wrong state) are counted and reset the connection. Memory per
+// connection is bounded by the advertised buffer; connections by MaxConns;
+// queued RSTs by MaxConns+256.
+package vsock

@@ -1,0 +1,405 @@
+package vsock
+
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/virtio"
+)
+
+// rxBudget bounds the data packets one connection sends per turn, so one
+// busy connection cannot starve the others.
+const rxBudget = 16
+
+// rxState is the RX worker's scratch.
+type rxState struct {
+	events [64]unix.EpollEvent
+	iov    iovecs
+	views  [][]byte
+}
+
+// rxLoop is the RX worker: it waits on epoll for host sockets, RX kicks (the
+// guest posted buffers) and wake-ups from producers, and fills guest RX
+// buffers from pending control packets and readable host sockets.
+func (s *session) rxLoop() {
+	st := &rxState{}
+	// RX buffers are only interesting when we have run out of them, so the
+	// guest's RX kicks start disabled.
+	if err := s.rx.DisableNotification(); err != nil {
+		s.failDevice(err)
+	}
+	for {
+		if !s.failed.Load() {
+			s.rxPass(st)
+		}
+		s.rxSleeping.Store(true)
+		if !s.failed.Load() && s.rxHasWork() {
+			s.rxSleeping.Store(false)
+			continue
+		}
+		n, err := unix.EpollWait(s.epfd, st.events[:], -1)
+		s.rxSleeping.Store(false)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			s.d.log.WithError(err).Error("vsock: rx epoll")
+			return
+		}
+		for _, ev := range st.events[:n] {
+			switch ev.Fd {
+			case tagStop:
+				return
+			case tagWake:
+				_, _ = s.wake.Wait()
+			case tagRxKick:
+				if k, _ := s.rx.Kick.Wait(); k > 0 {
+					s.d.ctr.rxKicks.Add(1)
+				}
+			default:
+				s.hostEvent(int(ev.Fd), ev.Events)
+			}
+		}
+	}
+}
+
+// rxHasWork reports whether a pass could make progress now: there is work
+// and the guest has RX buffers. When there are none it re-enables RX kicks
+// (with a re-check), so the guest wakes us when it posts some.
+func (s *session) rxHasWork() bool {
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	if len(s.ready) == 0 && len(s.rsts) == 0 {
+		return false
+	}
+	ok, err := s.rx.HasAvailable()
+	if err != nil {
+		s.failDevice(err)
+		return false
+	}
+	if ok {
+		return true
+	}
+	more, err := s.rx.EnableNotification()
+	if err != nil {
+		s.failDevice(err)
+		return false
+	}
+	if more {
+		_ = s.rx.DisableNotification()
+	}
+	return more
+}
+
+// hostEvent records what epoll said about a host socket.
+func (s *session) hostEvent(fd int, events uint32) {
+	s.connMu.Lock()
+	c := s.byFD[fd]
+	s.connMu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fd != fd || c.state == stateClosed {
+		return // stale event for a descriptor that was closed
+	}
+	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.hostReadable = true
+	}
+	if events&unix.EPOLLHUP != 0 && !c.hostHup {
+		c.hostHup = true
+		if c.hostEOF && c.shutFlags != ShutdownBoth {
+			// We told the guest the host stopped sending; now it has
+			// stopped receiving too.
+			c.shutFlags = ShutdownBoth
+			c.pend |= pendShutdown
+		}
+	}
+	if events&unix.EPOLLOUT != 0 && len(c.txBuf) > 0 {
+		s.flushLocked(c)
+		s.afterFlushLocked(c)
+		if c.state != stateClosed {
+			s.creditCheckLocked(c)
+		}
+	}
+	if c.hasRxWork() {
+		s.markReadyLocked(c)
+	}
+}
+
+// rxPass sends the guest what is pending, while it has RX buffers: RSTs for
+// vanished connections first, then each ready connection in turn.
+func (s *session) rxPass(st *rxState) {
+	for !s.failed.Load() {
+		s.rxMu.Lock()
+		if len(s.rsts) > 0 {
+			ok := s.emitLocked(&s.rsts[0], nil)
+			if ok {
+				s.rsts = s.rsts[1:]
+				if len(s.rsts) == 0 {
+					s.rsts = nil
+				}
+				s.d.ctr.rstSent.Add(1)
+			}
+			s.rxMu.Unlock()
+			if !ok {
+				break
+			}
+			continue
+		}
+		if len(s.ready) == 0 {
+			s.rxMu.Unlock()
+			break
+		}
+		c := s.ready[0]
+		s.ready[0] = nil
+		s.ready = s.ready[1:]
+		if len(s.ready) == 0 {
+			s.ready = nil
+		}
+		c.inReady = false
+		s.rxMu.Unlock()
+
+		c.mu.Lock()
+		out := !s.emitConnLocked(st, c, rxBudget)
+		if c.hasRxWork() {
+			s.markReadyLocked(c)
+		}
+		c.mu.Unlock()
+		if out {
+			break
+		}
+	}
+	s.publishRX()
+}
+
+// publishRX makes the used RX entries visible and interrupts the guest once.
+func (s *session) publishRX() {
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	if !s.rxPushed || s.failed.Load() {
+		return
+	}
+	s.rxPushed = false
+	if err := s.rx.Publish(); err != nil {
+		s.failDevice(err)
+		return
+	}
+	need, err := s.rx.NeedsNotification()
+	if err != nil {
+		s.failDevice(err)
+		return
+	}
+	if need {
+		s.d.ctr.interrupts.Add(1)
+		s.rx.Interrupt()
+	}
+}
+
+// emitOrQueueLocked gets c's pending work to the guest: directly, from the
+// calling goroutine, when DirectEnqueue is on and nothing is queued ahead of
+// it (seed 001); otherwise by putting c on the ready list and waking the RX
+// worker. Called with c.mu held.
+func (s *session) emitOrQueueLocked(c *conn) {
+	if s.opts.DirectEnqueue && c.pend != 0 && !c.dataReady() && !s.failed.Load() {
+		s.rxMu.Lock()
+		idle := len(s.ready) == 0 && len(s.rsts) == 0 && !c.inReady
+		s.rxMu.Unlock()
+		if idle {
+			var st rxState
+			if s.emitConnLocked(&st, c, 0) && !c.hasRxWork() {
+				s.d.ctr.directEnqueues.Add(1)
+				s.publishRX()
+				return
+			}
+			s.publishRX()
+		}
+	}
+	if c.hasRxWork() {
+		s.markReadyLocked(c)
+		s.wakeRX()
+	}
+}
+
+// emitConnLocked sends c's pending packets in protocol order: connection
+// setup, data (at most budget packets), credit update, shutdown. It returns
+// false when the guest ran out of RX buffers. Called with c.mu held.
+func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
+	if c.state == stateClosed {
+		return true
+	}
+	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: TypeStream}
+	ctl := func(op Op, flags uint32) bool {
+		h.Op, h.Flags, h.Len = op, flags, 0
+		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.fwdCnt
+		s.rxMu.Lock()
+		ok := s.emitLocked(&h, nil)
+		s.rxMu.Unlock()
+		if ok {
+			c.lastFwd = c.fwdCnt
+		}
+		return ok
+	}
+	if c.pend&pendRequest != 0 {
+		if !ctl(OpRequest, 0) {
+			return false
+		}
+		c.pend &^= pendRequest
+	}
+	if c.pend&pendResponse != 0 {
+		if !ctl(OpResponse, 0) {
+			return false
+		}
+		c.pend &^= pendResponse
+	}
+	for sent := 0; sent < budget && c.dataReady(); sent++ {
+		switch s.emitData(st, c) {
+		case emitNoBuffers:
+			return false
+		case emitStop:
+			sent = budget
+		case emitReset:
+			s.resetConnLocked(c)
+			return true
+		}
+		if c.state == stateClosed {
+			return true
+		}
+	}
+	if c.pend&pendCredit != 0 {
+		if c.lastFwd != c.fwdCnt || c.pend&pendCreditForced != 0 {
+			if !ctl(OpCreditUpdate, 0) {
+				return false
+			}
+			s.d.ctr.creditUpdates.Add(1)
+		}
+		c.pend &^= pendCredit | pendCreditForced
+	}
+	if c.pend&pendShutdown != 0 {
+		if !ctl(OpShutdown, c.shutFlags) {
+			return false
+		}
+		c.pend &^= pendShutdown
+		if c.shutFlags == ShutdownBoth {
+			c.state = stateClosing // the guest answers with RST
+		}
+	}
+	return true
+}
+
+type emitResult int
+
+const (
+	emitSent      emitResult = iota
+	emitStop                 // nothing more to read now (EAGAIN, EOF, reset)
+	emitNoBuffers            // the guest has no RX buffer
+	emitReset                // the host socket failed: reset the connection
+)
+
+// emitData sends one RW packet of host data: the CONNECT prefix first, then
+// straight from the host socket into the guest's buffer with readv. rxMu is
+// held across the read so that the popped buffer can be given back (Undo) if
+// the socket has nothing; the read never blocks. Called with c.mu held.
+func (s *session) emitData(st *rxState, c *conn) emitResult {
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	ch := &s.rxChain
+	ok, err := s.rx.Pop(ch)
+	if err != nil {
+		s.failDevice(err)
+		return emitNoBuffers
+	}
+	if !ok {
+		return emitNoBuffers
+	}
+	if ch.WritableLen() < HeaderSize {
+		s.rx.Undo()
+		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
+		return emitNoBuffers
+	}
+	room := min(ch.WritableLen()-HeaderSize, uint64(c.peerCredit()), MaxPacketPayload)
+	if room == 0 {
+		s.rx.Undo()
+		return emitStop
+	}
+	var n int
+	if len(c.prefix) > 0 {
+		n = virtio.CopyTo(ch.Writable(), HeaderSize, c.prefix[:min(uint64(len(c.prefix)), room)])
+		c.prefix = c.prefix[n:]
+		if len(c.prefix) == 0 {
+			c.prefix = nil
+		}
+	} else {
+		st.views = virtio.Slice(st.views[:0], ch.Writable(), HeaderSize, room)
+		n, err = st.iov.readv(c.fd, st.views)
+		clear(st.views)
+		switch {
+		case isAgain(err):
+			c.hostReadable = false
+			s.rx.Undo()
+			return emitStop
+		case err != nil:
+			s.rx.Undo()
+			s.d.log.WithError(err).Debug("vsock: host read")
+			return emitReset
+		case n == 0:
+			s.rx.Undo()
+			c.hostReadable = false
+			c.hostEOF = true
+			c.shutFlags = ShutdownSend
+			if c.hostHup {
+				c.shutFlags = ShutdownBoth
+			}
+			c.pend |= pendShutdown
+			return emitStop
+		}
+	}
+	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
+		Len: uint32(n), Type: TypeStream, Op: OpRW, BufAlloc: c.bufAlloc, FwdCnt: c.fwdCnt}
+	var hb [HeaderSize]byte
+	h.Encode(hb[:])
+	virtio.CopyTo(ch.Writable(), 0, hb[:])
+	if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+n)); err != nil {
+		s.failDevice(err)
+		return emitNoBuffers
+	}
+	s.rxPushed = true
+	c.txCnt += uint32(n)
+	c.lastFwd = c.fwdCnt
+	s.d.ctr.rxPackets.Add(1)
+	s.d.ctr.rxBytes.Add(uint64(n))
+	return emitSent
+}
+
+// emitLocked writes a control packet (no payload) into the next RX buffer.
+// It reports false when the guest has none. Called with rxMu held.
+func (s *session) emitLocked(h *Header, _ *conn) bool {
+	if s.failed.Load() {
+		return false
+	}
+	ch := &s.rxChain
+	ok, err := s.rx.Pop(ch)
+	if err != nil {
+		s.failDevice(err)
+		return false
+	}
+	if !ok {
+		return false
+	}
+	if ch.WritableLen() < HeaderSize {
+		s.rx.Undo()
+		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
+		return false
+	}
+	h.SrcCID, h.DstCID = CIDHost, s.d.cfg.CID
+	var hb [HeaderSize]byte
+	h.Encode(hb[:])
+	virtio.CopyTo(ch.Writable(), 0, hb[:])
+	if err := s.rx.PushNoPublish(ch.Head, HeaderSize); err != nil {
+		s.failDevice(err)
+		return false
+	}
+	s.rxPushed = true
+	s.d.ctr.rxPackets.Add(1)
+	return true
+}

@@ -1,0 +1,337 @@
+package vsock
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/virtio"
+)
+
+// session is one activation of the device: the queues, the two workers and
+// the connections. A device reset ends the session (shutdown) and a new
+// activation starts a fresh one.
+//
+// Goroutines: the TX worker (txLoop) owns the TX queue; the RX worker
+// (rxLoop) owns the epoll set and, under rxMu, shares the RX queue with
+// producers doing a direct enqueue. Dial goroutines and timers only touch a
+// connection under its mu and the ready list under rxMu.
+//
+// Lock order: connMu, then conn.mu, then rxMu. Nobody holds two conn.mu.
+type session struct {
+	d    *Device
+	opts Options
+	rx   *virtio.ActiveQueue
+	tx   *virtio.ActiveQueue
+	fail func(error)
+
+	connMu   sync.Mutex // guards conns, byFD, nextPort, closed
+	conns    map[connKey]*conn
+	byFD     map[int]*conn
+	nextPort uint32
+	closed   bool
+
+	rxMu     sync.Mutex // guards the RX queue, ready, inReady flags, rsts, rxChain
+	ready    []*conn    // connections with work for the guest, FIFO
+	rsts     []Header   // RSTs for connections that no longer exist
+	rxChain  virtio.Chain
+	rxPushed bool // used entries published since the last notification
+
+	epfd       int
+	wake       *eventfd.EventFD // wakes the RX worker
+	stopRX     *eventfd.EventFD
+	stopTX     *eventfd.EventFD
+	rxSleeping atomic.Bool
+	failed     atomic.Bool
+	wg         sync.WaitGroup
+}
+
+// epoll tags for the non-connection descriptors.
+const (
+	tagWake   = -1
+	tagStop   = -2
+	tagRxKick = -3
+)
+
+func newSession(d *Device, a virtio.Activation) (*session, error) {
+	s := &session{
+		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
+		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
+	}
+	var err error
+	cleanup := func() {
+		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX} {
+			if e != nil {
+				e.Close()
+			}
+		}
+		if s.epfd >= 0 {
+			unix.Close(s.epfd)
+		}
+	}
+	if s.wake, err = eventfd.NewNonblocking(); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if s.stopRX, err = eventfd.NewNonblocking(); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if s.stopTX, err = eventfd.NewNonblocking(); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if s.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("vsock: epoll: %w", err)
+	}
+	for _, r := range []struct {
+		fd  int
+		tag int32
+	}{{s.wake.FD(), tagWake}, {s.stopRX.FD(), tagStop}, {s.rx.Kick.FD(), tagRxKick}} {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: r.tag}
+		if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, r.fd, &ev); err != nil {
+			cleanup()
+			return nil, fmt.Errorf("vsock: epoll add: %w", err)
+		}
+	}
+	return s, nil
+}
+
+func (s *session) start() {
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.txLoop() }()
+	go func() { defer s.wg.Done(); s.rxLoop() }()
+}
+
+// shutdown stops both workers, then closes every connection's host socket.
+func (s *session) shutdown() {
+	_ = s.stopRX.Signal()
+	_ = s.stopTX.Signal()
+	s.wg.Wait()
+	s.connMu.Lock()
+	s.closed = true
+	conns := s.conns
+	s.conns, s.byFD = map[connKey]*conn{}, map[int]*conn{}
+	s.connMu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		s.closeConnLocked(c)
+		c.mu.Unlock()
+	}
+	unix.Close(s.epfd)
+	s.wake.Close()
+	s.stopRX.Close()
+	s.stopTX.Close()
+}
+
+// guestError counts a protocol violation by the guest that does not stop the
+// device (the connection involved is reset).
+func (s *session) guestError(format string, args ...any) {
+	s.d.ctr.guestErrors.Add(1)
+	s.d.log.Warnf("vsock: guest error: "+format, args...)
+}
+
+// failDevice reports a guest error that stops the device (a broken queue).
+// The workers stop using the queues; the transport sets NEEDS_RESET.
+func (s *session) failDevice(err error) {
+	if s.failed.Swap(true) {
+		return
+	}
+	s.d.ctr.guestErrors.Add(1)
+	s.fail(err)
+}
+
+// lookup finds a connection.
+func (s *session) lookup(k connKey) *conn {
+	s.connMu.Lock()
+	c := s.conns[k]
+	s.connMu.Unlock()
+	return c
+}
+
+// addConn inserts a new connection, refusing past the limit or a duplicate.
+func (s *session) addConn(c *conn) error {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	switch {
+	case s.closed:
+		return fmt.Errorf("vsock: device reset")
+	case len(s.conns) >= s.d.cfg.MaxConns:
+		return fmt.Errorf("vsock: connection limit (%d) reached", s.d.cfg.MaxConns)
+	case s.conns[c.key] != nil:
+		return fmt.Errorf("vsock: connection %d<->%d exists", c.key.hostPort, c.key.guestPort)
+	}
+	s.conns[c.key] = c
+	s.d.ctr.connsOpened.Add(1)
+	s.d.ctr.connsOpen.Add(1)
+	return nil
+}
+
+// allocHostPortLocked picks a free host-side port for a host-initiated
+// connection to guestPort, from [2^30, 2^31), round robin. At most
+// len(conns) ports can be taken, so len(conns)+1 candidates always contain a
+// free one. Called with connMu held.
+func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
+	for i := 0; i <= len(s.conns); i++ {
+		p := s.nextPort
+		s.nextPort++
+		if s.nextPort >= hostPortLimit {
+			s.nextPort = hostPortBase
+		}
+		if s.conns[connKey{p, guestPort}] == nil {
+			return p, true
+		}
+	}
+	return 0, false
+}
+
+func newConn(k connKey, bufAlloc uint32) *conn {
+	return &conn{key: k, fd: -1, bufAlloc: bufAlloc}
+}
+
+// registerFD hands a connected host socket to the connection and the epoll
+// set. Called with c.mu held.
+func (s *session) registerFDLocked(c *conn, fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("vsock: epoll add socket: %w", err)
+	}
+	c.fd = fd
+	s.connMu.Lock()
+	s.byFD[fd] = c
+	s.connMu.Unlock()
+	// Data may already be waiting: the edge for it may have come before
+	// registration.
+	c.hostReadable = true
+	return nil
+}
+
+// closeConnLocked closes the host socket and marks the connection closed;
+// the caller removes it from the table (removeConn) unless shutdown did.
+// Called with c.mu held.
+func (s *session) closeConnLocked(c *conn) {
+	if c.state == stateClosed {
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if c.fd >= 0 {
+		s.connMu.Lock()
+		if s.byFD[c.fd] == c {
+			delete(s.byFD, c.fd)
+		}
+		s.connMu.Unlock()
+		closeFD(c.fd)
+		c.fd = -1
+	}
+	c.state = stateClosed
+	c.txBuf, c.prefix = nil, nil
+	c.pend = 0
+	s.d.ctr.connsOpen.Add(-1)
+}
+
+// removeConn drops a closed connection from the table. Called with c.mu held
+// (connMu nests inside conn.mu only for this map update, never the other way).
+func (s *session) removeConnLocked(c *conn) {
+	s.connMu.Lock()
+	if s.conns[c.key] == c {
+		delete(s.conns, c.key)
+	}
+	s.connMu.Unlock()
+}
+
+// resetConnLocked closes c and sends the guest an RST for it.
+func (s *session) resetConnLocked(c *conn) {
+	if c.state == stateClosed {
+		return
+	}
+	s.closeConnLocked(c)
+	s.removeConnLocked(c)
+	s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort})
+}
+
+// queueRst queues an RST to the guest for a connection that no longer
+// exists (h's ports). The queue is bounded; beyond it RSTs are dropped and
+// counted (the guest's own timeouts then clean up).
+func (s *session) queueRst(h Header) {
+	h.Op = OpRst
+	h.Type = TypeStream
+	h.Len, h.Flags, h.BufAlloc, h.FwdCnt = 0, 0, 0, 0
+	s.rxMu.Lock()
+	if len(s.rsts) >= s.d.cfg.MaxConns+256 {
+		s.rxMu.Unlock()
+		s.d.ctr.droppedRsts.Add(1)
+		return
+	}
+	s.rsts = append(s.rsts, h)
+	s.rxMu.Unlock()
+	s.wakeRX()
+}
+
+// markReady puts c on the RX ready list (once). Called with c.mu held.
+func (s *session) markReadyLocked(c *conn) {
+	s.rxMu.Lock()
+	if !c.inReady {
+		c.inReady = true
+		s.ready = append(s.ready, c)
+	}
+	s.rxMu.Unlock()
+}
+
+// wakeRX wakes the RX worker if it sleeps.
+func (s *session) wakeRX() {
+	if s.rxSleeping.Load() {
+		_ = s.wake.Signal()
+	}
+}
+
+// connectFromHost implements Device.ConnectFromHost on this session.
+func (s *session) connectFromHost(fd int, port uint32, prefix []byte, deadline time.Time) error {
+	s.connMu.Lock()
+	hostPort, ok := s.allocHostPortLocked(port)
+	s.connMu.Unlock()
+	if !ok {
+		closeFD(fd)
+		return fmt.Errorf("vsock: no free host port")
+	}
+	c := newConn(connKey{hostPort, port}, s.d.cfg.ConnBuffer)
+	c.state = stateHostConnecting
+	c.prefix = append([]byte(nil), prefix...)
+	if err := s.addConn(c); err != nil {
+		closeFD(fd)
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fd = fd // registered with epoll once the guest accepts
+	c.pend |= pendRequest
+	c.timer = time.AfterFunc(time.Until(deadline), func() { s.connectTimeout(c) })
+	s.emitOrQueueLocked(c)
+	return nil
+}
+
+// connectTimeout gives up on a connection the guest did not answer in time.
+func (s *session) connectTimeout(c *conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateHostConnecting || c.state == stateGuestConnecting {
+		s.d.log.WithField("port", c.key.guestPort).Debug("vsock: connection attempt timed out")
+		s.resetConnLocked(c)
+	}
+}
+
+// closeTimeout drops a connection whose close did not complete in time.
+func (s *session) closeTimeout(c *conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateClosing {
+		s.resetConnLocked(c)
+	}
+}

@@ -1,0 +1,472 @@
+package vsock
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/virtio"
+)
+
+// txBatch is how many TX chains the worker pops before processing them, so
+// that runs of packets for one connection can share a lock (Options.BatchLock).
+const txBatch = 64
+
+// txPacket is one popped TX chain with its header decoded once.
+type txPacket struct {
+	chain virtio.Chain
+	hdr   Header
+	ok    bool // the header was readable
+}
+
+// txState is the TX worker's scratch, reused across passes.
+type txState struct {
+	pkts    [txBatch]txPacket
+	payload [][]byte
+	iov     iovecs
+	// The run of packets currently being processed under one lock.
+	cur     *conn
+	curKey  connKey
+	wantRx  bool // cur has work for the RX side: mark it ready after unlock
+	pushed  bool
+	hdrBuf  [HeaderSize]byte
+	dirChan virtio.Chain // scratch for a direct enqueue
+}
+
+// txLoop is the TX worker: woken by the TX queue's kick eventfd, it drains
+// guest packets and writes their payloads to host sockets.
+func (s *session) txLoop() {
+	st := &txState{}
+	fds := []unix.PollFd{{Fd: int32(s.tx.Kick.FD()), Events: unix.POLLIN}, {Fd: int32(s.stopTX.FD()), Events: unix.POLLIN}}
+	if s.opts.KickSuppress {
+		// Start with kicks enabled: the driver must wake us the first time.
+		if _, err := s.tx.EnableNotification(); err != nil {
+			s.failDevice(err)
+		}
+	}
+	for {
+		if !s.failed.Load() {
+			s.processTX(st)
+		}
+		for {
+			fds[0].Revents, fds[1].Revents = 0, 0
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				s.d.log.WithError(err).Error("vsock: tx poll")
+				return
+			}
+			break
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		if n, _ := s.tx.Kick.Wait(); n > 0 {
+			s.d.ctr.txKicks.Add(1)
+		}
+	}
+}
+
+// processTX drains the TX ring. With KickSuppress the guest's kicks stay
+// disabled for the whole pass, host writes included, and are re-enabled only
+// at the end with a final re-check of the ring (seed 002); without it they
+// are re-enabled as soon as each batch is popped, before the host writes.
+func (s *session) processTX(st *txState) {
+	for {
+		if s.opts.KickSuppress {
+			if err := s.tx.DisableNotification(); err != nil {
+				s.failDevice(err)
+				return
+			}
+		}
+		for {
+			n, err := s.popTX(st)
+			if err != nil {
+				s.failDevice(err)
+				return
+			}
+			if n == 0 {
+				break
+			}
+			if !s.opts.KickSuppress {
+				if _, err := s.tx.EnableNotification(); err != nil {
+					s.failDevice(err)
+					return
+				}
+			}
+			s.handleBatch(st, n)
+			if s.failed.Load() {
+				return
+			}
+		}
+		more, err := s.tx.EnableNotification()
+		if err != nil {
+			s.failDevice(err)
+			return
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// popTX pops up to txBatch chains and decodes their headers.
+func (s *session) popTX(st *txState) (int, error) {
+	n := 0
+	for n < txBatch {
+		p := &st.pkts[n]
+		ok, err := s.tx.Pop(&p.chain)
+		if err != nil || !ok {
+			return n, err
+		}
+		p.ok = virtio.CopyFrom(p.chain.Readable(), 0, st.hdrBuf[:]) == HeaderSize
+		if p.ok {
+			p.hdr.Decode(st.hdrBuf[:])
+		}
+		n++
+	}
+	return n, nil
+}
+
+// handleBatch processes popped packets in order, returns their chains and
+// interrupts the guest once for the batch.
+func (s *session) handleBatch(st *txState, n int) {
+	for i := 0; i < n; i++ {
+		p := &st.pkts[i]
+		s.handlePacket(st, p)
+		if err := s.tx.PushNoPublish(p.chain.Head, 0); err != nil {
+			s.endRun(st)
+			s.failDevice(err)
+			return
+		}
+	}
+	s.endRun(st)
+	if err := s.tx.Publish(); err != nil {
+		s.failDevice(err)
+		return
+	}
+	if err := s.tx.Notify(); err != nil {
+		s.failDevice(err)
+	}
+}
+
+// handlePacket processes one guest packet.
+func (s *session) handlePacket(st *txState, p *txPacket) {
+	if !p.ok {
+		s.endRun(st)
+		s.guestError("TX chain %d of %d bytes cannot hold a packet header", p.chain.Head, p.chain.ReadableLen())
+		return
+	}
+	h := &p.hdr
+	s.d.ctr.txPackets.Add(1)
+	if h.SrcCID != s.d.cfg.CID || h.DstCID != CIDHost {
+		// Not ours to answer: a guest cannot speak for another CID, and
+		// only the host is reachable through this device.
+		s.endRun(st)
+		s.guestError("packet %v: bad CIDs (guest is %d)", h, s.d.cfg.CID)
+		return
+	}
+	key := connKey{hostPort: h.DstPort, guestPort: h.SrcPort}
+	if h.Type != TypeStream {
+		s.endRun(st)
+		if h.Op != OpRst {
+			s.guestError("packet %v: unsupported socket type", h)
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		}
+		return
+	}
+	if uint64(h.Len) > p.chain.ReadableLen()-HeaderSize || h.Len > MaxPacketPayload {
+		s.endRun(st)
+		s.guestError("packet %v: len %d but the chain holds %d payload bytes (max %d)",
+			h, h.Len, p.chain.ReadableLen()-HeaderSize, MaxPacketPayload)
+		if c := s.lookup(key); c != nil {
+			c.mu.Lock()
+			s.resetConnLocked(c)
+			c.mu.Unlock()
+		} else if h.Op != OpRst {
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		}
+		return
+	}
+	if h.Op == OpRequest {
+		s.endRun(st)
+		s.guestRequest(h, key)
+		return
+	}
+	c := s.beginRun(st, key)
+	if c == nil {
+		if h.Op != OpRst {
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		}
+		return
+	}
+	if c.state == stateClosed {
+		s.endRun(st)
+		return
+	}
+	c.updatePeerCredit(h)
+	switch h.Op {
+	case OpResponse:
+		s.guestResponse(c)
+	case OpRst:
+		s.closeConnLocked(c)
+		s.removeConnLocked(c)
+	case OpShutdown:
+		s.guestShutdown(st, c, h.Flags)
+	case OpRW:
+		st.payload = virtio.Slice(st.payload[:0], p.chain.Readable(), HeaderSize, uint64(h.Len))
+		s.guestData(st, c, h)
+	case OpCreditUpdate:
+		// The credit fields are all it carries.
+	case OpCreditRequest:
+		c.pend |= pendCredit | pendCreditForced
+	default:
+		s.guestError("packet %v: unknown operation", h)
+		s.resetConnLocked(c)
+	}
+	if c.hasRxWork() {
+		st.wantRx = true
+	}
+	if !s.opts.BatchLock {
+		s.endRun(st)
+	}
+}
+
+// beginRun locks the connection for key, reusing the run's lock when the
+// previous packet was for the same connection (Options.BatchLock).
+func (s *session) beginRun(st *txState, key connKey) *conn {
+	if st.cur != nil && st.curKey == key && st.cur.state != stateClosed {
+		return st.cur
+	}
+	s.endRun(st)
+	c := s.lookup(key)
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	st.cur, st.curKey = c, key
+	return c
+}
+
+// endRun finishes the current run: flushes coalesced small writes, decides
+// on one credit update for the whole run, unlocks, and only then makes the
+// connection's RX work visible (deferred readiness, seed 000).
+func (s *session) endRun(st *txState) {
+	c := st.cur
+	if c == nil {
+		return
+	}
+	st.cur = nil
+	if c.state != stateClosed {
+		if len(c.txBuf) > 0 {
+			s.flushLocked(c)
+		}
+		s.creditCheckLocked(c)
+		if c.hasRxWork() {
+			st.wantRx = true
+		}
+	}
+	want := st.wantRx && c.state != stateClosed
+	st.wantRx = false
+	if want {
+		s.emitOrQueueLocked(c)
+	}
+	c.mu.Unlock()
+}
+
+// creditCheckLocked schedules a CREDIT_UPDATE when the guest believes less
+// than half of our buffer is free but we have forwarded more since we last
+// told it.
+func (s *session) creditCheckLocked(c *conn) {
+	if c.state == stateEstablished && c.fwdCnt != c.lastFwd && c.guestViewFree() < c.bufAlloc/2 {
+		c.pend |= pendCredit
+	}
+}
+
+// guestRequest handles a guest's connection request to a host port.
+func (s *session) guestRequest(h *Header, key connKey) {
+	if old := s.lookup(key); old != nil {
+		old.mu.Lock()
+		s.guestError("REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
+		s.resetConnLocked(old)
+		old.mu.Unlock()
+		return
+	}
+	if s.d.cfg.Dialer == nil {
+		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		return
+	}
+	c := newConn(key, s.d.cfg.ConnBuffer)
+	c.state = stateGuestConnecting
+	c.updatePeerCredit(h)
+	if err := s.addConn(c); err != nil {
+		s.d.log.WithError(err).Debug("vsock: guest connection refused")
+		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		return
+	}
+	go s.dial(c)
+}
+
+// dial connects a guest-initiated connection to the host in the background,
+// so a slow or full listener never blocks a worker.
+func (s *session) dial(c *conn) {
+	fd, err := s.d.cfg.Dialer.Dial(c.key.hostPort, s.d.cfg.ConnectTimeout)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != stateGuestConnecting {
+		closeFD(fd) // the guest gave up, or the device was reset
+		return
+	}
+	if err != nil {
+		s.d.log.WithError(err).WithField("port", c.key.hostPort).Debug("vsock: host refused guest connection")
+		s.resetConnLocked(c)
+		return
+	}
+	if err := s.registerFDLocked(c, fd); err != nil {
+		closeFD(fd)
+		s.d.log.WithError(err).Warn("vsock: guest connection")
+		s.resetConnLocked(c)
+		return
+	}
+	c.state = stateEstablished
+	c.pend |= pendResponse
+	s.emitOrQueueLocked(c)
+}
+
+// guestResponse: the guest accepted a host-initiated connection. The host
+// client learns it from the "OK <port>" line, written before any data can
+// flow (this worker is the only writer of the socket).
+func (s *session) guestResponse(c *conn) {
+	if c.state != stateHostConnecting {
+		s.guestError("RESPONSE on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
+		s.resetConnLocked(c)
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	fd := c.fd
+	c.fd = -1
+	line := fmt.Appendf(nil, "OK %d\n", c.key.hostPort)
+	if n, err := writeSome(fd, line); err != nil || n != len(line) {
+		closeFD(fd)
+		s.resetConnLocked(c)
+		return
+	}
+	if err := s.registerFDLocked(c, fd); err != nil {
+		closeFD(fd)
+		s.resetConnLocked(c)
+		return
+	}
+	c.state = stateEstablished
+}
+
+// guestShutdown handles SHUTDOWN: the guest will receive (RCV) or send
+// (SEND) no more. Full shutdown is answered with RST once the host has been
+// given everything the guest sent.
+func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
+	if c.state != stateEstablished && c.state != stateClosing {
+		s.resetConnLocked(c)
+		return
+	}
+	c.guestShut |= flags & ShutdownBoth
+	if len(c.txBuf) > 0 {
+		s.flushLocked(c)
+	}
+	s.afterFlushLocked(c)
+}
+
+// afterFlushLocked applies the guest's shutdown once the host has all of the
+// guest's data: half-close the host socket on SEND; on full shutdown, RST
+// (the reply the guest waits for) and close.
+func (s *session) afterFlushLocked(c *conn) {
+	if len(c.txBuf) > 0 || c.state == stateClosed {
+		return
+	}
+	if c.guestShut&ShutdownSend != 0 && !c.hostWriteShut && c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+		c.hostWriteShut = true
+	}
+	if c.guestShut == ShutdownBoth {
+		s.resetConnLocked(c)
+	}
+}
+
+// guestData forwards an RW payload (st.payload, h.Len bytes) to the host.
+func (s *session) guestData(st *txState, c *conn, h *Header) {
+	if c.state != stateEstablished || c.guestShut&ShutdownSend != 0 {
+		s.guestError("RW on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
+		s.resetConnLocked(c)
+		return
+	}
+	n := h.Len
+	if c.rxCnt+n-c.fwdCnt > c.bufAlloc {
+		s.guestError("connection %d<->%d: guest overran its credit (%d bytes buffered, %d more, window %d)",
+			c.key.hostPort, c.key.guestPort, c.rxCnt-c.fwdCnt, n, c.bufAlloc)
+		s.resetConnLocked(c)
+		return
+	}
+	c.rxCnt += n
+	s.d.ctr.txBytes.Add(uint64(n))
+	if n == 0 {
+		return
+	}
+	if c.hostWriteShut || c.hostHup {
+		// The host is gone: the data has nowhere to go.
+		s.resetConnLocked(c)
+		return
+	}
+	if len(c.txBuf) == 0 && (s.opts.Copybreak == 0 || int(n) >= s.opts.Copybreak) {
+		w, err := st.iov.writev(c.fd, st.payload)
+		if err != nil {
+			s.d.log.WithError(err).Debug("vsock: host write")
+			s.resetConnLocked(c)
+			return
+		}
+		c.fwdCnt += uint32(w)
+		if w == int(n) {
+			return
+		}
+		s.d.ctr.hostWriteStalls.Add(1)
+		s.appendTx(c, st.payload, uint64(w))
+		return
+	}
+	s.appendTx(c, st.payload, 0)
+	if !s.opts.BatchLock {
+		s.flushLocked(c)
+	}
+}
+
+// appendTx copies payload bytes from skip on into the connection's buffer.
+func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
+	for _, b := range payload {
+		if skip >= uint64(len(b)) {
+			skip -= uint64(len(b))
+			continue
+		}
+		c.txBuf = append(c.txBuf, b[skip:]...)
+		skip = 0
+	}
+}
+
+// flushLocked writes buffered guest data to the host socket.
+func (s *session) flushLocked(c *conn) {
+	if c.fd < 0 || len(c.txBuf) == 0 {
+		return
+	}
+	w, err := writeSome(c.fd, c.txBuf)
+	if err != nil {
+		s.d.log.WithError(err).Debug("vsock: host write")
+		s.resetConnLocked(c)
+		return
+	}
+	c.fwdCnt += uint32(w)
+	rest := copy(c.txBuf, c.txBuf[w:])
+	c.txBuf = c.txBuf[:rest]
+	if rest == 0 && cap(c.txBuf) > 4096 {
+		c.txBuf = nil // do not keep a big buffer for an idle connection
+	}
+}

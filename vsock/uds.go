@@ -1,0 +1,236 @@
+package vsock
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// maxSunPath is the usable length of sockaddr_un.sun_path (108 bytes,
+// including the terminating NUL).
+const maxSunPath = 107
+
+// CheckUDSPath verifies that path, and path with any "_<port>" suffix,
+// fits in sun_path.
+func CheckUDSPath(path string) error {
+	if path == "" {
+		return errors.New("vsock: empty Unix socket path")
+	}
+	longest := len(path) + len("_4294967295")
+	if longest > maxSunPath {
+		return fmt.Errorf("vsock: Unix socket path %q is %d bytes; with the _<port> suffix of guest connections it can reach %d, over the %d that sun_path holds",
+			path, len(path), longest, maxSunPath)
+	}
+	return nil
+}
+
+// UDSDialer connects guest-initiated connections to port P at "<Path>_P",
+// Firecracker's convention.
+type UDSDialer struct {
+	Path string
+}
+
+// Dial implements Dialer.
+func (u UDSDialer) Dial(port uint32, timeout time.Duration) (int, error) {
+	c, err := net.DialTimeout("unix", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	if err != nil {
+		return -1, err
+	}
+	return connFD(c.(*net.UnixConn))
+}
+
+// connFD takes a connected socket's descriptor out of the Go runtime: it
+// returns a duplicate (non-blocking, like the original: the flag lives in
+// the shared open file description) and closes the net.Conn.
+func connFD(c *net.UnixConn) (int, error) {
+	defer c.Close()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("vsock: dup socket: %w", derr)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		closeFD(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// UDS is the host side of the device: a listening Unix socket where host
+// clients connect and send "CONNECT <port>\n" to reach guest port <port>.
+//
+// Goroutines: Serve accepts; each accepted client gets a short-lived
+// handshake goroutine that parses the CONNECT line under a deadline and hands
+// the socket to the device. At most maxHandshakes run at once; more clients
+// are closed at once.
+type UDS struct {
+	path    string
+	dev     *Device
+	timeout time.Duration
+	log     logrus.FieldLogger
+	ln      *net.UnixListener
+	sem     chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// ListenUDS creates the listening socket at path with mode 0600, replacing a
+// stale socket file (one nobody listens on) but refusing to replace a live
+// socket or any other kind of file. The socket is bound under a private
+// temporary name and renamed into place, so it is never reachable with
+// looser permissions.
+func ListenUDS(path string, dev *Device, timeout time.Duration, log logrus.FieldLogger) (*UDS, error) {
+	if err := CheckUDSPath(path); err != nil {
+		return nil, err
+	}
+	if timeout <= 0 {
+		timeout = DefaultConnectTimeout
+	}
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	if err := removeStale(path); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".microvm-sock-")
+	if err != nil {
+		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("vsock: listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
+	}
+	return &UDS{path: path, dev: dev, timeout: timeout, log: log, ln: ln,
+		sem: make(chan struct{}, dev.cfg.MaxConns)}, nil
+}
+
+// removeStale removes a socket file at path that nobody listens on.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("vsock: socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("vsock: %s exists and is not a socket; not replacing it", path)
+	}
+	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("vsock: %s is in use by another process", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("vsock: remove stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// Path is the listening socket's path.
+func (u *UDS) Path() string { return u.path }
+
+// Serve accepts host clients until Close.
+func (u *UDS) Serve() {
+	for {
+		c, err := u.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			u.log.WithError(err).Warn("vsock: accept")
+			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
+			continue
+		}
+		select {
+		case u.sem <- struct{}{}:
+		default:
+			u.log.Warn("vsock: too many host connections in handshake; closing one")
+			c.Close()
+			continue
+		}
+		u.wg.Add(1)
+		go func() {
+			defer u.wg.Done()
+			defer func() { <-u.sem }()
+			u.handshake(c)
+		}()
+	}
+}
+
+// handshake reads the CONNECT line and hands the connection to the device.
+// Any failure closes the client connection: that is its error signal.
+func (u *UDS) handshake(c *net.UnixConn) {
+	deadline := time.Now().Add(u.timeout)
+	_ = c.SetReadDeadline(deadline)
+	var p ConnectParser
+	buf := make([]byte, MaxConnectLine)
+	for {
+		n, err := c.Read(buf)
+		port, rest, done, perr := p.Feed(buf[:n])
+		if perr != nil {
+			u.log.WithError(perr).Info("vsock: host client rejected")
+			c.Close()
+			return
+		}
+		if done {
+			if err := c.SetReadDeadline(time.Time{}); err != nil {
+				c.Close()
+				return
+			}
+			fd, err := connFD(c)
+			if err != nil {
+				u.log.WithError(err).Warn("vsock: host client")
+				return
+			}
+			if err := u.dev.ConnectFromHost(fd, port, rest, deadline); err != nil {
+				u.log.WithError(err).WithField("port", port).Info("vsock: host connection refused")
+			}
+			return
+		}
+		if err != nil {
+			u.log.WithError(err).Debug("vsock: host client gone before CONNECT")
+			c.Close()
+			return
+		}
+	}
+}
+
+// Close stops accepting, waits for handshakes in progress and removes the
+// socket file. Established connections belong to the device.
+func (u *UDS) Close() error {
+	var err error
+	u.once.Do(func() {
+		err = u.ln.Close()
+		u.wg.Wait()
+		if rerr := os.Remove(u.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+			err = rerr
+		}
+	})
+	return err
+}
