@@ -95,6 +95,9 @@ func (w *Walker) Walk(head uint16, c *Chain) error {
 	}
 	table, limit := w.desc, uint64(w.size)
 	inIndirect := false
+	// writing is set by the first writable descriptor, empty or not; no
+	// readable one may follow (2.7.4.2).
+	writing := false
 	i := uint64(head)
 	for n := uint64(0); ; n++ {
 		if n >= limit {
@@ -126,6 +129,11 @@ func (w *Walker) Walk(head uint16, c *Chain) error {
 			table, limit, inIndirect, i, n = d.addr, uint64(d.len)/descSize, true, 0, ^uint64(0)
 			continue
 		}
+		if d.flags&descFlagWrite != 0 {
+			writing = true
+		} else if writing {
+			return guestErr("readable descriptor %d after a writable one", i)
+		}
 		if d.len > 0 {
 			view, err := w.mem.Slice(d.addr, uint64(d.len))
 			if err != nil {
@@ -137,17 +145,12 @@ func (w *Walker) Walk(head uint16, c *Chain) error {
 				c.writable = append(c.writable, view)
 				c.wlen += uint64(d.len)
 			} else {
-				if len(c.writable) > 0 {
-					return guestErr("readable descriptor %d after a writable one", i)
-				}
 				c.readable = append(c.readable, view)
 				c.rlen += uint64(d.len)
 			}
 			if c.rlen+c.wlen > maxChainBytes {
 				return guestErr("chain from head %d is longer than 4 GiB", head)
 			}
-		} else if d.flags&descFlagWrite == 0 && len(c.writable) > 0 {
-			return guestErr("readable descriptor %d after a writable one", i)
 		}
 		if d.flags&descFlagNext == 0 {
 			return nil
