@@ -71,6 +71,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		OnUsageError:   onUsageError,
 		Commands: []*cli.Command{
 			runCommand(stdin, stdout, stderr),
+			vhostUserVsockCommand(stdout, stderr),
 			{
 				Name:         "version",
 				Usage:        "print the version",

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/vhostuser"
+	"github.com/microvm/microvm/virtio"
+	"github.com/microvm/microvm/vsock"
+)
+
+// vhostUserVsockCommand serves microvm's vsock device to QEMU over
+// vhost-user. Its flag names are those of rust-vmm's vhost-device-vsock, so it
+// is a drop-in replacement.
+func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "vhost-user-vsock",
+		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH",
+		OnUsageError: onUsageError,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
+			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
+			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
+			&cli.IntFlag{Name: "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
+			&cli.StringFlag{Name: "conn-buffer", Value: "64K", Usage: "per-connection buffer (SIZE; a bare number means bytes)"},
+			&cli.DurationFlag{Name: "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
+			logFlag(),
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
+			}
+			log, err := setupLog(c, stderr)
+			if err != nil {
+				return err
+			}
+			sock, uds := c.String("socket"), c.String("uds-path")
+			if sock == "" || uds == "" {
+				return usagef("vhost-user-vsock: --socket and --uds-path are required")
+			}
+			cid := c.Uint64("guest-cid")
+			if cid < 3 || cid >= 0xffffffff {
+				return usagef("--guest-cid %d: must be at least 3 (0-2 are reserved) and below 2^32-1", cid)
+			}
+			buf, err := parseBytes(c.String("conn-buffer"))
+			if err != nil || buf == 0 || buf > 1<<30 {
+				return usagef("--conn-buffer %q: want a size between 1 byte and 1G", c.String("conn-buffer"))
+			}
+			if err := vsock.CheckUDSPath(uds); err != nil {
+				return usageError{err}
+			}
+			dev, err := vsock.New(vsock.Config{
+				CID:            cid,
+				MaxConns:       c.Int("max-conns"),
+				ConnBuffer:     uint32(buf),
+				ConnectTimeout: c.Duration("connect-timeout"),
+				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
+				Dialer:         vsock.UDSDialer{Path: uds},
+				Log:            log.WithField("device", "vsock"),
+			})
+			if err != nil {
+				return usageError{err}
+			}
+			defer dev.Close()
+			hs, err := vsock.ListenUDS(uds, dev, c.Duration("connect-timeout"), log.WithField("device", "vsock-uds"))
+			if err != nil {
+				return err
+			}
+			defer hs.Close()
+			go hs.Serve()
+			be, err := vhostuser.Listen(sock, vhostuser.Config{Device: dev, Queues: 2, Log: log})
+			if err != nil {
+				return err
+			}
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			done := make(chan error, 1)
+			go func() { done <- be.Serve() }()
+			fmt.Fprintf(stderr, "microvm: vhost-user-vsock listening on %s (guest CID %d, host sockets %s)\n", sock, cid, uds)
+			select {
+			case s := <-sigs:
+				log.Infof("stopping on %v", s)
+				be.Close()
+				select {
+				case <-done:
+				case <-time.After(5 * time.Second):
+				}
+				return nil
+			case err := <-done:
+				be.Close()
+				return err
+			}
+		},
+	}
+}
