@@ -23,6 +23,7 @@ const (
 	mmioGapStart = 0xc000_0000   // RAM below this, MMIO above
 	highRAMStart = 0x1_0000_0000 // RAM beyond the gap continues here
 	tssAddr      = 0xfffb_d000   // KVM_SET_TSS_ADDR: 3 pages in the MMIO gap
+	lapicBusKHz  = 1_000_000     // KVM's emulated APIC timer runs at 1 GHz
 )
 
 // ExitKind says why a machine stopped.
@@ -183,6 +184,13 @@ func (m *Machine) build() error {
 			return err
 		}
 		m.vcpus = append(m.vcpus, v)
+		if i == 0 {
+			// Announce the TSC frequency (timing leaf 0x40000010) so a
+			// guest can keep time without calibrating against a timer.
+			if khz, err := v.TSCKHz(); err == nil && khz > 0 {
+				cpuid = cpuid.WithTSCFrequency(khz, lapicBusKHz)
+			}
+		}
 		if err := m.setupVCPU(v, cpuid.ForVCPU(i, m.cfg.CPUs)); err != nil {
 			return err
 		}

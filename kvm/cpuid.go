@@ -124,6 +124,31 @@ func (c CPUID) Hide(f Feature) {
 	}
 }
 
+// Hypervisor CPUID leaves (Linux Documentation/virt/kvm/x86/cpuid.rst).
+const (
+	leafHypervisorBase = 0x40000000
+	// leafTiming is the timing leaf hypervisors (VMware, QEMU with
+	// vmware-cpuid-freq) provide: EAX = TSC kHz, EBX = APIC bus kHz.
+	leafTiming = 0x40000010
+)
+
+// WithTSCFrequency returns a copy of c that announces the TSC frequency in
+// the hypervisor timing leaf 0x40000010 (raising the hypervisor leaf range to
+// include it), so guests need not calibrate the TSC against a timer.
+func (c CPUID) WithTSCFrequency(tscKHz, apicBusKHz uint32) CPUID {
+	out := make(CPUID, 0, len(c)+1)
+	for _, e := range c {
+		if e.Function == leafTiming {
+			continue
+		}
+		if e.Function == leafHypervisorBase && e.EAX < leafTiming {
+			e.EAX = leafTiming
+		}
+		out = append(out, e)
+	}
+	return append(out, CPUIDEntry{Function: leafTiming, EAX: tscKHz, EBX: apicBusKHz})
+}
+
 // ForVCPU returns a copy of c adjusted for vCPU id of n: its APIC id in leaf 1
 // and in the x2APIC topology leaves 0xB/0x1F, the logical processor count, and
 // the hypervisor-present bit.

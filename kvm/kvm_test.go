@@ -104,6 +104,24 @@ func TestCPUIDEdit(t *testing.T) {
 	}
 }
 
+func TestWithTSCFrequency(t *testing.T) {
+	c := CPUID{{Function: 0x40000000, EAX: 0x40000001}, {Function: 0x40000001}}
+	got := c.WithTSCFrequency(2_500_000, 1_000_000)
+	if e := got.Find(0x40000000, 0); e == nil || e.EAX != 0x40000010 {
+		t.Fatalf("hypervisor max leaf not raised: %+v", e)
+	}
+	if e := got.Find(0x40000010, 0); e == nil || e.EAX != 2_500_000 || e.EBX != 1_000_000 {
+		t.Fatalf("timing leaf = %+v", e)
+	}
+	if c[0].EAX != 0x40000001 || len(c) != 2 {
+		t.Fatal("WithTSCFrequency modified its receiver")
+	}
+	again := got.WithTSCFrequency(3_000_000, 1_000_000)
+	if n := len(again); n != len(got) {
+		t.Fatalf("second call added a duplicate leaf (%d entries, want %d)", n, len(got))
+	}
+}
+
 func TestOpenMissingDevice(t *testing.T) {
 	_, err := OpenPath("/nonexistent/kvm")
 	if !errors.Is(err, ErrUnavailable) {

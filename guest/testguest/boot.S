@@ -151,6 +151,23 @@ long_entry:
 	jnz 1b
 	lidt idt_ptr
 
+	/*
+	 * Read the hypervisor timing leaf (0x40000010: TSC kHz) here at CPL0.
+	 * At CPL3 CPUID is not necessarily virtualised: a PVM host runs guest
+	 * user code natively, and CPUID there reports the host CPU's leaves.
+	 */
+	mov $0x40000000, %eax
+	xor %ecx, %ecx
+	cpuid
+	cmp $0x40000010, %eax
+	jb 1f
+	cmp $0x40010000, %eax
+	jae 1f
+	mov $0x40000010, %eax
+	xor %ecx, %ecx
+	cpuid
+	mov %eax, hv_tsc_khz
+1:
 	/* Drop to CPL3: the start_info pointer travels in %rdi. */
 	mov %rsi, %rdi
 	pushq $USER_DS
@@ -181,6 +198,13 @@ isr_common:
 	and $-16, %rsp
 	call tg_exception
 2:	jmp 2b
+
+	/* Written at CPL0 before .bss is cleared, so it lives in .data. */
+	.data
+	.balign 4
+	.globl hv_tsc_khz
+hv_tsc_khz:
+	.long 0
 
 	/* CPL3 from here on. */
 	.text

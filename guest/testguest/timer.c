@@ -5,13 +5,21 @@
 static uint64_t hz;
 static enum tsc_source src;
 
+/* TSC kHz from CPUID 0x40000010 read at CPL0 by boot.S (0: none). */
+extern uint32_t hv_tsc_khz;
+
 void timer_init(void)
 {
 	uint32_t r[4];
 	hz = 0;
 	cpuid(0, 0, r);
 	uint32_t max_basic = r[0];
-	if (max_basic >= 0x15) {
+	/* The hypervisor's word on the guest TSC comes first. */
+	if (hv_tsc_khz) {
+		hz = (uint64_t)hv_tsc_khz * 1000;
+		src = TSC_HV_LEAF;
+	}
+	if (!hz && max_basic >= 0x15) {
 		/* eax = denominator, ebx = numerator, ecx = crystal Hz */
 		cpuid(0x15, 0, r);
 		if (r[0] && r[1] && r[2]) {
