@@ -63,6 +63,11 @@ uint64_t rdtsc(void)
 	return fake_tsc;
 }
 
+/* boot.S stores the CPL0 reading of CPUID 0x40000010 here; the host build
+ * has no boot.S, so the fake machine leaves it 0 and timer.c falls back to
+ * cpuid() below. */
+uint32_t hv_tsc_khz;
+
 void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4])
 {
 	(void)sub;
