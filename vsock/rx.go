@@ -117,10 +117,7 @@ func (s *session) hostEvent(fd int, events uint32) {
 	}
 	if events&unix.EPOLLOUT != 0 && len(c.txBuf) > 0 {
 		s.flushLocked(c)
-		s.afterFlushLocked(c)
-		if c.state != stateClosed {
-			s.creditCheckLocked(c)
-		}
+		s.creditCheckLocked(c)
 	}
 	if c.hasRxWork() {
 		s.markReadyLocked(c)

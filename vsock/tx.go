@@ -374,7 +374,8 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 	}
 	c.guestShut |= flags & ShutdownBoth
 	if len(c.txBuf) > 0 {
-		s.flushLocked(c)
+		s.flushLocked(c) // applies the shutdown if it drains the buffer
+		return
 	}
 	s.afterFlushLocked(c)
 }
@@ -466,7 +467,12 @@ func (s *session) flushLocked(c *conn) {
 	c.fwdCnt += uint32(w)
 	rest := copy(c.txBuf, c.txBuf[w:])
 	c.txBuf = c.txBuf[:rest]
-	if rest == 0 && cap(c.txBuf) > 4096 {
-		c.txBuf = nil // do not keep a big buffer for an idle connection
+	if rest == 0 {
+		if cap(c.txBuf) > 4096 {
+			c.txBuf = nil // do not keep a big buffer for an idle connection
+		}
+		// A shutdown the guest sent while data was still buffered takes
+		// effect now. (This may close the connection.)
+		s.afterFlushLocked(c)
 	}
 }
