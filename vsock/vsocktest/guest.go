@@ -120,10 +120,10 @@ type Guest struct {
 	active                       bool
 	failMu                       sync.Mutex
 	fails                        []error
-	rxBufs                       map[uint16]rxBuf  // posted RX buffers by head
-	rxSpare                      []uint64          // RX buffers not posted
-	txSlot                       map[uint16]int    // TX slot in flight by head
-	txFree                       []int             // free TX slots
+	rxBufs                       map[uint16]rxBuf // posted RX buffers by head
+	rxSpare                      []uint64         // RX buffers not posted
+	txSlot                       map[uint16]int   // TX slot in flight by head
+	txFree                       []int            // free TX slots
 	txAddr                       []uint64
 	pending                      []Packet // received, not for a registered connection
 	conns                        map[connKey]*Conn
