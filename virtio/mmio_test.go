@@ -550,3 +550,50 @@ func TestMMIOConfigSpace(t *testing.T) {
 		t.Errorf("config accesses counted %d guest errors", n)
 	}
 }
+
+// TestMMIOStatusMovesExhaustive writes every byte value to the status
+// register from every state of the initialisation path (3.1.1) and checks
+// the outcome: reset, FAILED, no change, the one legal next step, or an
+// illegal move that sets NEEDS_RESET.
+func TestMMIOStatusMovesExhaustive(t *testing.T) {
+	next := map[uint32]uint32{0: 1, 1: 3, 3: 11, 11: 15}
+	for _, from := range []uint32{0, 1, 3, 11, 15} {
+		for v := uint32(0); v < 256; v++ {
+			dev := newFakeDevice()
+			e := newMEnv(t, dev)
+			e.walkStatus(t, from)
+			if from == 3 {
+				e.writeFeatures(virtio.FeatureVersion1)
+			}
+			e.w(virtio.RegStatus, v)
+			want, wantErrs := from, uint64(0)
+			switch {
+			case v == 0:
+				want = 0
+			case v&virtio.StatusFailed != 0:
+				want = from | virtio.StatusFailed
+			case v == from:
+			case next[from] == v && from != 15:
+				want = v
+			default:
+				want, wantErrs = from|virtio.StatusNeedsReset, 1
+			}
+			got := e.r(virtio.RegStatus)
+			if got != want || e.m.GuestErrors() != wantErrs {
+				t.Errorf("%s, write %#x: status %s, %d guest errors; want %s, %d", virtio.StatusString(from), v,
+					virtio.StatusString(got), e.m.GuestErrors(), virtio.StatusString(want), wantErrs)
+			}
+			acts, _, live := dev.counts()
+			if wantActs := boolInt(from == 15 || want&virtio.StatusDriverOK != 0); acts != wantActs || live != boolInt(want&virtio.StatusDriverOK != 0) {
+				t.Errorf("%s, write %#x: %d activations, %d live", virtio.StatusString(from), v, acts, live)
+			}
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
