@@ -46,7 +46,7 @@ func (g *Guest) newConn(hostPort, guestPort uint32) *Conn {
 	if g.conns[k] != nil {
 		g.TB.Fatalf("vsocktest: connection %d<->%d exists", hostPort, guestPort)
 	}
-	c := &Conn{g: g, HostPort: hostPort, GuestPort: guestPort, BufAlloc: DefaultGuestBuf, AutoCredit: true, MaxPacket: 4096}
+	c := &Conn{g: g, HostPort: hostPort, GuestPort: guestPort, BufAlloc: g.Opts.GuestBuf, AutoCredit: true, MaxPacket: 4096}
 	g.conns[k] = c
 	return c
 }
@@ -147,6 +147,10 @@ func (c *Conn) Credit() uint32 {
 	}
 	return c.PeerBufAlloc - inFlight
 }
+
+// GuestCredit is how many more bytes the device may send the guest, by
+// what the guest last advertised.
+func (c *Conn) GuestCredit() uint32 { return c.BufAlloc - (c.RxCnt - c.sentFwd) }
 
 // TryWrite sends as much of b as the device's credit allows without
 // waiting, and returns how much that was.

@@ -65,6 +65,9 @@ type Options struct {
 	Timeout   time.Duration // bound on every wait; default DefaultTimeout
 	// NoEventQueue activates without the event queue (as vhost-user may).
 	NoEventQueue bool
+	// GuestBuf is the receive buffer new connections advertise (default
+	// DefaultGuestBuf).
+	GuestBuf uint32
 }
 
 func (o *Options) defaults() {
@@ -84,6 +87,9 @@ func (o *Options) defaults() {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
+	}
+	if o.GuestBuf == 0 {
+		o.GuestBuf = DefaultGuestBuf
 	}
 }
 
@@ -552,20 +558,26 @@ func (g *Guest) WaitFor(what string, cond func() bool) {
 	}
 }
 
+// Within polls for up to d and reports whether cond became true.
+func (g *Guest) Within(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for {
+		g.Poll()
+		if cond() {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
 // Quiet polls for d and fails the test if cond becomes true: for checking
 // that something does not happen.
 func (g *Guest) Quiet(d time.Duration, what string, cond func() bool) {
 	g.TB.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		g.Poll()
-		if cond() {
-			g.TB.Fatalf("vsocktest: %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	g.Poll()
-	if cond() {
+	if g.Within(d, cond) {
 		g.TB.Fatalf("vsocktest: %s", what)
 	}
 }
