@@ -84,9 +84,10 @@ type MMIO struct {
 	active     bool
 	configGen  uint32
 
-	needsReset atomic.Bool
-	irqMu      sync.Mutex // guards intStatus
-	intStatus  uint32
+	needsReset  atomic.Bool
+	activations atomic.Uint64 // bumped on each activation and reset
+	irqMu       sync.Mutex    // guards intStatus
+	intStatus   uint32
 
 	guestErrors atomic.Uint64
 }
@@ -206,7 +207,9 @@ func (t *MMIO) Read(offset uint64, data []byte) {
 			v = uint32(f >> 32)
 		}
 	case RegQueueNumMax:
-		if q := t.selected(); q >= 0 && !t.queues[q].ready {
+		// 0 means "queue not available" (4.2.2), so only for a queue
+		// that does not exist.
+		if q := t.selected(); q >= 0 {
 			v = uint32(t.dev.QueueSizes()[q])
 		}
 	case RegQueueNum:
@@ -386,6 +389,10 @@ func (t *MMIO) writeStatus(v uint32) {
 		t.reset()
 		return
 	}
+	// Drivers update status read-modify-write (Linux: get_status() | bit),
+	// so DEVICE_NEEDS_RESET, which only the device sets, comes back here;
+	// it is not a move the driver makes.
+	v &^= StatusNeedsReset
 	cur := t.status
 	if v&StatusFailed != 0 {
 		// The driver gave up (2.1.1); it will reset before trying again.
@@ -424,7 +431,15 @@ func (t *MMIO) writeStatus(v uint32) {
 // activate hands the ready queues to the device.
 func (t *MMIO) activate() error {
 	sizes := t.dev.QueueSizes()
-	a := Activation{Mem: t.mem, Features: t.drvFeat, Fail: t.Fail, Queues: make([]*ActiveQueue, len(sizes))}
+	// A Fail that arrives after this activation was reset (from a device
+	// goroutine the reset did not wait for) must not flag the next one.
+	gen := t.activations.Add(1)
+	fail := func(err error) {
+		if t.activations.Load() == gen {
+			t.Fail(err)
+		}
+	}
+	a := Activation{Mem: t.mem, Features: t.drvFeat, Fail: fail, Queues: make([]*ActiveQueue, len(sizes))}
 	for i, r := range t.queues {
 		if !r.ready {
 			continue
@@ -451,6 +466,7 @@ func (t *MMIO) reset() {
 		t.dev.Reset()
 		t.active = false
 	}
+	t.activations.Add(1)
 	t.status, t.devFeatSel, t.drvFeatSel, t.drvFeat, t.queueSel = 0, 0, 0, 0, 0
 	clear(t.queues)
 	t.needsReset.Store(false)

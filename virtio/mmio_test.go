@@ -247,11 +247,11 @@ func TestMMIOIllegalStatusMoves(t *testing.T) {
 		X  = virtio.StatusFailed
 	)
 	tests := []struct{ from, to uint32 }{
-		{0, D}, {0, A | D}, {0, F}, {0, O}, {0, A | D | F | O}, {0, NR}, {0, 16}, {0, 32}, {0, A | NR},
+		{0, D}, {0, A | D}, {0, F}, {0, O}, {0, A | D | F | O}, {0, 16}, {0, 32},
 		{A, A | F}, {A, A | O}, {A, D}, {A, A | D | F}, {A, A | 16},
-		{A | D, A}, {A | D, A | D | O}, {A | D, A | D | F | O}, {A | D, A | D | NR},
-		{A | D | F, A | D}, {A | D | F, A | F}, {A | D | F, A | D | F | NR}, {A | D | F, A | D | F | 32},
-		{A | D | F | O, A | D | F}, {A | D | F | O, A}, {A | D | F | O, A | D | F | O | NR}, {A | D | F | O, 0xff &^ X},
+		{A | D, A}, {A | D, A | D | O}, {A | D, A | D | F | O},
+		{A | D | F, A | D}, {A | D | F, A | F}, {A | D | F, A | D | F | 32},
+		{A | D | F | O, A | D | F}, {A | D | F | O, A}, {A | D | F | O, 0xff &^ X},
 		{A | X, A | D}, {A | D | F | O | X, A | D | F | O},
 	}
 	for _, tt := range tests {
@@ -554,7 +554,8 @@ func TestMMIOConfigSpace(t *testing.T) {
 // TestMMIOStatusMovesExhaustive writes every byte value to the status
 // register from every state of the initialisation path (3.1.1) and checks
 // the outcome: reset, FAILED, no change, the one legal next step, or an
-// illegal move that sets NEEDS_RESET.
+// illegal move that sets NEEDS_RESET. The NEEDS_RESET bit in a written value
+// is ignored: drivers write status back read-modify-write.
 func TestMMIOStatusMovesExhaustive(t *testing.T) {
 	next := map[uint32]uint32{0: 1, 1: 3, 3: 11, 11: 15}
 	for _, from := range []uint32{0, 1, 3, 11, 15} {
@@ -567,14 +568,15 @@ func TestMMIOStatusMovesExhaustive(t *testing.T) {
 			}
 			e.w(virtio.RegStatus, v)
 			want, wantErrs := from, uint64(0)
+			m := v &^ virtio.StatusNeedsReset // the device's bit is ignored in writes
 			switch {
 			case v == 0:
 				want = 0
-			case v&virtio.StatusFailed != 0:
+			case m&virtio.StatusFailed != 0:
 				want = from | virtio.StatusFailed
-			case v == from:
-			case next[from] == v && from != 15:
-				want = v
+			case m == from:
+			case next[from] == m && from != 15:
+				want = m
 			default:
 				want, wantErrs = from|virtio.StatusNeedsReset, 1
 			}
@@ -596,4 +598,66 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestMMIONeedsResetWrittenBack is the regression test for counting a
+// driver's read-modify-write of status as an illegal move: Linux ORs new
+// bits into what it read, so DEVICE_NEEDS_RESET comes back in the write.
+func TestMMIONeedsResetWrittenBack(t *testing.T) {
+	dev := newFakeDevice()
+	e := newMEnv(t, dev)
+	e.walkStatus(t, 3)
+	e.m.Fail(virtio.ErrGuest)
+	if n := e.m.GuestErrors(); n != 1 {
+		t.Fatalf("GuestErrors = %d after Fail, want 1", n)
+	}
+	s := e.r(virtio.RegStatus)
+	e.w(virtio.RegStatus, s|virtio.StatusFailed) // what virtio_add_status(FAILED) writes
+	if n := e.m.GuestErrors(); n != 1 {
+		t.Errorf("writing status back with NEEDS_RESET counted %d guest errors, want 1", n)
+	}
+	if got := e.r(virtio.RegStatus); got&virtio.StatusFailed == 0 || got&virtio.StatusNeedsReset == 0 {
+		t.Errorf("status = %s, want FAILED and NEEDS_RESET", virtio.StatusString(got))
+	}
+}
+
+// TestMMIOQueueNumMaxWhenReady: QueueNumMax reads the maximum for every
+// existing queue, ready or not (0 means "no such queue").
+func TestMMIOQueueNumMaxWhenReady(t *testing.T) {
+	dev := newFakeDevice()
+	e := newMEnv(t, dev)
+	e.walkStatus(t, 15)
+	e.w(virtio.RegQueueSel, 0)
+	if got := e.r(virtio.RegQueueNumMax); got == 0 {
+		t.Error("QueueNumMax of a ready queue reads 0")
+	}
+	e.w(virtio.RegQueueSel, 99)
+	if got := e.r(virtio.RegQueueNumMax); got != 0 {
+		t.Errorf("QueueNumMax of a missing queue = %d, want 0", got)
+	}
+}
+
+// TestMMIOStaleFailAfterReset is the regression test for a Fail from a
+// previous activation (a device goroutine that outlived Reset) flagging the
+// next driver initialisation with NEEDS_RESET.
+func TestMMIOStaleFailAfterReset(t *testing.T) {
+	dev := newFakeDevice()
+	e := newMEnv(t, dev)
+	e.walkStatus(t, 15)
+	dev.mu.Lock()
+	stale := dev.activations[0].Fail
+	dev.mu.Unlock()
+	e.w(virtio.RegStatus, 0)
+	e.walkStatus(t, 15)
+	stale(virtio.ErrGuest)
+	if s := e.r(virtio.RegStatus); s&virtio.StatusNeedsReset != 0 {
+		t.Fatalf("a Fail from the previous activation set NEEDS_RESET: status %s", virtio.StatusString(s))
+	}
+	dev.mu.Lock()
+	cur := dev.activations[len(dev.activations)-1].Fail
+	dev.mu.Unlock()
+	cur(virtio.ErrGuest)
+	if s := e.r(virtio.RegStatus); s&virtio.StatusNeedsReset == 0 {
+		t.Fatalf("the current activation's Fail did not set NEEDS_RESET: status %s", virtio.StatusString(s))
+	}
 }
