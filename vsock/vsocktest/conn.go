@@ -185,11 +185,18 @@ func (c *Conn) Write(b []byte) {
 // Buffered is how many received bytes the guest has not read.
 func (c *Conn) Buffered() int { return len(c.data) }
 
-// Read waits for n bytes and consumes them.
+// Read reads n bytes, consuming them as they arrive (so that credit
+// updates flow), and waits until all have come.
 func (c *Conn) Read(n int) []byte {
 	c.g.TB.Helper()
-	c.g.WaitFor(fmt.Sprintf("%d bytes on %d<->%d", n, c.HostPort, c.GuestPort), func() bool { return len(c.data) >= n })
-	return c.Consume(n)
+	out := make([]byte, 0, n)
+	c.g.WaitFor(fmt.Sprintf("%d bytes on %d<->%d", n, c.HostPort, c.GuestPort), func() bool {
+		if k := min(len(c.data), n-len(out)); k > 0 {
+			out = append(out, c.Consume(k)...)
+		}
+		return len(out) == n
+	})
+	return out
 }
 
 // Consume takes n buffered bytes, as the guest application reading them.

@@ -53,6 +53,12 @@ type DialAction struct {
 	Wait <-chan struct{}
 	// Blocking hands the device a blocking descriptor.
 	Blocking bool
+	// Prep, when set, is called with the device's descriptor before the
+	// device gets it (to inject host socket errors).
+	Prep func(devFD int)
+	// FD, when set, makes the descriptor the device gets instead of a
+	// socketpair (no host end is delivered).
+	FD func() (int, error)
 }
 
 // HostConn is the host end of a connection the Dialer made.
@@ -112,6 +118,9 @@ func (d *Dialer) Dial(port uint32, timeout time.Duration) (int, error) {
 	if act.Refuse {
 		return -1, ErrRefused
 	}
+	if act.FD != nil {
+		return act.FD()
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -129,6 +138,9 @@ func (d *Dialer) Dial(port uint32, timeout time.Duration) (int, error) {
 	if err != nil {
 		unix.Close(fds[0])
 		return -1, err
+	}
+	if act.Prep != nil {
+		act.Prep(fds[0])
 	}
 	hc := &HostConn{Port: port, UnixConn: nc.(*net.UnixConn)}
 	d.mu.Lock()
