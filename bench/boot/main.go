@@ -321,7 +321,7 @@ func (rep *report) print(w io.Writer) {
 	}
 	tw.Flush()
 	if m, f := rep.byName["microvm"], rep.byName["kvm-floor"]; len(m.Runs) > 0 && len(f.Runs) > 0 {
-		fmt.Fprintf(w, "\nmicrovm above the kvm floor: %.1f ms wall, %.1f ms CPU (medians)\n",
+		fmt.Fprintf(w, "\nmicrovm minus kvm-floor (microvm's own work plus the test guest's, which QEMU runs too): %.1f ms wall, %.1f ms CPU (medians)\n",
 			m.WallMS.Median-f.WallMS.Median, m.CPUMS.Median-f.CPUMS.Median)
 	}
 	for _, r := range rep.Results {
