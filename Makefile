@@ -45,7 +45,7 @@ vet:
 
 # Go files tracked or new (not ignored): build/ holds the kernel tree.
 fmt-check:
-	@files=$$(git ls-files -co --exclude-standard '*.go'); \
+	@files=$$(git ls-files -co --exclude-standard '*.go' | while read -r f; do [ -f "$$f" ] && echo "$$f"; done); \
 	bad=$$(gofmt -l $$files); \
 	if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; exit 1; fi; \
 	echo "gofmt: $$(echo $$files | wc -w) files ok"
