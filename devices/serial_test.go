@@ -298,6 +298,9 @@ func TestSerialInputBackpressure(t *testing.T) {
 
 	// A full FIFO with nobody reading: Input blocks until Close.
 	go func() { done <- u.s.Input(msg) }()
+	for u.in(uartLSR)&lsrDR == 0 { // until the FIFO has been filled
+		time.Sleep(time.Millisecond)
+	}
 	time.Sleep(20 * time.Millisecond)
 	select {
 	case n := <-done:
@@ -321,20 +324,52 @@ func TestSerialInputBackpressure(t *testing.T) {
 // TestSerialOutputLines: output is written a line at a time, and a partial
 // line (a prompt) shortly after the last byte.
 func TestSerialOutputLines(t *testing.T) {
-	u := newUART(t)
+	w := &writeLog{}
+	s := NewSerial(w, nil)
+	defer s.Close()
 	for _, c := range []byte("one\ntw") {
-		u.outb(uartTHR, c)
-	}
-	if got := u.out.String(); got != "one\n" {
-		t.Errorf("console = %q right after the writes, want the complete line only", got)
+		s.Write(uartTHR, []byte{c})
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for u.out.String() != "one\ntw" && time.Now().Before(deadline) {
+	for w.joined() != "one\ntw" && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	if got := u.out.String(); got != "one\ntw" {
-		t.Errorf("console = %q, want the partial line flushed by the timer", got)
+	if got := w.joined(); got != "one\ntw" {
+		t.Fatalf("console = %q, want the partial line flushed by the timer", got)
 	}
+	// The complete line went out as one write, at its newline.
+	if first := w.calls()[0]; first != "one\n" {
+		t.Errorf("first write = %q, want the whole first line", first)
+	}
+}
+
+// writeLog records each Write call.
+type writeLog struct {
+	mu     sync.Mutex
+	writes []string
+}
+
+func (w *writeLog) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writes = append(w.writes, string(p))
+	return len(p), nil
+}
+
+func (w *writeLog) calls() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.writes...)
+}
+
+func (w *writeLog) joined() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var b bytes.Buffer
+	for _, s := range w.writes {
+		b.WriteString(s)
+	}
+	return b.String()
 }
 
 func TestSerialNilOutput(t *testing.T) {
