@@ -110,6 +110,13 @@ func parseSetupHeader(img Image) (*setupHeader, error) {
 	if uint64(img.Size) <= sh.setupSize {
 		return nil, bad(ErrMalformed, "file ends at %d bytes, before the kernel after %d setup sectors", img.Size, sects)
 	}
+	// syssize is the protected-mode kernel's size in 16-byte units
+	// (boot protocol 2.04+: 32 bits). A file shorter than that was cut
+	// off; booting it would only fault somewhere in the decompressor.
+	if need := sh.setupSize + 16*uint64(h.SysSize); uint64(img.Size) < need {
+		return nil, bad(ErrMalformed, "truncated: the header says %d bytes (setup %d + kernel %d) but the file has %d",
+			need, sh.setupSize, 16*uint64(h.SysSize), img.Size)
+	}
 	if sh.initSize == 0 {
 		return nil, bad(ErrMalformed, "init_size is 0")
 	}

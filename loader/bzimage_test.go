@@ -230,6 +230,9 @@ func TestBzImageAcceptance(t *testing.T) {
 		{"header end past 0x290", func(s *bzSpec) { s.jump = 0xff }, 64 * mib, ErrMalformed, "setup header ends at"},
 		{"header end before init_size", func(s *bzSpec) { s.jump = 0x10 }, 64 * mib, ErrMalformed, "setup header ends at"},
 		{"no kernel after setup", func(s *bzSpec) { s.kernelLen = 0 }, 64 * mib, ErrMalformed, "before the kernel"},
+		// Regression: a cut-off bzImage used to load and then triple-fault.
+		{"truncated kernel", func(s *bzSpec) { s.sysSize = (64<<10)/16 + 1 }, 64 * mib, ErrMalformed, "truncated"},
+		{"syssize 0 (unknown) accepted", func(s *bzSpec) { s.sysSize = -1 }, 64 * mib, nil, ""},
 		{"absurd pref_address", func(s *bzSpec) { s.prefAddress = 1 << 40 }, 64 * mib, ErrMalformed, "absurd"},
 	}
 	for _, tc := range tests {

@@ -57,6 +57,9 @@ type bzSpec struct {
 	cmdlineSize uint32
 	initrdMax   uint32
 	kernelLen   int
+	// sysSize is the header's syssize in 16-byte units; 0 means the real
+	// size (kernelLen/16); -1 writes 0.
+	sysSize int
 }
 
 func defaultBz() bzSpec {
@@ -91,6 +94,12 @@ func makeBzImage(s bzSpec) []byte {
 	le.PutUint32(b[0x238:], s.cmdlineSize)
 	le.PutUint64(b[0x258:], s.prefAddress)
 	le.PutUint32(b[0x260:], s.initSize)
+	switch {
+	case s.sysSize > 0:
+		le.PutUint32(b[0x1f4:], uint32(s.sysSize))
+	case s.sysSize == 0:
+		le.PutUint32(b[0x1f4:], uint32((s.kernelLen+15)/16))
+	}
 	for i := setup; i < len(b); i++ {
 		b[i] = byte(i*7 + 3)
 	}

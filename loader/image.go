@@ -27,7 +27,7 @@ func FileImage(f *os.File) (Image, error) {
 		return Image{}, fmt.Errorf("loader: %w", err)
 	}
 	if !st.Mode().IsRegular() {
-		return Image{}, bad(ErrConfig, "%s: not a regular file", f.Name())
+		return Image{}, bad(ErrConfig, "not a regular file")
 	}
 	return Image{Name: f.Name(), R: f, Size: st.Size()}, nil
 }

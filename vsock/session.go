@@ -326,12 +326,3 @@ func (s *session) connectTimeout(c *conn) {
 		s.resetConnLocked(c)
 	}
 }
-
-// closeTimeout drops a connection whose close did not complete in time.
-func (s *session) closeTimeout(c *conn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state == stateClosing {
-		s.resetConnLocked(c)
-	}
-}

@@ -25,12 +25,10 @@ type txState struct {
 	payload [][]byte
 	iov     iovecs
 	// The run of packets currently being processed under one lock.
-	cur     *conn
-	curKey  connKey
-	wantRx  bool // cur has work for the RX side: mark it ready after unlock
-	pushed  bool
-	hdrBuf  [HeaderSize]byte
-	dirChan virtio.Chain // scratch for a direct enqueue
+	cur    *conn
+	curKey connKey
+	wantRx bool // cur has work for the RX side: mark it ready after unlock
+	hdrBuf [HeaderSize]byte
 }
 
 // txLoop is the TX worker: woken by the TX queue's kick eventfd, it drains
