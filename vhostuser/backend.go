@@ -476,6 +476,12 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	if err := wantFDs(fds, len(regs)); err != nil {
 		return err
 	}
+	for i, r := range regs {
+		if err := checkRegionFile(fds[i], r); err != nil {
+			closeAll(fds)
+			return protoErr("region %d: %v", i, err)
+		}
+	}
 	frs := make([]guestmem.FileRegion, len(regs))
 	for i, r := range regs {
 		frs[i] = guestmem.FileRegion{GPA: r.GPA, Size: r.Size, UserAddr: r.UserAddr, Offset: r.Offset, FD: fds[i]}
@@ -494,6 +500,24 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	f.b.log.WithField("regions", len(regs)).WithField("bytes", mem.Size()).Debug("vhost-user: memory table")
 	if wasActive {
 		return f.maybeStart()
+	}
+	return nil
+}
+
+// checkRegionFile checks that a memory region lies inside its file. A shared
+// mapping past the end of a file maps, but touching it raises SIGBUS, which
+// would kill the back-end. QEMU's shareable memory backends (memfd, file on
+// hugetlbfs or tmpfs, shm) all hand over regular files.
+func checkRegionFile(fd int, r memRegion) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %v", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("descriptor is not a regular file (mode %#o); want a memfd or a memory file", st.Mode)
+	}
+	if end := r.Offset + r.Size; end < r.Offset || end > uint64(st.Size) {
+		return fmt.Errorf("%d bytes at offset %d run past the end of the %d-byte file", r.Size, r.Offset, st.Size)
 	}
 	return nil
 }

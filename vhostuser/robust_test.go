@@ -404,6 +404,11 @@ func TestMalformedFrontEnd(t *testing.T) {
 			}
 			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), fds...)
 		}, "more than 8 descriptors in one message"},
+		{"SET_MEM_TABLE region past the end of its file", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), memfd(t, 0x1000))
+			f.startRings(false)
+		}, "past the end of"},
 		{"kick for a missing ring", func(t *testing.T, f *frontEnd) {
 			f.negotiate()
 			f.msg(SetVringKick, u64(2), newEventFD(t))
