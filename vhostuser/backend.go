@@ -383,6 +383,11 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		if f.mem == nil {
+			// The addresses are the front-end's, meaningful only through
+			// its memory table (libvhost-user and rust-vmm refuse this too).
+			return nil, protoErr("ring %d address before SET_MEM_TABLE", a.Index)
+		}
 		if r.started && f.active {
 			return nil, protoErr("ring %d moved while running", a.Index)
 		}

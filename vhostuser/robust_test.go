@@ -371,6 +371,15 @@ func TestMalformedFrontEnd(t *testing.T) {
 		{"descriptors on GET_FEATURES", func(t *testing.T, f *frontEnd) {
 			f.msg(GetFeatures, nil, newEventFD(t))
 		}, "GET_FEATURES: vhost-user protocol error: 1 descriptors attached, want 0"},
+		{"SET_VRING_ADDR before SET_MEM_TABLE, then start", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			for i := range uint32(2) {
+				f.msg(SetVringNum, state(i, ringSize))
+				f.msg(SetVringAddr, ringAddr(i))
+				f.msg(SetVringKick, u64(uint64(i)), newEventFD(t))
+				f.msg(SetVringEnable, state(i, 1))
+			}
+		}, "SET_VRING_ADDR: vhost-user protocol error: ring 0 address before SET_MEM_TABLE"},
 		{"ring addresses outside the memory table", func(t *testing.T, f *frontEnd) {
 			f.negotiate()
 			f.acked(SetMemTable, memTable(memRegion{GPA: 0, Size: 0x4000, UserAddr: memUser}), memfd(t, 0x4000))
