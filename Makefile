@@ -22,7 +22,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel \
-	bench bench-boot clean distclean bin/microvm bin/testguest
+	bench bench-boot bench-vsock clean distclean bin/microvm bin/testguest
 
 all: bin/microvm bin/testguest
 
@@ -70,10 +70,15 @@ kernel:
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot
+bench: bench-boot bench-vsock
 
 bench-boot: all
 	$(GO) run ./bench/boot -n $(BENCH_RUNS) -microvm bin/microvm -guest bin/testguest -json build/bench/boot.json
+
+# vsock throughput and CPU time through the test guest vs an AF_UNIX pair
+# (docs/benchmarks.md); a few minutes.
+bench-vsock: all
+	$(GO) run ./bench/vsock -microvm bin/microvm -guest bin/testguest -json build/bench/vsock.json
 
 # --- cleaning ------------------------------------------------------------------
 
