@@ -309,9 +309,11 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	if !ok {
 		return emitNoBuffers
 	}
-	if ch.WritableLen() < HeaderSize {
+	if ch.WritableLen() <= HeaderSize {
+		// A buffer without room after the header can never carry data:
+		// left at the head of the ring it would be retried forever.
 		s.rx.Undo()
-		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
+		s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
 		return emitNoBuffers
 	}
 	room := min(ch.WritableLen()-HeaderSize, uint64(c.peerCredit()), MaxPacketPayload)
