@@ -41,9 +41,27 @@ type Config struct {
 	ConsoleInput io.Reader
 	// Vsock, when set, adds a virtio-vsock device.
 	Vsock *VsockConfig
+	// IRQChip selects the interrupt controller model (default IRQChipSplit).
+	IRQChip IRQChip
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
 	Log *logrus.Logger
 }
+
+// IRQChip is the interrupt controller model.
+type IRQChip string
+
+const (
+	// IRQChipSplit keeps the local APICs in KVM and emulates the IOAPIC in
+	// microvm; interrupts reach the guest as MSIs routed in the kernel, so
+	// irqfds still bypass the VMM. There is no PIC and no PIT (a guest keeps
+	// time with the TSC, kvmclock and the LAPIC timer, as under Cloud
+	// Hypervisor). Setting up and tearing down a VM is much cheaper.
+	IRQChipSplit IRQChip = "split"
+	// IRQChipKernel uses KVM's full in-kernel irqchip (PIC, IOAPIC, LAPIC)
+	// and in-kernel i8254 PIT, as Firecracker does, for guests that need a
+	// PIT or PIC.
+	IRQChipKernel IRQChip = "kernel"
+)
 
 // ErrConfig marks an invalid Config (the CLI reports it as a usage error).
 var ErrConfig = errors.New("invalid configuration")
@@ -59,6 +77,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
+	if cfg.IRQChip == "" {
+		cfg.IRQChip = IRQChipSplit
+	}
 	switch {
 	case cfg.Kernel == "":
 		return cfg, fmt.Errorf("%w: no kernel given", ErrConfig)
@@ -67,6 +88,8 @@ func (c *Config) withDefaults() (Config, error) {
 	case cfg.MemoryBytes < MinMemory || cfg.MemoryBytes > MaxMemory:
 		return cfg, fmt.Errorf("%w: memory %s; microvm supports %s..%s", ErrConfig,
 			FormatSize(cfg.MemoryBytes), FormatSize(MinMemory), FormatSize(MaxMemory))
+	case cfg.IRQChip != IRQChipSplit && cfg.IRQChip != IRQChipKernel:
+		return cfg, fmt.Errorf("%w: irqchip %q: want %q or %q", ErrConfig, cfg.IRQChip, IRQChipSplit, IRQChipKernel)
 	case cfg.MemoryBytes%(2<<20) != 0:
 		return cfg, fmt.Errorf("%w: memory %s is not a multiple of 2 MiB", ErrConfig, FormatSize(cfg.MemoryBytes))
 	}

@@ -152,10 +152,7 @@ func (m *Machine) build() error {
 	if err := m.vm.SetTSSAddr(tssAddr); err != nil {
 		return err
 	}
-	if err := m.vm.CreateIRQChip(); err != nil {
-		return err
-	}
-	if err := m.vm.CreatePIT2(); err != nil {
+	if err := m.setupIRQChip(); err != nil {
 		return err
 	}
 	if err := m.setupDevices(); err != nil {
@@ -208,6 +205,36 @@ func unwrapPath(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// setupIRQChip creates the interrupt controllers (Config.IRQChip). The
+// split model's IOAPIC joins the MMIO bus in setupDevices.
+func (m *Machine) setupIRQChip() error {
+	if m.cfg.IRQChip == IRQChipKernel {
+		if err := m.vm.CreateIRQChip(); err != nil {
+			return err
+		}
+		return m.vm.CreatePIT2()
+	}
+	if err := m.sys.Require(kvm.CapSplitIRQChip); err != nil {
+		return fmt.Errorf("%w (use --irqchip kernel)", err)
+	}
+	return m.vm.EnableSplitIRQChip(devices.IOAPICPins)
+}
+
+// updateRoutes installs the IOAPIC's pin routes as KVM's GSI routing table:
+// GSI N (where pin N's irqfd signals) becomes the MSI that pin's redirection
+// entry describes; masked pins get no route, so their interrupts are dropped.
+func (m *Machine) updateRoutes(pins [devices.IOAPICPins]devices.IOAPICRoute) {
+	routes := make([]kvm.MSIRoute, 0, len(pins))
+	for gsi, p := range pins {
+		if !p.Masked {
+			routes = append(routes, kvm.MSIRoute{GSI: uint32(gsi), AddrLo: p.MSI.AddrLo, AddrHi: p.MSI.AddrHi, Data: p.MSI.Data})
+		}
+	}
+	if err := m.vm.SetGSIRouting(routes); err != nil {
+		m.log.WithError(err).Error("ioapic: routes not installed")
+	}
 }
 
 // setupMemory maps guest RAM (below the MMIO gap, and above 4 GiB for the
@@ -275,6 +302,17 @@ func (m *Machine) setupDevices() error {
 			m.stop(Result{Kind: ExitDebugPort, Status: s})
 		}}},
 		{devices.PVWaitPort, 4, "pv-wait", m.pvwait},
+	}
+	if m.cfg.IRQChip == IRQChipSplit {
+		regs = append(regs, struct {
+			base, size uint64
+			name       string
+			dev        devices.Device
+		}{devices.PortBPort, 1, "port-b", &devices.PortB{}})
+		ioapic := devices.NewIOAPIC(uint8(m.cfg.CPUs), m.updateRoutes)
+		if err := m.mmio.Register(devices.IOAPICAddr, devices.IOAPICSize, "ioapic", ioapic); err != nil {
+			return err
+		}
 	}
 	for _, r := range regs {
 		if err := m.pio.Register(r.base, r.size, r.name, r.dev); err != nil {

@@ -130,3 +130,33 @@ func (c *CMOS) Write(offset uint64, data []byte) {
 		c.nvram[i] = data[0]
 	}
 }
+
+// PortBPort is the PC's system control port B.
+const PortBPort = 0x61
+
+// PortB is system control port B for a machine without an i8254: no speaker
+// gate or timer-2 output, and no NMI sources, so it reads 0 except for the
+// refresh-request bit, which toggles on each read as on a PC (some code
+// waits for it to change).
+type PortB struct {
+	mu      sync.Mutex
+	refresh bool
+}
+
+// Read implements Device.
+func (p *PortB) Read(_ uint64, data []byte) {
+	clear(data)
+	if len(data) == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.refresh = !p.refresh
+	if p.refresh {
+		data[0] = 1 << 4
+	}
+	p.mu.Unlock()
+}
+
+// Write implements Device: the speaker and NMI-mask bits have nothing to
+// control.
+func (p *PortB) Write(uint64, []byte) {}

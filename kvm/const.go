@@ -46,6 +46,9 @@ const (
 	kvmGetMPState          = iocRead<<30 | 4<<16 | kvmio<<8 | 0x98
 	kvmSetMPState          = iocWrite<<30 | 4<<16 | kvmio<<8 | 0x99
 	kvmGetTSCKHz           = iocNone<<30 | kvmio<<8 | 0xa3
+	kvmEnableCap           = iocWrite<<30 | 104<<16 | kvmio<<8 | 0xa3
+	kvmSetGSIRouting       = iocWrite<<30 | 8<<16 | kvmio<<8 | 0x6a
+	kvmSignalMSI           = iocWrite<<30 | 32<<16 | kvmio<<8 | 0xa5
 )
 
 const expectedAPIVersion = 12
@@ -70,6 +73,8 @@ const (
 	CapImmediateExit   Cap = 136
 	CapGetTSCKHz       Cap = 61
 	CapIOEventFDAnyLen Cap = 122
+	CapSignalMSI       Cap = 77
+	CapSplitIRQChip    Cap = 121
 )
 
 var capNames = map[Cap]string{
@@ -80,6 +85,7 @@ var capNames = map[Cap]string{
 	CapIOEventFD: "KVM_CAP_IOEVENTFD", CapMaxVCPUs: "KVM_CAP_MAX_VCPUS",
 	CapIRQFDResample: "KVM_CAP_IRQFD_RESAMPLE", CapImmediateExit: "KVM_CAP_IMMEDIATE_EXIT",
 	CapGetTSCKHz: "KVM_CAP_GET_TSC_KHZ", CapIOEventFDAnyLen: "KVM_CAP_IOEVENTFD_ANY_LENGTH",
+	CapSignalMSI: "KVM_CAP_SIGNAL_MSI", CapSplitIRQChip: "KVM_CAP_SPLIT_IRQCHIP",
 }
 
 func (c Cap) String() string {

@@ -177,3 +177,47 @@ type msrs struct {
 	_       uint32
 	Entries [maxMSRs]MSR
 }
+
+// enableCap mirrors struct kvm_enable_cap.
+type enableCap struct {
+	Cap   uint32
+	Flags uint32
+	Args  [4]uint64
+	_     [64]uint8
+}
+
+// irqRoutingMSI is the MSI member of the union in struct
+// kvm_irq_routing_entry (type KVM_IRQ_ROUTING_MSI).
+type irqRoutingEntry struct {
+	GSI    uint32
+	Type   uint32
+	Flags  uint32
+	_      uint32
+	AddrLo uint32
+	AddrHi uint32
+	Data   uint32
+	DevID  uint32
+	_      [4]uint32 // rest of the 32-byte union
+}
+
+// maxRoutes bounds one KVM_SET_GSI_ROUTING table.
+const maxRoutes = 64
+
+// irqRouting mirrors struct kvm_irq_routing with room for maxRoutes entries.
+type irqRouting struct {
+	Nr      uint32
+	Flags   uint32
+	Entries [maxRoutes]irqRoutingEntry
+}
+
+// kvmMSI mirrors struct kvm_msi.
+type kvmMSI struct {
+	AddrLo uint32
+	AddrHi uint32
+	Data   uint32
+	Flags  uint32
+	DevID  uint32
+	_      [12]uint8
+}
+
+const irqRoutingTypeMSI = 2 // KVM_IRQ_ROUTING_MSI

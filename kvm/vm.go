@@ -149,3 +149,54 @@ func (vm *VM) CreateVCPU(id int) (*VCPU, error) {
 	}
 	return v, nil
 }
+
+// EnableSplitIRQChip puts the local APICs in the kernel and leaves the
+// IOAPIC and PIC to userspace (KVM_CAP_SPLIT_IRQCHIP), with pins IOAPIC
+// routes reserved. Interrupts then reach the LAPICs as MSIs: through
+// KVM_SET_GSI_ROUTING (for irqfds) or KVM_SIGNAL_MSI. There is no in-kernel
+// PIT in this mode. Call it before creating vCPUs.
+func (vm *VM) EnableSplitIRQChip(pins int) error {
+	c := enableCap{Cap: uint32(CapSplitIRQChip)}
+	c.Args[0] = uint64(pins)
+	if _, err := ioctlPtr(vm.fd(), kvmEnableCap, &c); err != nil {
+		return fmt.Errorf("kvm: enable KVM_CAP_SPLIT_IRQCHIP: %w", err)
+	}
+	return nil
+}
+
+// MSIRoute routes a GSI to a message-signalled interrupt: an irqfd bound to
+// GSI then delivers the MSI in the kernel.
+type MSIRoute struct {
+	GSI    uint32
+	AddrLo uint32
+	AddrHi uint32
+	Data   uint32
+}
+
+// SetGSIRouting replaces the whole GSI routing table (KVM_SET_GSI_ROUTING).
+// A GSI without a route drops what is signalled on it.
+func (vm *VM) SetGSIRouting(routes []MSIRoute) error {
+	if len(routes) > maxRoutes {
+		return fmt.Errorf("kvm: %d routes, at most %d", len(routes), maxRoutes)
+	}
+	var r irqRouting
+	r.Nr = uint32(len(routes))
+	for i, rt := range routes {
+		r.Entries[i] = irqRoutingEntry{GSI: rt.GSI, Type: irqRoutingTypeMSI, AddrLo: rt.AddrLo, AddrHi: rt.AddrHi, Data: rt.Data}
+	}
+	if _, err := ioctlPtr(vm.fd(), kvmSetGSIRouting, &r); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_GSI_ROUTING (%d routes): %w", len(routes), err)
+	}
+	return nil
+}
+
+// SignalMSI injects one MSI (KVM_SIGNAL_MSI). It reports whether the
+// interrupt was delivered (false: it was blocked, e.g. by a masked LAPIC).
+func (vm *VM) SignalMSI(addrLo, addrHi, data uint32) (bool, error) {
+	m := kvmMSI{AddrLo: addrLo, AddrHi: addrHi, Data: data}
+	r, err := ioctlPtr(vm.fd(), kvmSignalMSI, &m)
+	if err != nil {
+		return false, fmt.Errorf("kvm: KVM_SIGNAL_MSI: %w", err)
+	}
+	return r > 0, nil
+}

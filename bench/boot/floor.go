@@ -22,7 +22,7 @@ var floorGuest = []byte{0xb0, 0x00, 0xe6, 0xf4, 0xf4}
 // tear it down, with the same memory size as the VMMs measured, and returns
 // the process exit status. It uses the kvm package directly: no loader, no
 // devices, no logging, no CLI.
-func kvmFloor(size string) int {
+func kvmFloor(size string, split bool) int {
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "kvm-floor: %v\n", err)
 		return 1
@@ -42,23 +42,24 @@ func kvmFloor(size string) int {
 		return fail(err)
 	}
 	defer vm.Close()
-	for _, step := range []func() error{
-		func() error { return vm.SetTSSAddr(0xfffb_d000) },
-		vm.CreateIRQChip,
-		vm.CreatePIT2,
-	} {
-		if err := step(); err != nil {
-			return fail(err)
-		}
-	}
 	mem, err := unix.Mmap(-1, 0, int(memBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return fail(err)
 	}
 	defer unix.Munmap(mem)
 	copy(mem[0x1000:], floorGuest)
+	// Memory before the irqchip, as microvm does (see machine.go).
 	if err := vm.SetMemoryRegion(0, 0, memBytes, uintptr(unsafe.Pointer(&mem[0]))); err != nil {
 		return fail(err)
+	}
+	steps := []func() error{func() error { return vm.SetTSSAddr(0xfffb_d000) }, vm.CreateIRQChip, vm.CreatePIT2}
+	if split {
+		steps = []func() error{func() error { return vm.SetTSSAddr(0xfffb_d000) }, func() error { return vm.EnableSplitIRQChip(24) }}
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return fail(err)
+		}
 	}
 	v, err := vm.CreateVCPU(0)
 	if err != nil {

@@ -121,6 +121,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
 			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM: a number with an optional K/M/G suffix; a bare number means MiB"},
 			&cli.StringFlag{Name: "cpu-hide", Usage: "comma-separated CPUID features to hide from the guest (e.g. cx16,xsave)"},
+			&cli.StringFlag{Name: "irqchip", Value: string(microvm.IRQChipSplit), Usage: "interrupt controllers: split (LAPIC in KVM, IOAPIC in microvm, no PIC/PIT) or kernel (KVM's PIC, IOAPIC and PIT)"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
 			&cli.IntFlag{Name: "vsock-max-conns", Value: 1023, Usage: "most vsock connections open at once"},
@@ -165,6 +166,7 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 		Cmdline:     c.String("cmdline"),
 		CPUs:        c.Int("cpus"),
 		MemoryBytes: mem,
+		IRQChip:     microvm.IRQChip(c.String("irqchip")),
 	}
 	if h := c.String("cpu-hide"); h != "" {
 		cfg.HideCPUFeatures = strings.Split(h, ",")
