@@ -122,7 +122,11 @@ type report struct {
 	Rows         []*row       `json:"rows"`
 	Idle         *vsockSample `json:"idle,omitempty"`
 	IdleErr      string       `json:"idle_error,omitempty"`
-	Notes        []string     `json:"notes"`
+	// NoWait repeats the 4 KiB rows and the idle guest with the test
+	// guest's paravirtual wait port off (testguest.wait=0: pure polling).
+	NoWait     []*row       `json:"no_wait,omitempty"`
+	IdleNoWait *vsockSample `json:"idle_no_wait,omitempty"`
+	Notes      []string     `json:"notes"`
 }
 
 func main() {
@@ -147,7 +151,7 @@ func main() {
 		Notes: []string{
 			"msgs_per_s: bytes / io_size per second (host writes for host->guest, host reads of io_size for guest->host)",
 			"cpu times: utime+stime from /proc (10 ms ticks) over the timed window; vCPU thread = the thread whose guest_time grew",
-			"the test guest has no parameter to disable its paravirtual wait port: no wait-port-off comparison",
+			"no_wait: the same transfers with testguest.wait=0, the guest polling without ever sleeping on the wait port",
 		}}
 	failed := false
 	for _, dir := range []string{hostToGuest, guestToHost} {
@@ -176,6 +180,33 @@ func main() {
 			failed = failed || len(r.Failures) > 0
 			rep.Rows = append(rep.Rows, r)
 			fmt.Fprintf(os.Stderr, "done %s %s\n", dir, sizeName(size))
+		}
+	}
+	// The paravirtual wait port on and off, at one size in each direction.
+	off := tgt
+	off.nowait = true
+	for _, dir := range []string{hostToGuest, guestToHost} {
+		size := 4096
+		r := &row{Dir: dir, Size: size, Bytes: int64(float64(baseBytes[size]) * *scale)}
+		for i := 0; i < *reps; i++ {
+			s, err := runVsock(off, dir, size, r.Bytes)
+			if err != nil {
+				r.Failures = append(r.Failures, err.Error())
+				fmt.Fprintf(os.Stderr, "FAILED vsock wait=0 %s %d B: %v\n", dir, size, err)
+				continue
+			}
+			r.Vsock = append(r.Vsock, s)
+		}
+		r.Median = median(r.Vsock, vsockSample.gbps)
+		failed = failed || len(r.Failures) > 0
+		rep.NoWait = append(rep.NoWait, r)
+	}
+	if *idle > 0 {
+		if s, err := runIdle(off, *idle); err == nil {
+			rep.IdleNoWait = &s
+		} else {
+			fmt.Fprintf(os.Stderr, "FAILED idle wait=0: %v\n", err)
+			failed = true
 		}
 	}
 	if *idle > 0 {
@@ -442,8 +473,29 @@ func (rep *report) print(w io.Writer) {
 			fmt.Fprintf(w, "FAILED %s %s: %s\n", r.Dir, sizeName(r.Size), f)
 		}
 	}
-	fmt.Fprintln(w, "\nThe test guest has no parameter to disable the paravirtual wait port, so no transfer was")
-	fmt.Fprintln(w, "measured with it off; the idle row shows what the port costs when the guest has nothing to do.")
+	if len(rep.NoWait) > 0 || rep.IdleNoWait != nil {
+		fmt.Fprintln(w, "\nparavirtual wait port (0x600) on vs off (testguest.wait=0: the guest polls instead of sleeping):")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "direction\tio\tGbit/s on\tGbit/s off\tvCPU CPU s on\tvCPU CPU s off\tVMM CPU s on\tVMM CPU s off\t")
+		for _, nw := range rep.NoWait {
+			var on *row
+			for _, r := range rep.Rows {
+				if r.Dir == nw.Dir && r.Size == nw.Size {
+					on = r
+				}
+			}
+			if on == nil || on.Median == nil || nw.Median == nil {
+				fmt.Fprintf(tw, "%s\t%s\tFAILED\t\t\t\t\t\t\n", nw.Dir, sizeName(nw.Size))
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", nw.Dir, sizeName(nw.Size),
+				on.Median.Gbps, nw.Median.Gbps, on.Median.VCPUCPU, nw.Median.VCPUCPU, on.Median.VMMCPU, nw.Median.VMMCPU)
+		}
+		if on, off := rep.Idle, rep.IdleNoWait; on != nil && off != nil {
+			fmt.Fprintf(tw, "idle\t-\t-\t-\t%.2f\t%.2f\t%.2f\t%.2f\t\n", on.VCPUCPU, off.VCPUCPU, on.VMMCPU, off.VMMCPU)
+		}
+		tw.Flush()
+	}
 }
 
 func hostInfo() map[string]string {

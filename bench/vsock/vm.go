@@ -40,6 +40,7 @@ type target struct {
 	microvm, guest string
 	connBuffer     string // --vsock-conn-buffer, "" for the default
 	bufsize        int    // testguest.bufsize, 0 for the default
+	nowait         bool   // testguest.wait=0: the guest polls, never sleeping on the wait port
 }
 
 // startVM runs microvm with the test guest and cmdline, and waits until the
@@ -52,6 +53,9 @@ func startVM(tgt target, cmdline string) (*vm, error) {
 	v := &vm{dir: dir, uds: filepath.Join(dir, "v.sock"), listening: make(chan struct{}), exited: make(chan struct{})}
 	if tgt.bufsize != 0 {
 		cmdline += fmt.Sprintf(" testguest.bufsize=%d", tgt.bufsize)
+	}
+	if tgt.nowait {
+		cmdline += " testguest.wait=0"
 	}
 	args := []string{"run", "--kernel", tgt.guest, "--memory", "64M", "--cmdline", cmdline, "--vsock-cid", "3", "--vsock-uds", v.uds}
 	if tgt.connBuffer != "" {

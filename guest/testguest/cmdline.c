@@ -198,6 +198,10 @@ int cmdline_parse(const char *s, struct tg_config *cfg, char *err, size_t errlen
 			if (n > 1)
 				ERR("testguest.irq must be 0 or 1");
 			cfg->irq = n == 1;
+		} else if (eq(key, kend, "wait")) {
+			if (n > 1)
+				ERR("testguest.wait must be 0 or 1");
+			cfg->nowait = n == 0;
 		} else if (eq(key, kend, "bufsize")) {
 			if (n < TG_MIN_BUFSIZE || n > TG_MAX_BUFSIZE)
 				ERR("testguest.bufsize must be in [%d, %d]", TG_MIN_BUFSIZE,

@@ -41,6 +41,7 @@ struct tg_config {
 	uint64_t timeout_s;	/* 0: no timeout */
 	bool irq;
 	uint32_t bufsize;	/* RX buffer payload bytes */
+	bool nowait;		/* testguest.wait=0: never use the wait port */
 	int ndevs;
 	struct mmio_dev devs[TG_MAX_MMIO_DEVS];
 };
