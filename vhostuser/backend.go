@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -218,7 +220,12 @@ func (f *frontend) serve() error {
 			return protoErr("%v with a %d-byte payload", h.Request, h.Size)
 		}
 		p := f.payload[:h.Size]
-		if _, err := io.ReadFull(f.c, p); err != nil {
+		// A front-end that stops mid-message must not hold the backend's
+		// only front-end slot for ever.
+		_ = f.c.SetReadDeadline(time.Now().Add(messageTimeout))
+		_, err = io.ReadFull(f.c, p)
+		_ = f.c.SetReadDeadline(time.Time{})
+		if err != nil {
 			closeAll(fds)
 			return protoErr("%v payload: %v", h.Request, err)
 		}
@@ -285,6 +292,17 @@ func (f *frontend) send(req Request, payload []byte) error {
 		return fmt.Errorf("vhost-user: reply to %v: %w", req, err)
 	}
 	return nil
+}
+
+// messageTimeout bounds reading the rest of a message once its header came.
+const messageTimeout = 5 * time.Second
+
+// isEventFD reports whether fd is an eventfd (an anonymous inode that
+// /proc names "anon_inode:[eventfd]"): a kick descriptor that is, say, a
+// regular file would always poll readable and make a worker spin.
+func isEventFD(fd int) bool {
+	target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	return err == nil && target == "anon_inode:[eventfd]"
 }
 
 func closeAll(fds []int) {
@@ -543,6 +561,10 @@ func (f *frontend) setVringFD(req Request, p []byte, fds []int) error {
 	if v&vringNoFD == 0 {
 		if err := wantFDs(fds, 1); err != nil {
 			return err
+		}
+		if !isEventFD(fds[0]) {
+			closeAll(fds)
+			return protoErr("%v: descriptor is not an eventfd", req)
 		}
 		if err := unix.SetNonblock(fds[0], true); err != nil {
 			closeAll(fds)

@@ -428,6 +428,18 @@ func TestMalformedFrontEnd(t *testing.T) {
 		{"call for a missing ring", func(t *testing.T, f *frontEnd) {
 			f.msg(SetVringCall, u64(0xff), newEventFD(t))
 		}, "ring 255 does not exist"},
+		// Regression: a kick descriptor that is not an eventfd (here a
+		// pipe's read end, always "readable" once written) used to be
+		// accepted and could make the TX worker spin.
+		{"kick that is not an eventfd", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Close(p[0]); unix.Close(p[1]) })
+			f.msg(SetVringKick, u64(0), p[0])
+		}, "SET_VRING_KICK: descriptor is not an eventfd"},
 		{"kick without a descriptor", func(t *testing.T, f *frontEnd) {
 			f.msg(SetVringKick, u64(vringNoFD), newEventFD(t))
 		}, "1 descriptors attached, want 0"},
