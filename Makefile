@@ -34,8 +34,10 @@ bin/microvm:
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
 
+# Boots the test guest on two vCPUs, then talks to it over vsock
+# (scripts/demo.sh).
 run: all
-	bin/microvm run --kernel bin/testguest --cmdline testguest.mode=hello --cpus 2
+	scripts/demo.sh
 
 # --- tests -------------------------------------------------------------------
 

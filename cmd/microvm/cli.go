@@ -72,6 +72,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			runCommand(stdin, stdout, stderr),
 			vhostUserVsockCommand(stdout, stderr),
+			connectCommand(stdin, stdout, stderr),
 			{
 				Name:         "version",
 				Usage:        "print the version",

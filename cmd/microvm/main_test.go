@@ -68,6 +68,13 @@ func TestUsageErrors(t *testing.T) {
 		{"stray argument", []string{"run", "--kernel", kernel, "extra"}, `unexpected argument "extra"`},
 		{"version with an argument", []string{"version", "x"}, "version takes no arguments"},
 		{"--vsock-cid without --vsock-uds", []string{"run", "--kernel", kernel, "--vsock-cid", "3"}, "--vsock-cid and --vsock-uds go together"},
+		{"--vsock-cid 2", []string{"run", "--kernel", kernel, "--vsock-cid", "2", "--vsock-uds", "/tmp/x.sock"}, "vsock CID 2: must be at least 3"},
+		{"bad --irqchip", []string{"run", "--kernel", kernel, "--irqchip", "userspace"}, `irqchip "userspace": want "split" or "kernel"`},
+		{"vsock-connect without --port", []string{"vsock-connect", "--uds", "/tmp/x.sock"}, "--uds PATH and --port N"},
+		{"vsock-connect port too big", []string{"vsock-connect", "--uds", "/tmp/x.sock", "--port", "4294967295"}, "--uds PATH and --port N"},
+		{"vhost-user-vsock without --socket", []string{"vhost-user-vsock", "--uds-path", "/tmp/x.sock"}, "--socket and --uds-path are required"},
+		{"vhost-user-vsock --guest-cid 1", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--guest-cid", "1"}, "--guest-cid 1: must be at least 3"},
+		{"vhost-user-vsock uds path too long", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/" + strings.Repeat("x", 100)}, "over the 107 that sun_path holds"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

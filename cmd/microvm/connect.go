@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+)
+
+// connectCommand is a host-side client for the vsock Unix socket: it
+// connects to guest port P through the Firecracker handshake and then copies
+// stdin to the guest and the guest's bytes to stdout, like
+// `socat - UNIX-CONNECT:PATH` after a CONNECT line.
+func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "vsock-connect",
+		Usage:        "connect stdin/stdout to a guest vsock port through the VM's Unix socket",
+		UsageText:    "microvm vsock-connect --uds PATH --port N",
+		OnUsageError: onUsageError,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "uds", Usage: "the VM's vsock Unix socket (--vsock-uds of microvm run) (required)"},
+			&cli.Uint64Flag{Name: "port", Usage: "guest vsock port (required)"},
+			&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "how long to wait for the guest to accept"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("vsock-connect: unexpected argument %q", c.Args().First())
+			}
+			if c.String("uds") == "" || !c.IsSet("port") || c.Uint64("port") > 0xfffffffe {
+				return usagef("vsock-connect: --uds PATH and --port N (0..4294967294) are required")
+			}
+			return vsockConnect(c.String("uds"), uint32(c.Uint64("port")), c.Duration("timeout"), stdin, stdout)
+		},
+	}
+}
+
+func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Reader, stdout io.Writer) error {
+	conn, err := net.DialTimeout("unix", path, timeout)
+	if err != nil {
+		return fmt.Errorf("vsock-connect: %w", err)
+	}
+	uc := conn.(*net.UnixConn)
+	defer uc.Close()
+	if _, err := fmt.Fprintf(uc, "CONNECT %d\n", port); err != nil {
+		return fmt.Errorf("vsock-connect: %w", err)
+	}
+	_ = uc.SetReadDeadline(time.Now().Add(timeout))
+	br := bufio.NewReader(uc)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("vsock-connect: guest port %d: connection refused or not answered (%v)", port, err)
+	}
+	if !strings.HasPrefix(line, "OK ") {
+		return fmt.Errorf("vsock-connect: unexpected reply %q", strings.TrimSpace(line))
+	}
+	_ = uc.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(uc, stdin)
+		if cerr := uc.CloseWrite(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	_, rerr := io.Copy(stdout, br)
+	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
+		return fmt.Errorf("vsock-connect: %w", rerr)
+	}
+	return nil
+}
