@@ -66,27 +66,6 @@ func (e *qenv) pop(tb testing.TB) *virtio.Chain {
 	return &e.c
 }
 
-// roundTrip makes one chain of bufs available, pops it, pushes it back with
-// written bytes and reaps it.
-func (e *qenv) roundTrip(tb testing.TB, written uint32, bufs ...virtiotest.Buf) {
-	tb.Helper()
-	head, ok := e.drv.Add(bufs...)
-	if !ok {
-		tb.Fatalf("driver: no free descriptors for %d buffers", len(bufs))
-	}
-	c := e.pop(tb)
-	if c.Head != head {
-		tb.Fatalf("popped head %d; driver added %d", c.Head, head)
-	}
-	if err := e.dev.Push(head, written); err != nil {
-		tb.Fatalf("Push: %v", err)
-	}
-	used := e.drv.Reap()
-	if len(used) != 1 || used[0] != (virtiotest.Used{ID: head, Len: written}) {
-		tb.Fatalf("reaped %v; want [{%d %d}]", used, head, written)
-	}
-}
-
 // wantGuestErr fails unless err wraps virtio.ErrGuest.
 func wantGuestErr(tb testing.TB, what string, err error) {
 	tb.Helper()
