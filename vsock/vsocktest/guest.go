@@ -35,12 +35,12 @@ import (
 const (
 	DefaultCID      = 3
 	DefaultRxBufLen = vsock.HeaderSize + 4096
-	DefaultMemSize  = 16 << 20
+	DefaultMemSize  = 4 << 20
 	DefaultTimeout  = 10 * time.Second
 	// txSlotLen is the guest memory reserved per TX packet in flight: a
 	// header and more than the largest payload, for malformed packets.
 	txSlotLen = vsock.HeaderSize + vsock.MaxPacketPayload + 4096
-	txSlots   = 32
+	txSlots   = 16
 )
 
 // Options configure a Guest.
@@ -138,6 +138,8 @@ type Guest struct {
 
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
+	// Activation is what the last Activate handed the device.
+	Activation virtio.Activation
 }
 
 // New returns a guest for dev and activates the device. Reset (or the test's
@@ -147,13 +149,9 @@ func New(tb testing.TB, dev *vsock.Device, o Options) *Guest {
 	o.defaults()
 	g := &Guest{
 		TB: tb, Dev: dev, Opts: o,
-		Mem:        virtiotest.NewMemory(tb, o.MemSize),
 		irq:        make(chan struct{}, 1),
 		AutoRepost: true,
 		tick:       time.NewTimer(time.Hour),
-	}
-	for i := 0; i < txSlots; i++ {
-		g.txAddr = append(g.txAddr, g.Mem.Alloc(txSlotLen, 64))
 	}
 	tb.Cleanup(func() {
 		if g.active {
@@ -176,13 +174,18 @@ func (g *Guest) Features() uint64 {
 	return f
 }
 
-// Activate builds fresh queues, activates the device on them and posts RX
-// buffers.
+// Activate builds fresh guest memory and queues, activates the device on
+// them and posts RX buffers.
 func (g *Guest) Activate() {
 	tb := g.TB
 	tb.Helper()
 	if g.active {
 		tb.Fatal("vsocktest: Activate while active")
+	}
+	g.Mem = virtiotest.NewMemory(tb, g.Opts.MemSize)
+	g.txAddr, g.rxSpare = g.txAddr[:0], g.rxSpare[:0]
+	for i := 0; i < txSlots; i++ {
+		g.txAddr = append(g.txAddr, g.Mem.Alloc(txSlotLen, 64))
 	}
 	n := g.Opts.QueueSize
 	// The driver-side queues never write used_event (see the package doc).
@@ -227,7 +230,8 @@ func (g *Guest) Activate() {
 	}
 	g.pending = nil
 	g.conns = map[connKey]*Conn{}
-	if err := g.Dev.Activate(virtio.Activation{Mem: g.Mem.Memory, Features: g.Features(), Queues: qs, Fail: g.fail}); err != nil {
+	g.Activation = virtio.Activation{Mem: g.Mem.Memory, Features: g.Features(), Queues: qs, Fail: g.fail}
+	if err := g.Dev.Activate(g.Activation); err != nil {
 		tb.Fatalf("vsocktest: Activate: %v", err)
 	}
 	g.active = true
@@ -248,11 +252,6 @@ func (g *Guest) Reset() {
 	g.active = false
 	for _, e := range []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick} {
 		e.Close()
-	}
-	for _, b := range g.rxBufs {
-		if b.size == g.Opts.RxBufLen {
-			g.rxSpare = append(g.rxSpare, b.addr)
-		}
 	}
 	g.rxBufs = nil
 	for _, c := range g.conns {
