@@ -42,3 +42,29 @@ func TestRegressionHeaderOnlyRxBufferSpins(t *testing.T) {
 		t.Fatal("Reset hangs: the RX worker is stuck on a header-only RX buffer")
 	}
 }
+
+// Regression: connectFromHost added the connection to the table before
+// locking it, so a reset (or a guest RESPONSE guessing the new host port)
+// could close it in between; connectFromHost then attached the host socket
+// to the closed connection and nobody ever closed it. The window is a few
+// instructions wide: this is a stress test, not a reproducer.
+func TestRegressionConnectFromHostResetLeak(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for i := 0; i < 100; i++ {
+		fd, h := vsocktest.Socketpair(t)
+		done := make(chan error, 1)
+		go func() { done <- e.dev.ConnectFromHost(fd, 5, nil, time.Now().Add(5*time.Millisecond)) }()
+		if i%2 == 0 {
+			// The guest answers for the port the connection will get.
+			e.g.SendOp(vsock.OpResponse, 5, 1<<30, 4096)
+		}
+		e.g.Reset()
+		<-done
+		// Either the reset or the 5 ms connect deadline closes it.
+		if err := vsocktest.WaitEOF(h, waitTimeout); err != nil {
+			t.Fatalf("iteration %d: host socket never closed: %v", i, err)
+		}
+		h.Close()
+		e.g.Activate()
+	}
+}

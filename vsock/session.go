@@ -304,12 +304,14 @@ func (s *session) connectFromHost(fd int, port uint32, prefix []byte, deadline t
 	c := newConn(connKey{hostPort, port}, s.d.cfg.ConnBuffer)
 	c.state = stateHostConnecting
 	c.prefix = append([]byte(nil), prefix...)
+	// Hold c.mu before c is in the table: a reset (or a guest packet for
+	// the new port) must not close c before it owns fd, or fd would leak.
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := s.addConn(c); err != nil {
 		closeFD(fd)
 		return err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.fd = fd // registered with epoll once the guest accepts
 	c.pend |= pendRequest
 	c.timer = time.AfterFunc(time.Until(deadline), func() { s.connectTimeout(c) })
