@@ -1,6 +1,10 @@
 package vsock_test
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +70,32 @@ func TestRegressionConnectFromHostResetLeak(t *testing.T) {
 		}
 		h.Close()
 		e.g.Activate()
+	}
+}
+
+// Regression: ListenUDS bound its socket first at
+// "<dir>/.microvm-sock-<random>/s", up to 26 bytes longer than the final
+// path when the name is short, so paths that CheckUDSPath accepts (96
+// bytes) failed with "bind: invalid argument".
+func TestRegressionListenUDSTempNameTooLong(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	dir := shortDir(t)
+	for _, base := range []int{1, 2, 6, 30} {
+		t.Run(fmt.Sprintf("name-%d", base), func(t *testing.T) {
+			sub := filepath.Join(dir, strings.Repeat("d", 96-len(dir)-2-base))
+			if err := os.MkdirAll(sub, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(sub)
+			p := filepath.Join(sub, strings.Repeat("n", base))
+			if len(p) != 96 || vsock.CheckUDSPath(p) != nil {
+				t.Fatalf("path of %d bytes", len(p))
+			}
+			u, err := vsock.ListenUDS(p, e.dev, time.Second, quietLog())
+			if err != nil {
+				t.Fatalf("ListenUDS(%d-byte path): %v", len(p), err)
+			}
+			u.Close()
+		})
 	}
 }

@@ -107,7 +107,11 @@ func ListenUDS(path string, dev *Device, timeout time.Duration, log logrus.Field
 	if err := removeStale(path); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp(filepath.Dir(path), ".microvm-sock-")
+	// No prefix: MkdirTemp's random name is at most 10 bytes, so
+	// "<dir>/<random>/s" is at most 12 bytes longer than "<dir>/" and
+	// fits in sun_path whenever path passed CheckUDSPath, even with a
+	// one-byte name.
+	dir, err := os.MkdirTemp(filepath.Dir(path), "")
 	if err != nil {
 		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
 	}
