@@ -1,0 +1,111 @@
+package vsock_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/microvm/microvm/vsock"
+	"github.com/microvm/microvm/vsock/vsocktest"
+)
+
+// allOptions is every combination of the data-path optimisations.
+func allOptions() []vsock.Options {
+	var out []vsock.Options
+	for i := 0; i < 16; i++ {
+		out = append(out, vsock.Options{
+			KickSuppress:  i&1 != 0,
+			DirectEnqueue: i&2 != 0,
+			BatchLock:     i&4 != 0,
+			Copybreak:     []int{0, 4096}[i>>3],
+		})
+	}
+	return out
+}
+
+func optName(o vsock.Options) string {
+	b := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	return fmt.Sprintf("kick%d-direct%d-batch%d-copy%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock), o.Copybreak)
+}
+
+// The core scenarios under every option combination, alternating the
+// driver layouts.
+func TestOptions(t *testing.T) {
+	for i, o := range allOptions() {
+		t.Run(optName(o), func(t *testing.T) {
+			layout := guestLayouts[(i+i/4)%4].o
+			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o, ConnBuffer: 32 << 10}, guest: layout})
+			coreScenarios(t, e)
+		})
+	}
+}
+
+func coreScenarios(t *testing.T, e *env) {
+	// Guest-initiated: data both ways, tiny packets (the copybreak path),
+	// a stalled host, then half-close and close from the guest.
+	c, h := e.connectGuest(5000, 1025)
+	e.transfer(c, h, vsocktest.Pattern(1, 256<<10), vsocktest.Pattern(2, 256<<10))
+	var small []byte
+	for i := 1; i <= 300; i++ {
+		p := vsocktest.Pattern(uint64(i), i%97+1)
+		c.Write(p)
+		small = append(small, p...)
+	}
+	hostRead(t, h, small)
+	// The host stops reading until the guest stalls, then catches up.
+	big := vsocktest.Pattern(6, 4<<20)
+	sent := 0
+	for {
+		sent += c.TryWrite(big[sent:])
+		if sent == len(big) {
+			t.Fatal("the guest never stalled")
+		}
+		if !e.g.Within(quietFor, func() bool { return c.Credit() > 0 }) {
+			break
+		}
+	}
+	rd := make(chan []byte, 1)
+	go func() {
+		b, _ := vsocktest.ReadFull(h, len(big), waitTimeout)
+		rd <- b
+	}()
+	c.Write(big[sent:])
+	vsocktest.CheckEqual(t, "host read after a stall", <-rd, big)
+	c.Shutdown(vsock.ShutdownSend)
+	hostEOF(t, h)
+	hostWrite(t, h, []byte("after half-close"))
+	vsocktest.CheckEqual(t, "guest read", c.Read(16), []byte("after half-close"))
+	c.Shutdown(vsock.ShutdownBoth)
+	c.WaitRst()
+	hostClosed(t, h)
+
+	// Host-initiated with a prefix: data, credit stop and resume, close
+	// from the host.
+	c2, h2 := e.connectHost(6000, []byte("prefix"))
+	vsocktest.CheckEqual(t, "prefix", c2.Read(6), []byte("prefix"))
+	e.transfer(c2, h2, vsocktest.Pattern(3, 128<<10), vsocktest.Pattern(4, 128<<10))
+	c2.AutoCredit = false
+	c2.BufAlloc = uint32(c2.RxCnt-c2.FwdCnt) + 4096
+	c2.CreditUpdate()
+	e.g.Sync() // the device has the smaller window before data flows
+	data := vsocktest.Pattern(5, 12<<10)
+	go func() { _, _ = h2.Write(data) }()
+	var got []byte
+	for len(got) < len(data) {
+		e.g.WaitFor("data up to the credit", func() bool { return c2.GuestCredit() == 0 || len(got)+c2.Buffered() == len(data) })
+		got = append(got, c2.Consume(c2.Buffered())...)
+		c2.CreditUpdate()
+	}
+	vsocktest.CheckEqual(t, "credit-limited read", got, data)
+	h2.Close()
+	c2.WaitShutdown(vsock.ShutdownBoth)
+	c2.Reset()
+	e.g.Sync()
+	if s := e.dev.Stats(); s.ConnsOpen != 0 {
+		t.Errorf("%d connections open at the end", s.ConnsOpen)
+	}
+}
