@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/vsocktest"
 )
@@ -98,4 +100,40 @@ func TestRegressionListenUDSTempNameTooLong(t *testing.T) {
 			u.Close()
 		})
 	}
+}
+
+// Regression: the device used host sockets as it got them, and a Dialer
+// (or ConnectFromHost caller) handing over a blocking socket made the RX
+// worker block in readv with its locks held: every connection stalled and
+// Reset never returned. The device now makes the sockets it owns
+// non-blocking.
+func TestRegressionBlockingHostSocketDeadlock(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.dial.Script = func(uint32) vsocktest.DialAction { return vsocktest.DialAction{Blocking: true} }
+	watchdog := time.AfterFunc(waitTimeout, func() {
+		panic("TestRegressionBlockingHostSocketDeadlock: the device is stuck on a blocking host socket")
+	})
+	defer watchdog.Stop()
+	c, h := e.connectGuest(1, 2000)
+	c2, h2 := e.connectGuest(2, 2001)
+	e.transfer(c, h, []byte("guest"), []byte("host"))
+	e.transfer(c2, h2, vsocktest.Pattern(1, 512<<10), vsocktest.Pattern(2, 512<<10))
+	// A blocking socket from a host client too.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := os.NewFile(uintptr(fds[1]), "host")
+	defer hc.Close()
+	if err := e.dev.ConnectFromHost(fds[0], 3, nil, time.Now().Add(waitTimeout)); err != nil {
+		t.Fatal(err)
+	}
+	c3 := e.g.Accept(3)
+	c3.Write([]byte("to host"))
+	var b [64]byte
+	n, _ := hc.Read(b[:])
+	if !strings.HasPrefix(string(b[:n]), "OK ") {
+		t.Fatalf("host read %q; want the OK line", b[:n])
+	}
+	e.g.Reset()
 }

@@ -197,6 +197,11 @@ func newConn(k connKey, bufAlloc uint32) *conn {
 // registerFD hands a connected host socket to the connection and the epoll
 // set. Called with c.mu held.
 func (s *session) registerFDLocked(c *conn, fd int) error {
+	// The workers read and write host sockets expecting EAGAIN, never a
+	// block: whatever the Dialer or the host client handed over.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return fmt.Errorf("vsock: host socket: %w", err)
+	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("vsock: epoll add socket: %w", err)
