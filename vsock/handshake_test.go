@@ -194,9 +194,21 @@ func TestGuestConnectRefused(t *testing.T) {
 }
 
 func TestGuestConnectNoDialer(t *testing.T) {
-	e := newEnv(t, envOpts{cfg: vsock.Config{Dialer: noDialer{}}})
-	if _, err := e.g.Connect(9, 1030); err == nil {
-		t.Fatal("connection without a dialer established")
+	for _, tc := range []struct {
+		name string
+		o    envOpts
+	}{
+		{"nil", envOpts{noDialer: true}},
+		{"failing", envOpts{cfg: vsock.Config{Dialer: noDialer{}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, tc.o)
+			if _, err := e.g.Connect(9, 1030); err == nil {
+				t.Fatal("connection without a dialer established")
+			}
+			// Host-initiated connections still work.
+			e.connectHost(40, nil)
+		})
 	}
 }
 

@@ -1,12 +1,10 @@
 package vsock_test
 
 import (
-	"bytes"
 	"io"
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +35,8 @@ type envOpts struct {
 	// noLeakCheck skips the goroutine check at the end (fuzzing checks
 	// it once per input itself).
 	noLeakCheck bool
+	// noDialer leaves Config.Dialer nil (guest connections refused).
+	noDialer bool
 }
 
 // quietLog discards the device's logs; VSOCK_TEST_LOG=1 shows them.
@@ -60,7 +60,7 @@ func newEnv(tb testing.TB, o envOpts) *env {
 	if o.cfg.CID == 0 {
 		o.cfg.CID = vsocktest.DefaultCID
 	}
-	if o.cfg.Dialer == nil {
+	if o.cfg.Dialer == nil && !o.noDialer {
 		o.cfg.Dialer = e.dial
 	}
 	if o.cfg.Log == nil {
@@ -244,10 +244,3 @@ func trunc(b []byte) []byte {
 	return b
 }
 
-// hasPrefixFold is strings.HasPrefix ignoring case.
-func hasPrefixFold(s, p string) bool {
-	return len(s) >= len(p) && strings.EqualFold(s[:len(p)], p)
-}
-
-var _ = bytes.Equal
-var _ = hasPrefixFold
