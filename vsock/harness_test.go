@@ -243,4 +243,3 @@ func trunc(b []byte) []byte {
 	}
 	return b
 }
-
