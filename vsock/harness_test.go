@@ -189,6 +189,29 @@ func (e *env) transfer(c *vsocktest.Conn, h net.Conn, g2h, h2g []byte) {
 	vsocktest.CheckEqual(e.tb, "guest->host", hostGot, g2h)
 }
 
+// stallGuest writes data on c with the host end not reading until the
+// guest is stalled: the device has processed everything, has had to buffer
+// (the host socket is full) and gives no credit back. It returns how much
+// was sent.
+func (e *env) stallGuest(c *vsocktest.Conn, data []byte) int {
+	e.tb.Helper()
+	sent := 0
+	for {
+		sent += c.TryWrite(data[sent:])
+		if sent == len(data) {
+			e.tb.Fatalf("the guest never stalled: the host socket took %d bytes", sent)
+		}
+		e.g.Sync()
+		credit := func() bool { return c.Credit() > 0 }
+		if e.g.Within(quietFor, credit) {
+			continue
+		}
+		if e.dev.Stats().HostWriteStalls > 0 && !e.g.Within(3*quietFor, credit) {
+			return sent
+		}
+	}
+}
+
 // hostRead reads n bytes on the host end and checks them against want.
 func hostRead(tb testing.TB, h net.Conn, want []byte) {
 	tb.Helper()

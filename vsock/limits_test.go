@@ -69,16 +69,7 @@ func TestConnBufferBound(t *testing.T) {
 	}
 	data := vsocktest.Pattern(1, 2<<20)
 	for _, c := range cs {
-		sent := 0
-		for {
-			sent += c.TryWrite(data[sent:])
-			if sent == len(data) {
-				t.Fatal("the host socket swallowed 2 MiB")
-			}
-			if !e.g.Within(quietFor, func() bool { return c.Credit() > 0 }) {
-				break
-			}
-		}
+		e.stallGuest(c, data)
 		if in := c.TxCnt - c.PeerFwdCnt; in != buf {
 			t.Errorf("connection %d: %d bytes buffered; want ConnBuffer, %d", c.GuestPort, in, buf)
 		}

@@ -58,16 +58,7 @@ func coreScenarios(t *testing.T, e *env) {
 	hostRead(t, h, small)
 	// The host stops reading until the guest stalls, then catches up.
 	big := vsocktest.Pattern(6, 4<<20)
-	sent := 0
-	for {
-		sent += c.TryWrite(big[sent:])
-		if sent == len(big) {
-			t.Fatal("the guest never stalled")
-		}
-		if !e.g.Within(quietFor, func() bool { return c.Credit() > 0 }) {
-			break
-		}
-	}
+	sent := e.stallGuest(c, big)
 	rd := make(chan []byte, 1)
 	go func() {
 		b, _ := vsocktest.ReadFull(h, len(big), waitTimeout)

@@ -124,16 +124,7 @@ func TestCloseFromGuestFlushesFirst(t *testing.T) {
 	e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: buf}})
 	c, h := e.connectGuest(704, 1704)
 	data := vsocktest.Pattern(6, 4<<20)
-	sent := 0
-	for {
-		sent += c.TryWrite(data[sent:])
-		if !e.g.Within(quietFor, func() bool { return c.Credit() > 0 }) {
-			break
-		}
-	}
-	if e.dev.Stats().HostWriteStalls == 0 {
-		t.Fatal("the device buffered nothing")
-	}
+	sent := e.stallGuest(c, data)
 	c.Shutdown(vsock.ShutdownBoth)
 	e.g.Sync()
 	e.g.Quiet(quietFor, "RST before the buffered data reached the host", func() bool { return c.Rst })
