@@ -190,26 +190,24 @@ func (e *env) transfer(c *vsocktest.Conn, h net.Conn, g2h, h2g []byte) {
 }
 
 // stallGuest writes data on c with the host end not reading until the
-// guest is stalled: the device has processed everything, has had to buffer
-// (the host socket is full) and gives no credit back. It returns how much
-// was sent.
+// guest is stalled: the device has processed everything and gives no
+// credit back for a while. It returns how much was sent.
 func (e *env) stallGuest(c *vsocktest.Conn, data []byte) int {
 	e.tb.Helper()
 	sent := 0
-	for {
+	credit := func() bool { return c.Credit() > 0 }
+	for deadline := time.Now().Add(waitTimeout); time.Now().Before(deadline); {
 		sent += c.TryWrite(data[sent:])
 		if sent == len(data) {
 			e.tb.Fatalf("the guest never stalled: the host socket took %d bytes", sent)
 		}
 		e.g.Sync()
-		credit := func() bool { return c.Credit() > 0 }
-		if e.g.Within(quietFor, credit) {
-			continue
-		}
-		if e.dev.Stats().HostWriteStalls > 0 && !e.g.Within(3*quietFor, credit) {
+		if !e.g.Within(quietFor, credit) && !e.g.Within(3*quietFor, credit) {
 			return sent
 		}
 	}
+	e.tb.Fatalf("the guest did not stall within %v (%d bytes sent)", waitTimeout, sent)
+	return 0
 }
 
 // hostRead reads n bytes on the host end and checks them against want.
