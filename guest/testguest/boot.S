@@ -8,6 +8,11 @@
  * then iretq to user_start at CPL3 with IOPL=3 and IF=0. Everything else,
  * port I/O included, runs at CPL3.
  *
+ * testguest.irq=1 (irq.h) adds two gates, live only once CPL3 sets
+ * tg_irq_armed: vector IRQ_VECTOR runs the device interrupt handler
+ * tg_irq() here at CPL0, and CPL3 executes `int $IRQ_ENABLE_VECTOR` (a DPL3
+ * gate) to have its RFLAGS.IF set on the way back.
+ *
  * Selectors: 0x08 kernel code64, 0x10 kernel data, 0x1b user data,
  * 0x23 user code64, 0x28 TSS (16 bytes).
  */
@@ -26,6 +31,15 @@
 
 /* RFLAGS for CPL3: IOPL=3, reserved bit 1, IF=0. */
 #define USER_RFLAGS 0x3002
+#define RFLAGS_IF 0x200
+
+#include "irq.h"
+#define IRQ_VECTOR TG_IRQ_VECTOR
+#define IRQ_ENABLE_VECTOR TG_IRQ_ENABLE_VECTOR
+
+/* IDT gate attributes: present 64-bit interrupt gate, DPL0 or DPL3. */
+#define GATE_DPL0 0x8e00
+#define GATE_DPL3 0xee00
 
 /* Page-directory entry bits. */
 #define PTE_P 0x01
@@ -138,17 +152,21 @@ long_entry:
 	mov $idt, %edi
 	mov $isr_stubs, %eax
 	mov $256, %ecx
-1:	mov %ax, (%rdi)
-	movw $KERNEL_CS, 2(%rdi)
-	movw $0x8e00, 4(%rdi)
-	mov %eax, %edx
-	shr $16, %edx
-	mov %dx, 6(%rdi)
-	movq $0, 8(%rdi)
+1:	mov $GATE_DPL0, %edx
+	call set_gate
 	add $16, %eax
 	add $16, %rdi
 	dec %ecx
 	jnz 1b
+	/* The irq-mode gates (inert until tg_irq_armed is set). */
+	mov $(idt + 16 * IRQ_VECTOR), %edi
+	mov $irq_entry, %eax
+	mov $GATE_DPL0, %edx
+	call set_gate
+	mov $(idt + 16 * IRQ_ENABLE_VECTOR), %edi
+	mov $irq_enable_entry, %eax
+	mov $GATE_DPL3, %edx
+	call set_gate
 	lidt idt_ptr
 
 	/*
@@ -177,10 +195,22 @@ long_entry:
 	pushq $user_start
 	iretq
 
+	/* IDT entry at %rdi -> handler %eax (below 4 GiB), attributes %dx. */
+set_gate:
+	mov %ax, (%rdi)
+	movw $KERNEL_CS, 2(%rdi)
+	mov %dx, 4(%rdi)
+	mov %eax, %edx
+	shr $16, %edx
+	mov %dx, 6(%rdi)
+	movq $0, 8(%rdi)
+	ret
+
 	/*
 	 * Exception and interrupt stubs. Nothing here is expected to run:
-	 * interrupts stay off and the guest never faults on purpose. If one
-	 * does run, report the vector and exit with status 9.
+	 * interrupts stay off (but for irq mode's vector, below) and the guest
+	 * never faults on purpose. If one does run, report the vector and exit
+	 * with status 9.
 	 */
 	.balign 16
 isr_stubs:
@@ -198,6 +228,53 @@ isr_common:
 	and $-16, %rsp
 	call tg_exception
 2:	jmp 2b
+
+	/*
+	 * irq mode: the device interrupt. From CPL3 the CPU has switched to
+	 * the TSS's rsp0 and pushed ss, rsp, rflags, cs, rip; IF is 0 (an
+	 * interrupt gate) until the iretq. Save the registers C may clobber,
+	 * call tg_irq() on an aligned stack, restore, return.
+	 */
+irq_entry:
+	cmpl $0, tg_irq_armed
+	je 3f
+	push %rax
+	push %rcx
+	push %rdx
+	push %rsi
+	push %rdi
+	push %r8
+	push %r9
+	push %r10
+	push %r11
+	push %rbp
+	mov %rsp, %rbp
+	and $-16, %rsp
+	cld
+	call tg_irq
+	mov %rbp, %rsp
+	pop %rbp
+	pop %r11
+	pop %r10
+	pop %r9
+	pop %r8
+	pop %rdi
+	pop %rsi
+	pop %rdx
+	pop %rcx
+	pop %rax
+	iretq
+3:	pushq $IRQ_VECTOR		/* not armed: an unexpected interrupt */
+	jmp isr_common
+
+	/* irq mode: `int $IRQ_ENABLE_VECTOR` from CPL3 returns with IF=1. */
+irq_enable_entry:
+	cmpl $0, tg_irq_armed
+	je 4f
+	orq $RFLAGS_IF, 16(%rsp)	/* the frame: rip, cs, rflags, rsp, ss */
+	iretq
+4:	pushq $IRQ_ENABLE_VECTOR
+	jmp isr_common
 
 	/* Written at CPL0 before .bss is cleared, so it lives in .data. */
 	.data

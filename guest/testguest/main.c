@@ -4,6 +4,7 @@
  */
 #include "cmdline.h"
 #include "console.h"
+#include "irq.h"
 #include "lib.h"
 #include "mem.h"
 #include "modes.h"
@@ -145,7 +146,7 @@ void tg_main(uint64_t start_info_pa)
 	if (cmdline_parse(cmdline, &config, err, sizeof(err)) != 0)
 		tg_die(EXIT_INTERNAL, "bad command line: %s", err);
 	if (config.irq)
-		tg_die(EXIT_INTERNAL, "irq mode unsupported");
+		irq_check_cpu(); /* before anything could route an interrupt */
 	run_mode(&config, &boot);
 }
 

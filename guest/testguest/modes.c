@@ -4,6 +4,7 @@
  */
 #include "modes.h"
 #include "console.h"
+#include "irq.h"
 #include "lib.h"
 #include "mem.h"
 #include "pattern.h"
@@ -319,7 +320,8 @@ static const struct vsock_mode connect_mode = {
  * avail/used rings, notification, event index) against a real device where
  * no vsock device exists, e.g. QEMU -device virtio-rng-device. Reads
  * testguest.bytes (default 65536) of entropy in 256 requests of up to 4 KiB
- * and exits 0; no device: 5.
+ * and exits 0; no device: 5. With testguest.irq=1 it waits for the device's
+ * interrupts the way vsock.c does.
  */
 static __attribute__((noreturn)) void mode_rng(void)
 {
@@ -327,6 +329,8 @@ static __attribute__((noreturn)) void mode_rng(void)
 	static struct virtq q;
 	if (virtio_find(cfg, VIRTIO_ID_RNG, &dev) != 0)
 		tg_die(EXIT_NO_DEVICE, "no virtio-rng device");
+	if (cfg->irq)
+		irq_start(&dev);
 	if (virtio_negotiate(&dev, 1ull << VIRTIO_F_VERSION_1, 1ull << VIRTIO_F_EVENT_IDX) != 0 ||
 	    virtq_setup(&dev, &q, 0, 8) != 0)
 		tg_die(EXIT_NO_DEVICE, "virtio-rng unusable");
@@ -340,6 +344,7 @@ static __attribute__((noreturn)) void mode_rng(void)
 	uint32_t inflight = 0;
 	bool posted[VIRTQ_MAX_SIZE] = { false };
 	while (got < want) {
+		uint64_t seen = irq_count();
 		/* Keep every descriptor busy. */
 		for (uint16_t i = 0; i < q.size; i++) {
 			if (posted[i])
@@ -367,14 +372,24 @@ static __attribute__((noreturn)) void mode_rng(void)
 		if (!any) {
 			if ((int64_t)(rdtsc() - deadline) > 0)
 				tg_die(EXIT_TIMEOUT, "rng: timeout after %lu bytes", got);
-			virtio_ack_interrupt(&dev);
-			outl(PORT_PV_WAIT, 1000);
+			if (!cfg->irq) {
+				virtio_ack_interrupt(&dev);
+				outl(PORT_PV_WAIT, 1000);
+			} else if (irq_count() == seen) {
+				irq_take_status();
+				mfence(); /* used_event before the used index */
+				if (!virtq_used_pending(&q))
+					irq_wait(seen, ms_to_tsc(100));
+			}
 		}
 	}
 	if (nonzero < got / 2)
 		tg_die(EXIT_MISMATCH, "rng: %lu of %lu bytes are zero", got - nonzero, got);
-	tg_log("rng ok: %lu bytes in %lu requests, queue %u, features 0x%lx, kicks %lu", got, reqs,
-	       q.size, dev.features, q.kicks);
+	char irqs[48] = "";
+	if (cfg->irq)
+		tg_snprintf(irqs, sizeof(irqs), ", irqs %lu", irq_count());
+	tg_log("rng ok: %lu bytes in %lu requests, queue %u, features 0x%lx, kicks %lu%s", got,
+	       reqs, q.size, dev.features, q.kicks, irqs);
 	tg_exit(EXIT_OK);
 }
 

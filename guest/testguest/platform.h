@@ -3,7 +3,8 @@
  * and the physical-address view.
  *
  * The guest runs at CPL3 with IOPL=3 and an identity map of the first 4 GiB
- * (User bit set), so every primitive here is a plain user-mode instruction.
+ * (User bit set), so every primitive here is a plain user-mode instruction,
+ * except cpu_enable_interrupts(), a software interrupt into boot.S.
  * A HOST_TEST build replaces them with functions from test/host_platform.c
  * that talk to a fake machine, so the rest of the code compiles unchanged
  * for a host-side harness.
@@ -79,6 +80,28 @@ static inline void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4])
 			     : "a"(leaf), "c"(sub));
 }
 
+/* RFLAGS as the CPU runs us (a PVM host shows IOPL 0 here: irq.h). */
+static inline uint64_t read_rflags(void)
+{
+	uint64_t f;
+	__asm__ __volatile__("pushfq; popq %0" : "=r"(f));
+	return f;
+}
+
+/* irq mode: boot.S's DPL3 gate 0x31 (TG_IRQ_ENABLE_VECTOR) sets RFLAGS.IF in
+ * the frame it iretqs through, so CPL3 continues with interrupts on. (A CPL3
+ * `sti` would depend on IOPL, which PVM hosts do not honour.) */
+static inline void cpu_enable_interrupts(void)
+{
+	__asm__ __volatile__("int $0x31" ::: "memory");
+}
+
+/* One round of an irq-mode wait loop. */
+static inline void cpu_spin_wait(void)
+{
+	__asm__ __volatile__("pause" ::: "memory");
+}
+
 /* Identity map: a physical address below PHYS_LIMIT is its own pointer. */
 static inline void *phys_to_virt(uint64_t pa)
 {
@@ -104,6 +127,9 @@ uint32_t mmio_read32(uint64_t addr);
 void mmio_write32(uint64_t addr, uint32_t v);
 uint64_t rdtsc(void);
 void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]);
+uint64_t read_rflags(void);
+void cpu_enable_interrupts(void);
+void cpu_spin_wait(void);
 void *phys_to_virt(uint64_t pa);
 uint64_t virt_to_phys(const void *p);
 #define PHYS_LIMIT (1ull << 47)

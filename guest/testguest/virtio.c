@@ -245,7 +245,8 @@ int virtq_get_used(struct virtq *q, uint32_t *id, uint32_t *len)
 	q->last_used++;
 	if (q->event_idx) {
 		/* Ask for an interrupt at the next used entry: the paravirtual
-		 * wait port wakes on device interrupts. */
+		 * wait port wakes on device interrupts, and irq mode waits for
+		 * them. */
 		q->avail[2 + q->size] = q->last_used;
 	}
 	*id = eid;

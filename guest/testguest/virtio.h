@@ -1,7 +1,8 @@
 /*
  * virtio.h - virtio-mmio version 2 transport and split virtqueues, driver
- * side, polled (virtio 1.2: 4.2.2 MMIO device register layout, 2.7 split
- * virtqueues, 3.1.1 driver initialization).
+ * side (virtio 1.2: 4.2.2 MMIO device register layout, 2.7 split virtqueues,
+ * 3.1.1 driver initialization). Completions are polled, or, with
+ * testguest.irq=1, signalled by interrupt (irq.h).
  *
  * Ring memory ordering: the device runs on another CPU (the VMM). x86 is
  * TSO, so stores are seen in program order and loads are not reordered with
@@ -9,7 +10,9 @@
  *  - compiler barriers between filling descriptors/ring slots and
  *    publishing avail->idx, and between reading used->idx and its entries;
  *  - mfence between publishing avail->idx and reading the device's
- *    notification suppression (avail_event or used->flags): store->load.
+ *    notification suppression (avail_event or used->flags): store->load;
+ *  - in irq mode, mfence between writing used_event and the last look at
+ *    used->idx before waiting (virtq_used_pending): store->load.
  */
 #ifndef TG_VIRTIO_H
 #define TG_VIRTIO_H
@@ -124,5 +127,17 @@ bool virtq_publish(struct virtq *q);
  * id out of range, is a violation: logged, exit 4.
  */
 int virtq_get_used(struct virtq *q, uint32_t *id, uint32_t *len);
+
+/*
+ * Has the device used entries we have not taken? For the last look before
+ * waiting for an interrupt: call after an mfence(), so that the used_event
+ * virtq_get_used() wrote is visible to the device before this load of the
+ * used index (either the device sees our used_event and interrupts, or we see
+ * its entry here; virtio 1.2, 2.7.10).
+ */
+static inline bool virtq_used_pending(const struct virtq *q)
+{
+	return q->used && q->used[1] != q->last_used;
+}
 
 #endif

@@ -1,6 +1,7 @@
-/* vsock.c - virtio-vsock connections, credit and the polled event loop. */
+/* vsock.c - virtio-vsock connections, credit and the event loop. */
 #include "vsock.h"
 #include "console.h"
+#include "irq.h"
 #include "lib.h"
 #include "mem.h"
 #include "platform.h"
@@ -16,6 +17,9 @@ _Static_assert((VSOCK_BUF_ALLOC & (VSOCK_BUF_ALLOC - 1)) == 0, "buf_alloc is a p
 #define EVQ_BUFS 4
 #define VIRTIO_VSOCK_EVENT_TRANSPORT_RESET 0
 #define WAIT_US 1000
+/* irq mode: the longest wait for an interrupt before the loop runs its
+ * timers (credit retry, close deadlines, the progress timeout) anyway. */
+#define IRQ_TICK_MS 100
 #define CREDIT_RETRY_MS 1000
 #define DRAIN_MS 1000
 
@@ -62,8 +66,15 @@ static struct {
 	uint32_t rr;
 
 	uint64_t last_progress, timeout_tsc, close_wait_tsc, credit_retry_tsc;
+	/* irq mode: irq_count() before the current pass; the last wait ended
+	 * without an interrupt. */
+	uint64_t irq_seen, irq_tick_tsc;
+	bool irq_timed_out;
 	struct {
 		uint64_t rx_pkts, tx_pkts, rx_bytes, tx_bytes, waits, dropped, rst_sent;
+		/* irq mode: waits that ended by IRQ_TICK_MS, and of those the
+		 * ones after which the rings held work no interrupt announced. */
+		uint64_t irq_timeouts, unsignalled;
 	} st;
 } E;
 
@@ -560,6 +571,8 @@ void vsock_start(const struct tg_config *cfg, const struct vsock_mode *mode)
 	if (virtio_find(cfg, VIRTIO_ID_VSOCK, &E.dev) != 0)
 		tg_die(EXIT_NO_DEVICE, "no virtio-vsock device (%d virtio_mmio.device entries)",
 		       cfg->ndevs);
+	if (cfg->irq)
+		irq_start(&E.dev); /* before the reset: no interrupt of the new session is missed */
 	if (virtio_negotiate(&E.dev, 1ull << VIRTIO_F_VERSION_1, 1ull << VIRTIO_F_EVENT_IDX) != 0 ||
 	    virtq_setup(&E.dev, &E.rxq, 0, VIRTQ_MAX_SIZE) != 0 ||
 	    virtq_setup(&E.dev, &E.txq, 1, VIRTQ_MAX_SIZE) != 0 ||
@@ -598,6 +611,7 @@ void vsock_start(const struct tg_config *cfg, const struct vsock_mode *mode)
 	 * timeout (15 s if there is none), at least a second. */
 	E.close_wait_tsc = ms_to_tsc(timeout_ms ? MAX(timeout_ms / 2, 1000) : 15000);
 	E.credit_retry_tsc = ms_to_tsc(CREDIT_RETRY_MS);
+	E.irq_tick_tsc = ms_to_tsc(IRQ_TICK_MS);
 	E.last_progress = rdtsc();
 	tg_log("vsock: device at 0x%lx irq %u, guest cid %lu, features 0x%lx, queues %u/%u/%u, "
 	       "tsc %lu MHz (%s)",
@@ -629,10 +643,15 @@ struct conn *vsock_connect(uint32_t port)
 
 void vsock_log_stats(void)
 {
+	char irqs[160] = "";
+	if (E.cfg->irq)
+		tg_snprintf(irqs, sizeof(irqs),
+			    ", irqs %lu (no status %lu), irq waits timed out %lu, unsignalled %lu",
+			    irq_count(), irq_empty_count(), E.st.irq_timeouts, E.st.unsignalled);
 	tg_log("stats: rx %lu pkts %lu bytes, tx %lu pkts %lu bytes, kicks rx %lu tx %lu, waits %lu, "
-	       "rst sent %lu, dropped %lu",
+	       "rst sent %lu, dropped %lu%s",
 	       E.st.rx_pkts, E.st.rx_bytes, E.st.tx_pkts, E.st.tx_bytes, E.rxq.kicks, E.txq.kicks,
-	       E.st.waits, E.st.rst_sent, E.st.dropped);
+	       E.st.waits, E.st.rst_sent, E.st.dropped, irqs);
 }
 
 /* ---- loop ---- */
@@ -655,7 +674,8 @@ static bool waiting_for_host(void)
 	return false;
 }
 
-static void idle(void)
+/* Polled mode: acknowledge, then sleep on the wait port. */
+static void idle_poll(void)
 {
 	uint32_t isr = virtio_ack_interrupt(&E.dev);
 	if (isr & 2) { /* configuration change: NEEDS_RESET? */
@@ -670,13 +690,57 @@ static void idle(void)
 	E.st.waits++;
 }
 
+/*
+ * irq mode: the handler owns InterruptStatus (irq.h). Wait for the
+ * interrupt count to move past its value before the pass that found
+ * nothing, unless the rings the caller takes from (only TX when draining)
+ * hold something after all.
+ */
+static void idle_irq(bool tx_only)
+{
+	uint32_t isr = irq_take_status();
+	if ((isr & 2) && (virtio_status(&E.dev) & 64))
+		tg_die(EXIT_MISMATCH, "vsock: device needs reset");
+	if (irq_count() != E.irq_seen)
+		return; /* interrupted during the pass: look first */
+	/* used_event (written as entries were taken) before the used index. */
+	mfence();
+	if (virtq_used_pending(&E.txq) ||
+	    (!tx_only && (virtq_used_pending(&E.rxq) || virtq_used_pending(&E.evq))))
+		return;
+	E.st.waits++;
+	if (!irq_wait(E.irq_seen, E.irq_tick_tsc)) {
+		E.st.irq_timeouts++;
+		E.irq_timed_out = true;
+	}
+}
+
+static void idle(bool tx_only)
+{
+	if (E.cfg->irq)
+		idle_irq(tx_only);
+	else
+		idle_poll();
+}
+
+/* irq mode: after a wait that timed out, did the rings hold work that no
+ * interrupt announced (before or during this pass)? Call after the pass. */
+static void note_unsignalled(int ring_work)
+{
+	if (E.irq_timed_out && ring_work && irq_count() == E.irq_seen)
+		E.st.unsignalled++;
+	E.irq_timed_out = false;
+}
+
 void vsock_run(void)
 {
 	for (;;) {
 		uint64_t now = rdtsc();
+		E.irq_seen = irq_count();
 		int work = rx_poll();
 		work += tx_reap();
 		work += ev_poll();
+		note_unsignalled(work);
 		tx_pump(now);
 		if (work)
 			E.last_progress = now;
@@ -692,15 +756,16 @@ void vsock_run(void)
 			}
 			E.last_progress = now;
 		}
-		idle();
+		idle(false);
 	}
 	/* Let the last packets (RSTs, SHUTDOWNs) reach the device. */
 	uint64_t end = rdtsc() + ms_to_tsc(DRAIN_MS);
 	while (E.nfree != E.nslots && (int64_t)(rdtsc() - end) < 0) {
-		tx_reap();
+		E.irq_seen = irq_count();
+		note_unsignalled(tx_reap());
 		tx_pump(rdtsc());
 		if (E.nfree != E.nslots)
-			idle();
+			idle(true);
 	}
 	E.mode->finish();
 }

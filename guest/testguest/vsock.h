@@ -1,5 +1,5 @@
 /*
- * vsock.h - a polled virtio-vsock driver: stream connections, credit flow
+ * vsock.h - a virtio-vsock driver: stream connections, credit flow
  * control, and an event loop that mode code (modes.c) plugs into.
  *
  * Data path (virtio 1.2, 5.10 "Socket Device"):
@@ -13,8 +13,9 @@
  *     done oldest-first (mode->tx_done), even if the device completes out of
  *     order.
  *   event queue 2: TRANSPORT_RESET drops every connection.
- * Interrupts stay off; when a pass finds nothing to do the loop acknowledges
- * the interrupt status and sleeps on the paravirtual wait port (0x600).
+ * When a pass finds nothing to do the loop acknowledges the interrupt status
+ * and sleeps on the paravirtual wait port (0x600), interrupts off; with
+ * testguest.irq=1 it waits for a device interrupt instead (irq.h).
  *
  * Credit (5.10.6.3): we advertise buf_alloc and fwd_cnt in every packet and
  * never send more than peer_buf_alloc - (tx_cnt - peer_fwd_cnt), all u32

@@ -75,7 +75,6 @@ type Dialer struct {
 	Dials  atomic.Int64
 
 	tb    testing.TB
-	once  sync.Once
 	conns chan *HostConn
 	mu    sync.Mutex
 	open  []*HostConn

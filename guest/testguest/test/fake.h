@@ -1,8 +1,11 @@
 /*
  * fake.h - the fake machine behind a HOST_TEST build: low memory, a clock,
- * a console capture, a virtio-mmio vsock device and a scriptable host peer.
- * Single-threaded: the device runs inside the guest's notify writes and
- * wait-port sleeps.
+ * a console capture, a virtio-mmio vsock device, a scriptable host peer, and
+ * for irq mode a LAPIC, an IOAPIC and 8259 masks.
+ * Single-threaded: the device runs inside the guest's notify writes,
+ * wait-port sleeps and irq-mode spins; an interrupt is delivered (tg_irq()
+ * called, as boot.S would) after any MMIO access or spin once it is raised,
+ * routed and the guest has interrupts on.
  */
 #ifndef TG_TEST_FAKE_H
 #define TG_TEST_FAKE_H
@@ -14,6 +17,8 @@
 #define FAKE_MMIO_BASE 0xd0000000ull
 #define FAKE_MMIO_SIZE 0x1000ull
 #define FAKE_TSC_HZ 1000000000ull /* the fake CPUID says 1 GHz */
+#define FAKE_APIC_ID 2		  /* the BSP's LAPIC id: not 0, so it must be read */
+#define FAKE_IOAPIC_PINS 24
 
 /* Low 1 MiB of "physical" memory (BDA, EBDA, BIOS area). */
 extern uint8_t fake_lowmem[0x100000];
@@ -65,6 +70,11 @@ struct host_cfg {
 	uint32_t stall_steps;  /* steps before the host reader starts */
 	bool credit_requests;  /* send CREDIT_REQUEST when stalled */
 	bool no_rst_reply;     /* never answer the guest's SHUTDOWN */
+
+	/* Interrupts (irq mode). */
+	uint32_t irq_pin; /* the device's IOAPIC pin (DEV says 5) */
+	bool irq_drop;	  /* the IOAPIC loses every interrupt */
+	bool pvm;	  /* CPL3 sees IOPL 0, as under a PVM host */
 };
 
 extern struct host_cfg hcfg;
@@ -76,9 +86,20 @@ void fake_mmio_write(uint64_t off, uint32_t v);
  * interrupt since the last wait, else advances the clock and runs the
  * device. */
 void fake_wait(uint32_t us);
+/* An irq-mode spin: advances the clock by us and runs the device. */
+void fake_idle(uint32_t us);
 /* On guest exit: did the host side see everything it expected? Returns 0
  * or writes a reason. */
 int fake_final_check(char *why, size_t n);
+
+/* The device raises its interrupt line (an edge on hcfg.irq_pin). */
+void fake_irq_raise(void);
+/* Is tg_irq() running (the only code that may read InterruptStatus in irq
+ * mode)? */
+bool fake_in_irq_handler(void);
+/* On guest exit 0 in irq mode: interrupts delivered and EOIed, the 8259s and
+ * LINT0 masked. Returns 0 or writes a reason. */
+int fake_irq_final_check(char *why, size_t n);
 
 /* Host-side failure: print and end the child with status 100. */
 __attribute__((noreturn, format(printf, 1, 2))) void host_fail(const char *fmt, ...);

@@ -10,6 +10,7 @@
  * reads slowly or stalls, and closes in the different ways the spec allows.
  */
 #include "fake.h"
+#include "irq.h"
 #include "pattern.h"
 #include "virtio.h"
 #include "vsock.h"
@@ -117,6 +118,7 @@ static void used_push(struct fq *q, uint32_t id, uint32_t len)
 	if (irq) {
 		D.isr |= 1;
 		D.raised = true;
+		fake_irq_raise();
 	}
 }
 
@@ -152,6 +154,8 @@ uint32_t fake_mmio_read(uint64_t off)
 	case 0x044:
 		return q ? q->ready : 0;
 	case 0x060:
+		if (tg_irq_armed && !fake_in_irq_handler())
+			host_fail("irq mode: InterruptStatus read outside the interrupt handler");
 		return D.isr;
 	case 0x070:
 		return D.status;
@@ -213,6 +217,8 @@ void fake_mmio_write(uint64_t off, uint32_t v)
 		step();
 		break;
 	case 0x064:
+		if (tg_irq_armed && !fake_in_irq_handler())
+			host_fail("irq mode: InterruptACK written outside the interrupt handler");
 		D.isr &= ~v;
 		break;
 	case 0x070:
@@ -712,6 +718,8 @@ static void step(void)
 
 void fake_wait(uint32_t us)
 {
+	if (tg_irq_armed)
+		host_fail("irq mode: the guest slept on the wait port");
 	if (D.raised) {
 		D.raised = false;
 		return;
@@ -719,6 +727,12 @@ void fake_wait(uint32_t us)
 	fake_tsc += (uint64_t)(us ? us : 1000) * (FAKE_TSC_HZ / 1000000);
 	step();
 	D.raised = false;
+}
+
+void fake_idle(uint32_t us)
+{
+	fake_tsc += (uint64_t)us * (FAKE_TSC_HZ / 1000000);
+	step();
 }
 
 int fake_final_check(char *why, size_t n)

@@ -419,6 +419,7 @@ static void default_host(void)
 	hcfg.host_buf_alloc = 256 * 1024;
 	hcfg.corrupt_at = -1;
 	hcfg.conc = 1;
+	hcfg.irq_pin = 5; /* DEV */
 }
 
 struct scenario {
@@ -632,6 +633,19 @@ static void s_source_slow(void)
 	hcfg.stall_steps = 100;
 }
 
+static void s_irq_connect_lost(void)
+{
+	connect_host(64 << 10);
+	hcfg.irq_drop = true;
+}
+
+static void s_irq_pvm(void)
+{
+	hcfg.pvm = true;
+}
+
+#define IRQ " testguest.irq=1"
+
 static const struct scenario scenarios[] = {
 	{ "hello", "testguest.mode=hello", s_hello, 0, "testguest: hello cpus=2\n" },
 	{ "hello-no-tables", "testguest.mode=hello", NULL, 0, "testguest: hello cpus=1\n" },
@@ -639,8 +653,35 @@ static const struct scenario scenarios[] = {
 	{ "bad-cmdline", "testguest.mode=hello testguest.bogus=1", NULL, 8,
 	  "bad command line: unknown parameter 'testguest.bogus'" },
 	{ "no-mode", "console=ttyS0", NULL, 8, "no testguest.mode" },
-	{ "irq", "testguest.mode=echo testguest.port=1 testguest.irq=1" DEV, NULL, 8,
-	  "testguest: irq mode unsupported\n" },
+	{ "irq-pvm", "testguest.mode=echo testguest.port=1" IRQ DEV, s_irq_pvm, 8,
+	  "testguest: irq mode unsupported: CPL3 runs with IOPL 0" },
+	{ "irq-hello", "testguest.mode=hello" IRQ, NULL, 0, "testguest: hello cpus=1\n" },
+	{ "irq-pin-out-of-range",
+	  "testguest.mode=echo testguest.port=1 virtio_mmio.device=4K@0xd0000000:24" IRQ, NULL, 8,
+	  "device irq 24 is not a pin of the IOAPIC at 0xfec00000 (0-23)" },
+	{ "irq-echo-40-concurrent",
+	  "testguest.mode=echo testguest.port=1234 testguest.conns=40" IRQ DEV, s_echo40, 0,
+	  "irq waits timed out 0, unsignalled 0\n" },
+	{ "irq-echo-halfclose-slow-reader",
+	  "testguest.mode=echo testguest.port=1234 testguest.conns=4" IRQ DEV,
+	  s_echo_halfclose_slow, 0, "unsignalled 0\n" },
+	{ "irq-echo-no-event-idx",
+	  "testguest.mode=echo testguest.port=1234 testguest.conns=8" IRQ DEV, s_echo_noevidx, 0,
+	  "unsignalled 0\n" },
+	{ "irq-connect-10m", "testguest.mode=connect testguest.port=5000 testguest.bytes=10M" IRQ DEV,
+	  s_connect_big, 0, "irq waits timed out 0, unsignalled 0\n" },
+	{ "irq-connect-stalled-host",
+	  "testguest.mode=connect testguest.port=5000 testguest.bytes=2M" IRQ DEV,
+	  s_connect_stalled_host, 0, "unsignalled 0\n" },
+	{ "irq-transport-reset",
+	  "testguest.mode=connect testguest.port=5000 testguest.bytes=1M" IRQ DEV,
+	  s_fault_transport_reset, 6, "transport reset, guest cid now 7" },
+	{ "irq-source-slow-reader",
+	  "testguest.mode=source testguest.port=7001 testguest.bytes=1M testguest.conns=3" IRQ DEV,
+	  s_source_slow, 0, "unsignalled 0\n" },
+	/* Every interrupt lost: the 100 ms wait limit still gets it done. */
+	{ "irq-all-lost", "testguest.mode=connect testguest.port=5000 testguest.bytes=64K" IRQ DEV,
+	  s_irq_connect_lost, 0, ", irqs 0 (no status 0)" },
 	{ "no-device", "testguest.mode=echo testguest.port=1", NULL, 5, "no virtio-vsock device" },
 	{ "wrong-device", "testguest.mode=echo testguest.port=1" DEV, s_wrong_id, 5,
 	  "no virtio-vsock device" },
