@@ -40,6 +40,9 @@ func TestOptions(t *testing.T) {
 			layout := guestLayouts[(i+i/4)%4].o
 			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o, ConnBuffer: 32 << 10}, guest: layout})
 			coreScenarios(t, e)
+			if s := e.dev.Stats(); (s.DirectEnqueues > 0) != o.DirectEnqueue {
+				t.Errorf("%d direct enqueues with DirectEnqueue=%v", s.DirectEnqueues, o.DirectEnqueue)
+			}
 		})
 	}
 }
