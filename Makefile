@@ -65,8 +65,8 @@ staticcheck: $(STATICCHECK)
 go-test: bin/testguest
 	MICROVM_TESTGUEST=$(CURDIR)/bin/testguest MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) ./...
 
-guest-test: bin/testguest
-	$(MAKE) -C guest/testguest test qemu-test OUT=$(CURDIR)/bin/testguest
+guest-test: bin/testguest bin/microvm
+	$(MAKE) -C guest/testguest test qemu-test irq-test OUT=$(CURDIR)/bin/testguest MICROVM=$(CURDIR)/bin/microvm
 
 kernel:
 	guest/kernel/build.sh build/kernel
