@@ -35,11 +35,12 @@ type session struct {
 	nextPort uint32
 	closed   bool
 
-	rxMu     sync.Mutex // guards the RX queue, ready, inReady flags, rsts, rxChain
-	ready    []*conn    // connections with work for the guest, FIFO
-	rsts     []Header   // RSTs for connections that no longer exist
-	rxChain  virtio.Chain
-	rxPushed bool // used entries published since the last notification
+	rxMu     sync.Mutex                // guards the RX queue, ready, inReady flags, rsts, rxChain(s)
+	ready    []*conn                   // connections with work for the guest, FIFO
+	rsts     []Header                  // RSTs for connections that no longer exist
+	rxChain  virtio.Chain              // a control packet's buffer
+	rxChains [rxReadBatch]virtio.Chain // the buffers one host read fills
+	rxPushed bool                      // used entries published since the last notification
 
 	epfd       int
 	wake       *eventfd.EventFD // wakes the RX worker

@@ -28,7 +28,12 @@ type txState struct {
 	cur    *conn
 	curKey connKey
 	wantRx bool // cur has work for the RX side: mark it ready after unlock
-	hdrBuf [HeaderSize]byte
+	// runViews are cur's payloads not yet written to its host socket: with
+	// BatchLock a run's payloads go out in one writev at the end of the run.
+	// They point into TX buffers pushed but not yet published, which the
+	// guest cannot reuse before handleBatch publishes them, after endRun.
+	runViews [][]byte
+	hdrBuf   [HeaderSize]byte
 }
 
 // txLoop is the TX worker: woken by the TX queue's kick eventfd, it drains
@@ -141,6 +146,11 @@ func (s *session) handleBatch(st *txState, n int) {
 		}
 	}
 	s.endRun(st)
+	if s.failed.Load() {
+		// The device failed meanwhile (the RX side can fail it): it must
+		// not touch the rings any more, not even to return these buffers.
+		return
+	}
 	if err := s.tx.Publish(); err != nil {
 		s.failDevice(err)
 		return
@@ -257,6 +267,7 @@ func (s *session) endRun(st *txState) {
 		return
 	}
 	st.cur = nil
+	s.writeRunLocked(st, c)
 	if c.state != stateClosed {
 		if len(c.txBuf) > 0 {
 			s.flushLocked(c)
@@ -371,6 +382,10 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 		return
 	}
 	c.guestShut |= flags & ShutdownBoth
+	s.writeRunLocked(st, c) // the guest's data before its shutdown
+	if c.state == stateClosed {
+		return
+	}
 	if len(c.txBuf) > 0 {
 		s.flushLocked(c) // applies the shutdown if it drains the buffer
 		return
@@ -419,23 +434,59 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		return
 	}
 	if len(c.txBuf) == 0 && (s.opts.Copybreak == 0 || int(n) >= s.opts.Copybreak) {
-		w, err := st.iov.writev(c.fd, st.payload)
-		if err != nil {
-			s.d.log.WithError(err).Debug("vsock: host write")
-			s.resetConnLocked(c)
-			return
+		// Scatter-gather straight from guest memory: now, or with the
+		// rest of the run in one writev (BatchLock).
+		st.runViews = append(st.runViews, st.payload...)
+		if !s.opts.BatchLock {
+			s.writeRunLocked(st, c)
 		}
-		c.fwdCnt += uint32(w)
-		if w == int(n) {
-			return
-		}
-		s.d.ctr.hostWriteStalls.Add(1)
-		s.appendTx(c, st.payload, uint64(w))
+		return
+	}
+	// A small payload (copybreak), or older bytes still buffered: copy, in
+	// order after anything the run holds.
+	s.writeRunLocked(st, c)
+	if c.state == stateClosed {
 		return
 	}
 	s.appendTx(c, st.payload, 0)
 	if !s.opts.BatchLock {
 		s.flushLocked(c)
+	}
+}
+
+// writeRunLocked sends the run's pending payload views to the host socket
+// with one writev, copying what the socket does not take into the
+// connection's buffer (behind anything already buffered, to keep the byte
+// order).
+func (s *session) writeRunLocked(st *txState, c *conn) {
+	if len(st.runViews) == 0 {
+		return
+	}
+	defer func() {
+		clear(st.runViews)
+		st.runViews = st.runViews[:0]
+	}()
+	if c.state == stateClosed || c.fd < 0 {
+		return
+	}
+	if len(c.txBuf) > 0 {
+		s.appendTx(c, st.runViews, 0)
+		return
+	}
+	var total int
+	for _, v := range st.runViews {
+		total += len(v)
+	}
+	w, err := st.iov.writev(c.fd, st.runViews)
+	if err != nil {
+		s.d.log.WithError(err).Debug("vsock: host write")
+		s.resetConnLocked(c)
+		return
+	}
+	c.fwdCnt += uint32(w)
+	if w < total {
+		s.d.ctr.hostWriteStalls.Add(1)
+		s.appendTx(c, st.runViews, uint64(w))
 	}
 }
 
