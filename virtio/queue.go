@@ -219,7 +219,7 @@ func (q *Queue) NeedsNotification() (bool, error) {
 	if q.eventIdx {
 		// The store of used->idx in Publish is a full barrier, so this
 		// read of used_event is not reordered before it.
-		ev, err := q.mem.Read16(q.cfg.Avail + 4 + 2*uint64(q.cfg.Size))
+		ev, err := q.mem.Load16Acquire(q.cfg.Avail + 4 + 2*uint64(q.cfg.Size))
 		if err != nil {
 			return false, guestErr("used_event: %v", err)
 		}

@@ -16,7 +16,9 @@ var ErrConnectLine = errors.New("bad CONNECT line")
 
 // ConnectParser reads the Firecracker host handshake "CONNECT <port>\n"
 // incrementally: bytes may arrive split across any number of reads. The
-// keyword is case-insensitive. Bytes after the newline are payload for the
+// keyword is case-insensitive and words may be separated by any blanks (as
+// Firecracker accepts); the port is decimal; anything else on the line is an
+// error. Bytes after the newline are payload for the
 // guest and are handed back, never swallowed.
 type ConnectParser struct {
 	line []byte
@@ -44,17 +46,20 @@ func (p *ConnectParser) Feed(b []byte) (port uint32, rest []byte, done bool, err
 }
 
 func parseConnect(line []byte) (uint32, error) {
-	s := strings.TrimSuffix(string(line), "\r")
-	kw, arg, ok := strings.Cut(s, " ")
-	if !ok || !strings.EqualFold(kw, "CONNECT") {
-		return 0, fmt.Errorf("%w: %q: want \"CONNECT <port>\"", ErrConnectLine, s)
+	s := string(line)
+	// Words are separated by any run of blanks, as Firecracker's parser
+	// (split_whitespace) does, so clients written against it work here.
+	f := strings.Fields(s)
+	if len(f) != 2 || !strings.EqualFold(f[0], "CONNECT") {
+		return 0, fmt.Errorf("%w: %q: want \"CONNECT <port>\"", ErrConnectLine, strings.TrimSuffix(s, "\r"))
 	}
-	if arg == "" || arg[0] == '+' || arg[0] == '-' {
-		return 0, fmt.Errorf("%w: %q: bad port", ErrConnectLine, s)
+	arg := f[1]
+	if arg[0] < '0' || arg[0] > '9' {
+		return 0, fmt.Errorf("%w: %q: bad port", ErrConnectLine, strings.TrimSuffix(s, "\r"))
 	}
 	v, err := strconv.ParseUint(arg, 10, 32)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %q: bad port", ErrConnectLine, s)
+		return 0, fmt.Errorf("%w: %q: bad port", ErrConnectLine, strings.TrimSuffix(s, "\r"))
 	}
 	return uint32(v), nil
 }

@@ -66,19 +66,21 @@ func FuzzConnectLine(f *testing.F) {
 	})
 }
 
-// wellFormed is the reference grammar: "CONNECT" in any case, one space,
-// decimal digits for a 32-bit port, an optional "\r".
+// wellFormed is the reference grammar: two blank-separated words (any run of
+// Go's Unicode white space, as strings.Fields and Firecracker's
+// split_whitespace split them), "CONNECT" in any case and a decimal 32-bit
+// port.
 func wellFormed(line []byte) (uint32, bool) {
-	s := strings.TrimSuffix(string(line), "\r")
-	if len(s) < 9 || !strings.EqualFold(s[:8], "CONNECT ") {
+	words := strings.Fields(string(line))
+	if len(words) != 2 || !strings.EqualFold(words[0], "CONNECT") {
 		return 0, false
 	}
-	for _, c := range s[8:] {
+	for _, c := range words[1] {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
 	}
-	v, err := strconv.ParseUint(s[8:], 10, 32)
+	v, err := strconv.ParseUint(words[1], 10, 32)
 	return uint32(v), err == nil
 }
 

@@ -1,6 +1,8 @@
 package vsock
 
 import (
+	"time"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/virtio"
@@ -279,7 +281,13 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		}
 		c.pend &^= pendShutdown
 		if c.shutFlags == ShutdownBoth {
-			c.state = stateClosing // the guest answers with RST
+			// The guest answers with RST; one that does not is reset after
+			// the close timeout, so its host descriptor is not held for
+			// ever (Firecracker waits 2 s too).
+			c.state = stateClosing
+			if c.timer == nil {
+				c.timer = time.AfterFunc(s.d.cfg.ConnectTimeout, func() { s.closeTimeout(c) })
+			}
 		}
 	}
 	return true

@@ -334,3 +334,13 @@ func (s *session) connectTimeout(c *conn) {
 		s.resetConnLocked(c)
 	}
 }
+
+// closeTimeout resets a connection the guest did not finish closing in time.
+func (s *session) closeTimeout(c *conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state == stateClosing {
+		s.d.log.WithField("port", c.key.guestPort).Debug("vsock: guest did not answer SHUTDOWN; resetting")
+		s.resetConnLocked(c)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -263,4 +264,19 @@ func TestHostSocketError(t *testing.T) {
 		c.WaitRst()
 		unix.Close(keep)
 	})
+}
+
+// TestRegressionCloseTimeout: a guest that never answers the device's
+// SHUTDOWN(BOTH) used to keep the connection, and its table slot, for ever.
+// After the close timeout the device resets it.
+func TestRegressionCloseTimeout(t *testing.T) {
+	e := newEnv(t, envOpts{cfg: vsock.Config{ConnectTimeout: 200 * time.Millisecond}})
+	c, h := e.connectGuest(704, 1704)
+	h.Close()
+	c.WaitShutdown(vsock.ShutdownBoth)
+	// The guest stays silent; the device gives up after the timeout.
+	c.WaitRst()
+	if s := e.dev.Stats(); s.ConnsOpen != 0 {
+		t.Errorf("%d connections open after the close timeout", s.ConnsOpen)
+	}
 }

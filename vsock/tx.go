@@ -514,6 +514,9 @@ func (s *session) flushLocked(c *conn) {
 		return
 	}
 	c.fwdCnt += uint32(w)
+	if w < len(c.txBuf) {
+		s.d.ctr.hostWriteStalls.Add(1)
+	}
 	rest := copy(c.txBuf, c.txBuf[w:])
 	c.txBuf = c.txBuf[:rest]
 	if rest == 0 {

@@ -188,7 +188,7 @@ func (q *Queue) SetNoInterrupt(on bool) {
 // SetUsedEvent writes used_event (EVENT_IDX): interrupt me when the used
 // index passes v.
 func (q *Queue) SetUsedEvent(v uint16) {
-	must(q.Mem.Write16(q.Cfg.Avail+4+2*uint64(q.Cfg.Size), v))
+	must(q.Mem.Store16Release(q.Cfg.Avail+4+2*uint64(q.Cfg.Size), v))
 }
 
 // NeedsKick reports whether the device asked to be notified about the
@@ -196,7 +196,7 @@ func (q *Queue) SetUsedEvent(v uint16) {
 // EVENT_IDX).
 func (q *Queue) NeedsKick(old uint16) bool {
 	if q.EventIdx {
-		ev, err := q.Mem.Read16(q.Cfg.Used + 4 + 8*uint64(q.Cfg.Size))
+		ev, err := q.Mem.Load16Acquire(q.Cfg.Used + 4 + 8*uint64(q.Cfg.Size))
 		must(err)
 		return q.availIdx-ev-1 < q.availIdx-old
 	}
