@@ -25,20 +25,19 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
 // Targets from the issue: microvm's boot-to-exit wall time at most 0.34x
@@ -89,7 +88,7 @@ type target struct {
 	Note  string  `json:"note,omitempty"`
 }
 
-// report is everything one run of the benchmark found; writeJSON stores it.
+// report is everything one run of the benchmark found; main stores it as JSON.
 type report struct {
 	Time    time.Time
 	Host    map[string]string
@@ -155,7 +154,7 @@ func main() {
 		WantStatus: 0,
 		WantOutput: floorOK,
 	}}
-	rep := &report{Time: time.Now().UTC(), Host: hostInfo(), N: *n, byName: map[string]*vmmResult{}}
+	rep := &report{Time: time.Now().UTC(), Host: benchenv.HostInfo(), N: *n, byName: map[string]*vmmResult{}}
 	var active []*vmmResult
 	for _, v := range vmms {
 		r := &vmmResult{VMM: v}
@@ -199,7 +198,7 @@ func main() {
 	rep.evaluate()
 	rep.print(os.Stdout)
 	if *jsonOut != "" {
-		if err := writeJSON(*jsonOut, rep); err != nil {
+		if err := benchenv.WriteJSON(*jsonOut, sanitize(rep)); err != nil {
 			fmt.Fprintf(os.Stderr, "bench-boot: %v\n", err)
 			os.Exit(1)
 		}
@@ -367,38 +366,6 @@ func (rep *report) print(w io.Writer) {
 	if f, ok := rep.Ratios["floor_wall"]; ok && f > targetWallRatio {
 		fmt.Fprintf(w, "  (the kvm floor alone is %.2fx QEMU here: the host kernel's cost of a VM's life puts the wall target out of reach on this host)\n", f)
 	}
-}
-
-func hostInfo() map[string]string {
-	h := map[string]string{"goos": runtime.GOOS, "goarch": runtime.GOARCH, "cpus": fmt.Sprint(runtime.NumCPU())}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				h["cpu"] = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		h["kernel"] = strings.TrimSpace(string(b))
-	}
-	h["kvm"] = "kvm"
-	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
-		h["kvm"] = "kvm_pvm (PVM: guest CPL0 code is emulated)"
-	}
-	return h
-}
-
-// writeJSON writes v; NaN (unmeasured) values become null.
-func writeJSON(path string, rep *report) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(sanitize(rep), "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // sanitize round-trips rep through a generic form with NaN replaced by nil,

@@ -36,18 +36,17 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
 // Direction of a transfer.
@@ -146,7 +145,7 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	rep := &report{Date: time.Now().Format(time.RFC3339), Host: hostInfo(), MicroVM: *microvm, Guest: *guest, Reps: *reps,
+	rep := &report{Date: time.Now().Format(time.RFC3339), Host: benchenv.HostInfo(), MicroVM: *microvm, Guest: *guest, Reps: *reps,
 		ConnBuffer: *connBuf, GuestBufsize: *bufsize,
 		Notes: []string{
 			"msgs_per_s: bytes / io_size per second (host writes for host->guest, host reads of io_size for guest->host)",
@@ -221,7 +220,7 @@ func main() {
 	}
 	rep.print(os.Stdout)
 	if *jsonOut != "" {
-		if err := writeJSON(*jsonOut, rep); err != nil {
+		if err := benchenv.WriteJSON(*jsonOut, rep); err != nil {
 			fmt.Fprintf(os.Stderr, "vsock bench: %v\n", err)
 			os.Exit(1)
 		}
@@ -496,35 +495,4 @@ func (rep *report) print(w io.Writer) {
 		}
 		tw.Flush()
 	}
-}
-
-func hostInfo() map[string]string {
-	h := map[string]string{"goos": runtime.GOOS, "goarch": runtime.GOARCH, "cpus": fmt.Sprint(runtime.NumCPU())}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-				h["cpu"] = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		h["kernel"] = strings.TrimSpace(string(b))
-	}
-	h["kvm"] = "kvm"
-	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
-		h["kvm"] = "kvm_pvm"
-	}
-	return h
-}
-
-func writeJSON(path string, rep *report) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
