@@ -13,10 +13,13 @@ const (
 	descFlagIndirect = 4 // VIRTQ_DESC_F_INDIRECT
 	descFlagsKnown   = descFlagNext | descFlagWrite | descFlagIndirect
 
-	// maxIndirect bounds the descriptors in one indirect table, so a guest
-	// cannot make one chain arbitrarily long (Linux allocates at most a
-	// queue's worth).
-	maxIndirect = MaxQueueSize
+	// minIndirectLimit: an indirect table may hold as many descriptors as
+	// the queue size (2.7.5.3.1: no chain is longer than the queue), but
+	// never fewer than this, because QEMU accepts longer tables and drivers
+	// with small queues and long scatter lists rely on it. The bound also
+	// caps the views a Chain collects, host memory a guest controls.
+	minIndirectLimit = 1024
+
 	// maxChainBytes bounds the total length of a chain's buffers.
 	maxChainBytes = 1 << 32
 )
@@ -118,8 +121,8 @@ func (w *Walker) Walk(head uint16, c *Chain) error {
 				return guestErr("nested indirect descriptor %d", i)
 			case d.flags&descFlagNext != 0:
 				return guestErr("indirect descriptor %d also has NEXT", i)
-			case d.len == 0 || d.len%descSize != 0 || uint64(d.len)/descSize > maxIndirect:
-				return guestErr("indirect table of %d bytes", d.len)
+			case d.len == 0 || d.len%descSize != 0 || uint64(d.len)/descSize > max(uint64(w.size), minIndirectLimit):
+				return guestErr("indirect table of %d bytes (queue size %d)", d.len, w.size)
 			}
 			if err := w.mem.Check(d.addr, uint64(d.len)); err != nil {
 				return guestErr("indirect table at %#x+%d: %v", d.addr, d.len, err)

@@ -282,7 +282,7 @@ func TestWalkAccepts(t *testing.T) {
 			e.drv.WriteDesc(tb, virtio.MaxQueueSize-1, data, 2, fW, 0)
 			e.desc(0, tb, 16*virtio.MaxQueueSize, fI, 0)
 			return 0
-		}}, 8, 2 << 20, chainShape{ones(virtio.MaxQueueSize - 1), []int{2}, virtio.MaxQueueSize - 1, 2}},
+		}}, virtio.MaxQueueSize, 2 << 20, chainShape{ones(virtio.MaxQueueSize - 1), []int{2}, virtio.MaxQueueSize - 1, 2}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -440,5 +440,42 @@ func TestCopyHelpers(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRegressionIndirectTableBound: an indirect table may hold the queue
+// size's worth of descriptors, and at least 1024, but no more. Before, any
+// table up to 32768 entries was walked, so a guest could make every popped
+// chain hold 32768 views of host memory whatever the queue size.
+func TestRegressionIndirectTableBound(t *testing.T) {
+	for _, tt := range []struct {
+		size    uint16
+		entries int
+		ok      bool
+	}{
+		{8, 1024, true},
+		{8, 1025, false},
+		{2048, 2048, true},
+		{2048, 2049, false},
+	} {
+		t.Run(fmt.Sprintf("size %d, %d entries", tt.size, tt.entries), func(t *testing.T) {
+			e := newQEnv(t, qopts{size: tt.size, memSize: 4 << 20, indirect: true})
+			data := e.mem.Alloc(4096, 16)
+			tb := e.table(tt.entries)
+			for i := 0; i < tt.entries-1; i++ {
+				e.drv.WriteDesc(tb, uint16(i), data, 1, fN, uint16(i+1))
+			}
+			e.drv.WriteDesc(tb, uint16(tt.entries-1), data, 1, 0, 0)
+			e.desc(0, tb, uint32(16*tt.entries), fI, 0)
+			e.drv.PublishHead(0)
+			var c virtio.Chain
+			ok, err := e.dev.Pop(&c)
+			if tt.ok && (!ok || err != nil) {
+				t.Fatalf("Pop = %v, %v; want the chain", ok, err)
+			}
+			if !tt.ok {
+				wantGuestErr(t, "oversized indirect table", err)
+			}
+		})
 	}
 }
