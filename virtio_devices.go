@@ -98,7 +98,12 @@ func (m *Machine) setupVirtio() error {
 		return err
 	}
 	m.uds = uds
-	m.closers = append(m.closers, uds.Close)
+	m.closers = append(m.closers, func() error {
+		// The device first: host clients still waiting for the guest
+		// driver are released at once instead of at their deadline.
+		dev.Close()
+		return uds.Close()
+	})
 	return nil
 }
 
