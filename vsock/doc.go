@@ -15,8 +15,9 @@
 //     TX kick eventfd, it pops chains, decodes each header once from a copy,
 //     and acts on it: REQUEST starts a dial goroutine, RESPONSE completes a
 //     host-initiated connection (writing "OK <port>\n"), RW payloads go to
-//     the host socket straight from guest memory with writev, SHUTDOWN/RST
-//     close. It returns the chains and interrupts once per batch.
+//     the host socket straight from guest memory with writev (one writev
+//     per run of packets for a connection), SHUTDOWN/RST close. It returns
+//     the chains and interrupts once per batch.
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
 //     sockets, the RX kick eventfd, a wake eventfd, a stop eventfd). It
 //     fills guest RX buffers: queued RSTs first, then each connection on the
@@ -42,18 +43,24 @@
 // # A packet's path
 //
 // Guest to host: driver writes the packet into the TX ring and kicks ->
-// ioeventfd -> TX worker pops the chain, copies the 44-byte header out once,
-// checks CIDs, type, length against the chain and the connection's credit
-// -> writev of the payload views to the host socket; what the socket does
-// not take is copied into the connection's buffer (bounded by the credit we
-// advertised) and flushed on EPOLLOUT by the RX worker -> used entry, fwd_cnt
-// advanced, CREDIT_UPDATE when the guest's view of our free space falls
-// below half.
+// ioeventfd -> TX worker pops up to 64 chains, copies each 44-byte header
+// out once, checks CIDs, type, length against the chain and the
+// connection's credit -> the payload views of a run of packets for one
+// connection go to its host socket in one writev at the end of the run
+// (before the used index is published, so the guest cannot reuse the
+// buffers first); what the socket does not take is copied into the
+// connection's buffer (bounded by the credit we advertised) and flushed on
+// EPOLLOUT by the RX worker -> used entries published, fwd_cnt advanced,
+// CREDIT_UPDATE when the guest's view of our free space falls below half.
+// A connection the guest leaves half-open after the device's full SHUTDOWN
+// is reset after the connect timeout.
 //
 // Host to guest: host socket readable (edge-triggered EPOLLIN) -> the RX
 // worker puts the connection on the ready list -> when the guest has RX
-// buffers and credit, readv from the socket into the buffer after the
-// header space, header written, used entry pushed -> one interrupt per pass.
+// buffers and credit, one readv from the socket into up to 16 buffers at
+// once (after each one's header space, no more than the credit) -> a header
+// written into each filled buffer, used entries pushed, unused buffers given
+// back in order -> one interrupt per pass.
 // A connection without credit leaves the list until a guest packet brings
 // credit; with no RX buffers the worker re-enables RX kicks and sleeps.
 //
