@@ -10,13 +10,19 @@ import (
 	"github.com/sirupsen/logrus"
 )
 
-// Defaults for Config fields left zero.
+// Defaults for Config fields left zero, and the bounds New accepts.
 const (
-	DefaultCPUs   = 1
+	// DefaultCPUs is the vCPU count when Config.CPUs is 0.
+	DefaultCPUs = 1
+	// DefaultMemory is the guest RAM when Config.MemoryBytes is 0.
 	DefaultMemory = 256 << 20
-	MinMemory     = 8 << 20
-	MaxMemory     = 1 << 40
-	MaxCPUs       = 32
+	// MinMemory and MaxMemory bound Config.MemoryBytes, which must also be
+	// a multiple of 2 MiB.
+	MinMemory = 8 << 20
+	MaxMemory = 1 << 40
+	// MaxCPUs is the most vCPUs a machine may have (the MP table holds
+	// more; see package loader).
+	MaxCPUs = 32
 )
 
 // Config describes a machine.

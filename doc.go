@@ -7,20 +7,30 @@
 //	defer m.Close()
 //	res, err := m.Run(ctx) // res.Status is what the microvm CLI exits with
 //
-// Data flow: New opens /dev/kvm, creates the VM with the in-kernel irqchip and
-// PIT, maps guest memory (package guestmem) and registers it as memory slots,
-// loads the kernel, initrd and command line (package loader), builds the port
-// I/O and MMIO buses with the platform devices (package devices) and the
-// virtio-mmio devices (packages virtio and vsock), and creates the vCPUs. Run
-// starts one goroutine per vCPU, each locked to its OS thread; every exit
-// KVM hands back is decoded and dispatched to a bus. A virtio queue kick never
-// reaches these goroutines: KVM turns it into an ioeventfd signal that wakes the
-// device's worker, and devices interrupt the guest through irqfds.
+// Data flow: New opens /dev/kvm, creates the VM, maps guest memory (package
+// guestmem) and registers it as memory slots, creates the interrupt
+// controllers (Config.IRQChip: by default KVM's split irqchip, local APICs in
+// the kernel and the IOAPIC emulated in package devices; IRQChipKernel for
+// KVM's PIC, IOAPIC and PIT), builds the port I/O and MMIO buses with the
+// platform devices (package devices) and the virtio-mmio devices (packages
+// virtio and vsock), loads the kernel, initrd and command line (package
+// loader), and creates the vCPUs. Run starts one goroutine per vCPU, each
+// locked to its OS thread; every exit KVM hands back is decoded and
+// dispatched to a bus. A virtio queue kick never reaches these goroutines:
+// KVM turns it into an ioeventfd signal that wakes the device's worker, and
+// devices interrupt the guest through irqfds, which KVM injects through the
+// GSI routes the emulated IOAPIC installs (one MSI route per unmasked pin,
+// updated from the vCPU goroutine that reprograms a redirection entry).
 //
 // Goroutines and ownership: the goroutine calling Run owns the Machine; it
-// starts the vCPU goroutines and waits for all of them before returning. The
-// first exit condition (debug-exit port, reset, triple fault, error, context
-// cancellation) wins: it is recorded once, every vCPU is kicked out of
-// KVM_RUN, and blocked paravirtual waits are released. Close tears down in
-// reverse order of creation: devices, vCPUs, VM, guest memory, /dev/kvm.
+// starts the vCPU goroutines, the console input pump (when ConsoleInput is
+// set; it may stay blocked in Read after Run returns) and the vsock device's
+// Unix socket accept loop, and waits for all vCPU goroutines before
+// returning. The first exit condition (debug-exit port, reset, triple fault,
+// error, context cancellation) wins: it is recorded once (stopOnce), every
+// vCPU is kicked out of KVM_RUN, and blocked paravirtual waits are released.
+// The Machine has no mutex of its own: buses and devices are fixed before Run
+// and each device has its own lock (package devices). Close tears down
+// devices first (the vsock device before its Unix socket listener), then
+// vCPUs, VM, guest memory and /dev/kvm.
 package microvm
