@@ -39,6 +39,7 @@ const (
 	ExitError                           // the VMM failed
 )
 
+// String names the exit kind as logs and test failures show it.
 func (k ExitKind) String() string {
 	return [...]string{"?", "debug-exit", "reset", "power-off", "triple-fault", "canceled", "error"}[k]
 }
@@ -53,6 +54,7 @@ const (
 
 // Result is how a machine ended.
 type Result struct {
+	// Kind says why the machine stopped.
 	Kind ExitKind
 	// Status is the process exit status the CLI uses for this result.
 	Status int
@@ -73,7 +75,6 @@ type Machine struct {
 
 	pio, mmio *devices.Bus
 	serial    *devices.Serial
-	serialIRQ *eventfd.EventFD
 	pvwait    *devices.PVWait
 	virtio    []*virtioSlot
 	vsock     *vsock.Device
@@ -271,7 +272,6 @@ func (m *Machine) setupDevices() error {
 	if err != nil {
 		return err
 	}
-	m.serialIRQ = irq
 	m.closers = append(m.closers, irq.Close)
 	if err := m.vm.RegisterIRQFD(irq.FD(), devices.COM1IRQ); err != nil {
 		return err

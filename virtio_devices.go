@@ -19,9 +19,8 @@ const (
 
 // virtioSlot is one virtio-mmio device on the bus.
 type virtioSlot struct {
-	base      uint64
-	irq       uint32
-	transport *virtio.MMIO
+	base uint64
+	irq  uint32
 }
 
 // addVirtio puts dev in the next virtio-mmio slot: register window on the
@@ -51,7 +50,6 @@ func (m *Machine) addVirtio(dev virtio.Device) (*virtioSlot, error) {
 	if err != nil {
 		return nil, err
 	}
-	slot.transport = t
 	m.closers = append(m.closers, t.Close)
 	for i, k := range t.KickFDs() {
 		dm := uint64(i)
