@@ -9,12 +9,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/vsock"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".
@@ -114,20 +114,20 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--vsock-cid N --vsock-uds PATH]",
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH] [--log-level LEVEL]",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
 			&cli.StringFlag{Name: "cmdline", Usage: "kernel command line"},
 			&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
-			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM: a number with an optional K/M/G suffix; a bare number means MiB"},
+			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM: a number with an optional K/M/G/T suffix; a bare number means MiB (8M..1T, a multiple of 2M)"},
 			&cli.StringFlag{Name: "cpu-hide", Usage: "comma-separated CPUID features to hide from the guest (e.g. cx16,xsave)"},
 			&cli.StringFlag{Name: "irqchip", Value: string(microvm.IRQChipSplit), Usage: "interrupt controllers: split (LAPIC in KVM, IOAPIC in microvm, no PIC/PIT) or kernel (KVM's PIC, IOAPIC and PIT)"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-			&cli.IntFlag{Name: "vsock-max-conns", Value: 1023, Usage: "most vsock connections open at once"},
+			&cli.IntFlag{Name: "vsock-max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
 			&cli.StringFlag{Name: "vsock-conn-buffer", Value: "64K", Usage: "per-connection vsock buffer (SIZE; a bare number means bytes)"},
-			&cli.DurationFlag{Name: "vsock-connect-timeout", Value: 2 * time.Second, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
+			&cli.DurationFlag{Name: "vsock-connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
 			logFlag(),
 		},
 		Action: func(c *cli.Context) error {

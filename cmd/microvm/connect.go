@@ -53,7 +53,7 @@ func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Read
 	br := bufio.NewReader(uc)
 	line, err := br.ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("vsock-connect: guest port %d: connection refused or not answered (%v)", port, err)
+		return fmt.Errorf("vsock-connect: guest port %d: connection refused or not answered: %w", port, err)
 	}
 	if !strings.HasPrefix(line, "OK ") {
 		return fmt.Errorf("vsock-connect: unexpected reply %q", strings.TrimSpace(line))
