@@ -153,10 +153,32 @@ type ring struct {
 	addrSet bool
 	base    uint16 // next available index to process (SET_VRING_BASE)
 	kick    *eventfd.EventFD
-	call    atomic.Pointer[eventfd.EventFD]
-	errFD   atomic.Pointer[eventfd.EventFD]
 	enabled bool
 	started bool // a kick descriptor arrived: the ring runs (when enabled)
+
+	// sigMu guards call and errFD: device goroutines signal them under the
+	// read lock, and the front-end goroutine replaces them under the write
+	// lock, so a replaced descriptor can be closed at once: no signal can
+	// reach it, or whatever reuses its number, afterwards.
+	sigMu sync.RWMutex
+	call  *eventfd.EventFD
+	errFD *eventfd.EventFD
+}
+
+// swapSignal replaces the ring's call (or, with isErr, error) eventfd by e
+// and closes the old one.
+func (r *ring) swapSignal(isErr bool, e *eventfd.EventFD) {
+	r.sigMu.Lock()
+	p := &r.call
+	if isErr {
+		p = &r.errFD
+	}
+	old := *p
+	*p = e
+	r.sigMu.Unlock()
+	if old != nil {
+		old.Close()
+	}
 }
 
 // frontend is the state of one front-end connection.
@@ -169,7 +191,6 @@ type frontend struct {
 	rings    []*ring
 	active   bool
 	queues   []*virtio.Queue // the running activation's queues, by ring
-	retired  []*eventfd.EventFD
 	hdr      [headerSize]byte
 	payload  [maxPayload]byte
 	oob      []byte
@@ -432,7 +453,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 		f.stop() // the device runs all rings together
 		r.started = false
 		if r.kick != nil {
-			f.retired = append(f.retired, r.kick)
+			r.kick.Close() // the device stopped: nobody polls it
 			r.kick = nil
 		}
 		return vringState{Index: s.Index, Num: uint32(r.base)}.encode(), nil
@@ -584,7 +605,7 @@ func (f *frontend) setVringFD(req Request, p []byte, fds []int) error {
 			f.stop()
 		}
 		if r.kick != nil {
-			f.retired = append(f.retired, r.kick)
+			r.kick.Close() // the device is stopped: nobody polls it
 		}
 		r.kick = e
 		r.started = true
@@ -592,14 +613,8 @@ func (f *frontend) setVringFD(req Request, p []byte, fds []int) error {
 			r.enabled = true
 		}
 		return f.maybeStart()
-	case SetVringCall:
-		if old := r.call.Swap(e); old != nil {
-			f.retired = append(f.retired, old) // a worker may still signal it
-		}
-	case SetVringErr:
-		if old := r.errFD.Swap(e); old != nil {
-			f.retired = append(f.retired, old)
-		}
+	case SetVringCall, SetVringErr:
+		r.swapSignal(req == SetVringErr, e)
 	}
 	return nil
 }
@@ -669,9 +684,11 @@ func (f *frontend) queueConfig(r *ring) (virtio.QueueConfig, error) {
 
 // interrupt signals the ring's call eventfd, if the front-end gave one.
 func (r *ring) interrupt() {
-	if e := r.call.Load(); e != nil {
-		_ = e.Signal()
+	r.sigMu.RLock()
+	if r.call != nil {
+		_ = r.call.Signal()
 	}
+	r.sigMu.RUnlock()
 }
 
 // fail is the device's Activation.Fail: vhost-user has no NEEDS_RESET, so
@@ -682,9 +699,11 @@ func (f *frontend) fail(err error) {
 	f.b.guestErrors.Add(1)
 	f.b.log.WithError(err).Error("vhost-user: device stopped by a guest error")
 	for _, r := range f.rings {
-		if e := r.errFD.Load(); e != nil {
-			_ = e.Signal()
+		r.sigMu.RLock()
+		if r.errFD != nil {
+			_ = r.errFD.Signal()
 		}
+		r.sigMu.RUnlock()
 	}
 }
 
@@ -708,17 +727,13 @@ func (f *frontend) stop() {
 func (f *frontend) teardown() {
 	f.stop()
 	for _, r := range f.rings {
-		for _, e := range []*eventfd.EventFD{r.kick, r.call.Swap(nil), r.errFD.Swap(nil)} {
-			if e != nil {
-				e.Close()
-			}
+		if r.kick != nil {
+			r.kick.Close()
+			r.kick = nil
 		}
-		r.kick = nil
+		r.swapSignal(false, nil)
+		r.swapSignal(true, nil)
 	}
-	for _, e := range f.retired {
-		e.Close()
-	}
-	f.retired = nil
 	if f.mem != nil {
 		_ = f.mem.Close()
 		f.mem = nil

@@ -504,3 +504,53 @@ func entries(h *logtest.Hook) string {
 	}
 	return b.String()
 }
+
+// Regression: a ring descriptor the front-end replaced (SET_VRING_CALL and
+// SET_VRING_ERR at any time, SET_VRING_KICK and GET_VRING_BASE on a running
+// device) stayed open until the front-end disconnected. QEMU sends
+// SET_VRING_CALL each time the guest masks or unmasks the ring's interrupt,
+// so a long-lived VM ran the back-end out of descriptors.
+func TestRegressionReplacedVringFDsLeak(t *testing.T) {
+	b := startTestBackend(t)
+	f := b.dial(t)
+	f.negotiate()
+	f.acked(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), memfd(t, memSize))
+	f.startRings(true)
+	activated := func() {
+		t.Helper()
+		select {
+		case <-b.dev.activated:
+		case <-time.After(5 * time.Second):
+			t.Fatal("device not activated")
+		}
+	}
+	activated()
+	// send attaches a fresh eventfd and closes this side's copy once the
+	// back-end has acknowledged it, so only the back-end's copy remains.
+	send := func(req Request, ring uint64) {
+		t.Helper()
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.acked(req, u64(ring), fd)
+		unix.Close(fd)
+	}
+	before := openFDs(t)
+	for i := range 100 {
+		send(SetVringCall, uint64(i%2))
+		send(SetVringErr, uint64(i%2))
+	}
+	for i := range 4 { // each restarts the device
+		send(SetVringKick, uint64(i%2))
+		activated()
+	}
+	if s, err := decodeState(f.call(GetVringBase, state(0, 0))); err != nil || s.Index != 0 {
+		t.Fatalf("GET_VRING_BASE: %+v %v", s, err)
+	}
+	send(SetVringKick, 0)
+	activated()
+	if after := openFDs(t); after > before+2 {
+		t.Errorf("%d descriptors open before replacing ring descriptors 205 times, %d after", before, after)
+	}
+}
