@@ -18,14 +18,12 @@ const (
 const (
 	kvmGetAPIVersion       = iocNone<<30 | kvmio<<8 | 0x00
 	kvmCreateVM            = iocNone<<30 | kvmio<<8 | 0x01
-	kvmGetMSRIndexList     = (iocRead|iocWrite)<<30 | 4<<16 | kvmio<<8 | 0x02
 	kvmCheckExtension      = iocNone<<30 | kvmio<<8 | 0x03
 	kvmGetVCPUMmapSize     = iocNone<<30 | kvmio<<8 | 0x04
 	kvmGetSupportedCPUID   = (iocRead|iocWrite)<<30 | 8<<16 | kvmio<<8 | 0x05
 	kvmCreateVCPU          = iocNone<<30 | kvmio<<8 | 0x41
 	kvmSetUserMemoryRegion = iocWrite<<30 | 32<<16 | kvmio<<8 | 0x46
 	kvmSetTSSAddr          = iocNone<<30 | kvmio<<8 | 0x47
-	kvmSetIdentityMapAddr  = iocWrite<<30 | 8<<16 | kvmio<<8 | 0x48
 	kvmCreateIRQChip       = iocNone<<30 | kvmio<<8 | 0x60
 	kvmIRQLine             = iocWrite<<30 | 8<<16 | kvmio<<8 | 0x61
 	kvmIRQFD               = iocWrite<<30 | 32<<16 | kvmio<<8 | 0x76
@@ -44,7 +42,6 @@ const (
 	kvmSetLAPIC            = iocWrite<<30 | 1024<<16 | kvmio<<8 | 0x8f
 	kvmSetCPUID2           = iocWrite<<30 | 8<<16 | kvmio<<8 | 0x90
 	kvmGetMPState          = iocRead<<30 | 4<<16 | kvmio<<8 | 0x98
-	kvmSetMPState          = iocWrite<<30 | 4<<16 | kvmio<<8 | 0x99
 	kvmGetTSCKHz           = iocNone<<30 | kvmio<<8 | 0xa3
 	kvmEnableCap           = iocWrite<<30 | 104<<16 | kvmio<<8 | 0xa3
 	kvmSetGSIRouting       = iocWrite<<30 | 8<<16 | kvmio<<8 | 0x6a
@@ -88,6 +85,7 @@ var capNames = map[Cap]string{
 	CapSignalMSI: "KVM_CAP_SIGNAL_MSI", CapSplitIRQChip: "KVM_CAP_SPLIT_IRQCHIP",
 }
 
+// String is the capability's C name (KVM_CAP_*).
 func (c Cap) String() string {
 	if n, ok := capNames[c]; ok {
 		return n
@@ -127,6 +125,7 @@ var exitNames = map[ExitReason]string{
 	ExitSystemEvent: "SYSTEM_EVENT", ExitIOAPICEOI: "IOAPIC_EOI",
 }
 
+// String is the exit reason's C name (KVM_EXIT_*).
 func (e ExitReason) String() string {
 	if n, ok := exitNames[e]; ok {
 		return "KVM_EXIT_" + n
@@ -161,10 +160,7 @@ const (
 )
 
 // irqfd flags (KVM_IRQFD_FLAG_*).
-const (
-	irqfdFlagDeassign = 1 << 0
-	irqfdFlagResample = 1 << 1
-)
+const irqfdFlagDeassign = 1 << 0
 
 // PIT flags (KVM_PIT_SPEAKER_DUMMY).
 const pitSpeakerDummy = 1

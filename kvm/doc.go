@@ -4,7 +4,8 @@
 // on the handle it applies to:
 //
 //	System  /dev/kvm: API version, capabilities, supported CPUID, creating VMs
-//	VM      a VM fd: memory slots, in-kernel irqchip and PIT, irqfd, ioeventfd, vCPUs
+//	VM      a VM fd: memory slots, the irqchip (KVM's full one with the PIT, or the
+//	        split one: LAPICs only, GSI routes to MSIs), irqfd, ioeventfd, vCPUs
 //	VCPU    a vCPU fd plus its mapped kvm_run page: registers, MSRs, CPUID, the run loop
 //
 // Close them in reverse order of creation (VCPU, then VM, then System); each
@@ -20,7 +21,11 @@
 // exit reason; the exit's details (port I/O, MMIO, system event, internal
 // error) are read from the shared kvm_run page through accessor methods that
 // hand out bounded views of it, valid until the next Run. A VCPU is used by one
-// goroutine (its owner, locked to an OS thread); the only methods another
-// goroutine may call are Kick and RequestExit, which make a running vCPU leave
-// KVM_RUN.
+// goroutine (its owner, locked to an OS thread, which calls BindThread before
+// the first Run); the only method another goroutine may call is Kick, which
+// makes a running vCPU leave KVM_RUN (kvm_run.immediate_exit plus a SIGURG to
+// the owner's thread). VCPU.kickMu, a leaf lock, orders Kick against Close.
+// System and VM keep no mutable state besides their fd, so their methods may
+// be called from any goroutine (the machine's IOAPIC updates GSI routes from
+// whichever vCPU goroutine reprograms it).
 package kvm

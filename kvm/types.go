@@ -186,8 +186,8 @@ type enableCap struct {
 	_     [64]uint8
 }
 
-// irqRoutingMSI is the MSI member of the union in struct
-// kvm_irq_routing_entry (type KVM_IRQ_ROUTING_MSI).
+// irqRoutingEntry mirrors struct kvm_irq_routing_entry with its union
+// spelled as the MSI member (type KVM_IRQ_ROUTING_MSI), the only one used.
 type irqRoutingEntry struct {
 	GSI    uint32
 	Type   uint32
