@@ -130,6 +130,12 @@ func TestConfigErrors(t *testing.T) {
 		{"unknown CPU feature", Config{Kernel: kernel, HideCPUFeatures: []string{"cx16", "warp"}}, true, `unknown CPU feature "warp"`},
 		{"vsock CID reserved", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 2, UDSPath: "/tmp/x"}}, true, "vsock CID 2"},
 		{"vsock without socket", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3}}, true, "Unix socket path"},
+		// Regression: ConnBuffer was converted to uint32 unchecked, so 4G
+		// silently became the 64 KiB default and 5G became 1 GiB.
+		{"vsock buffer wraps uint32", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 4 << 30}}, true, "vsock connection buffer 4294967296"},
+		{"vsock buffer over 1G", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 1<<30 + 1}}, true, "vsock connection buffer 1073741825"},
+		{"vsock buffer negative", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: -1}}, true, "vsock connection buffer -1"},
+		{"vsock connections negative", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", MaxConnections: -5}}, true, "vsock connection limit -5"},
 		{"missing kernel file", Config{Kernel: "/nonexistent/bzImage"}, false, "kernel /nonexistent/bzImage: no such file or directory"},
 		{"missing initrd file", Config{Kernel: kernel, Initrd: "/nonexistent/initrd"}, false, "initrd /nonexistent/initrd: no such file or directory"},
 		{"garbage kernel", Config{Kernel: kernel}, false, "kernel " + kernel + ": not a bzImage or ELF kernel"},

@@ -17,7 +17,8 @@ type VsockConfig struct {
 	UDSPath string
 	// MaxConnections bounds open connections (default 1023).
 	MaxConnections int
-	// ConnBuffer is the per-connection buffer in bytes (default 64 KiB).
+	// ConnBuffer is the per-connection buffer in bytes (default 64 KiB, at
+	// most MaxVsockConnBuffer).
 	ConnBuffer int
 	// ConnectTimeout bounds the CONNECT handshake (default 2 s).
 	ConnectTimeout time.Duration
@@ -25,12 +26,23 @@ type VsockConfig struct {
 	Options *vsock.Options
 }
 
+// MaxVsockConnBuffer bounds VsockConfig.ConnBuffer, as the vhost-user
+// back-end's --conn-buffer: the buffer is host memory each connection may
+// hold, and the credit arithmetic is 32-bit.
+const MaxVsockConnBuffer = 1 << 30
+
 func (v *VsockConfig) validate() error {
 	if v.CID < 3 || v.CID > 0xffffffff-1 {
 		return fmt.Errorf("%w: vsock CID %d: must be at least 3 (0-2 are reserved) and below 2^32-1", ErrConfig, v.CID)
 	}
 	if v.UDSPath == "" {
 		return fmt.Errorf("%w: vsock needs a Unix socket path (--vsock-uds)", ErrConfig)
+	}
+	if v.ConnBuffer < 0 || v.ConnBuffer > MaxVsockConnBuffer {
+		return fmt.Errorf("%w: vsock connection buffer %d: want 1..%d bytes (0: the default)", ErrConfig, v.ConnBuffer, MaxVsockConnBuffer)
+	}
+	if v.MaxConnections < 0 {
+		return fmt.Errorf("%w: vsock connection limit %d: want at least 1 (0: the default)", ErrConfig, v.MaxConnections)
 	}
 	return nil
 }

@@ -69,6 +69,7 @@ func TestUsageErrors(t *testing.T) {
 		{"version with an argument", []string{"version", "x"}, "version takes no arguments"},
 		{"--vsock-cid without --vsock-uds", []string{"run", "--kernel", kernel, "--vsock-cid", "3"}, "--vsock-cid and --vsock-uds go together"},
 		{"--vsock-cid 2", []string{"run", "--kernel", kernel, "--vsock-cid", "2", "--vsock-uds", "/tmp/x.sock"}, "vsock CID 2: must be at least 3"},
+		{"--vsock-conn-buffer 4G", []string{"run", "--kernel", kernel, "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock", "--vsock-conn-buffer", "4G"}, "vsock connection buffer 4294967296: want 1..1073741824 bytes"},
 		{"bad --irqchip", []string{"run", "--kernel", kernel, "--irqchip", "userspace"}, `irqchip "userspace": want "split" or "kernel"`},
 		{"vsock-connect without --port", []string{"vsock-connect", "--uds", "/tmp/x.sock"}, "--uds PATH and --port N"},
 		{"vsock-connect port too big", []string{"vsock-connect", "--uds", "/tmp/x.sock", "--port", "4294967295"}, "--uds PATH and --port N"},
