@@ -15,18 +15,18 @@ import (
 
 // Queue indices (5.10.2).
 const (
-	QueueRX    = 0
-	QueueTX    = 1
-	QueueEvent = 2
+	QueueRX    = 0 // device -> guest packets
+	QueueTX    = 1 // guest -> device packets
+	QueueEvent = 2 // transport events (unused so far)
 	// DefaultQueueSize is the size offered for each queue.
 	DefaultQueueSize = 256
 )
 
 // Defaults for Config.
 const (
-	DefaultMaxConns       = 1023
-	DefaultConnBuffer     = 64 << 10
-	DefaultConnectTimeout = 2 * time.Second
+	DefaultMaxConns       = 1023            // Config.MaxConns
+	DefaultConnBuffer     = 64 << 10        // Config.ConnBuffer
+	DefaultConnectTimeout = 2 * time.Second // Config.ConnectTimeout
 	// hostPortBase..hostPortLimit is where host-initiated connections get
 	// their host-side port (Firecracker's range).
 	hostPortBase  = 1 << 30
@@ -63,35 +63,36 @@ var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock:
 // called on its own goroutine and may block up to timeout; it returns a
 // connected stream socket the device takes ownership of.
 type Dialer interface {
+	// Dial connects to the host service for port within timeout.
 	Dial(port uint32, timeout time.Duration) (fd int, err error)
 }
 
 // Config configures a vsock device.
 type Config struct {
-	CID            uint64
-	MaxConns       int           // default DefaultMaxConns
-	ConnBuffer     uint32        // per-connection buffer, default DefaultConnBuffer
-	ConnectTimeout time.Duration // default DefaultConnectTimeout
-	QueueSize      uint16        // default DefaultQueueSize
-	Options        *Options      // nil: DefaultOptions
-	Dialer         Dialer        // guest-initiated connections; nil refuses them
-	Log            logrus.FieldLogger
+	CID            uint64             // the guest's context id (3 .. 2^32-2)
+	MaxConns       int                // default DefaultMaxConns
+	ConnBuffer     uint32             // per-connection buffer, default DefaultConnBuffer
+	ConnectTimeout time.Duration      // connect and close timeouts, default DefaultConnectTimeout
+	QueueSize      uint16             // default DefaultQueueSize
+	Options        *Options           // nil: DefaultOptions
+	Dialer         Dialer             // guest-initiated connections; nil refuses them
+	Log            logrus.FieldLogger // nil: logrus.StandardLogger()
 }
 
 // Stats are the device's counters.
 type Stats struct {
 	TxPackets, RxPackets uint64 // guest->device, device->guest
 	TxBytes, RxBytes     uint64 // payload bytes
-	ConnsOpened          uint64
-	ConnsOpen            int64
-	RstSent              uint64
+	ConnsOpened          uint64 // connections ever added to the table
+	ConnsOpen            int64  // connections not yet closed
+	RstSent              uint64 // RSTs sent to the guest (resets, and packets for no connection)
 	GuestErrors          uint64 // malformed packets and protocol violations
 	DroppedRsts          uint64 // RSTs dropped because the queue was full
-	DirectEnqueues       uint64
+	DirectEnqueues       uint64 // control packets a producer put in the RX ring itself
 	TxKicks, RxKicks     uint64 // queue notifications observed by the workers
-	Interrupts           uint64
-	HostWriteStalls      uint64 // guest data that had to wait for the host socket
-	CreditUpdatesSent    uint64
+	Interrupts           uint64 // RX interrupts sent (TX ones are not counted)
+	HostWriteStalls      uint64 // host writes the socket took only in part (writev or buffer flush)
+	CreditUpdatesSent    uint64 // CREDIT_UPDATE packets sent
 }
 
 type counters struct {

@@ -21,24 +21,40 @@
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
 //     sockets, the RX kick eventfd, a wake eventfd, a stop eventfd). It
 //     fills guest RX buffers: queued RSTs first, then each connection on the
-//     ready list (control packets, then host data read with readv straight
-//     into the guest buffer, then credit updates and shutdowns). One
-//     interrupt per pass.
+//     ready list (control packets, then host data read with one readv
+//     straight into up to 16 guest buffers, then credit updates and
+//     shutdowns). One interrupt per pass. Producers on other goroutines
+//     (the TX worker, dial goroutines, ConnectFromHost on a handshake
+//     goroutine) may also place a control packet in the RX ring themselves
+//     under rxMu (DirectEnqueue).
 //   - dial goroutines (one per guest-initiated connection attempt): connect
 //     to "<uds>_P" with a timeout, so a slow listener never blocks a worker.
-//   - UDS accept goroutine and handshake goroutines (uds.go): parse the
-//     CONNECT line under a deadline and hand the socket to the device.
-//   - timers (time.AfterFunc): connection attempt timeouts.
+//   - UDS accept goroutine (UDS.Serve, started by the embedder and stopped
+//     by UDS.Close) and handshake goroutines (uds.go, at most MaxConns at
+//     once, waited for by UDS.Close): parse the CONNECT line under a
+//     deadline and hand the socket to the device.
+//   - timers (time.AfterFunc, stopped when the connection closes): the
+//     connect timeout of a connection attempt, and the close timeout of a
+//     connection the device sent SHUTDOWN(both) to.
+//
+// session.shutdown (Reset, Close) signals both workers' stop eventfds and
+// waits for them; dial goroutines and timers that fire later find their
+// connection closed and only close what they hold.
 //
 // # Locks
 //
-// Device.mu guards the active session. In a session: connMu guards the
-// connection table; conn.mu guards one connection (its state, credit
-// counters, buffered data and host descriptor); rxMu guards the RX queue,
-// the ready list and the RST queue. Lock order: connMu -> conn.mu -> rxMu,
-// with one exception that cannot deadlock: conn.mu holders take connMu
-// briefly to update the table (nobody holding connMu takes a conn.mu).
-// Nobody holds two conn.mu at once.
+// Device.mu guards the active session; it is never held while a session
+// lock is taken (the MMIO transport calls Activate and Reset with its mu
+// held: MMIO.mu -> Device.mu). In a session: connMu guards the connection
+// table; conn.mu guards one connection (its state, credit counters,
+// buffered data and host descriptor); rxMu guards the RX queue, the ready
+// list and the RST queue. Lock order: conn.mu -> connMu and conn.mu ->
+// rxMu. connMu and rxMu are leaves, never held together: code that finds a
+// connection under connMu (lookup, hostEvent, shutdown) or pops it from the
+// ready list under rxMu releases that lock before taking conn.mu. Nobody
+// holds two conn.mu at once (the TX worker ends its run before touching
+// another connection). rxMu holders may call Activation.Fail and the
+// queue's Interrupt, which take only the transport's interrupt lock.
 //
 // # A packet's path
 //

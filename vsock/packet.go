@@ -29,6 +29,8 @@ const (
 	OpCreditRequest Op = 7
 )
 
+// String is the operation's name in the spec (VIRTIO_VSOCK_OP_ without the
+// prefix).
 func (o Op) String() string {
 	switch o {
 	case OpRequest:
@@ -112,6 +114,7 @@ func (h *Header) Encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[40:], h.FwdCnt)
 }
 
+// String renders the header on one line, for logs.
 func (h *Header) String() string {
 	return fmt.Sprintf("%s %d:%d->%d:%d len=%d type=%d flags=%#x buf_alloc=%d fwd_cnt=%d",
 		h.Op, h.SrcCID, h.SrcPort, h.DstCID, h.DstPort, h.Len, h.Type, h.Flags, h.BufAlloc, h.FwdCnt)

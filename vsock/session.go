@@ -21,7 +21,8 @@ import (
 // producers doing a direct enqueue. Dial goroutines and timers only touch a
 // connection under its mu and the ready list under rxMu.
 //
-// Lock order: connMu, then conn.mu, then rxMu. Nobody holds two conn.mu.
+// Lock order: conn.mu, then connMu or rxMu (both leaves, never nested);
+// see the package comment. Nobody holds two conn.mu.
 type session struct {
 	d    *Device
 	opts Options
