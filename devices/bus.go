@@ -10,7 +10,9 @@ import (
 // range the device was registered at; len(data) is the access width. Read
 // fills data.
 type Device interface {
+	// Read handles a guest read of len(data) bytes at offset.
 	Read(offset uint64, data []byte)
+	// Write handles a guest write of data at offset.
 	Write(offset uint64, data []byte)
 }
 

@@ -48,8 +48,11 @@ func NewI8042(reset func()) *I8042 {
 	return &I8042{Reset: reset, ctr: 0x30 /* both ports' clocks off, no IRQs */, status: i8042StatusSys}
 }
 
-// DataPort and CommandPort are the two one-byte ports, as bus devices.
-func (k *I8042) DataPort() Device    { return i8042Port{k, false} }
+// DataPort is the one-byte data port (0x60), as a bus device.
+func (k *I8042) DataPort() Device { return i8042Port{k, false} }
+
+// CommandPort is the one-byte command and status port (0x64), as a bus
+// device.
 func (k *I8042) CommandPort() Device { return i8042Port{k, true} }
 
 type i8042Port struct {

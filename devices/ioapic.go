@@ -35,13 +35,14 @@ const (
 // MSI is a message-signalled interrupt: what an IOAPIC pin turns into when
 // the LAPICs are in the kernel and the IOAPIC is not (split irqchip).
 type MSI struct {
-	AddrLo, AddrHi, Data uint32
+	AddrLo, AddrHi uint32 // message address (0xfee..., destination in bits 12-19)
+	Data           uint32 // message data: vector and delivery mode
 }
 
 // IOAPICRoute is where one pin's interrupts go; Masked pins go nowhere.
 type IOAPICRoute struct {
-	Masked bool
-	MSI    MSI
+	Masked bool // the entry's mask bit: no route
+	MSI    MSI  // what the pin's interrupts become when not masked
 }
 
 // IOAPIC is a userspace I/O APIC for KVM's split irqchip: the guest programs
