@@ -28,6 +28,8 @@ const (
 // under one head, as bounded views of guest memory, split into the part the
 // device reads (driver-written) and the part it writes.
 type Chain struct {
+	// Head is the chain's first descriptor index: the id Queue.Push
+	// returns to the driver.
 	Head     uint16
 	readable [][]byte
 	writable [][]byte

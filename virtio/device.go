@@ -23,10 +23,11 @@ type Device interface {
 	Features() uint64
 	// QueueSizes lists, per queue, the largest size the device accepts.
 	QueueSizes() []uint16
-	// ReadConfig and WriteConfig access the device configuration space.
-	// offset+len(p) may run past the space: such bytes read as zero and
-	// writes to them are ignored.
+	// ReadConfig reads the device configuration space at offset into p.
+	// offset+len(p) may run past the space: such bytes read as zero.
 	ReadConfig(offset uint64, p []byte)
+	// WriteConfig writes p to the configuration space at offset; bytes
+	// past the space are ignored.
 	WriteConfig(offset uint64, p []byte)
 	// Activate starts the device with the negotiated features and the
 	// driver's queues. It is called once per driver initialisation.
@@ -39,7 +40,9 @@ type Device interface {
 // Activation is what a transport hands a device when the driver sets
 // DRIVER_OK (virtio-mmio) or the frontend starts the rings (vhost-user).
 type Activation struct {
-	Mem      *guestmem.Memory
+	// Mem is the guest memory the queues' addresses refer to.
+	Mem *guestmem.Memory
+	// Features are the feature bits the driver accepted.
 	Features uint64
 	// Queues is indexed by queue number. An entry is nil when the driver
 	// did not enable the queue (or, under vhost-user, when the frontend

@@ -11,7 +11,8 @@
 // (Walker: bounds, loops, indirect tables, readable-before-writable) and
 // returns a Chain of bounded guest-memory views. The worker consumes the
 // chain and calls Queue.Push, which publishes the used element and the used
-// index with release ordering. Device to guest: Queue.NeedsNotification
+// index with release ordering (or PushNoPublish for each chain of a batch
+// and one Publish at the end, as the vsock workers do). Device to guest: Queue.NeedsNotification
 // applies the guest's suppression (VIRTQ_AVAIL_F_NO_INTERRUPT or, with
 // VIRTIO_F_EVENT_IDX, used_event) and the worker calls the queue's Notify,
 // which for virtio-mmio sets InterruptStatus and signals an irqfd (an edge on

@@ -40,7 +40,7 @@ const (
 // QueueConfig is what the driver tells the device about a queue: its size
 // and the guest-physical addresses of its three parts.
 type QueueConfig struct {
-	Size  uint16
+	Size  uint16 // entries: a power of two, at most the device's maximum
 	Desc  uint64 // descriptor table
 	Avail uint64 // driver area (available ring)
 	Used  uint64 // device area (used ring)
