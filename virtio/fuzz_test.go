@@ -142,7 +142,8 @@ func refWalk(mem []byte, desc uint64, size uint16, indirect bool, head uint16) (
 			return nil, true
 		}
 		if flags&4 != 0 {
-			if !indirect || nested || flags&1 != 0 || n == 0 || n%16 != 0 || n/16 > 32768 || !inside(addr, uint64(n)) {
+			// A table holds at most max(queue size, 1024) descriptors.
+			if !indirect || nested || flags&1 != 0 || n == 0 || n%16 != 0 || n/16 > max(uint32(size), 1024) || !inside(addr, uint64(n)) {
 				return nil, true
 			}
 			table, limit, nested, i, steps = addr, uint64(n/16), true, 0, 0
