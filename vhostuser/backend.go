@@ -26,7 +26,8 @@ type Config struct {
 	// Queues is how many of the device's queues the front-end drives (2 for
 	// vsock: QEMU keeps the event queue). Zero means all of them.
 	Queues int
-	Log    logrus.FieldLogger
+	// Log receives diagnostics (nil: logrus.StandardLogger()).
+	Log logrus.FieldLogger
 }
 
 // Backend serves a virtio device to vhost-user front-ends (QEMU), one

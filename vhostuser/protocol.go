@@ -56,6 +56,7 @@ var requestNames = map[Request]string{
 	GetStatus: "GET_STATUS",
 }
 
+// String is the request's name in the specification (GET_FEATURES, ...).
 func (r Request) String() string {
 	if n, ok := requestNames[r]; ok {
 		return n

@@ -54,7 +54,8 @@
 // ready list under rxMu releases that lock before taking conn.mu. Nobody
 // holds two conn.mu at once (the TX worker ends its run before touching
 // another connection). rxMu holders may call Activation.Fail and the
-// queue's Interrupt, which take only the transport's interrupt lock.
+// queue's Interrupt, which take only the transport's signalling lock
+// (virtio's MMIO.irqMu, or a vhost-user ring's sigMu).
 //
 // # A packet's path
 //
