@@ -1,7 +1,8 @@
 // Command vsock measures microvm's virtio-vsock data path with the bundled
 // test guest, next to a host-only AF_UNIX socket pair moving the same bytes.
 //
-//	go run ./bench/vsock [-microvm bin/microvm] [-guest bin/testguest] [-reps 5] [-scale 1] [-json build/bench/vsock.json]
+//	go run ./bench/vsock [-microvm bin/microvm] [-guest bin/testguest] [-reps 5] [-scale 1]
+//	    [-idle 2s] [-conn-buffer SIZE] [-bufsize N] [-json build/bench/vsock.json]
 //
 // For 64 B, 4 KiB and 64 KiB I/O sizes and both directions it runs a fresh
 // microvm per transfer:
@@ -28,9 +29,10 @@
 // ratio column is vsock/AF_UNIX throughput.
 //
 // It also measures an idle guest (listening, no connection) for the cost
-// of the paravirtual wait port when nothing happens. The test guest has no
-// parameter to stop using the wait port, so a transfer with the port off
-// cannot be measured yet (docs/benchmarks.md).
+// of the paravirtual wait port when nothing happens, and repeats the 4 KiB
+// rows and the idle guest with testguest.wait=0 (the guest polls instead of
+// sleeping on the port) for a second table: port on against off
+// (docs/benchmarks.md).
 //
 // It is a measurement, not a test: it exits 1 only when runs failed.
 package main
