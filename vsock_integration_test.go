@@ -19,8 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -146,37 +144,15 @@ type hostConn struct {
 	port uint64 // the host port from "OK <port>"
 }
 
-// connect sends "CONNECT <port>\n" and reads the "OK <hostport>\n" answer.
-// The answer is read a byte at a time so that no echoed data is consumed.
+// connect opens a host connection to the guest's port (testenv.VsockConnect)
+// with a 60 s deadline for everything that follows.
 func (g *vsockGuest) connect(port int) (*hostConn, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: g.uds, Net: "unix"})
+	c, hp, err := testenv.VsockConnect(g.uds, uint32(port), 60*time.Second)
 	if err != nil {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-	if _, err := fmt.Fprintf(c, "CONNECT %d\n", port); err != nil {
-		c.Close()
-		return nil, err
-	}
-	var line []byte
-	b := make([]byte, 1)
-	for len(line) < 64 {
-		if _, err := c.Read(b); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("reading the answer to CONNECT %d (got %q): %w", port, line, err)
-		}
-		if b[0] == '\n' {
-			break
-		}
-		line = append(line, b[0])
-	}
-	hp, ok := strings.CutPrefix(string(line), "OK ")
-	n, err := strconv.ParseUint(hp, 10, 32)
-	if !ok || err != nil {
-		c.Close()
-		return nil, fmt.Errorf("answer to CONNECT %d is %q, want \"OK <port>\"", port, line)
-	}
-	return &hostConn{UnixConn: c, port: n}, nil
+	return &hostConn{UnixConn: c, port: uint64(hp)}, nil
 }
 
 // checkHostPort checks the Firecracker convention for host-side ports:
@@ -264,24 +240,13 @@ func echoServer(t *testing.T, path string) func() int64 {
 	}
 }
 
-// guestStats is the test guest's "stats:" line.
-type guestStats struct {
-	rxPkts, rxBytes, txPkts, txBytes, kicksRX, kicksTX, waits uint64
-}
-
-var statsLine = regexp.MustCompile(`testguest: stats: rx (\d+) pkts (\d+) bytes, tx (\d+) pkts (\d+) bytes, kicks rx (\d+) tx (\d+), waits (\d+),`)
-
-func parseGuestStats(t *testing.T, console string) guestStats {
+func parseGuestStats(t *testing.T, console string) testenv.GuestStats {
 	t.Helper()
-	m := statsLine.FindStringSubmatch(console)
-	if m == nil {
-		t.Fatalf("no stats line on the console:\n%s", console)
+	st, err := testenv.ParseGuestStats(console)
+	if err != nil {
+		t.Fatalf("%v; console:\n%s", err, console)
 	}
-	var v [7]uint64
-	for i := range v {
-		v[i], _ = strconv.ParseUint(m[i+1], 10, 64)
-	}
-	return guestStats{v[0], v[1], v[2], v[3], v[4], v[5], v[6]}
+	return st
 }
 
 // TestVsockEcho64MiB: 64 MiB of random bytes through the guest's echo mode
@@ -529,18 +494,18 @@ func TestVsockInterruptPath(t *testing.T) {
 	waits, wakeups := g.m.pvwait.Stats()
 	gs := parseGuestStats(t, g.console.String())
 	t.Logf("device: %d interrupts, %d tx kicks, %d rx kicks; wait port: %d waits, %d ended by a notification; guest: %d waits",
-		s.Interrupts, s.TxKicks, s.RxKicks, waits, wakeups, gs.waits)
+		s.Interrupts, s.TxKicks, s.RxKicks, waits, wakeups, gs.Waits)
 	if s.Interrupts == 0 {
 		t.Error("the device raised no interrupt while moving 8 MiB each way")
 	}
-	if gs.waits == 0 || waits < gs.waits {
-		t.Errorf("guest counted %d waits, the wait port %d: want the guest to have slept on the port", gs.waits, waits)
+	if gs.Waits == 0 || waits < gs.Waits {
+		t.Errorf("guest counted %d waits, the wait port %d: want the guest to have slept on the port", gs.Waits, waits)
 	}
 	if wakeups == 0 {
 		t.Error("no wait ended by a device notification: the interrupt path does not reach the wait port")
 	}
-	if gs.rxBytes != 8<<20 || gs.txBytes != 8<<20 {
-		t.Errorf("guest moved rx %d tx %d bytes, want %d each", gs.rxBytes, gs.txBytes, 8<<20)
+	if gs.RxBytes != 8<<20 || gs.TxBytes != 8<<20 {
+		t.Errorf("guest moved rx %d tx %d bytes, want %d each", gs.RxBytes, gs.TxBytes, 8<<20)
 	}
 }
 

@@ -24,7 +24,6 @@ const (
 	vuSetVringAddr = 9
 	vuSetVringKick = 12
 	vuVersion1     = 0x1
-	vuProtocolFeat = 1 << 30
 	virtioVersion1 = 1 << 32
 )
 

@@ -2,11 +2,9 @@ package conformance
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -22,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // Bounds on every wait. TCG boots the guest to /init in about a second; these
@@ -165,30 +165,12 @@ func buildAll(root string) error {
 	return nil
 }
 
-// syncBuffer collects a process's output for several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // backend is a microvm vhost-user-vsock process.
 type backend struct {
 	dir       string // short temporary directory (sun_path is 108 bytes)
 	sock, uds string
 	cmd       *exec.Cmd
-	log       syncBuffer
+	log       testenv.SyncBuffer
 	done      chan struct{} // closed when the process has exited
 	waitErr   error
 }
@@ -357,7 +339,7 @@ func (c *console) transcript() string {
 type vm struct {
 	cmd     *exec.Cmd
 	con     *console
-	stderr  syncBuffer
+	stderr  testenv.SyncBuffer
 	cursor  int // console lines before it are consumed
 	done    chan struct{}
 	waitErr error
@@ -552,48 +534,17 @@ func (d *digest) Write(p []byte) (int, error) {
 
 func (d *digest) Sum() string { return hex.EncodeToString(d.h.Sum(nil)) }
 
-// hostConnect opens a host-initiated connection: CONNECT port, then the OK
-// line. It reads the reply a byte at a time so no data is consumed. A
-// closed connection instead of OK is returned as errRefused.
+// hostConnect opens a host-initiated connection (testenv.VsockConnect),
+// with ioTimeout as the deadline of what follows. A connection closed
+// instead of answered with OK gives an error wrapping io.EOF.
 func hostConnect(uds string, port uint32) (*net.UnixConn, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: uds, Net: "unix"})
+	c, _, err := testenv.VsockConnect(uds, port, ioTimeout)
 	if err != nil {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
-	if _, err := fmt.Fprintf(c, "CONNECT %d\n", port); err != nil {
-		c.Close()
-		return nil, err
-	}
-	var line []byte
-	b := make([]byte, 1)
-	for {
-		n, err := c.Read(b)
-		if n == 1 {
-			if b[0] == '\n' {
-				break
-			}
-			line = append(line, b[0])
-			if len(line) > 64 {
-				c.Close()
-				return nil, fmt.Errorf("CONNECT %d: reply %q too long", port, line)
-			}
-			continue
-		}
-		c.Close()
-		if err == io.EOF {
-			return nil, fmt.Errorf("CONNECT %d: %w after %q", port, errRefused, line)
-		}
-		return nil, fmt.Errorf("CONNECT %d: %w", port, err)
-	}
-	if !regexp.MustCompile(`^OK [0-9]+$`).Match(line) {
-		c.Close()
-		return nil, fmt.Errorf("CONNECT %d: reply %q", port, line)
-	}
 	return c, nil
 }
-
-var errRefused = errors.New("connection closed without OK")
 
 // exchangeResult is what one host-side send-and-read exchange saw.
 type exchangeResult struct {

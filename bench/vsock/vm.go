@@ -2,18 +2,17 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // guestPort is the vsock port the test guest listens on.
@@ -26,7 +25,7 @@ type vm struct {
 	cmd    *exec.Cmd
 	dir    string
 	uds    string
-	stderr syncBuffer
+	stderr testenv.SyncBuffer
 
 	mu        sync.Mutex
 	console   strings.Builder
@@ -103,7 +102,7 @@ func startVM(tgt target, cmdline string) (*vm, error) {
 func (v *vm) output() string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return "console:\n" + v.console.String() + "stderr:\n" + v.stderr.string()
+	return "console:\n" + v.console.String() + "stderr:\n" + v.stderr.String()
 }
 
 func (v *vm) pid() int { return v.cmd.Process.Pid }
@@ -136,72 +135,17 @@ func (v *vm) kill() {
 }
 
 // connect opens a host connection to the guest's port through the
-// Firecracker handshake. The answer is read a byte at a time so that no
-// stream data is consumed with it.
+// Firecracker handshake (testenv.VsockConnect); no stream data is consumed
+// with the answer.
 func (v *vm) connect(port int) (*net.UnixConn, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.uds, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := fmt.Fprintf(c, "CONNECT %d\n", port); err != nil {
-		c.Close()
-		return nil, err
-	}
-	var line []byte
-	b := make([]byte, 1)
-	for len(line) < 64 {
-		if _, err := c.Read(b); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("CONNECT %d: reading the answer (got %q): %w", port, line, err)
-		}
-		if b[0] == '\n' {
-			break
-		}
-		line = append(line, b[0])
-	}
-	if !strings.HasPrefix(string(line), "OK ") {
-		c.Close()
-		return nil, fmt.Errorf("CONNECT %d: answer %q", port, line)
-	}
-	return c, nil
+	c, _, err := testenv.VsockConnect(v.uds, uint32(port), 20*time.Second)
+	return c, err
 }
 
-// guestStats is the test guest's "stats:" line (docs/testguest.md).
-type guestStats struct {
-	RxBytes, TxBytes, Waits uint64
-}
-
-var statsRE = regexp.MustCompile(`testguest: stats: rx \d+ pkts (\d+) bytes, tx \d+ pkts (\d+) bytes, kicks rx \d+ tx \d+, waits (\d+),`)
-
-func (v *vm) stats() (guestStats, error) {
+// stats is the guest's stats line (docs/testguest.md), once it has printed
+// it.
+func (v *vm) stats() (testenv.GuestStats, error) {
 	v.mu.Lock()
-	m := statsRE.FindStringSubmatch(v.console.String())
-	v.mu.Unlock()
-	if m == nil {
-		return guestStats{}, errors.New("no stats line from the guest")
-	}
-	var s guestStats
-	s.RxBytes, _ = strconv.ParseUint(m[1], 10, 64)
-	s.TxBytes, _ = strconv.ParseUint(m[2], 10, 64)
-	s.Waits, _ = strconv.ParseUint(m[3], 10, 64)
-	return s, nil
-}
-
-// syncBuffer is an io.Writer that exec's copying goroutine fills while the
-// benchmark goroutine may read it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) string() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	defer v.mu.Unlock()
+	return testenv.ParseGuestStats(v.console.String())
 }

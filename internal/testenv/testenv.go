@@ -3,7 +3,12 @@
 // something is missing: outside CI the test is skipped with a message saying
 // how to provide it; under CI=true it fails, because CI must run every layer.
 //
-// Every helper takes a testing.TB so tests and benchmarks share it.
+// Every helper that can skip or fail takes a testing.TB so tests and
+// benchmarks share it. vsock.go adds what the vsock tests, the conformance
+// suite and the vsock benchmark program share: the host side of the
+// Firecracker handshake, a goroutine-safe output buffer and the test guest's
+// stats line. testenv imports vsock/vsocktest, so the tests of packages
+// below it (eventfd, guestmem, virtio, vsock) cannot import testenv.
 package testenv
 
 import (
