@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/microvm/microvm"
 )
 
 // envAsCLI makes the test binary behave as the microvm command, so tests can
@@ -39,6 +41,20 @@ func oneLine(t *testing.T, what, s, want string) {
 	if !strings.Contains(s, want) {
 		t.Errorf("%s = %q, want it to contain %q", what, s, want)
 	}
+}
+
+// wantError runs the CLI with args and checks that it exits with status,
+// prints nothing on stdout and one line containing want on stderr.
+func wantError(t *testing.T, status int, args []string, want string) {
+	t.Helper()
+	got, stdout, stderr := runMain(t, args...)
+	if got != status {
+		t.Errorf("exit status %d, want %d", got, status)
+	}
+	if stdout != "" {
+		t.Errorf("stdout = %q, want nothing", stdout)
+	}
+	oneLine(t, "stderr", stderr, want)
 }
 
 // TestUsageErrors: every mistake on the command line exits 2 with one line
@@ -78,16 +94,7 @@ func TestUsageErrors(t *testing.T) {
 		{"vhost-user-vsock uds path too long", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/" + strings.Repeat("x", 100)}, "over the 107 that sun_path holds"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			status, stdout, stderr := runMain(t, tc.args...)
-			if status != 2 {
-				t.Errorf("exit status %d, want 2", status)
-			}
-			if stdout != "" {
-				t.Errorf("stdout = %q, want nothing", stdout)
-			}
-			oneLine(t, "stderr", stderr, tc.want)
-		})
+		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusUsage, tc.args, tc.want) })
 	}
 }
 
@@ -110,16 +117,7 @@ func TestFileErrors(t *testing.T) {
 		{"missing initrd file", []string{"run", "--kernel", garbage, "--initrd", missing}, "initrd " + missing + ": no such file or directory"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			status, stdout, stderr := runMain(t, tc.args...)
-			if status != 1 {
-				t.Errorf("exit status %d, want 1", status)
-			}
-			if stdout != "" {
-				t.Errorf("stdout = %q, want nothing", stdout)
-			}
-			oneLine(t, "stderr", stderr, tc.want)
-		})
+		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusError, tc.args, tc.want) })
 	}
 }
 
