@@ -293,7 +293,7 @@ func runVsock(tgt target, dir string, size int, total int64) (vsockSample, error
 	}
 	gs, err := v.stats()
 	if err != nil {
-		return vsockSample{}, fmt.Errorf("%v\n%s", err, v.output())
+		return vsockSample{}, fmt.Errorf("%w\n%s", err, v.output())
 	}
 	if dir == hostToGuest && gs.RxBytes != uint64(total) {
 		return vsockSample{}, fmt.Errorf("guest received %d bytes, host sent %d", gs.RxBytes, total)

@@ -160,7 +160,7 @@ func (s *ScenarioParams) lookup(key string) (val, full string, ok bool) {
 func (s *ScenarioParams) fail(full, val, want string, err error) {
 	if s.err == nil {
 		if err != nil {
-			s.err = fmt.Errorf("bad parameter %s=%q: want %s (%v)", full, val, want, err)
+			s.err = fmt.Errorf("bad parameter %s=%q: want %s (%w)", full, val, want, err)
 		} else {
 			s.err = fmt.Errorf("bad parameter %s=%q: want %s", full, val, want)
 		}

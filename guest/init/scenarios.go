@@ -490,7 +490,7 @@ func runRefused(ctx context.Context, env *Env, p *ScenarioParams) (string, error
 		name = unix.ErrnoName(errno)
 	}
 	if !isRefusal(err) {
-		return "", fmt.Errorf("want ECONNRESET or ECONNREFUSED, got errno=%s after %v: %v", name, elapsed.Round(time.Millisecond), err)
+		return "", fmt.Errorf("want ECONNRESET or ECONNREFUSED, got errno=%s after %v: %w", name, elapsed.Round(time.Millisecond), err)
 	}
 	if elapsed > within {
 		return "", fmt.Errorf("refused (errno=%s) but only after %v, more than within=%v", name, elapsed.Round(time.Millisecond), within)

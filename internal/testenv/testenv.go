@@ -139,7 +139,7 @@ func makeGuest(root, out string) error {
 	}
 	cmd := exec.Command("make", "-s", "-C", filepath.Join(root, "guest", "testguest"), "OUT="+out)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("make test guest: %v: %s", err, bytes.TrimSpace(b))
+		return fmt.Errorf("make test guest: %w: %s", err, bytes.TrimSpace(b))
 	}
 	return nil
 }
