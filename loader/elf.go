@@ -57,7 +57,7 @@ var (
 	elf64 = elfLayout{ehsize: 64, entry: 24, phoff: 32, shoff: 40, phentsize: 54, phnum: 56, shentsize: 58, shnum: 60, word: 8, phsize: 56, shsize: 64}
 )
 
-// word reads a 4- or 8-byte little-endian value.
+// get reads a word (4 or 8 bytes, little-endian) at off.
 func (l *elfLayout) get(b []byte, off uint64) uint64 {
 	if l.word == 4 {
 		return uint64(binary.LittleEndian.Uint32(b[off:]))

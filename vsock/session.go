@@ -196,7 +196,7 @@ func newConn(k connKey, bufAlloc uint32) *conn {
 	return &conn{key: k, fd: -1, bufAlloc: bufAlloc}
 }
 
-// registerFD hands a connected host socket to the connection and the epoll
+// registerFDLocked hands a connected host socket to the connection and the epoll
 // set. Called with c.mu held.
 func (s *session) registerFDLocked(c *conn, fd int) error {
 	// The workers read and write host sockets expecting EAGAIN, never a
@@ -244,7 +244,7 @@ func (s *session) closeConnLocked(c *conn) {
 	s.d.ctr.connsOpen.Add(-1)
 }
 
-// removeConn drops a closed connection from the table. Called with c.mu held
+// removeConnLocked drops a closed connection from the table. Called with c.mu held
 // (connMu nests inside conn.mu only for this map update, never the other way).
 func (s *session) removeConnLocked(c *conn) {
 	s.connMu.Lock()
@@ -282,7 +282,7 @@ func (s *session) queueRst(h Header) {
 	s.wakeRX()
 }
 
-// markReady puts c on the RX ready list (once). Called with c.mu held.
+// markReadyLocked puts c on the RX ready list (once). Called with c.mu held.
 func (s *session) markReadyLocked(c *conn) {
 	s.rxMu.Lock()
 	if !c.inReady {

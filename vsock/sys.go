@@ -27,7 +27,7 @@ func isAgain(err error) bool {
 	return errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EWOULDBLOCK)
 }
 
-// writeAll writes b to a non-blocking fd, returning how much went out; a
+// writeSome writes b to a non-blocking fd, returning how much went out; a
 // full socket is not an error.
 func writeSome(fd int, b []byte) (int, error) {
 	n := 0

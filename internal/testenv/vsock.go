@@ -14,6 +14,7 @@ import (
 
 // The helpers in this file take no testing.TB: the vsock benchmark program
 // (bench/vsock) uses them too.
+
 // VsockConnect opens a host-initiated vsock connection to guest port port
 // through the VMM's Unix socket uds, with Firecracker's handshake: it sends
 // "CONNECT <port>\n" and reads the "OK <host port>\n" answer a byte at a

@@ -652,7 +652,8 @@ func Pattern(seed uint64, n int) []byte {
 	return b
 }
 
-// equal reports a diff position for messages.
+// firstDiff returns the index of the first byte where a and b differ, the
+// shorter length when one is a prefix of the other, or -1 (for messages).
 func firstDiff(a, b []byte) int {
 	n := min(len(a), len(b))
 	for i := 0; i < n; i++ {
