@@ -8,7 +8,9 @@
 //
 // A Memory is a sorted set of regions. Under `microvm run` the regions are
 // anonymous mappings that are also registered with KVM as memory slots (RAM
-// below the MMIO gap, and above 4 GiB when there is that much). Under the
+// below the MMIO gap at 3 GiB, and the rest above 4 GiB); HostAddr gives the
+// VMM a region's host address for KVM_SET_USER_MEMORY_REGION and nothing
+// else. Under the
 // vhost-user backend each region is a file descriptor received from the frontend
 // in SET_MEM_TABLE, mapped shared, and additionally carries the frontend's
 // user-space address so that vring addresses (which the frontend gives in its own
@@ -22,6 +24,7 @@
 //
 // Concurrency: a Memory is immutable after construction, so any goroutine may
 // use it. The guest writes its memory concurrently with us; the
-// Load16Acquire/Store16Release helpers give the ordering the virtio ring indices
-// need (see the comment on them), everything else is plain copies.
+// Load16Acquire/Store16Release helpers and Fence give the ordering the virtio
+// ring indices and event-suppression re-checks need (see the comments on
+// them); everything else is plain copies.
 package guestmem
