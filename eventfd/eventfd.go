@@ -12,7 +12,10 @@ import (
 )
 
 // EventFD is an eventfd counter. Signal may be called from any goroutine;
-// Wait and Drain by the one goroutine that consumes the events.
+// Wait by the one goroutine that consumes the events. Close must not race
+// with either: the descriptor number could be reused at once, so owners
+// close an EventFD only after its signallers and waiter have stopped (or,
+// as vhost-user's call eventfds, under a lock the signallers hold).
 type EventFD struct {
 	fd   int
 	once sync.Once
