@@ -139,7 +139,7 @@ const PortBPort = 0x61
 // refresh-request bit, which toggles on each read as on a PC (some code
 // waits for it to change).
 type PortB struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards refresh
 	refresh bool
 }
 

@@ -45,7 +45,7 @@ func VsockConnect(uds string, port uint32, timeout time.Duration) (*net.UnixConn
 // SyncBuffer is a bytes.Buffer that several goroutines may use: a process's
 // output copied by exec while a test reads it.
 type SyncBuffer struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards b
 	b  bytes.Buffer
 }
 
