@@ -24,9 +24,11 @@ const (
 
 // Defaults for Config.
 const (
-	DefaultMaxConns       = 1023            // Config.MaxConns
-	DefaultConnBuffer     = 64 << 10        // Config.ConnBuffer
-	DefaultConnectTimeout = 2 * time.Second // Config.ConnectTimeout
+	DefaultMaxConns       = 1023     // Config.MaxConns
+	DefaultConnBuffer     = 64 << 10 // Config.ConnBuffer
+	DefaultConnectTimeout = 2 * time.Second
+	// MaxConnBuffer bounds Config.ConnBuffer.
+	MaxConnBuffer = 1 << 30 // Config.ConnectTimeout
 	// hostPortBase..hostPortLimit is where host-initiated connections get
 	// their host-side port (Firecracker's range).
 	hostPortBase  = 1 << 30
@@ -126,6 +128,11 @@ func New(cfg Config) (*Device, error) {
 	}
 	if cfg.ConnBuffer == 0 {
 		cfg.ConnBuffer = DefaultConnBuffer
+	}
+	if cfg.ConnBuffer > MaxConnBuffer {
+		// The credit arithmetic is u32: a window near 2^32 would let the
+		// buffered-bytes check wrap.
+		return nil, fmt.Errorf("vsock: per-connection buffer of %d bytes; at most %d", cfg.ConnBuffer, MaxConnBuffer)
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout

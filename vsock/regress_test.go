@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,4 +137,49 @@ func TestRegressionBlockingHostSocketDeadlock(t *testing.T) {
 		t.Fatalf("host read %q; want the OK line", b[:n])
 	}
 	e.g.Reset()
+}
+
+// Regression: REQUEST followed by RST frees the connection's table slot at
+// once while its dial goes on, so a guest looping on the pair could start any
+// number of dial goroutines against a slow host. Dials in flight are now
+// bounded by MaxConns: past it REQUESTs get RST.
+func TestRegressionDialsInFlightBounded(t *testing.T) {
+	const maxConns = 4
+	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: maxConns}})
+	hold := make(chan struct{})
+	var flood atomic.Bool
+	flood.Store(true)
+	e.dial.Script = func(uint32) vsocktest.DialAction {
+		if flood.Load() {
+			return vsocktest.DialAction{Wait: hold, Refuse: true}
+		}
+		return vsocktest.DialAction{}
+	}
+	for i := uint32(0); i < 3*maxConns; i++ {
+		e.g.SendOp(vsock.OpRequest, 3000+i, 6000, 4096)
+		e.g.SendOp(vsock.OpRst, 3000+i, 6000, 4096)
+	}
+	e.g.Sync()
+	e.g.WaitFor("dials to start", func() bool { return e.dial.Dials.Load() >= maxConns })
+	if n := e.dial.Dials.Load(); n != maxConns {
+		t.Errorf("%d dials started, want at most %d", n, maxConns)
+	}
+	flood.Store(false)
+	close(hold)
+	// Once the dials end, new requests are dialled again.
+	e.g.WaitFor("the dials to end", func() bool { return e.dev.Stats().ConnsOpen == 0 })
+	time.Sleep(50 * time.Millisecond) // let the dial goroutines return
+	c, h := e.connectGuest(4000, 6001)
+	e.transfer(c, h, []byte("after"), []byte("the flood"))
+}
+
+// Regression: vsock.New took any ConnBuffer, and windows near 2^32 made the
+// u32 buffered-bytes check wrap.
+func TestRegressionConnBufferBound(t *testing.T) {
+	if _, err := vsock.New(vsock.Config{CID: 3, ConnBuffer: vsock.MaxConnBuffer + 1}); err == nil {
+		t.Fatal("a per-connection buffer over MaxConnBuffer was accepted")
+	}
+	if _, err := vsock.New(vsock.Config{CID: 3, ConnBuffer: vsock.MaxConnBuffer}); err != nil {
+		t.Fatalf("MaxConnBuffer refused: %v", err)
+	}
 }

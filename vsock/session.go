@@ -49,6 +49,7 @@ type session struct {
 	stopTX     *eventfd.EventFD
 	rxSleeping atomic.Bool
 	failed     atomic.Bool
+	dials      atomic.Int64 // dial goroutines in flight (bounded by MaxConns)
 	wg         sync.WaitGroup
 }
 

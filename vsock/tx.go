@@ -307,6 +307,13 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
 		return
 	}
+	// A guest that sends REQUEST then RST in a loop frees its table slot
+	// at once while the dial goes on; the dials themselves are bounded too.
+	if s.dials.Load() >= int64(s.d.cfg.MaxConns) {
+		s.d.log.Debug("vsock: too many guest connection attempts in flight")
+		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		return
+	}
 	c := newConn(key, s.d.cfg.ConnBuffer)
 	c.state = stateGuestConnecting
 	c.updatePeerCredit(h)
@@ -315,12 +322,14 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
 		return
 	}
+	s.dials.Add(1)
 	go s.dial(c)
 }
 
 // dial connects a guest-initiated connection to the host in the background,
 // so a slow or full listener never blocks a worker.
 func (s *session) dial(c *conn) {
+	defer s.dials.Add(-1)
 	fd, err := s.d.cfg.Dialer.Dial(c.key.hostPort, s.d.cfg.ConnectTimeout)
 	c.mu.Lock()
 	defer c.mu.Unlock()
