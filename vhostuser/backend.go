@@ -16,6 +16,7 @@ import (
 
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -66,23 +67,11 @@ func Listen(path string, cfg Config) (*Backend, error) {
 	if cfg.Queues <= 0 || cfg.Queues > n {
 		cfg.Queues = n
 	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("vhost-user: %s exists and is not a socket; not replacing it", path)
-		}
-		if c, err := net.Dial("unix", path); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("vhost-user: %s is in use by another process", path)
-		}
-		_ = os.Remove(path)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	// Created 0600 and never reachable with looser permissions: whoever can
+	// connect here can read and write the guest's memory.
+	ln, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("vhost-user: listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("vhost-user: %s: %w", path, err)
+		return nil, fmt.Errorf("vhost-user: %w", err)
 	}
 	return &Backend{cfg: cfg, log: cfg.Log, ln: ln, path: path, queues: cfg.Queues}, nil
 }
@@ -249,7 +238,7 @@ func (f *frontend) serve() error {
 		_ = f.c.SetReadDeadline(time.Time{})
 		if err != nil {
 			closeAll(fds)
-			return protoErr("%v payload: %v", h.Request, err)
+			return protoErr("%v payload: %w", h.Request, err)
 		}
 		reply, err := f.handle(h, p, fds)
 		if err != nil {
@@ -295,7 +284,12 @@ func (f *frontend) readHeader(h *header) ([]int, error) {
 		return nil, protoErr("more than %d descriptors in one message", maxFDs)
 	}
 	if n < headerSize {
-		if _, err := io.ReadFull(f.c, f.hdr[n:]); err != nil {
+		// As for payloads: a front-end that stops mid-header must not
+		// hold the only front-end slot for ever.
+		_ = f.c.SetReadDeadline(time.Now().Add(messageTimeout))
+		_, err := io.ReadFull(f.c, f.hdr[n:])
+		_ = f.c.SetReadDeadline(time.Time{})
+		if err != nil {
 			closeAll(fds)
 			return nil, protoErr("short header: %v", err)
 		}
@@ -360,7 +354,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 	case SetFeatures:
 		v, err := decodeU64(p)
 		if err != nil {
-			return nil, protoErr("%v", err)
+			return nil, protoErr("%w", err)
 		}
 		if v&^f.offeredFeatures() != 0 {
 			return nil, protoErr("features %#x were not offered", v&^f.offeredFeatures())
@@ -382,7 +376,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 	case SetProtocolFeatures:
 		v, err := decodeU64(p)
 		if err != nil {
-			return nil, protoErr("%v", err)
+			return nil, protoErr("%w", err)
 		}
 		if v&^offeredProtocol != 0 {
 			return nil, protoErr("protocol features %#x were not offered", v&^offeredProtocol)
@@ -417,7 +411,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 	case SetVringAddr:
 		a, err := decodeAddr(p)
 		if err != nil {
-			return nil, protoErr("%v", err)
+			return nil, protoErr("%w", err)
 		}
 		r, err := f.ring(a.Index)
 		if err != nil {
@@ -476,7 +470,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 	case GetConfig:
 		c, err := decodeConfig(p)
 		if err != nil {
-			return nil, protoErr("%v", err)
+			return nil, protoErr("%w", err)
 		}
 		out := make([]byte, c.Size)
 		f.b.cfg.Device.ReadConfig(uint64(c.Offset), out)
@@ -485,7 +479,7 @@ func (f *frontend) handle(h header, p []byte, fds []int) ([]byte, error) {
 	case SetConfig:
 		c, err := decodeConfig(p)
 		if err != nil {
-			return nil, protoErr("%v", err)
+			return nil, protoErr("%w", err)
 		}
 		f.b.cfg.Device.WriteConfig(uint64(c.Offset), c.Data)
 		return nil, nil
@@ -504,7 +498,7 @@ func (f *frontend) ring(index uint32) (*ring, error) {
 func (f *frontend) ringState(p []byte) (vringState, *ring, error) {
 	s, err := decodeState(p)
 	if err != nil {
-		return s, nil, protoErr("%v", err)
+		return s, nil, protoErr("%w", err)
 	}
 	r, err := f.ring(s.Index)
 	return s, r, err
@@ -516,7 +510,7 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	regs, err := decodeMemTable(p)
 	if err != nil {
 		closeAll(fds)
-		return protoErr("%v", err)
+		return protoErr("%w", err)
 	}
 	if err := wantFDs(fds, len(regs)); err != nil {
 		return err
@@ -534,7 +528,7 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	mem, err := guestmem.MapFiles(frs...)
 	closeAll(fds) // the mappings stay valid without the descriptors
 	if err != nil {
-		return protoErr("%v", err)
+		return protoErr("%w", err)
 	}
 	wasActive := f.active
 	f.stop()
@@ -556,7 +550,7 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 func checkRegionFile(fd int, r memRegion) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("fstat: %v", err)
+		return fmt.Errorf("fstat: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return fmt.Errorf("descriptor is not a regular file (mode %#o); want a memfd or a memory file", st.Mode)
@@ -572,7 +566,7 @@ func (f *frontend) setVringFD(req Request, p []byte, fds []int) error {
 	v, err := decodeU64(p)
 	if err != nil {
 		closeAll(fds)
-		return protoErr("%v", err)
+		return protoErr("%w", err)
 	}
 	r, err := f.ring(uint32(v & vringIndexMask))
 	if err != nil {

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm/internal/unixsock"
 	"golang.org/x/sys/unix"
 )
 
@@ -104,56 +105,12 @@ func ListenUDS(path string, dev *Device, timeout time.Duration, log logrus.Field
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	if err := removeStale(path); err != nil {
-		return nil, err
-	}
-	// No prefix: MkdirTemp's random name is at most 10 bytes, so
-	// "<dir>/<random>/s" is at most 12 bytes longer than "<dir>/" and
-	// fits in sun_path whenever path passed CheckUDSPath, even with a
-	// one-byte name.
-	dir, err := os.MkdirTemp(filepath.Dir(path), "")
+	ln, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
-	}
-	defer os.RemoveAll(dir)
-	tmp := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("vsock: listen on %s: %w", path, err)
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("vsock: socket %s: %w", path, err)
+		return nil, fmt.Errorf("vsock: %w", err)
 	}
 	return &UDS{path: path, dev: dev, timeout: timeout, log: log, ln: ln,
 		sem: make(chan struct{}, dev.cfg.MaxConns)}, nil
-}
-
-// removeStale removes a socket file at path that nobody listens on.
-func removeStale(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("vsock: socket %s: %w", path, err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("vsock: %s exists and is not a socket; not replacing it", path)
-	}
-	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
-		c.Close()
-		return fmt.Errorf("vsock: %s is in use by another process", path)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("vsock: remove stale socket %s: %w", path, err)
-	}
-	return nil
 }
 
 // Path is the listening socket's path.

@@ -1,0 +1,71 @@
+// Package unixsock creates the listening Unix sockets microvm serves on (the
+// vsock device's host socket, the vhost-user socket) the same careful way.
+package unixsock
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Listen creates a listening socket at path, readable and writable by its
+// owner only (0600). A stale socket file (nobody listening) is replaced; a
+// live socket or any other kind of file is refused. The socket is bound under
+// a private temporary name in path's directory and renamed into place, so it
+// is never reachable with looser permissions and replacing a stale file is
+// atomic. The listener does not remove the file when closed: the caller
+// does.
+func Listen(path string) (*net.UnixListener, error) {
+	if err := RemoveStale(path); err != nil {
+		return nil, err
+	}
+	// No prefix: MkdirTemp's random name is at most 10 bytes, so
+	// "<dir>/<random>/s" is at most 12 bytes longer than "<dir>/" and fits
+	// in sun_path whenever path's directory leaves room for a short name.
+	dir, err := os.MkdirTemp(filepath.Dir(path), "")
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	tmp := filepath.Join(dir, "s")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// RemoveStale removes a socket file at path that nobody listens on, and
+// refuses (with an error) a live socket or a file that is not a socket.
+func RemoveStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket; not replacing it", path)
+	}
+	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("%s is in use by another process", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	return nil
+}
