@@ -19,7 +19,6 @@ const (
 	i8042CmdEnKbd     = 0xae
 	i8042CmdWriteOut  = 0xd1
 	i8042CmdPulseBase = 0xf0 // 0xf0-0xff pulse output lines; bit 0 clear pulses reset
-	i8042CmdReset     = 0xfe
 
 	i8042StatusOBF = 0x01 // output buffer full
 	i8042StatusSys = 0x04 // system flag (self test passed)

@@ -25,7 +25,6 @@ const (
 	rteVector       = 0xff
 	rteDeliveryMode = 0x700
 	rteDestLogical  = 1 << 11
-	rteLevel        = 1 << 15
 	rteMasked       = 1 << 16
 	rteDestShift    = 56
 

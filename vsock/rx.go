@@ -133,7 +133,7 @@ func (s *session) rxPass(st *rxState) {
 	for !s.failed.Load() {
 		s.rxMu.Lock()
 		if len(s.rsts) > 0 {
-			ok := s.emitLocked(&s.rsts[0], nil)
+			ok := s.emitLocked(&s.rsts[0])
 			if ok {
 				s.rsts = s.rsts[1:]
 				if len(s.rsts) == 0 {
@@ -233,7 +233,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		h.Op, h.Flags, h.Len = op, flags, 0
 		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.fwdCnt
 		s.rxMu.Lock()
-		ok := s.emitLocked(&h, nil)
+		ok := s.emitLocked(&h)
 		s.rxMu.Unlock()
 		if ok {
 			c.lastFwd = c.fwdCnt
@@ -419,7 +419,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 
 // emitLocked writes a control packet (no payload) into the next RX buffer.
 // It reports false when the guest has none. Called with rxMu held.
-func (s *session) emitLocked(h *Header, _ *conn) bool {
+func (s *session) emitLocked(h *Header) bool {
 	if s.failed.Load() {
 		return false
 	}

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
@@ -115,7 +116,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
 		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH] [--log-level LEVEL]",
-		Flags: []cli.Flag{
+		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
 			&cli.StringFlag{Name: "cmdline", Usage: "kernel command line"},
@@ -125,11 +126,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "irqchip", Value: string(microvm.IRQChipSplit), Usage: "interrupt controllers: split (LAPIC in KVM, IOAPIC in microvm, no PIC/PIT) or kernel (KVM's PIC, IOAPIC and PIT)"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-			&cli.IntFlag{Name: "vsock-max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
-			&cli.StringFlag{Name: "vsock-conn-buffer", Value: "64K", Usage: "per-connection vsock buffer (SIZE; a bare number means bytes)"},
-			&cli.DurationFlag{Name: "vsock-connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
-			logFlag(),
-		},
+		}, vsockLimitFlags("vsock-")...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
@@ -176,31 +173,61 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 		if !c.IsSet("vsock-cid") || !c.IsSet("vsock-uds") {
 			return cfg, usagef("--vsock-cid and --vsock-uds go together")
 		}
-		buf, err := parseBytes(c.String("vsock-conn-buffer"))
+		lim, err := readVsockLimits(c, "vsock-")
 		if err != nil {
-			return cfg, usagef("--vsock-conn-buffer: %v", err)
+			return cfg, err
 		}
 		cfg.Vsock = &microvm.VsockConfig{
 			CID:            c.Uint64("vsock-cid"),
 			UDSPath:        c.String("vsock-uds"),
-			MaxConnections: c.Int("vsock-max-conns"),
-			ConnBuffer:     int(buf),
-			ConnectTimeout: c.Duration("vsock-connect-timeout"),
+			MaxConnections: lim.maxConns,
+			ConnBuffer:     int(lim.connBuffer),
+			ConnectTimeout: lim.connectTimeout,
 		}
 	}
 	return cfg, nil
+}
+
+// vsockLimitFlags are the vsock device's limit flags, shared by `run`
+// (prefix "vsock-") and `vhost-user-vsock` (no prefix, the names
+// vhost-device-vsock uses): max-conns, conn-buffer, connect-timeout.
+func vsockLimitFlags(prefix string) []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: prefix + "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
+		&cli.StringFlag{Name: prefix + "conn-buffer", Value: "64K", Usage: "per-connection vsock buffer, up to 1G (SIZE; a bare number means bytes)"},
+		&cli.DurationFlag{Name: prefix + "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
+	}
+}
+
+// vsockLimits are the checked values of vsockLimitFlags.
+type vsockLimits struct {
+	maxConns       int
+	connBuffer     uint32
+	connectTimeout time.Duration
+}
+
+// readVsockLimits reads and checks the limit flags named with prefix.
+func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
+	lim := vsockLimits{maxConns: c.Int(prefix + "max-conns"), connectTimeout: c.Duration(prefix + "connect-timeout")}
+	if lim.maxConns < 1 {
+		return lim, usagef("--%smax-conns %d: want at least 1", prefix, lim.maxConns)
+	}
+	buf, err := parseBytes(c.String(prefix + "conn-buffer"))
+	if err != nil || buf == 0 || buf > vsock.MaxConnBuffer {
+		return lim, usagef("--%sconn-buffer %q: want a size between 1 byte and 1G", prefix, c.String(prefix+"conn-buffer"))
+	}
+	lim.connBuffer = uint32(buf)
+	if lim.connectTimeout <= 0 {
+		return lim, usagef("--%sconnect-timeout %v: want a positive duration", prefix, lim.connectTimeout)
+	}
+	return lim, nil
 }
 
 // parseBytes is ParseSize where a bare number means bytes.
 func parseBytes(s string) (uint64, error) {
 	t := strings.TrimSpace(s)
 	if t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
-		t += "B"
-		v, err := microvm.ParseSize(strings.TrimSuffix(t, "B") + "K")
-		if err != nil {
-			return 0, err
-		}
-		return v >> 10, nil
+		t += "B" // ParseSize reads "<n>B" as bytes
 	}
 	return microvm.ParseSize(t)
 }

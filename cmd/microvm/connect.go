@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -59,17 +60,28 @@ func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Read
 		return fmt.Errorf("vsock-connect: unexpected reply %q", strings.TrimSpace(line))
 	}
 	_ = uc.SetReadDeadline(time.Time{})
-	done := make(chan error, 1)
+	// stdin -> guest runs beside guest -> stdout. When the guest side ends
+	// the command returns without waiting for stdin, which may never end (a
+	// terminal); the copying goroutine dies with the process. An error it
+	// already hit is reported.
+	sent := make(chan error, 1)
 	go func() {
 		_, err := io.Copy(uc, stdin)
 		if cerr := uc.CloseWrite(); err == nil {
 			err = cerr
 		}
-		done <- err
+		sent <- err
 	}()
 	_, rerr := io.Copy(stdout, br)
 	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
 		return fmt.Errorf("vsock-connect: %w", rerr)
+	}
+	select {
+	case err := <-sent:
+		if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) {
+			return fmt.Errorf("vsock-connect: sending: %w", err)
+		}
+	default:
 	}
 	return nil
 }

@@ -24,15 +24,11 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
 		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH",
 		OnUsageError: onUsageError,
-		Flags: []cli.Flag{
+		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
-			&cli.IntFlag{Name: "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
-			&cli.StringFlag{Name: "conn-buffer", Value: "64K", Usage: "per-connection buffer (SIZE; a bare number means bytes)"},
-			&cli.DurationFlag{Name: "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
-			logFlag(),
-		},
+		}, vsockLimitFlags("")...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -49,18 +45,18 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			if cid < 3 || cid >= 0xffffffff {
 				return usagef("--guest-cid %d: must be at least 3 (0-2 are reserved) and below 2^32-1", cid)
 			}
-			buf, err := parseBytes(c.String("conn-buffer"))
-			if err != nil || buf == 0 || buf > 1<<30 {
-				return usagef("--conn-buffer %q: want a size between 1 byte and 1G", c.String("conn-buffer"))
+			lim, err := readVsockLimits(c, "")
+			if err != nil {
+				return err
 			}
 			if err := vsock.CheckUDSPath(uds); err != nil {
 				return usageError{err}
 			}
 			dev, err := vsock.New(vsock.Config{
 				CID:            cid,
-				MaxConns:       c.Int("max-conns"),
-				ConnBuffer:     uint32(buf),
-				ConnectTimeout: c.Duration("connect-timeout"),
+				MaxConns:       lim.maxConns,
+				ConnBuffer:     lim.connBuffer,
+				ConnectTimeout: lim.connectTimeout,
 				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
 				Dialer:         vsock.UDSDialer{Path: uds},
 				Log:            log.WithField("device", "vsock"),
@@ -69,7 +65,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				return usageError{err}
 			}
 			defer dev.Close()
-			hs, err := vsock.ListenUDS(uds, dev, c.Duration("connect-timeout"), log.WithField("device", "vsock-uds"))
+			hs, err := vsock.ListenUDS(uds, dev, lim.connectTimeout, log.WithField("device", "vsock-uds"))
 			if err != nil {
 				return err
 			}
