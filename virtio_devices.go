@@ -27,19 +27,19 @@ type virtioSlot struct {
 // MMIO bus, an irqfd for its interrupt, and one ioeventfd per queue on
 // QueueNotify (datamatch = queue index) so a kick never exits to a vCPU
 // goroutine.
-func (m *Machine) addVirtio(dev virtio.Device) (*virtioSlot, error) {
+func (m *Machine) addVirtio(dev virtio.Device) error {
 	n := len(m.virtio)
 	if n >= virtioMaxSlots {
-		return nil, fmt.Errorf("too many virtio devices (at most %d)", virtioMaxSlots)
+		return fmt.Errorf("too many virtio devices (at most %d)", virtioMaxSlots)
 	}
 	slot := &virtioSlot{base: virtioMMIOBase + uint64(n)*virtio.MMIOSize, irq: uint32(virtioFirstIRQ + n)}
 	irq, err := eventfd.New()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m.closers = append(m.closers, irq.Close)
 	if err := m.vm.RegisterIRQFD(irq.FD(), slot.irq); err != nil {
-		return nil, err
+		return err
 	}
 	raise := func() {
 		_ = irq.Signal()
@@ -48,21 +48,21 @@ func (m *Machine) addVirtio(dev virtio.Device) (*virtioSlot, error) {
 	log := m.log.WithField("device", fmt.Sprintf("virtio-mmio@%#x", slot.base))
 	t, err := virtio.NewMMIO(dev, m.mem, raise, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m.closers = append(m.closers, t.Close)
 	for i, k := range t.KickFDs() {
 		dm := uint64(i)
 		e := kvm.IOEventFD{FD: k.FD(), Addr: slot.base + virtio.RegQueueNotify, Len: 4, Datamatch: &dm}
 		if err := m.vm.RegisterIOEventFD(e); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := m.mmio.Register(slot.base, virtio.MMIOSize, "virtio-mmio", t); err != nil {
-		return nil, err
+		return err
 	}
 	m.virtio = append(m.virtio, slot)
-	return slot, nil
+	return nil
 }
 
 // setupVirtio creates the configured virtio devices.
@@ -88,7 +88,7 @@ func (m *Machine) setupVirtio() error {
 	}
 	m.vsock = dev
 	m.closers = append(m.closers, func() error { dev.Close(); return nil })
-	if _, err := m.addVirtio(dev); err != nil {
+	if err := m.addVirtio(dev); err != nil {
 		return err
 	}
 	uds, err := vsock.ListenUDS(vc.UDSPath, dev, vc.ConnectTimeout, m.log.WithField("device", "vsock-uds"))

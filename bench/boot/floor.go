@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
 )
 
@@ -42,14 +40,20 @@ func kvmFloor(size string, split bool) int {
 		return fail(err)
 	}
 	defer vm.Close()
-	mem, err := unix.Mmap(-1, 0, int(memBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	mem, err := guestmem.NewAnonymous(guestmem.Range{GPA: 0, Size: memBytes})
 	if err != nil {
 		return fail(err)
 	}
-	defer unix.Munmap(mem)
-	copy(mem[0x1000:], floorGuest)
+	defer mem.Close()
+	if err := mem.Write(0x1000, floorGuest); err != nil {
+		return fail(err)
+	}
+	host, err := mem.HostAddr(0)
+	if err != nil {
+		return fail(err)
+	}
 	// Memory before the irqchip, as microvm does (see machine.go).
-	if err := vm.SetMemoryRegion(0, 0, memBytes, uintptr(unsafe.Pointer(&mem[0]))); err != nil {
+	if err := vm.SetMemoryRegion(0, 0, memBytes, host); err != nil {
 		return fail(err)
 	}
 	steps := []func() error{func() error { return vm.SetTSSAddr(0xfffb_d000) }, vm.CreateIRQChip, vm.CreatePIT2}
