@@ -24,7 +24,8 @@
 //
 // Concurrency: a Memory is immutable after construction, so any goroutine may
 // use it. The guest writes its memory concurrently with us; the
-// Load16Acquire/Store16Release helpers and Fence give the ordering the virtio
-// ring indices and event-suppression re-checks need (see the comments on
-// them); everything else is plain copies.
+// Load16Acquire/Store16Release helpers give the ordering the virtio ring
+// indices and event-suppression re-checks need (Store16Release is a full
+// barrier on amd64; see the comments on them); everything else is plain
+// copies.
 package guestmem

@@ -190,6 +190,11 @@ func TestRealModeOut(t *testing.T) {
 	if err := vm.UnregisterIRQFD(efd, 5); err != nil {
 		t.Fatal(err)
 	}
+	for _, level := range []bool{true, false} {
+		if err := vm.IRQLine(5, level); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dm := uint64(1)
 	ioe := IOEventFD{FD: efd, Addr: 0xd0000050, Len: 4, Datamatch: &dm}
 	if err := vm.RegisterIOEventFD(ioe); err != nil {
@@ -207,6 +212,19 @@ func TestRealModeOut(t *testing.T) {
 	}
 	defer v.Close()
 	v.BindThread()
+	// With the in-kernel irqchip the boot vCPU starts runnable and any
+	// other waits for INIT/SIPI.
+	if st, err := v.MPState(); err != nil || st != MPStateRunnable {
+		t.Fatalf("vCPU 0 MP state %d, %v; want runnable", st, err)
+	}
+	ap, err := vm.CreateVCPU(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ap.Close()
+	if st, err := ap.MPState(); err != nil || st != MPStateUninitialized {
+		t.Fatalf("vCPU 1 MP state %d, %v; want uninitialized", st, err)
+	}
 	sr, err := v.Sregs()
 	if err != nil {
 		t.Fatal(err)
