@@ -72,6 +72,9 @@ const (
 	CapIOEventFDAnyLen Cap = 122
 	CapSignalMSI       Cap = 77
 	CapSplitIRQChip    Cap = 121
+	// CapTSCDeadlineTimer: KVM emulates the LAPIC's TSC-deadline mode
+	// (announced to the guest by the VMM: TSCDeadline).
+	CapTSCDeadlineTimer Cap = 72
 )
 
 var capNames = map[Cap]string{
@@ -83,6 +86,7 @@ var capNames = map[Cap]string{
 	CapIRQFDResample: "KVM_CAP_IRQFD_RESAMPLE", CapImmediateExit: "KVM_CAP_IMMEDIATE_EXIT",
 	CapGetTSCKHz: "KVM_CAP_GET_TSC_KHZ", CapIOEventFDAnyLen: "KVM_CAP_IOEVENTFD_ANY_LENGTH",
 	CapSignalMSI: "KVM_CAP_SIGNAL_MSI", CapSplitIRQChip: "KVM_CAP_SPLIT_IRQCHIP",
+	CapTSCDeadlineTimer: "KVM_CAP_TSC_DEADLINE_TIMER",
 }
 
 // String is the capability's C name (KVM_CAP_*).

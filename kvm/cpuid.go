@@ -30,28 +30,30 @@ type Feature struct {
 // Features that can be hidden from the guest by name (--cpu-hide). The names
 // are those of /proc/cpuinfo.
 var Features = map[string]Feature{
-	"cx16":     {1, 0, ECX, 13},
-	"x2apic":   {1, 0, ECX, 21},
-	"movbe":    {1, 0, ECX, 22},
-	"popcnt":   {1, 0, ECX, 23},
-	"aes":      {1, 0, ECX, 25},
-	"xsave":    {1, 0, ECX, 26},
-	"avx":      {1, 0, ECX, 28},
-	"rdrand":   {1, 0, ECX, 30},
-	"mtrr":     {1, 0, EDX, 12},
-	"pge":      {1, 0, EDX, 13},
-	"fsgsbase": {7, 0, EBX, 0},
-	"avx2":     {7, 0, EBX, 5},
-	"smep":     {7, 0, EBX, 7},
-	"erms":     {7, 0, EBX, 9},
-	"invpcid":  {7, 0, EBX, 10},
-	"avx512f":  {7, 0, EBX, 16},
-	"smap":     {7, 0, EBX, 20},
-	"pku":      {7, 0, ECX, 3},
-	"la57":     {7, 0, ECX, 16},
-	"rdpid":    {7, 0, ECX, 22},
-	"pdpe1gb":  {0x80000001, 0, EDX, 26},
-	"rdtscp":   {0x80000001, 0, EDX, 27},
+	"cx16":   {1, 0, ECX, 13},
+	"x2apic": {1, 0, ECX, 21},
+	"movbe":  {1, 0, ECX, 22},
+	"popcnt": {1, 0, ECX, 23},
+	"aes":    {1, 0, ECX, 25},
+	"xsave":  {1, 0, ECX, 26},
+	"avx":    {1, 0, ECX, 28},
+	"rdrand": {1, 0, ECX, 30},
+	// Announced by microvm itself when KVM emulates it (TSCDeadline).
+	"tsc_deadline_timer": {1, 0, ECX, 24},
+	"mtrr":               {1, 0, EDX, 12},
+	"pge":                {1, 0, EDX, 13},
+	"fsgsbase":           {7, 0, EBX, 0},
+	"avx2":               {7, 0, EBX, 5},
+	"smep":               {7, 0, EBX, 7},
+	"erms":               {7, 0, EBX, 9},
+	"invpcid":            {7, 0, EBX, 10},
+	"avx512f":            {7, 0, EBX, 16},
+	"smap":               {7, 0, EBX, 20},
+	"pku":                {7, 0, ECX, 3},
+	"la57":               {7, 0, ECX, 16},
+	"rdpid":              {7, 0, ECX, 22},
+	"pdpe1gb":            {0x80000001, 0, EDX, 26},
+	"rdtscp":             {0x80000001, 0, EDX, 27},
 }
 
 // FeatureNames lists the names Features knows, sorted.
@@ -121,6 +123,22 @@ func (c CPUID) Has(f Feature) bool {
 func (c CPUID) Hide(f Feature) {
 	if e := c.Find(f.Leaf, f.Subleaf); e != nil {
 		*e.reg(f.Reg) &^= 1 << f.Bit
+	}
+}
+
+// TSCDeadline is CPUID.1:ECX[24], the local APIC's TSC-deadline timer mode.
+// KVM emulates it whenever KVM_CAP_TSC_DEADLINE_TIMER is present but leaves
+// it out of KVM_GET_SUPPORTED_CPUID: the VMM announces it (QEMU, Firecracker
+// and Cloud Hypervisor all do). Without it Linux calibrates its LAPIC timer
+// against the PIT, which a split irqchip does not have, and stops at its
+// first sleep ("APIC timer disabled due to verification failure").
+var TSCDeadline = Feature{1, 0, ECX, 24}
+
+// Show sets feature f: the counterpart of Hide, for bits KVM emulates but
+// does not report as supported.
+func (c CPUID) Show(f Feature) {
+	if e := c.Find(f.Leaf, f.Subleaf); e != nil {
+		*e.reg(f.Reg) |= 1 << f.Bit
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,9 +132,42 @@ func TestWithTSCFrequency(t *testing.T) {
 
 func TestOpenMissingDevice(t *testing.T) {
 	_, err := OpenPath("/nonexistent/kvm")
-	if !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("err = %v, want ErrUnavailable", err)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("err = %v, want ErrUnavailable wrapping ENOENT", err)
 	}
+	msg := err.Error()
+	// The path and the cause once each, then what to do about it.
+	if n := strings.Count(msg, "/nonexistent/kvm"); n != 1 {
+		t.Errorf("%q names the path %d times, want once", msg, n)
+	}
+	if n := strings.Count(msg, "no such file or directory"); n != 1 {
+		t.Errorf("%q gives the cause %d times, want once", msg, n)
+	}
+	if !strings.Contains(msg, "scripts/kvmbox") || !strings.Contains(msg, "kvm_amd") {
+		t.Errorf("%q does not say what to do", msg)
+	}
+}
+
+// TestTSCDeadlineShow: microvm sets CPUID.1:ECX[24] itself (KVM emulates the
+// timer but never reports the bit), and --cpu-hide can take it away again.
+func TestTSCDeadlineShow(t *testing.T) {
+	c := CPUID{{Function: 0, EAX: 0xd}, {Function: 1, ECX: 1 << 13}}
+	if c.Has(TSCDeadline) {
+		t.Fatal("bit set before Show")
+	}
+	c.Show(TSCDeadline)
+	if !c.Has(TSCDeadline) || c[1].ECX != 1<<13|1<<24 {
+		t.Fatalf("after Show: ECX %#x, want CX16 and TSC-deadline", c[1].ECX)
+	}
+	fs, err := ParseFeatures("tsc_deadline_timer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Hide(fs[0])
+	if c.Has(TSCDeadline) {
+		t.Fatal("--cpu-hide tsc_deadline_timer left the bit set")
+	}
+	CPUID{{Function: 0}}.Show(TSCDeadline) // no leaf 1: nothing to set, no panic
 }
 
 // openKVM opens /dev/kvm or skips; under CI=true a missing KVM fails.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // DevicePath is where the KVM device node lives.
@@ -35,11 +37,27 @@ func Open() (*System, error) {
 	return OpenPath(DevicePath)
 }
 
+// openHint says what to do about a /dev/kvm that cannot be opened.
+func openHint(err error) string {
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENODEV), errors.Is(err, unix.ENXIO):
+		return " (this host offers no KVM: enable virtualization and load kvm_intel or kvm_amd, " +
+			"or, from a microvm checkout, run it in the nested-KVM box: scripts/kvmbox -- bin/microvm run ...)"
+	case errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM):
+		return " (no permission: run as root or join the group that owns /dev/kvm, usually kvm)"
+	}
+	return ""
+}
+
 // OpenPath is Open for a device node at another path (tests).
 func OpenPath(path string) (*System, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open %s: %w", ErrUnavailable, path, err)
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // name the path once
+		}
+		return nil, fmt.Errorf("%w: open %s: %w%s", ErrUnavailable, path, err, openHint(err))
 	}
 	s := &System{f: f}
 	v, err := ioctl(s.fd(), kvmGetAPIVersion, 0)
