@@ -134,6 +134,11 @@ func (m *Machine) build() error {
 		}
 		iimg = &img
 	}
+	// The kernel's headers are checked before KVM is opened, so a bad file
+	// is reported as such on any host (missing files are reported first).
+	if _, err := loader.Check(kimg); err != nil {
+		return err
+	}
 
 	if m.sys, err = kvm.Open(); err != nil {
 		return err
@@ -175,6 +180,11 @@ func (m *Machine) build() error {
 	cpuid, err := m.sys.SupportedCPUID()
 	if err != nil {
 		return err
+	}
+	if m.sys.CheckExtension(kvm.CapTSCDeadlineTimer) > 0 {
+		// KVM emulates it but never reports it; without it Linux needs a
+		// PIT to calibrate its LAPIC timer, and the split irqchip has none.
+		cpuid.Show(kvm.TSCDeadline)
 	}
 	for _, f := range hide {
 		cpuid.Hide(f)

@@ -119,19 +119,15 @@ func Load(mem *guestmem.Memory, cfg Config) (*Boot, error) {
 		return nil, bad(ErrTooBig, "memory map has %d entries; at most %d can be passed", len(e820), MaxE820)
 	}
 
-	head, err := readAt(cfg.Kernel, 0, min(uint64(cfg.Kernel.Size), offHeader+4), "header")
+	kind, err := detect(cfg.Kernel)
 	if err != nil {
 		return nil, kerr(err)
 	}
 	p := &plan{mem: mem, cfg: cfg, lowEnd: lowEnd, e820: e820, cmdlineMax: CmdlineMax - 1}
-	switch {
-	case isELF(head):
-		err = p.loadELF()
-	case len(head) >= offHeader+4 && string(head[offHeader:offHeader+4]) == "HdrS":
+	if kind == BzImage {
 		err = p.loadBzImage()
-	default:
-		m := head[:min(len(head), 4)]
-		err = bad(ErrUnknownFormat, "not a bzImage or ELF kernel (starts with %x, no HdrS at 0x202)", m)
+	} else {
+		err = p.loadELF()
 	}
 	if err != nil {
 		return nil, kerr(err)
@@ -146,6 +142,62 @@ func Load(mem *guestmem.Memory, cfg Config) (*Boot, error) {
 		return nil, err
 	}
 	return p.boot, nil
+}
+
+// detect tells a bzImage (BzImage) from an ELF kernel (ELF64 is returned for
+// both ELF kinds; loadELF tells PVH apart) by the header alone.
+func detect(img Image) (Kind, error) {
+	head, err := readAt(img, 0, min(uint64(img.Size), offHeader+4), "header")
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case isELF(head):
+		return ELF64, nil
+	case len(head) >= offHeader+4 && string(head[offHeader:offHeader+4]) == "HdrS":
+		return BzImage, nil
+	}
+	m := head[:min(len(head), 4)]
+	return 0, bad(ErrUnknownFormat, "not a bzImage or ELF kernel (starts with %x, no HdrS at 0x202)", m)
+}
+
+// Check parses a kernel image's headers as Load would, without guest memory,
+// and returns its format. A VMM calls it before it opens KVM, so a bad
+// kernel file is reported as such on any host, with or without /dev/kvm.
+// What only guest memory can tell (does it fit?) is left to Load.
+func Check(img Image) (Kind, error) {
+	name := img.Name
+	if name == "" {
+		name = "(unnamed)"
+	}
+	kerr := func(err error) error { return inFile("kernel", name, err) }
+	switch {
+	case img.R == nil || img.Size <= 0:
+		return 0, kerr(bad(ErrConfig, "empty or missing"))
+	case uint64(img.Size) > maxImage:
+		return 0, kerr(bad(ErrTooBig, "%s is larger than 4 GiB", size(uint64(img.Size))))
+	}
+	kind, err := detect(img)
+	if err != nil {
+		return 0, kerr(err)
+	}
+	if kind == BzImage {
+		if _, err := parseSetupHeader(img); err != nil {
+			return 0, kerr(err)
+		}
+		return BzImage, nil
+	}
+	k, err := parseELF(img)
+	if err != nil {
+		return 0, kerr(err)
+	}
+	switch {
+	case k.pvh:
+		return PVH, nil
+	case !k.is64:
+		return 0, kerr(bad(ErrUnsupported, "ELF32 kernel without a PVH entry note (XEN_ELFNOTE_PHYS32_ENTRY): no way to start it"))
+	}
+	return ELF64, nil
 }
 
 // plan carries one Load through its steps.
