@@ -2,28 +2,43 @@
 # Build the microvm guest kernel: Debian's linux-source-6.1, `make tinyconfig`,
 # then guest/kernel/microvm.config merged on top and `make olddefconfig`.
 #
-# Usage: guest/kernel/build.sh [OUTDIR]   (OUTDIR defaults to build/kernel in the repository)
+# Usage: guest/kernel/build.sh [OUTDIR [FRAGMENT [TARGET...]]]
 #
-# Writes OUTDIR/vmlinux (PVH-bootable ELF) and OUTDIR/bzImage. The kernel
-# source is extracted once into build/kernel-cache/src and built out of tree in
-# build/kernel-cache/obj, so a rebuild after a fragment change is incremental.
-# When OUTDIR already holds both images and a stamp matching the hash of the
-# fragment and of this script, nothing is done.
+# OUTDIR defaults to build/kernel in the repository, FRAGMENT to
+# guest/kernel/microvm.config, TARGETs to "vmlinux bzImage". Writes each
+# TARGET into OUTDIR (vmlinux: the PVH-bootable ELF). The nested-KVM box's L1
+# kernel is the same build with guest/kvmbox/l1.config and bzImage only
+# (`make kvmbox`). The kernel source is extracted once into
+# build/kernel-cache/src and built out of tree in build/kernel-cache/obj-NAME
+# (NAME: the fragment's file name without .config), so a rebuild after a
+# fragment change is incremental. When OUTDIR already holds every target and a
+# stamp matching the hash of the fragment and of this script, nothing is done.
 #
 # Environment: JOBS (default: nproc) sets make's parallelism.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-fragment="$here/microvm.config"
 outdir="${1:-$root/build/kernel}" # an explicit OUTDIR is relative to the current directory
 case "$outdir" in
 /*) ;;
 *) outdir="$PWD/$outdir" ;;
 esac
+fragment="${2:-$here/microvm.config}"
+[[ -f "$fragment" ]] || { printf 'kernel: error: no fragment %s\n' "$fragment" >&2; exit 1; }
+fragment="$(cd "$(dirname "$fragment")" && pwd)/$(basename "$fragment")"
+targets=("${@:3}")
+((${#targets[@]})) || targets=(vmlinux bzImage)
+for t in "${targets[@]}"; do
+	case "$t" in
+	vmlinux | bzImage) ;;
+	*) printf 'kernel: error: unknown target %s (vmlinux or bzImage)\n' "$t" >&2; exit 1 ;;
+	esac
+done
+name="$(basename "$fragment" .config)"
 cache="$root/build/kernel-cache"
 srcdir="$cache/src"
-objdir="$cache/obj"
+objdir="$cache/obj-$name"
 series="6.1"
 tarball="/usr/src/linux-source-$series.tar.xz"
 jobs="${JOBS:-$(nproc)}"
@@ -35,11 +50,12 @@ die() {
 }
 
 # --- Cache check -------------------------------------------------------------
-stamp_want="$(cat "$fragment" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
+stamp_want="$( (cat "$fragment" "${BASH_SOURCE[0]}"; echo "${targets[*]}") | sha256sum | cut -d' ' -f1)"
 stamp_file="$outdir/.build-stamp"
-if [[ -f "$outdir/vmlinux" && -f "$outdir/bzImage" && -f "$stamp_file" ]] &&
-	[[ "$(cat "$stamp_file")" == "$stamp_want" ]]; then
-	log "up to date: $outdir/vmlinux, $outdir/bzImage (stamp $stamp_want)"
+have_all=true
+for t in "${targets[@]}"; do [[ -f "$outdir/$t" ]] || have_all=false; done
+if $have_all && [[ -f "$stamp_file" ]] && [[ "$(cat "$stamp_file")" == "$stamp_want" ]]; then
+	log "up to date: ${targets[*]} in $outdir (stamp $stamp_want)"
 	exit 0
 fi
 
@@ -66,6 +82,10 @@ if ! have_deps; then
 fi
 
 # --- Source, extracted once ----------------------------------------------------
+# Two builds (the test kernel and the box's L1) may start at once.
+mkdir -p "$cache"
+exec 9>"$cache/.extract.lock"
+flock 9
 if [[ ! -f "$srcdir/.extracted" ]]; then
 	log "extracting $tarball into $srcdir (once)"
 	rm -rf "$srcdir" "$srcdir.tmp"
@@ -74,6 +94,7 @@ if [[ ! -f "$srcdir/.extracted" ]]; then
 	touch "$srcdir.tmp/.extracted"
 	mv "$srcdir.tmp" "$srcdir"
 fi
+flock -u 9
 
 # --- Configuration ---------------------------------------------------------------
 # Reproducible identification strings in the image.
@@ -108,14 +129,17 @@ fi
 log "all $(grep -cE '^(CONFIG_|# CONFIG_.* is not set)' "$fragment") fragment options verified"
 
 # --- Build ------------------------------------------------------------------------
-log "building vmlinux and bzImage with make -j$jobs (a few minutes on 2 CPUs)"
+log "building ${targets[*]} with make -j$jobs (minutes on 2 CPUs)"
 start=$SECONDS
-kmake -j"$jobs" vmlinux bzImage
+kmake -j"$jobs" "${targets[@]}"
 log "built in $((SECONDS - start)) s"
 
 mkdir -p "$outdir"
-cp "$objdir/vmlinux" "$outdir/vmlinux.tmp" && mv "$outdir/vmlinux.tmp" "$outdir/vmlinux"
-cp "$objdir/arch/x86/boot/bzImage" "$outdir/bzImage.tmp" && mv "$outdir/bzImage.tmp" "$outdir/bzImage"
+for t in "${targets[@]}"; do
+	src="$objdir/vmlinux"
+	[[ "$t" == bzImage ]] && src="$objdir/arch/x86/boot/bzImage"
+	cp "$src" "$outdir/$t.tmp" && mv "$outdir/$t.tmp" "$outdir/$t"
+	log "wrote $outdir/$t ($(stat -c %s "$outdir/$t") bytes)"
+done
 cp "$objdir/.config" "$outdir/config"
 printf '%s\n' "$stamp_want" >"$stamp_file"
-log "wrote $outdir/vmlinux ($(stat -c %s "$outdir/vmlinux") bytes), $outdir/bzImage ($(stat -c %s "$outdir/bzImage") bytes)"

@@ -1,0 +1,94 @@
+// Command kvmbox runs a command inside the nested-KVM box (package kvmbox).
+// Use it through scripts/kvmbox, which builds the L1 kernel and the box's
+// init first and passes their paths:
+//
+//	scripts/kvmbox [--cpus N] [--memory SIZE] [--timeout DURATION] -- CMD [ARG...]
+//
+// The exit status is CMD's (128+N when signal N ended it); 125 means the box
+// itself failed, with one line on stderr saying why.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/microvm/microvm/internal/kvmbox"
+)
+
+func main() { os.Exit(Main(os.Args[1:], os.Stderr)) }
+
+// Main parses args, runs the box and returns the exit status.
+func Main(args []string, stderr io.Writer) int {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "kvmbox: "+format+"\n", a...)
+		return kvmbox.ExitBoxFailure
+	}
+	fs := flag.NewFlagSet("kvmbox", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o kvmbox.Options
+	fs.IntVar(&o.CPUs, "cpus", 2, "vCPUs of the box (1..8)")
+	mem := fs.String("memory", "3G", "memory of the box: a number of MiB, or with an M or G suffix")
+	fs.DurationVar(&o.Timeout, "timeout", 0, "end the box after this long (0: no limit)")
+	fs.StringVar(&o.Kernel, "kernel", "", "the L1 bzImage (scripts/kvmbox passes build/kvmbox/bzImage)")
+	fs.StringVar(&o.Init, "init", "", "the box's static init (scripts/kvmbox passes build/kvmbox/init)")
+	fs.StringVar(&o.Repo, "repo", "", "directory shared read-write at the same path (scripts/kvmbox passes the repository)")
+	fs.StringVar(&o.ConsoleLog, "console-log", "", "keep the L1 console log in this file")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: scripts/kvmbox [--cpus N] [--memory SIZE] [--timeout DURATION] -- CMD [ARG...]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return kvmbox.ExitBoxFailure
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		return fail("no command given (usage: scripts/kvmbox [flags] -- CMD [ARG...])")
+	}
+	mib, err := parseMiB(*mem)
+	if err != nil {
+		return fail("--memory %q: %v", *mem, err)
+	}
+	o.MemoryMiB = mib
+	if o.Timeout < 0 {
+		return fail("--timeout %v: must not be negative", o.Timeout)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := kvmbox.Run(ctx, o, argv)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
+			fmt.Fprintln(stderr, "kvmbox: interrupted")
+			return 130
+		}
+		return fail("%s", strings.TrimPrefix(err.Error(), "kvmbox: "))
+	}
+	return code
+}
+
+// parseMiB reads "3072", "3072M" or "3G".
+func parseMiB(s string) (int, error) {
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "G"), strings.HasSuffix(s, "g"):
+		mult, s = 1024, s[:len(s)-1]
+	case strings.HasSuffix(s, "M"), strings.HasSuffix(s, "m"):
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return 0, errors.New("want a positive number of MiB, or a size like 2G")
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,420 @@
+// Package kvmbox runs a command inside the nested-KVM box: an L1 Linux
+// kernel (guest/kvmbox/l1.config) booted by QEMU TCG with emulated AMD SVM
+// and nested paging, which offers a real /dev/kvm on any x86-64 Linux host,
+// including hosts with no KVM at all or a PVM-backed one that cannot run
+// Linux guests. docs/testing.md explains the box; scripts/kvmbox is its
+// command line.
+//
+// Data flow:
+//
+//	Run ── writes ─▶ initramfs (box init + job.json) ──▶ qemu-system-x86_64
+//	                                                       │ 9p "hostroot": / read-only (overlay + tmpfs inside)
+//	                                                       │ 9p "repo": Options.Repo read-write, same path
+//	 Stdout ◀─ copy ◀─ pipe ◀── virtio-serial "stdout" ◀───┤
+//	 Stderr ◀─ copy ◀─ pipe ◀── virtio-serial "stderr" ◀───┤
+//	 status ◀─ file ◀────────── virtio-serial "status" ◀───┤ "exit N" | "signal N" | "box-error ..."
+//	 console log file ◀──────── serial ttyS0 ◀─────────────┘ kernel and init chatter
+//
+// Goroutines: Run owns QEMU and two copiers (one per output pipe) that end
+// when QEMU closes its end; Run waits for both before it returns.
+package kvmbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/microvm/microvm/guest/initramfs"
+)
+
+// ExitBoxFailure is the exit status when the box itself failed: the L1
+// kernel did not start the command, /dev/kvm is missing inside, or the
+// timeout passed.
+const ExitBoxFailure = 125
+
+// EnvInBox is set to "1" in the command's environment inside the box, so
+// tests can tell where they run.
+const EnvInBox = "MICROVM_IN_BOX"
+
+// Options configure one box.
+type Options struct {
+	// QEMU is the qemu-system-x86_64 binary (found in PATH when empty).
+	QEMU string
+	// Kernel is the L1 bzImage (build/kvmbox/bzImage).
+	Kernel string
+	// Init is the box's static init binary (guest/kvmbox/init).
+	Init string
+	// Repo is shared read-write at the same absolute path.
+	Repo string
+	// Dir is the command's working directory (the caller's when empty).
+	Dir string
+	// CPUs and MemoryMiB size the box (defaults: 2 and 3072).
+	CPUs      int
+	MemoryMiB int
+	// Timeout bounds the whole run (0: none).
+	Timeout time.Duration
+	// Env is the command's environment; nil means PassEnv(os.Environ()).
+	Env []string
+	// Stdout and Stderr receive the command's output (os.Stdout and
+	// os.Stderr when nil).
+	Stdout, Stderr io.Writer
+	// ConsoleLog is where the L1 kernel's console goes (a file in the
+	// work directory when empty); kept for debugging.
+	ConsoleLog string
+	// WorkDir holds the initramfs and the status file (a fresh temporary
+	// directory when empty, removed afterwards).
+	WorkDir string
+}
+
+// Job is what the box's init reads from /kvmbox/job.json.
+type Job struct {
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+	Repo string   `json:"repo"`
+}
+
+// BoxError is a failure of the box itself (not of the command).
+type BoxError struct {
+	Msg        string
+	ConsoleLog string // where to look, when kept
+}
+
+func (e *BoxError) Error() string {
+	if e.ConsoleLog != "" {
+		return fmt.Sprintf("%s (L1 console log: %s)", e.Msg, e.ConsoleLog)
+	}
+	return e.Msg
+}
+
+// passedEnv are the variables a command in the box sees besides CI and
+// MICROVM_*: what finds tools (PATH, HOME, Go's variables) and the locale.
+var passedEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ"}
+
+// PassEnv filters env down to what the box passes through: CI, MICROVM_*,
+// GO*, CGO_*, LC_* and passedEnv, plus EnvInBox=1.
+func PassEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == EnvInBox {
+			continue
+		}
+		switch {
+		case k == "CI", strings.HasPrefix(k, "MICROVM_"), strings.HasPrefix(k, "GO"),
+			strings.HasPrefix(k, "CGO_"), strings.HasPrefix(k, "LC_"):
+			out = append(out, kv)
+		default:
+			for _, p := range passedEnv {
+				if k == p {
+					out = append(out, kv)
+				}
+			}
+		}
+	}
+	return append(out, EnvInBox+"=1")
+}
+
+// HostTSCKHz reads the host's TSC rate from /proc/cpuinfo ("cpu MHz"). TCG's
+// rdtsc is the host's TSC, and the L1 kernel must be told its rate: when its
+// own PIT calibration fails under load, KVM_RUN spins for ever
+// (../shared/NESTED-KVM.md).
+func HostTSCKHz() (int, error) {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || strings.TrimSpace(k) != "cpu MHz" {
+			continue
+		}
+		mhz, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || mhz <= 0 {
+			return 0, fmt.Errorf("/proc/cpuinfo: bad cpu MHz %q", v)
+		}
+		return int(mhz * 1000), nil
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("/proc/cpuinfo has no \"cpu MHz\" line")
+}
+
+// Run boots the box, runs argv in it and returns the command's exit status:
+// its exit code, or 128+signal when a signal ended it. A failure of the box
+// itself is a *BoxError (callers exit ExitBoxFailure).
+func Run(ctx context.Context, o Options, argv []string) (int, error) {
+	if len(argv) == 0 {
+		return 0, errors.New("kvmbox: no command")
+	}
+	if err := o.defaults(); err != nil {
+		return 0, err
+	}
+	work := o.WorkDir
+	if work == "" {
+		d, err := os.MkdirTemp("", "kvmbox-")
+		if err != nil {
+			return 0, err
+		}
+		defer os.RemoveAll(d)
+		work = d
+	}
+	if o.ConsoleLog == "" {
+		o.ConsoleLog = filepath.Join(work, "console.log")
+	}
+	initrd := filepath.Join(work, "initramfs.cpio")
+	job := Job{Argv: argv, Env: o.Env, Dir: o.Dir, Repo: o.Repo}
+	if err := writeInitramfs(initrd, o.Init, job); err != nil {
+		return 0, &BoxError{Msg: "kvmbox: initramfs: " + err.Error()}
+	}
+	khz, err := HostTSCKHz()
+	if err != nil {
+		return 0, &BoxError{Msg: "kvmbox: TSC rate: " + err.Error()}
+	}
+	statusPath := filepath.Join(work, "status")
+
+	if o.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return 0, err
+	}
+	cmd := exec.Command(o.QEMU, qemuArgs(o, initrd, statusPath, khz)...)
+	// QEMU opens /dev/fd/3 and /dev/fd/4 as its file chardevs: the write
+	// ends of the two pipes, whatever the caller's stdout is.
+	cmd.ExtraFiles = []*os.File{outW, errW}
+	cmd.Stdin = nil
+	var qemuOut strings.Builder
+	cmd.Stdout = &limitedWriter{w: &qemuOut, n: 4096}
+	cmd.Stderr = cmd.Stdout
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return 0, &BoxError{Msg: "kvmbox: start QEMU: " + err.Error()}
+	}
+	var copies sync.WaitGroup
+	copies.Add(2)
+	go func() { defer copies.Done(); _, _ = io.Copy(o.Stdout, outR); outR.Close() }()
+	go func() { defer copies.Done(); _, _ = io.Copy(o.Stderr, errR); errR.Close() }()
+
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- cmd.Wait() }()
+	var qerr error
+	select {
+	case qerr = <-waitErr:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-waitErr
+		copies.Wait()
+		msg := "kvmbox: interrupted"
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
+		}
+		return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
+	}
+	copies.Wait()
+
+	b, _ := os.ReadFile(statusPath)
+	line := strings.TrimSpace(string(b))
+	switch {
+	case strings.HasPrefix(line, "exit "):
+		n, err := strconv.Atoi(strings.TrimPrefix(line, "exit "))
+		if err == nil {
+			return n, nil
+		}
+	case strings.HasPrefix(line, "signal "):
+		n, err := strconv.Atoi(strings.TrimPrefix(line, "signal "))
+		if err == nil {
+			return 128 + n, nil
+		}
+	case strings.HasPrefix(line, "box-error "):
+		return 0, &BoxError{Msg: "kvmbox: " + strings.TrimPrefix(line, "box-error "), ConsoleLog: keepLog(o)}
+	}
+	msg := "kvmbox: the L1 kernel did not run the command (no status from the box)"
+	if qerr != nil {
+		msg += fmt.Sprintf("; QEMU: %v", qerr)
+	}
+	if s := strings.TrimSpace(qemuOut.String()); s != "" {
+		msg += ": " + firstLine(s)
+	}
+	return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
+}
+
+// keepLog copies the console log next to the repository's build output when
+// it lives in a temporary work directory about to be removed.
+func keepLog(o Options) string {
+	if o.WorkDir != "" {
+		return o.ConsoleLog
+	}
+	dst := filepath.Join(o.Repo, "build", "kvmbox", "last-console.log")
+	b, err := os.ReadFile(o.ConsoleLog)
+	if err != nil {
+		return ""
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return ""
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		return ""
+	}
+	return dst
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(s, "\n")
+	return l
+}
+
+func (o *Options) defaults() error {
+	if o.QEMU == "" {
+		p, err := exec.LookPath("qemu-system-x86_64")
+		if err != nil {
+			return &BoxError{Msg: "kvmbox: qemu-system-x86_64 not found (apt-get install qemu-system-x86)"}
+		}
+		o.QEMU = p
+	}
+	for _, f := range []struct{ what, path string }{{"L1 kernel", o.Kernel}, {"box init", o.Init}} {
+		if f.path == "" {
+			return &BoxError{Msg: "kvmbox: no " + f.what + " given"}
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return &BoxError{Msg: fmt.Sprintf("kvmbox: %s: %v (make kvmbox builds it)", f.what, err)}
+		}
+	}
+	if !filepath.IsAbs(o.Repo) {
+		return &BoxError{Msg: fmt.Sprintf("kvmbox: repository path %q is not absolute", o.Repo)}
+	}
+	if o.Dir == "" {
+		d, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		o.Dir = d
+	}
+	if o.CPUs == 0 {
+		o.CPUs = 2
+	}
+	if o.MemoryMiB == 0 {
+		o.MemoryMiB = 3072
+	}
+	if o.CPUs < 1 || o.CPUs > 8 {
+		return fmt.Errorf("kvmbox: --cpus %d: 1..8", o.CPUs)
+	}
+	if o.MemoryMiB < 256 {
+		return fmt.Errorf("kvmbox: --memory %d MiB: at least 256", o.MemoryMiB)
+	}
+	if o.Env == nil {
+		o.Env = PassEnv(os.Environ())
+	}
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	return nil
+}
+
+// qemuArgs is the QEMU command line (../shared/NESTED-KVM.md): QEMU's
+// microvm machine without ACPI (virtio-mmio devices on the kernel command
+// line), TCG with every host core, an EPYC CPU with SVM and nested paging.
+func qemuArgs(o Options, initrd, status string, khz int) []string {
+	cmdline := strings.Join([]string{
+		"console=ttyS0", "reboot=t", "panic=-1", "loglevel=4",
+		fmt.Sprintf("tsc_early_khz=%d", khz), "tsc=reliable",
+	}, " ")
+	return []string{
+		"-M", "microvm,acpi=off", "-accel", "tcg,thread=multi",
+		"-cpu", "EPYC-v1,+svm,+npt",
+		"-smp", strconv.Itoa(o.CPUs), "-m", fmt.Sprintf("%dM", o.MemoryMiB),
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-serial", "file:" + o.ConsoleLog,
+		"-kernel", o.Kernel, "-initrd", initrd, "-append", cmdline,
+		"-fsdev", "local,id=hostroot,path=/,security_model=passthrough,readonly=on,multidevs=remap",
+		"-device", "virtio-9p-device,fsdev=hostroot,mount_tag=hostroot",
+		"-fsdev", "local,id=repo,path=" + o.Repo + ",security_model=passthrough,multidevs=remap",
+		"-device", "virtio-9p-device,fsdev=repo,mount_tag=repo",
+		"-device", "virtio-serial-device",
+		"-chardev", "file,id=out,path=/dev/fd/3",
+		"-device", "virtserialport,chardev=out,name=stdout",
+		"-chardev", "file,id=err,path=/dev/fd/4",
+		"-device", "virtserialport,chardev=err,name=stderr",
+		"-chardev", "file,id=status,path=" + status,
+		"-device", "virtserialport,chardev=status,name=status",
+	}
+}
+
+// writeInitramfs writes an uncompressed cpio with the box's init as /init
+// and the job as /kvmbox/job.json.
+func writeInitramfs(path, initBin string, job Job) error {
+	initData, err := os.ReadFile(initBin)
+	if err != nil {
+		return err
+	}
+	jobData, err := json.Marshal(job)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	buf := bufio.NewWriter(f)
+	w := initramfs.NewWriter(buf)
+	err = errors.Join(
+		w.Dir("dev", 0o755),
+		w.CharDev("dev/console", 0o600, 5, 1),
+		w.Dir("kvmbox", 0o755),
+		w.File("kvmbox/job.json", 0o644, jobData),
+		w.File("init", 0o755, initData),
+		w.Close(),
+		buf.Flush(),
+	)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// limitedWriter keeps the first n bytes written to it (QEMU's own messages).
+type limitedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+	n  int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n > 0 {
+		k := min(l.n, len(p))
+		_, _ = l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
+}

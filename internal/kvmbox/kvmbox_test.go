@@ -1,0 +1,152 @@
+package kvmbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+func TestPassEnv(t *testing.T) {
+	in := []string{
+		"PATH=/usr/bin", "HOME=/root", "CI=true", "MICROVM_KERNEL=/k", "GOFLAGS=-mod=mod",
+		"GOCACHE=/c", "CGO_ENABLED=0", "LC_ALL=C", "TMPDIR=/host/tmp", "SSH_AUTH_SOCK=/s",
+		"MICROVM_IN_BOX=0", "noequals", "PATHX=1",
+	}
+	want := []string{
+		"PATH=/usr/bin", "HOME=/root", "CI=true", "MICROVM_KERNEL=/k", "GOFLAGS=-mod=mod",
+		"GOCACHE=/c", "CGO_ENABLED=0", "LC_ALL=C", "MICROVM_IN_BOX=1",
+	}
+	if diff := cmp.Diff(want, PassEnv(in)); diff != "" {
+		t.Errorf("PassEnv (-want +got):\n%s", diff)
+	}
+}
+
+func TestHostTSCKHz(t *testing.T) {
+	khz, err := HostTSCKHz()
+	if err != nil {
+		t.Skipf("this host's /proc/cpuinfo: %v", err)
+	}
+	if khz < 100_000 || khz > 10_000_000 {
+		t.Errorf("TSC %d kHz: not a plausible rate", khz)
+	}
+}
+
+func TestQEMUArgs(t *testing.T) {
+	o := Options{Kernel: "/k/bzImage", Repo: "/work/repo", CPUs: 2, MemoryMiB: 3072, ConsoleLog: "/w/console.log"}
+	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", 2445432)
+	joined := strings.Join(args, " ")
+	for _, want := range []string{
+		"-M microvm,acpi=off", "-cpu EPYC-v1,+svm,+npt", "-smp 2", "-m 3072M", "-no-reboot",
+		"-kernel /k/bzImage", "-initrd /w/initramfs.cpio", "-serial file:/w/console.log",
+		"tsc_early_khz=2445432 tsc=reliable",
+		"path=/,security_model=passthrough,readonly=on", "path=/work/repo,security_model=passthrough,multidevs=remap",
+		"file,id=out,path=/dev/fd/3", "name=stdout", "file,id=err,path=/dev/fd/4", "name=stderr",
+		"file,id=status,path=/w/status", "name=status",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("QEMU arguments lack %q:\n%s", want, joined)
+		}
+	}
+	if slices.Contains(args, "-nographic") {
+		t.Error("-nographic would put the serial console on QEMU's stdout")
+	}
+}
+
+func TestWriteInitramfs(t *testing.T) {
+	dir := t.TempDir()
+	initBin := filepath.Join(dir, "init")
+	if err := os.WriteFile(initBin, []byte("\x7fELF-not-really"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	job := Job{Argv: []string{"sh", "-c", "exit 7"}, Env: []string{"A=b"}, Dir: "/x", Repo: "/work/repo"}
+	out := filepath.Join(dir, "initramfs.cpio")
+	if err := writeInitramfs(out, initBin, job); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("070701")) || !bytes.Contains(b, []byte("TRAILER!!!")) {
+		t.Fatal("not a newc archive with a trailer")
+	}
+	jb, _ := json.Marshal(job)
+	for _, want := range [][]byte{[]byte("dev/console\x00"), []byte("kvmbox/job.json\x00"), jb, []byte("\x7fELF-not-really")} {
+		if !bytes.Contains(b, want) {
+			t.Errorf("archive lacks %q", want)
+		}
+	}
+	if cpio, err := exec.LookPath("cpio"); err == nil {
+		cmd := exec.Command(cpio, "-it")
+		cmd.Stdin = bytes.NewReader(b)
+		list, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("cpio -it: %v", err)
+		}
+		got := strings.Fields(string(list))
+		if diff := cmp.Diff([]string{"dev", "dev/console", "kvmbox", "kvmbox/job.json", "init"}, got); diff != "" {
+			t.Errorf("cpio -it (-want +got):\n%s", diff)
+		}
+	}
+}
+
+// TestBox runs scripts/kvmbox itself: the L1 kernel boots under QEMU TCG
+// and the command sees a working /dev/kvm, the repository read-write at its
+// own path, a tmpfs /tmp, the passed environment, and its streams and exit
+// status come back apart. It needs QEMU and the L1 kernel (make kvmbox), not
+// a host KVM.
+func TestBox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots the nested-KVM box (seconds); skipped with -short")
+	}
+	if testenv.InBox() {
+		t.Skip("already inside the box")
+	}
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		testenv.Missing(t, "no qemu-system-x86_64: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "build", "kvmbox", "bzImage")); err != nil {
+		testenv.Missing(t, "no L1 kernel (make kvmbox): %v", err)
+	}
+	marker := filepath.Join(root, "build", "kvmbox", "test-marker")
+	os.Remove(marker)
+	script := `set -e
+test -c /dev/kvm
+echo "out: $MICROVM_KVMBOX_TEST_VAR $MICROVM_IN_BOX"
+echo "err: $(stat -f -c %T /tmp)" >&2
+test -z "$UNPASSED_VAR"
+echo written > ` + marker + `
+exit 7`
+	cmd := exec.Command(filepath.Join(root, "scripts", "kvmbox"), "--cpus", "1", "--memory", "512M", "--timeout", "5m", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "MICROVM_KVMBOX_TEST_VAR=passed", "UNPASSED_VAR=leaked")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 7 {
+		t.Fatalf("scripts/kvmbox: %v, want exit status 7; stdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	if got, want := stdout.String(), "out: passed 1\n"; got != want {
+		t.Errorf("stdout %q, want %q", got, want)
+	}
+	if got, want := stderr.String(), "err: tmpfs\n"; got != want {
+		t.Errorf("stderr %q, want %q", got, want)
+	}
+	if b, err := os.ReadFile(marker); err != nil || string(b) != "written\n" {
+		t.Errorf("file written in the box at %s: %q, %v", marker, b, err)
+	}
+	os.Remove(marker)
+}
