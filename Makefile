@@ -5,6 +5,8 @@
 #   make test         everything CI runs: vet, gofmt, staticcheck, go test -race,
 #                     the test guest's host and QEMU tests, the Linux test kernel
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
+#   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
+#   make kvmbox       the nested-KVM box's L1 kernel and init (build/kvmbox; 7 min once)
 #   make conformance  the vhost-user conformance suite: Linux under QEMU (docs/vhost-user.md)
 #   make bench        every benchmark (make bench-boot: boot time against QEMU)
 #   make clean        remove bin/ and the test guest's objects (keeps the kernel cache)
@@ -23,7 +25,8 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
-	bench bench-boot bench-vsock clean distclean bin/microvm bin/testguest
+	bench bench-boot bench-vsock clean distclean bin/microvm bin/testguest initramfs kvmbox \
+	test-start box-test test-summary
 
 all: bin/microvm bin/testguest
 
@@ -41,7 +44,19 @@ run: all
 
 # --- tests -------------------------------------------------------------------
 
-test: all kernel conformance vet fmt-check staticcheck go-test guest-test
+# Where tests record which layer ran where, and which tests wait for the box
+# (internal/testenv: RequireKVM, Record); reset by every make test.
+RECORD      := $(CURDIR)/build/test-record
+# Prebuilt artefacts for the tests, so nothing is built inside the box.
+TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
+	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz
+
+test: test-start all kernel initramfs conformance vet fmt-check staticcheck go-test guest-test \
+	box-test test-summary
+
+test-start:
+	@rm -rf $(RECORD) && mkdir -p $(RECORD)
+	@echo "test: this host's KVM: $$(scripts/host-kvm) (tests it cannot run go to the nested-KVM box)"
 
 vet:
 	$(GO) vet ./...
@@ -63,7 +78,17 @@ staticcheck: $(STATICCHECK)
 # integration tests boot; under CI=true they fail rather than skip when
 # /dev/kvm or either artefact is missing.
 go-test: bin/testguest
-	MICROVM_TESTGUEST=$(CURDIR)/bin/testguest MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) ./...
+	$(TEST_ENV) MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) ./...
+
+# The tests go-test and conformance queued because this host's KVM cannot
+# run them (Linux, guest interrupts; everything without /dev/kvm), run in the
+# nested-KVM box (scripts/box-test, docs/testing.md).
+box-test: all initramfs
+	$(TEST_ENV) scripts/box-test $(RECORD)
+
+# One line: which layer ran where. Under CI=true a layer that ran nowhere fails.
+test-summary:
+	@scripts/test-summary $(RECORD)
 
 guest-test: bin/testguest bin/microvm
 	$(MAKE) -C guest/testguest test qemu-test irq-test OUT=$(CURDIR)/bin/testguest MICROVM=$(CURDIR)/bin/microvm
@@ -71,12 +96,23 @@ guest-test: bin/testguest bin/microvm
 kernel:
 	guest/kernel/build.sh build/kernel
 
+# The Linux test guest's initramfs: the static Go /init (guest/init).
+initramfs:
+	@mkdir -p build/linux
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o build/linux/init ./guest/init
+	$(GO) run ./guest/mkinitramfs -o build/linux/initramfs.cpio.gz -init build/linux/init
+
+# The nested-KVM box (scripts/kvmbox, docs/testing.md): its L1 kernel, init
+# and runner, checked by booting it once.
+kvmbox:
+	scripts/kvmbox -- true
+
 # Linux 6.1 under QEMU -M microvm (TCG) against bin/microvm vhost-user-vsock,
 # built by the tests; about 10 s (30 s with a cold build cache). go-test leaves
 # it to this target (MICROVM_CONFORMANCE=off). Under CI=true a missing kernel
 # or QEMU fails it.
-conformance: kernel
-	$(GO) test -count=1 -timeout 10m ./conformance
+conformance: kernel initramfs bin/microvm
+	$(TEST_ENV) $(GO) test -count=1 -timeout 10m ./conformance
 
 # --- benchmarks ----------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -64,6 +65,12 @@ func startVsockGuest(t *testing.T, cmdline string) *vsockGuest {
 // can be longer.
 func newVsockGuest(t *testing.T, cmdline string) *vsockGuest {
 	t.Helper()
+	return newVsockGuestConfig(t, cmdline, nil)
+}
+
+// newVsockGuestConfig is newVsockGuest with a hook that adjusts the Config.
+func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*Config)) *vsockGuest {
+	t.Helper()
 	testenv.RequireKVM(t)
 	kernel := testenv.TestGuest(t)
 	dir, err := os.MkdirTemp("", "mvsock")
@@ -73,11 +80,15 @@ func newVsockGuest(t *testing.T, cmdline string) *vsockGuest {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	log, logged := logBuffer()
 	g := &vsockGuest{t: t, uds: filepath.Join(dir, "v.sock"), console: newConsole(), log: logged, done: make(chan struct{})}
-	g.m, err = New(Config{
+	cfg := Config{
 		Kernel: kernel, Cmdline: cmdline, MemoryBytes: 64 << 20,
 		Console: g.console, Log: log,
 		Vsock: &VsockConfig{CID: 3, UDSPath: g.uds},
-	})
+	}
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	g.m, err = New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -510,37 +521,48 @@ func TestVsockInterruptPath(t *testing.T) {
 }
 
 // TestVsockIRQMode: testguest.irq=1 completes by interrupts (through
-// microvm's IOAPIC and the irqfd) instead of the wait port. It needs a
-// hardware-KVM host: on PVM hosts guests cannot take interrupts, and the test
-// guest refuses irq mode there (it sees CPL3 running with IOPL 0), so the test
-// skips saying why. The guest side of irq mode is verified under QEMU TCG
-// with the vhost-user backend (make -C guest/testguest irq-test).
+// microvm's IOAPIC or KVM's, and the irqfd) instead of the wait port, with
+// both irqchip models. Guests cannot take interrupts on PVM hosts, so there
+// it runs in the nested-KVM box.
 func TestVsockIRQMode(t *testing.T) {
-	g := startVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1 testguest.irq=1", vsockTestPort))
-	select {
-	case <-g.done:
-		if g.res.Kind == ExitDebugPort && g.res.Status == guestExitBadCmdline &&
-			strings.Contains(g.console.String(), "testguest: irq mode unsupported") {
-			t.Skip("testguest.irq=1: the test guest reports irq mode unsupported; interrupt-driven completion is for hardware-KVM hosts (PVM guests cannot take interrupts)")
-		}
-		t.Fatalf("guest ended with %v status %d before listening; console:\n%s", g.res.Kind, g.res.Status, g.console)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("irq mode: guest neither listened nor exited; console:\n%s", g.console)
-	case <-g.listening(vsockTestPort):
+	testenv.RequireKVM(t, testenv.NeedInterrupts)
+	for _, chip := range []IRQChip{IRQChipSplit, IRQChipKernel} {
+		t.Run(string(chip), func(t *testing.T) {
+			g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1 testguest.irq=1", vsockTestPort),
+				func(c *Config) { c.IRQChip = chip })
+			g.start()
+			select {
+			case <-g.done:
+				t.Fatalf("guest ended with %v status %d before listening; console:\n%s", g.res.Kind, g.res.Status, g.console)
+			case <-time.After(60 * time.Second):
+				t.Fatalf("irq mode: guest neither listened nor exited; console:\n%s", g.console)
+			case <-g.listening(vsockTestPort):
+			}
+			c, err := g.connect(vsockTestPort)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := echo(c, randomBytes(t, 1<<20)); err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			g.wait(0, 60*time.Second)
+			s := g.m.VsockStats()
+			// The guest's stats line counts the interrupts its IDT handler took.
+			m := guestIRQsRE.FindStringSubmatch(g.console.String())
+			if m == nil {
+				t.Fatalf("no irq count in the guest's stats line; console:\n%s", g.console)
+			}
+			t.Logf("device raised %d interrupts, the guest took %s", s.Interrupts, m[1])
+			if s.Interrupts == 0 || m[1] == "0" {
+				t.Errorf("irq mode: device raised %d interrupts, guest took %s; want both above 0", s.Interrupts, m[1])
+			}
+		})
 	}
-	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
-		t.Skip("testguest.irq=1 is implemented, but this host's KVM is PVM, where guests cannot take interrupts; run on hardware KVM")
-	}
-	c, err := g.connect(vsockTestPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := echo(c, randomBytes(t, 1<<20)); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	g.wait(0, 20*time.Second)
 }
+
+// guestIRQsRE finds the interrupt count in the test guest's irq-mode stats.
+var guestIRQsRE = regexp.MustCompile(`, irqs (\d+) \(no status`)
 
 // listening returns a channel closed once the guest listens on port.
 func (g *vsockGuest) listening(port int) <-chan struct{} {

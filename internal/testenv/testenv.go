@@ -78,18 +78,6 @@ func Root() (string, error) {
 	return root, rootErr
 }
 
-// RequireKVM skips (fails under CI) unless /dev/kvm can be opened for
-// reading and writing.
-func RequireKVM(tb testing.TB) {
-	tb.Helper()
-	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		Missing(tb, "KVM unavailable: open /dev/kvm: %v", err)
-		return
-	}
-	unix.Close(fd)
-}
-
 var guestMu sync.Mutex // one make at a time within a process
 
 // TestGuest returns the path of the bundled test guest (guest/testguest).
@@ -240,4 +228,102 @@ func TinyGuest(tb testing.TB, p Program) string {
 		tb.Fatalf("%v", err)
 	}
 	return path
+}
+
+// Environment variables naming prebuilt artefacts, so tests run inside the
+// nested-KVM box (where building is slow) use what make built on the host.
+const (
+	// EnvBinary names a built microvm binary (make: bin/microvm).
+	EnvBinary = "MICROVM_BINARY"
+	// EnvInitrd names the Linux test guest's initramfs with the Go /init
+	// (make initramfs: build/linux/initramfs.cpio.gz).
+	EnvInitrd = "MICROVM_INITRD"
+	// EnvBzImage names a Linux bzImage (default build/kernel/bzImage).
+	EnvBzImage = "MICROVM_BZIMAGE"
+)
+
+var buildMu sync.Mutex // one make at a time within a process
+
+// Binary returns a microvm binary: $MICROVM_BINARY, else bin/microvm built
+// by `make bin/microvm` (incremental) under a file lock.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvBinary, "bin/microvm", "bin/microvm")
+}
+
+// Initrd returns the Linux test guest's initramfs (guest/init as /init):
+// $MICROVM_INITRD, else build/linux/initramfs.cpio.gz built by `make
+// initramfs` under a file lock.
+func Initrd(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvInitrd, "build/linux/initramfs.cpio.gz", "initramfs")
+}
+
+// BzImage returns the Linux test kernel's bzImage (build/kernel/bzImage,
+// made by `make kernel`), or $MICROVM_BZIMAGE; Missing when absent.
+func BzImage(tb testing.TB) string {
+	tb.Helper()
+	p := os.Getenv(EnvBzImage)
+	if p == "" {
+		r, err := Root()
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		p = filepath.Join(r, "build", "kernel", "bzImage")
+	}
+	if _, err := os.Stat(p); err != nil {
+		Missing(tb, "no Linux test bzImage: %v (run `make kernel`, or set $%s)", err, EnvBzImage)
+	}
+	return p
+}
+
+// artefact returns $env when set, else rel in the repository after `make
+// target` brought it up to date.
+func artefact(tb testing.TB, env, rel, target string) string {
+	tb.Helper()
+	if p := os.Getenv(env); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			tb.Fatalf("$%s: %v", env, err)
+		}
+		return p
+	}
+	r, err := Root()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	out := filepath.Join(r, rel)
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if err := makeLocked(r, target); err != nil {
+		if _, serr := os.Stat(out); serr == nil {
+			tb.Logf("using existing %s: rebuilding it failed: %v", out, err)
+			return out
+		}
+		Missing(tb, "no %s: %v (run `make %s`, or set $%s)", rel, err, target, env)
+	}
+	return out
+}
+
+// makeLocked runs make target in the repository under build/.make.lock, so
+// parallel test binaries do not write the same file at once.
+func makeLocked(root, target string) error {
+	if _, err := exec.LookPath("make"); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(root, "build"), 0o755); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(filepath.Join(root, "build", ".make.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	cmd := exec.Command("make", "-s", "-C", root, target)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make %s: %w: %s", target, err, bytes.TrimSpace(b))
+	}
+	return nil
 }
