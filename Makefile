@@ -51,8 +51,8 @@ RECORD      := $(CURDIR)/build/test-record
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz
 
-test: test-start all kernel initramfs conformance vet fmt-check staticcheck go-test guest-test \
-	box-test test-summary
+test: test-start all kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+	guest-test box-test test-summary
 
 test-start:
 	@rm -rf $(RECORD) && mkdir -p $(RECORD)

@@ -324,15 +324,15 @@ func TestLinuxBoot(t *testing.T) {
 	}
 }
 
-// TestCPUHide: --cpu-hide takes a feature out of the CPUID the guest sees.
-// The guest executes CPUID leaf 1 at CPL0 and reports ECX bit 13 (CX16, the
-// feature a Linux guest on a PVM host needs hidden) through the debug port.
-func TestCPUHide(t *testing.T) {
-	testenv.RequireKVM(t)
-	// mov eax,1; xor ecx,ecx; cpuid; mov eax,ecx; shr eax,13; and al,1; out 0xf4,al
-	prog := testenv.Program{0xb8, 1, 0, 0, 0, 0x31, 0xc9, 0x0f, 0xa2, 0x89, 0xc8, 0xc1, 0xe8, 13, 0x24, 0x01, 0xe6, 0xf4}.Halt()
+// leaf1ECXBit returns a function that boots a tiny guest, with the given
+// --cpu-hide features, that executes CPUID leaf 1 at CPL0 and reports bit
+// `bit` of ECX as its debug-port status.
+func leaf1ECXBit(t *testing.T, bit byte) func(hide []string) int {
+	t.Helper()
+	// mov eax,1; xor ecx,ecx; cpuid; mov eax,ecx; shr eax,bit; and al,1; out 0xf4,al
+	prog := testenv.Program{0xb8, 1, 0, 0, 0, 0x31, 0xc9, 0x0f, 0xa2, 0x89, 0xc8, 0xc1, 0xe8, bit, 0x24, 0x01, 0xe6, 0xf4}.Halt()
 	kernel := testenv.TinyGuest(t, prog)
-	run := func(hide []string) int {
+	return func(hide []string) int {
 		t.Helper()
 		res, _, err := runGuest(t, Config{Kernel: kernel, MemoryBytes: 16 << 20, HideCPUFeatures: hide, Log: quietLog()}, 30*time.Second)
 		if err != nil || res.Kind != ExitDebugPort {
@@ -340,6 +340,14 @@ func TestCPUHide(t *testing.T) {
 		}
 		return res.Status
 	}
+}
+
+// TestCPUHide: --cpu-hide takes a feature out of the CPUID the guest sees.
+// The guest executes CPUID leaf 1 at CPL0 and reports ECX bit 13 (CX16, the
+// feature a Linux guest on a PVM host needs hidden) through the debug port.
+func TestCPUHide(t *testing.T) {
+	testenv.RequireKVM(t)
+	run := leaf1ECXBit(t, 13)
 	if got := run([]string{"cx16"}); got != 0 {
 		t.Errorf("with --cpu-hide cx16 the guest sees CX16 (CPUID.1:ECX[13] = %d)", got)
 	}
@@ -360,17 +368,7 @@ func TestTSCDeadlineAnnounced(t *testing.T) {
 	}
 	emulated := sys.CheckExtension(kvm.CapTSCDeadlineTimer) > 0
 	sys.Close()
-	// mov eax,1; xor ecx,ecx; cpuid; mov eax,ecx; shr eax,24; and al,1; out 0xf4,al
-	prog := testenv.Program{0xb8, 1, 0, 0, 0, 0x31, 0xc9, 0x0f, 0xa2, 0x89, 0xc8, 0xc1, 0xe8, 24, 0x24, 0x01, 0xe6, 0xf4}.Halt()
-	kernel := testenv.TinyGuest(t, prog)
-	run := func(hide []string) int {
-		t.Helper()
-		res, _, err := runGuest(t, Config{Kernel: kernel, MemoryBytes: 16 << 20, HideCPUFeatures: hide, Log: quietLog()}, 30*time.Second)
-		if err != nil || res.Kind != ExitDebugPort {
-			t.Fatalf("guest did not report: %+v, %v", res, err)
-		}
-		return res.Status
-	}
+	run := leaf1ECXBit(t, 24)
 	want := 0
 	if emulated {
 		want = 1

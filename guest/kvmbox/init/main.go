@@ -8,7 +8,7 @@
 // behind and restarts the machine, which QEMU (-no-reboot) turns into its exit.
 //
 // The job (argv, environment, working directory, repository path) is
-// /kvmbox/job.json in the initramfs; package kvmbox writes it (Job).
+// /kvmbox/job.json in the initramfs; package kvmbox writes it (kvmbox.Job).
 //
 // The status port carries exactly one line: "exit N", "signal N", or
 // "box-error MESSAGE" when the box itself failed before the command ran.
@@ -30,15 +30,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/internal/kvmbox"
 )
 
-// Job mirrors internal/kvmbox.Job: the JSON the host writes.
-type Job struct {
-	Argv []string `json:"argv"`
-	Env  []string `json:"env"`
-	Dir  string   `json:"dir"`
-	Repo string   `json:"repo"`
-}
+// Job is what the host wrote.
+type Job = kvmbox.Job
 
 const (
 	jobPath = "/kvmbox/job.json"

@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/microvm/microvm/internal/kvmbox"
@@ -64,14 +65,27 @@ func Main(args []string, stderr io.Writer) int {
 		return fail("--timeout %v: must not be negative", o.Timeout)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	code, err := kvmbox.Run(ctx, o, argv)
-	if err != nil {
-		if ctx.Err() != nil && errors.Is(context.Cause(ctx), context.Canceled) {
-			fmt.Fprintln(stderr, "kvmbox: interrupted")
-			return 130
+	// SIGINT or SIGTERM ends the box (QEMU is killed) with 128+signal.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	var caught atomic.Int32
+	go func() {
+		select {
+		case s := <-sigs:
+			caught.Store(int32(s.(syscall.Signal)))
+			cancel()
+		case <-ctx.Done():
 		}
+	}()
+	code, err := kvmbox.Run(ctx, o, argv)
+	if sig := caught.Load(); sig != 0 {
+		fmt.Fprintf(stderr, "kvmbox: stopped by %v\n", syscall.Signal(sig))
+		return 128 + int(sig)
+	}
+	if err != nil {
 		return fail("%s", strings.TrimPrefix(err.Error(), "kvmbox: "))
 	}
 	return code
