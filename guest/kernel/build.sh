@@ -96,6 +96,19 @@ if [[ ! -f "$srcdir/.extracted" ]]; then
 fi
 flock -u 9
 
+# One build per object directory at a time (make kernel from a test and from
+# make test may overlap); the second waits, then finds the stamp current.
+exec 8>"$cache/.build-$name.lock"
+flock 8
+if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
+	have_all=true
+	for t in "${targets[@]}"; do [[ -f "$outdir/$t" ]] || have_all=false; done
+	if $have_all; then
+		log "built meanwhile by another process: ${targets[*]} in $outdir"
+		exit 0
+	fi
+fi
+
 # --- Configuration ---------------------------------------------------------------
 # Reproducible identification strings in the image.
 export KBUILD_BUILD_USER=microvm KBUILD_BUILD_HOST=microvm
