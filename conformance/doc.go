@@ -1,19 +1,31 @@
-// Package conformance holds the end-to-end conformance suite of the
-// vhost-user vsock backend (microvm vhost-user-vsock): a real Linux 6.1 guest
-// (build/kernel/vmlinux from make kernel) runs under QEMU -M microvm with a
-// vhost-user-vsock-device whose back-end is our binary in a separate process,
-// and the guest's /init (guest/init) runs vsock scenarios that the tests
-// drive and check from the host side.
+// Package conformance holds the end-to-end conformance suite of microvm's
+// virtio-vsock device: a real Linux 6.1 guest (build/kernel from make
+// kernel) whose /init (guest/init) runs vsock scenarios that the tests drive
+// and check from the host side. The same scenarios run against two targets:
 //
-// The package has no non-test code beyond this comment. The tests build
-// what they need (bin/microvm, the guest /init and its initramfs) into a
-// temporary directory. They skip with a message when the kernel or QEMU is
-// missing, and fail instead when CI=true. See docs/vhost-user.md for what
-// each test checks and how to run the suite.
+//   - QEMU -M microvm (TCG) with a vhost-user-vsock-device whose back-end is
+//     microvm vhost-user-vsock in a separate process (TestModern,
+//     TestLegacyMMIO, TestQEMURestart, TestMalformedFrontEnd);
+//   - microvm run itself, the device behind microvm's own virtio-mmio
+//     transport with ioeventfd kicks and irqfd interrupts (TestMicrovm).
+//     These need a KVM that runs Linux: on other hosts
+//     testenv.RequireKVM skips them, and make test runs them in the
+//     nested-KVM box (docs/testing.md).
+//
+// The package has no non-test code beyond this comment. bin/microvm and the
+// initramfs come from $MICROVM_BINARY and $MICROVM_INITRD when set (make
+// test sets both; nothing may be built inside the box), otherwise from make
+// bin/microvm and make initramfs (internal/testenv). Missing prerequisites
+// skip a test with a message, and fail it when CI=true. See
+// docs/vhost-user.md for what each test checks and how to run the suite.
 //
 // Environment:
 //
-//	MICROVM_KERNEL            guest kernel (default: build/kernel/vmlinux)
+//	MICROVM_KERNEL            guest vmlinux (default: build/kernel/vmlinux)
+//	MICROVM_BZIMAGE           guest bzImage (default: build/kernel/bzImage)
+//	MICROVM_BINARY            microvm binary (default: bin/microvm, made)
+//	MICROVM_INITRD            guest initramfs (default:
+//	                          build/linux/initramfs.cpio.gz, made)
 //	MICROVM_QEMU              QEMU binary (default: qemu-system-x86_64)
 //	MICROVM_CONFORMANCE_ACCEL tcg (default) or kvm
 //	MICROVM_CONFORMANCE=off   skip the suite (make go-test sets it: make

@@ -143,8 +143,7 @@ func testEventFD(t *testing.T) int {
 // in-process version, with more cases and descriptor-leak checks, is
 // vhostuser's TestMalformedFrontEnd.
 func TestMalformedFrontEnd(t *testing.T) {
-	need(t)
-	be := startBackend(t)
+	be := startBackend(t, need(t))
 	cases := []struct {
 		name string
 		send func(t *testing.T, f *badFrontEnd)
@@ -200,7 +199,7 @@ func TestMalformedFrontEnd(t *testing.T) {
 	}
 	v := boot(t, be, bootOpts{params: []string{"microvm.scenarios=echo", fmt.Sprintf("microvm.echo.port=%d", portEcho)}})
 	waitEcho(t, v)
-	t.Run("echo-after", func(t *testing.T) { hostEcho(t, v, be) })
+	t.Run("echo-after", func(t *testing.T) { hostEcho(t, v, be.uds) })
 	v.finish(t)
 	be.waitLog(t, "front-end disconnected", 1)
 	be.alive(t)

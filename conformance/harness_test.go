@@ -27,48 +27,31 @@ import (
 // Bounds on every wait. TCG boots the guest to /init in about a second; these
 // leave room for a loaded machine without letting a broken run hang.
 const (
-	bootTimeout    = 60 * time.Second // QEMU start to a scenario line
+	bootTimeout    = 60 * time.Second // guest start to a scenario line
 	resultTimeout  = 60 * time.Second // a scenario line to its result
-	exitTimeout    = 30 * time.Second // init: done to QEMU's exit
+	exitTimeout    = 30 * time.Second // init: done to the guest process's exit
 	ioTimeout      = 60 * time.Second // one host-side exchange
 	backendTimeout = 10 * time.Second // backend start, and its reaction to a front-end leaving
 	guestTimeout   = "45s"            // microvm.timeout: each scenario in the guest
 	guestCID       = 3
 )
 
-// Test binaries, built once per test process into a temporary directory.
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-	bins      struct{ microvm, initrd string }
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+// artefacts are what a test boots: prebuilt when $MICROVM_BINARY and
+// $MICROVM_INITRD name them (make test sets both, and nothing may be built
+// inside the nested-KVM box), otherwise brought up to date by make
+// (internal/testenv).
+type artefacts struct {
+	microvm string // bin/microvm
+	initrd  string // the guest's initramfs with the Go /init
+	kernel  string // build/kernel/vmlinux
 }
 
-// repoRoot is the module root: the tests run in conformance/.
-func repoRoot(t testing.TB) string {
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
+// where says where the tests run, as testenv.Record takes it.
+func where() string {
+	if testenv.InBox() {
+		return "box"
 	}
-	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
-		t.Fatalf("conformance: module root not found above %s: %v", root, err)
-	}
-	return root
-}
-
-func kernelPath(t testing.TB) string {
-	if k := os.Getenv("MICROVM_KERNEL"); k != "" {
-		return k
-	}
-	return filepath.Join(repoRoot(t), "build", "kernel", "vmlinux")
+	return "native"
 }
 
 func qemuBinary() string {
@@ -92,102 +75,129 @@ func accel(t testing.TB) (string, string) {
 	}
 }
 
-// need skips (or, under CI=true, fails) when the kernel or QEMU is missing,
-// then builds the binaries once.
-func need(t *testing.T) {
+// suiteEnabled skips the test under -short and MICROVM_CONFORMANCE=off.
+func suiteEnabled(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("conformance: boots Linux under QEMU; skipped with -short")
+		t.Skip("conformance: boots Linux; skipped with -short")
 	}
 	if os.Getenv("MICROVM_CONFORMANCE") == "off" {
 		t.Skip("conformance: MICROVM_CONFORMANCE=off (make go-test leaves the suite to make conformance)")
 	}
-	var missing []string
-	if _, err := os.Stat(kernelPath(t)); err != nil {
-		missing = append(missing, fmt.Sprintf("guest kernel %s (run make kernel, or set MICROVM_KERNEL)", kernelPath(t)))
-	}
+}
+
+// need skips (or, under CI=true, fails) when QEMU, the kernel or the
+// initramfs is missing, and returns the artefacts of a QEMU-target test.
+func need(t *testing.T) artefacts {
+	t.Helper()
+	suiteEnabled(t)
 	if _, err := exec.LookPath(qemuBinary()); err != nil {
-		missing = append(missing, fmt.Sprintf("%s (apt-get install qemu-system-x86, or set MICROVM_QEMU)", qemuBinary()))
+		testenv.Missing(t, "conformance: missing %s (apt-get install qemu-system-x86, or set MICROVM_QEMU)", qemuBinary())
 	}
-	if len(missing) > 0 {
-		msg := "conformance: missing " + strings.Join(missing, "; ")
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	buildOnce.Do(func() { buildErr = buildAll(repoRoot(t)) })
-	if buildErr != nil {
-		t.Fatalf("conformance: build: %v", buildErr)
+	a := artefacts{kernel: testenv.Kernel(t), microvm: testenv.Binary(t), initrd: testenv.Initrd(t)}
+	testenv.Record(t, "vhost-user-qemu", where())
+	return a
+}
+
+// guestCmdline is the guest kernel's command line: reboot is "t" under
+// QEMU -no-reboot (a triple fault ends QEMU), "k" under microvm (its
+// i8042 reset ends microvm with status 0).
+func guestCmdline(reboot string, params []string) string {
+	return "console=ttyS0 reboot=" + reboot + " panic=-1 quiet microvm.timeout=" + guestTimeout + " " + strings.Join(params, " ")
+}
+
+// proc is a child process of a test: its exit and its log.
+type proc struct {
+	name    string // "backend", "QEMU", "microvm": as failures name it
+	cmd     *exec.Cmd
+	log     testenv.SyncBuffer // stderr (the back-end's stdout too)
+	done    chan struct{}      // closed when the process has exited
+	waitErr error              // valid once done is closed
+}
+
+// alive fails the test if the process has exited.
+func (p *proc) alive(t testing.TB) {
+	t.Helper()
+	select {
+	case <-p.done:
+		t.Fatalf("%s exited: %v\n%s", p.name, p.waitErr, p.log.String())
+	default:
 	}
 }
 
-// buildAll builds bin/microvm, the static guest /init and its initramfs.
-func buildAll(root string) error {
-	dir, err := os.MkdirTemp("", "cfbin")
-	if err != nil {
-		return err
-	}
-	buildDir = dir
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return fmt.Errorf("go tool: %w", err)
-	}
-	run := func(env []string, args ...string) error {
-		cmd := exec.Command(goBin, args...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), env...)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+// count returns how many log lines contain s.
+func (p *proc) count(s string) int { return strings.Count(p.log.String(), s) }
+
+// waitLog waits until at least n log lines contain s.
+func (p *proc) waitLog(t testing.TB, s string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(backendTimeout)
+	for p.count(s) < n {
+		exited := false
+		select {
+		case <-p.done:
+			exited = true
+		default:
 		}
-		return nil
-	}
-	bins.microvm = filepath.Join(dir, "microvm")
-	initBin := filepath.Join(dir, "init")
-	mkinit := filepath.Join(dir, "mkinitramfs")
-	bins.initrd = filepath.Join(dir, "initramfs.cpio.gz")
-	errs := make(chan error, 3)
-	go func() { errs <- run(nil, "build", "-o", bins.microvm, "./cmd/microvm") }()
-	go func() {
-		errs <- run([]string{"CGO_ENABLED=0"}, "build", "-trimpath", "-ldflags=-s", "-o", initBin, "./guest/init")
-	}()
-	go func() { errs <- run(nil, "build", "-o", mkinit, "./guest/mkinitramfs") }()
-	for range 3 {
-		if err := <-errs; err != nil {
-			return err
+		if exited && p.count(s) < n {
+			t.Fatalf("%s exited (%v) while waiting for %q in its log:\n%s", p.name, p.waitErr, s, p.log.String())
 		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %q appeared %d times in %v, want %d:\n%s", p.name, s, p.count(s), backendTimeout, n, p.log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	out, err := exec.Command(mkinit, "-o", bins.initrd, "-init", initBin).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("mkinitramfs: %v\n%s", err, out)
+}
+
+var levelRE = regexp.MustCompile(`\blevel=(\w+)`)
+
+// problems returns the log lines at warning level or above that contain
+// none of the allowed strings: protocol errors ("front-end dropped"), device
+// failures, guest errors.
+func (p *proc) problems(allowed ...string) []string {
+	var out []string
+lines:
+	for _, l := range strings.Split(p.log.String(), "\n") {
+		m := levelRE.FindStringSubmatch(l)
+		if m == nil || (m[1] != "warning" && m[1] != "error" && m[1] != "fatal" && m[1] != "panic") {
+			continue
+		}
+		for _, a := range allowed {
+			if strings.Contains(l, a) {
+				continue lines
+			}
+		}
+		out = append(out, l)
 	}
-	return nil
+	return out
+}
+
+// checkClean fails the test if the process logged any warning or error.
+func (p *proc) checkClean(t testing.TB) {
+	t.Helper()
+	if pr := p.problems(); len(pr) > 0 {
+		t.Errorf("%s logged %d problem(s):\n%s", p.name, len(pr), strings.Join(pr, "\n"))
+	}
 }
 
 // backend is a microvm vhost-user-vsock process.
 type backend struct {
+	proc
+	art       artefacts
 	dir       string // short temporary directory (sun_path is 108 bytes)
 	sock, uds string
-	cmd       *exec.Cmd
-	log       testenv.SyncBuffer
-	done      chan struct{} // closed when the process has exited
-	waitErr   error
 }
 
 // startBackend starts the back-end in a fresh temporary directory and waits
 // until its sockets exist. Cleanup stops it (SIGTERM, then SIGKILL).
-func startBackend(t *testing.T, extraArgs ...string) *backend {
+func startBackend(t *testing.T, a artefacts, extraArgs ...string) *backend {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	b := &backend{dir: dir, sock: filepath.Join(dir, "vhu.sock"), uds: filepath.Join(dir, "v.sock"), done: make(chan struct{})}
+	dir := shortTempDir(t)
+	b := &backend{proc: proc{name: "backend", done: make(chan struct{})}, art: a,
+		dir: dir, sock: filepath.Join(dir, "vhu.sock"), uds: filepath.Join(dir, "v.sock")}
 	args := append([]string{"vhost-user-vsock", "--socket", b.sock, "--guest-cid", strconv.Itoa(guestCID),
 		"--uds-path", b.uds, "--log-level", "info"}, extraArgs...)
-	b.cmd = exec.Command(bins.microvm, args...)
+	b.cmd = exec.Command(a.microvm, args...)
 	b.cmd.Stdout = &b.log
 	b.cmd.Stderr = &b.log
 	if err := b.cmd.Start(); err != nil {
@@ -215,34 +225,17 @@ func startBackend(t *testing.T, extraArgs ...string) *backend {
 	return b
 }
 
-// alive fails the test if the back-end process has exited.
-func (b *backend) alive(t testing.TB) {
+// shortTempDir returns a fresh directory under $TMPDIR (/tmp), not
+// t.TempDir: Unix socket paths must fit in sun_path's 108 bytes, and inside
+// the nested-KVM box sockets must live on /tmp's tmpfs. Cleanup removes it.
+func shortTempDir(t *testing.T) string {
 	t.Helper()
-	select {
-	case <-b.done:
-		t.Fatalf("backend exited: %v\n%s", b.waitErr, b.log.String())
-	default:
+	dir, err := os.MkdirTemp("", "cf")
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// count returns how many log lines contain s.
-func (b *backend) count(s string) int { return strings.Count(b.log.String(), s) }
-
-// waitLog waits until at least n log lines contain s.
-func (b *backend) waitLog(t testing.TB, s string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(backendTimeout)
-	for b.count(s) < n {
-		select {
-		case <-b.done:
-			t.Fatalf("backend exited (%v) while waiting for %q in its log:\n%s", b.waitErr, s, b.log.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("backend: %q appeared %d times in %v, want %d:\n%s", s, b.count(s), backendTimeout, n, b.log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 var featuresRE = regexp.MustCompile(`rings started" features=(0x[0-9a-f]+)`)
@@ -259,37 +252,6 @@ func (b *backend) features(t testing.TB) uint64 {
 		t.Fatal(err)
 	}
 	return f
-}
-
-var levelRE = regexp.MustCompile(`\blevel=(\w+)`)
-
-// problems returns the log lines at warning level or above that contain
-// none of the allowed strings: protocol errors ("front-end dropped"), device
-// failures, guest errors.
-func (b *backend) problems(allowed ...string) []string {
-	var out []string
-lines:
-	for _, l := range strings.Split(b.log.String(), "\n") {
-		m := levelRE.FindStringSubmatch(l)
-		if m == nil || (m[1] != "warning" && m[1] != "error" && m[1] != "fatal" && m[1] != "panic") {
-			continue
-		}
-		for _, a := range allowed {
-			if strings.Contains(l, a) {
-				continue lines
-			}
-		}
-		out = append(out, l)
-	}
-	return out
-}
-
-// checkClean fails the test if the back-end logged any warning or error.
-func (b *backend) checkClean(t testing.TB) {
-	t.Helper()
-	if p := b.problems(); len(p) > 0 {
-		t.Errorf("backend logged %d problem(s):\n%s", len(p), strings.Join(p, "\n"))
-	}
 }
 
 // console collects the guest's serial output line by line.
@@ -335,14 +297,12 @@ func (c *console) transcript() string {
 	return strings.Join(c.lines, "\n")
 }
 
-// vm is one QEMU process.
+// vm is one guest: a QEMU process (its log: stderr) or a microvm run
+// process (its log: stderr, at info level), the serial console on stdout.
 type vm struct {
-	cmd     *exec.Cmd
-	con     *console
-	stderr  testenv.SyncBuffer
-	cursor  int // console lines before it are consumed
-	done    chan struct{}
-	waitErr error
+	proc
+	con    *console
+	cursor int // console lines before it are consumed
 }
 
 // bootOpts selects the QEMU configuration.
@@ -352,33 +312,38 @@ type bootOpts struct {
 }
 
 // qemuArgs is the command line documented in docs/vhost-user.md.
-func qemuArgs(t testing.TB, sock string, o bootOpts) []string {
+func qemuArgs(t testing.TB, b *backend, o bootOpts) []string {
 	acc, cpu := accel(t)
 	args := []string{
 		"-M", "microvm,acpi=off,memory-backend=mem", "-accel", acc, "-cpu", cpu, "-m", "256M",
 		"-object", "memory-backend-memfd,id=mem,size=256M,share=on",
-		"-chardev", "socket,id=vc,path=" + sock, "-device", "vhost-user-vsock-device,chardev=vc",
+		"-chardev", "socket,id=vc,path=" + b.sock, "-device", "vhost-user-vsock-device,chardev=vc",
 	}
 	if !o.legacy {
 		args = append(args, "-global", "virtio-mmio.force-legacy=false")
 	}
-	cmdline := "console=ttyS0 reboot=t panic=-1 quiet microvm.timeout=" + guestTimeout + " " + strings.Join(o.params, " ")
-	return append(args, "-kernel", kernelPath(t), "-initrd", bins.initrd, "-append", cmdline,
+	return append(args, "-kernel", b.art.kernel, "-initrd", b.art.initrd, "-append", guestCmdline("t", o.params),
 		"-nodefaults", "-nographic", "-serial", "stdio", "-no-reboot")
 }
 
 // boot starts QEMU against the back-end. Cleanup kills it.
 func boot(t *testing.T, b *backend, o bootOpts) *vm {
 	t.Helper()
-	v := &vm{done: make(chan struct{})}
-	v.cmd = exec.Command(qemuBinary(), qemuArgs(t, b.sock, o)...)
+	return startVM(t, "QEMU", exec.Command(qemuBinary(), qemuArgs(t, b, o)...))
+}
+
+// startVM starts cmd, a guest whose serial console is its stdout. Cleanup
+// kills it, and shows its console and log when the test failed.
+func startVM(t *testing.T, name string, cmd *exec.Cmd) *vm {
+	t.Helper()
+	v := &vm{proc: proc{name: name, cmd: cmd, done: make(chan struct{})}}
 	out, err := v.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	v.cmd.Stderr = &v.stderr
+	v.cmd.Stderr = &v.log
 	if err := v.cmd.Start(); err != nil {
-		t.Fatalf("start QEMU: %v", err)
+		t.Fatalf("start %s: %v", name, err)
 	}
 	v.con = newConsole()
 	go func() {
@@ -389,7 +354,7 @@ func boot(t *testing.T, b *backend, o bootOpts) *vm {
 	t.Cleanup(func() {
 		v.kill()
 		if t.Failed() {
-			t.Logf("guest console:\n%s\nQEMU stderr:\n%s", v.con.transcript(), v.stderr.String())
+			t.Logf("guest console:\n%s\n%s stderr:\n%s", v.con.transcript(), name, v.log.String())
 		}
 	})
 	return v
@@ -406,8 +371,8 @@ func (v *vm) kill() {
 }
 
 // next returns the first unconsumed console line that match accepts, and
-// consumes everything up to it. It fails the test on timeout, or when QEMU
-// exits first.
+// consumes everything up to it. It fails the test on timeout, or when the
+// guest process exits first.
 func (v *vm) next(t testing.TB, what string, timeout time.Duration, match func(string) bool) string {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
@@ -423,7 +388,7 @@ func (v *vm) next(t testing.TB, what string, timeout time.Duration, match func(s
 			}
 		}
 		if eof {
-			t.Fatalf("QEMU exited before %s", what)
+			t.Fatalf("%s exited before %s", v.name, what)
 		}
 		select {
 		case <-changed:
@@ -469,7 +434,8 @@ func (v *vm) result(t testing.TB, name string) map[string]string {
 	return fields(m[3])
 }
 
-// finish waits for "init: done ok" and QEMU's exit with status 0.
+// finish waits for "init: done ok" and the guest process's exit with
+// status 0.
 func (v *vm) finish(t testing.TB) {
 	t.Helper()
 	l := v.next(t, "init: done", resultTimeout, func(l string) bool { return strings.HasPrefix(l, "init: done ") })
@@ -484,10 +450,10 @@ func (v *vm) finish(t testing.TB) {
 	select {
 	case <-v.done:
 	case <-time.After(exitTimeout):
-		t.Fatalf("QEMU still running %v after %q", exitTimeout, l)
+		t.Fatalf("%s still running %v after %q", v.name, exitTimeout, l)
 	}
 	if v.waitErr != nil {
-		t.Errorf("QEMU: %v", v.waitErr)
+		t.Errorf("%s: %v", v.name, v.waitErr)
 	}
 }
 
@@ -590,9 +556,9 @@ type hostResult struct {
 
 // listenGuest listens on <uds>_port and runs serve on each of conns
 // connections (concurrently), reporting each result.
-func listenGuest(t *testing.T, b *backend, port uint32, conns int, serve func(c *net.UnixConn) hostResult) *guestListener {
+func listenGuest(t *testing.T, uds string, port uint32, conns int, serve func(c *net.UnixConn) hostResult) *guestListener {
 	t.Helper()
-	path := fmt.Sprintf("%s_%d", b.uds, port)
+	path := fmt.Sprintf("%s_%d", uds, port)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)

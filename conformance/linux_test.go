@@ -43,8 +43,8 @@ func waitEcho(t *testing.T, v *vm) {
 // hostEcho is the host-initiated echo, once the guest listens: CONNECT,
 // write 16 MiB, shut down writing, read the echo to EOF; the guest's echo
 // scenario must then report one connection of exactly that many bytes.
-func hostEcho(t *testing.T, v *vm, be *backend) {
-	c, err := hostConnect(be.uds, portEcho)
+func hostEcho(t *testing.T, v *vm, uds string) {
+	c, err := hostConnect(uds, portEcho)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +64,13 @@ func hostEcho(t *testing.T, v *vm, be *backend) {
 	t.Logf("16 MiB echoed in %v", time.Since(start).Round(time.Millisecond))
 }
 
-// TestModern boots one guest over modern virtio-mmio and runs every data
-// scenario against the back-end, checking each on both sides.
-func TestModern(t *testing.T) {
-	need(t)
-	be := startBackend(t)
-
+// runData boots one guest on tg and runs every data scenario, checking each
+// on both sides: a refused host connection, a 16 MiB host echo, half-close
+// from either side, guest send and receive, a slow host reader (credit), 32
+// concurrent guest connections and a refused guest connection. It returns
+// the guest once every scenario reported, for the caller to finish and
+// check the device's log.
+func runData(t *testing.T, tg target) *vm {
 	const (
 		sendSize, sendSeed   = 4 << 20, 11
 		recvSize, recvSeed   = 4 << 20, 12
@@ -85,17 +86,17 @@ func TestModern(t *testing.T) {
 	recvSum := payloadSum(recvSeed, recvSize)
 
 	// Host sides of the guest-initiated scenarios, up before the guest dials.
-	sendL := listenGuest(t, be, portSend, 1, func(c *net.UnixConn) hostResult {
+	sendL := listenGuest(t, tg.uds(), portSend, 1, func(c *net.UnixConn) hostResult {
 		r := hostResult{got: newDigest()}
 		_, r.err = io.Copy(r.got, c)
 		return r
 	})
-	recvL := listenGuest(t, be, portRecv, 1, func(c *net.UnixConn) hostResult {
+	recvL := listenGuest(t, tg.uds(), portRecv, 1, func(c *net.UnixConn) hostResult {
 		r := hostResult{sent: newDigest()}
 		_, r.err = io.CopyN(io.MultiWriter(c, r.sent), payload(recvSeed), recvSize)
 		return r
 	})
-	hcgL := listenGuest(t, be, portHalfCloseGst, 1, func(c *net.UnixConn) hostResult {
+	hcgL := listenGuest(t, tg.uds(), portHalfCloseGst, 1, func(c *net.UnixConn) hostResult {
 		// Read to the guest's shutdown, then answer: the guest must still
 		// receive after shutting down its writing side.
 		r := hostResult{got: newDigest(), sent: newDigest()}
@@ -111,7 +112,7 @@ func TestModern(t *testing.T) {
 		r.sent.Write(data)
 		return r
 	})
-	slowL := listenGuest(t, be, portSlow, 1, func(c *net.UnixConn) hostResult {
+	slowL := listenGuest(t, tg.uds(), portSlow, 1, func(c *net.UnixConn) hostResult {
 		// Stall, then read in small chunks with pauses: far slower than the
 		// guest writes, so it runs out of credit again and again.
 		r := hostResult{got: newDigest()}
@@ -131,7 +132,7 @@ func TestModern(t *testing.T) {
 		}
 	})
 	var open, maxOpen atomic.Int32
-	concL := listenGuest(t, be, portConcurrent, concConns, func(c *net.UnixConn) hostResult {
+	concL := listenGuest(t, tg.uds(), portConcurrent, concConns, func(c *net.UnixConn) hostResult {
 		n := open.Add(1)
 		for m := maxOpen.Load(); n > m && !maxOpen.CompareAndSwap(m, n); m = maxOpen.Load() {
 		}
@@ -139,7 +140,7 @@ func TestModern(t *testing.T) {
 		return echoServe(c)
 	})
 
-	v := boot(t, be, bootOpts{params: []string{
+	v := tg.boot(t, []string{
 		"microvm.scenarios=echo,halfclose-host,send,recv,halfclose-guest,slowreader,concurrent,refused",
 		fmt.Sprintf("microvm.echo.port=%d", portEcho),
 		fmt.Sprintf("microvm.halfclose-host.port=%d", portHalfCloseHost),
@@ -149,7 +150,7 @@ func TestModern(t *testing.T) {
 		fmt.Sprintf("microvm.slowreader.port=%d microvm.slowreader.size=%d microvm.slowreader.seed=%d", portSlow, slowSize, slowSeed),
 		fmt.Sprintf("microvm.concurrent.port=%d microvm.concurrent.conns=%d microvm.concurrent.size=%d microvm.concurrent.seed=%d", portConcurrent, concConns, concSize, concSeed),
 		fmt.Sprintf("microvm.refused.port=%d microvm.refused.within=%v", portGuestRefused, refusedWithin),
-	}})
+	})
 	if l := v.next(t, "vsock CID line", bootTimeout, func(l string) bool { return len(l) > 12 && l[:12] == "init: vsock " }); l != fmt.Sprintf("init: vsock cid=%d", guestCID) {
 		t.Fatalf("guest: %s", l)
 	}
@@ -159,7 +160,7 @@ func TestModern(t *testing.T) {
 		// While the guest listens on the echo port only, a CONNECT to
 		// another port must be answered by closing the Unix connection.
 		start := time.Now()
-		c, err := hostConnect(be.uds, portHostRefused)
+		c, err := hostConnect(tg.uds(), portHostRefused)
 		if err == nil {
 			c.Close()
 			t.Fatalf("CONNECT %d succeeded; nobody listens there", portHostRefused)
@@ -173,11 +174,11 @@ func TestModern(t *testing.T) {
 		t.Logf("refused in %v", time.Since(start).Round(time.Millisecond))
 	})
 
-	t.Run("echo-host-16MiB", func(t *testing.T) { hostEcho(t, v, be) })
+	t.Run("echo-host-16MiB", func(t *testing.T) { hostEcho(t, v, tg.uds()) })
 
 	t.Run("halfclose-host", func(t *testing.T) {
 		v.listening(t, "halfclose-host")
-		c, err := hostConnect(be.uds, portHalfCloseHost)
+		c, err := hostConnect(tg.uds(), portHalfCloseHost)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,12 +270,42 @@ func TestModern(t *testing.T) {
 		if f["errno"] != "ECONNRESET" && f["errno"] != "ECONNREFUSED" {
 			t.Errorf("guest result %v", f)
 		}
-		if _, err := os.Stat(fmt.Sprintf("%s_%d", be.uds, portGuestRefused)); err == nil {
-			t.Errorf("%s_%d exists", be.uds, portGuestRefused)
+		if _, err := os.Stat(fmt.Sprintf("%s_%d", tg.uds(), portGuestRefused)); err == nil {
+			t.Errorf("%s_%d exists", tg.uds(), portGuestRefused)
 		}
 		t.Logf("guest: errno=%s elapsed=%s", f["errno"], f["elapsed"])
 	})
+	return v
+}
 
+// target is a machine under test as the data scenarios see it: the QEMU
+// and back-end pair (qemuTarget), or a microvm run process (microvmTarget).
+type target interface {
+	// uds is the host Unix socket of the guest's vsock device: host
+	// clients CONNECT there, and guest connections to port P go to
+	// <uds>_P.
+	uds() string
+	// boot starts the guest with these microvm.* kernel parameters.
+	boot(t *testing.T, params []string) *vm
+}
+
+// qemuTarget is QEMU with a vhost-user-vsock-device served by the back-end.
+type qemuTarget struct {
+	be     *backend
+	legacy bool
+}
+
+func (q qemuTarget) uds() string { return q.be.uds }
+
+func (q qemuTarget) boot(t *testing.T, params []string) *vm {
+	return boot(t, q.be, bootOpts{legacy: q.legacy, params: params})
+}
+
+// TestModern boots one guest over modern virtio-mmio and runs every data
+// scenario against the back-end, checking each on both sides.
+func TestModern(t *testing.T) {
+	be := startBackend(t, need(t))
+	v := runData(t, qemuTarget{be: be})
 	v.finish(t)
 	be.waitLog(t, "front-end disconnected", 1)
 	be.alive(t)
@@ -289,17 +320,16 @@ func TestModern(t *testing.T) {
 // TestLegacyMMIO runs a host-initiated and a guest-initiated echo with QEMU's
 // default (legacy, virtio 0.9.5) virtio-mmio transport.
 func TestLegacyMMIO(t *testing.T) {
-	need(t)
-	be := startBackend(t)
+	be := startBackend(t, need(t))
 	const connectSize, connectSeed = 1 << 20, 31
-	connL := listenGuest(t, be, portConnect, 1, echoServe)
+	connL := listenGuest(t, be.uds, portConnect, 1, echoServe)
 	v := boot(t, be, bootOpts{legacy: true, params: []string{
 		"microvm.scenarios=echo,connect",
 		fmt.Sprintf("microvm.echo.port=%d", portEcho),
 		fmt.Sprintf("microvm.connect.port=%d microvm.connect.size=%d microvm.connect.seed=%d", portConnect, connectSize, connectSeed),
 	}})
 	waitEcho(t, v)
-	t.Run("echo-host-16MiB", func(t *testing.T) { hostEcho(t, v, be) })
+	t.Run("echo-host-16MiB", func(t *testing.T) { hostEcho(t, v, be.uds) })
 	t.Run("connect-guest", func(t *testing.T) {
 		f := v.result(t, "connect")
 		r := connL.wait(t)
@@ -325,8 +355,7 @@ func TestLegacyMMIO(t *testing.T) {
 // connection, checks the back-end closes that connection and keeps running,
 // then boots a new QEMU against the same back-end process and echoes 16 MiB.
 func TestQEMURestart(t *testing.T) {
-	need(t)
-	be := startBackend(t)
+	be := startBackend(t, need(t))
 	params := []string{"microvm.scenarios=echo", fmt.Sprintf("microvm.echo.port=%d", portEcho)}
 
 	v := boot(t, be, bootOpts{params: params})
@@ -374,7 +403,7 @@ func TestQEMURestart(t *testing.T) {
 
 	v2 := boot(t, be, bootOpts{params: params})
 	waitEcho(t, v2)
-	t.Run("echo-after-restart", func(t *testing.T) { hostEcho(t, v2, be) })
+	t.Run("echo-after-restart", func(t *testing.T) { hostEcho(t, v2, be.uds) })
 	v2.finish(t)
 	be.waitLog(t, "front-end disconnected", 2)
 	be.alive(t)
