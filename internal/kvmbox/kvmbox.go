@@ -101,13 +101,15 @@ func (e *BoxError) Error() string {
 // MICROVM_*: what finds tools (PATH, HOME, Go's variables) and the locale.
 var passedEnv = []string{"PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TZ"}
 
-// PassEnv filters env down to what the box passes through: CI, MICROVM_*,
-// GO*, CGO_*, LC_* and passedEnv, plus EnvInBox=1.
+// PassEnv filters env down to what the box passes through: CI, MICROVM_*
+// (but MICROVM_HOST_KVM), GO*, CGO_*, LC_* and passedEnv, plus EnvInBox=1.
 func PassEnv(env []string) []string {
 	var out []string
 	for _, kv := range env {
 		k, _, ok := strings.Cut(kv, "=")
-		if !ok || k == EnvInBox {
+		// MICROVM_HOST_KVM describes the outer host (testenv): inside, the
+		// box's own KVM is what counts.
+		if !ok || k == EnvInBox || k == "MICROVM_HOST_KVM" {
 			continue
 		}
 		switch {

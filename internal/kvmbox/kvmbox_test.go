@@ -19,7 +19,7 @@ func TestPassEnv(t *testing.T) {
 	in := []string{
 		"PATH=/usr/bin", "HOME=/root", "CI=true", "MICROVM_KERNEL=/k", "GOFLAGS=-mod=mod",
 		"GOCACHE=/c", "CGO_ENABLED=0", "LC_ALL=C", "TMPDIR=/host/tmp", "SSH_AUTH_SOCK=/s",
-		"MICROVM_IN_BOX=0", "noequals", "PATHX=1",
+		"MICROVM_IN_BOX=0", "MICROVM_HOST_KVM=none", "noequals", "PATHX=1",
 	}
 	want := []string{
 		"PATH=/usr/bin", "HOME=/root", "CI=true", "MICROVM_KERNEL=/k", "GOFLAGS=-mod=mod",
