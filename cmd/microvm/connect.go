@@ -1,22 +1,22 @@
 package main
 
 import (
-	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/microvm/microvm/hybridvsock"
 	"github.com/urfave/cli/v2"
 )
 
 // connectCommand is a host-side client for the vsock Unix socket: it
-// connects to guest port P through the Firecracker handshake and then copies
-// stdin to the guest and the guest's bytes to stdout, like
-// `socat - UNIX-CONNECT:PATH` after a CONNECT line.
+// connects to guest port P through the Firecracker handshake
+// (hybridvsock.Dial) and then copies stdin to the guest and the guest's
+// bytes to stdout, like `socat - UNIX-CONNECT:PATH` after a CONNECT line.
 func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vsock-connect",
@@ -41,25 +41,13 @@ func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 }
 
 func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Reader, stdout io.Writer) error {
-	conn, err := net.DialTimeout("unix", path, timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	uc, err := hybridvsock.Dial(ctx, path, port)
 	if err != nil {
 		return fmt.Errorf("vsock-connect: %w", err)
 	}
-	uc := conn.(*net.UnixConn)
 	defer uc.Close()
-	if _, err := fmt.Fprintf(uc, "CONNECT %d\n", port); err != nil {
-		return fmt.Errorf("vsock-connect: %w", err)
-	}
-	_ = uc.SetReadDeadline(time.Now().Add(timeout))
-	br := bufio.NewReader(uc)
-	line, err := br.ReadString('\n')
-	if err != nil {
-		return fmt.Errorf("vsock-connect: guest port %d: connection refused or not answered: %w", port, err)
-	}
-	if !strings.HasPrefix(line, "OK ") {
-		return fmt.Errorf("vsock-connect: unexpected reply %q", strings.TrimSpace(line))
-	}
-	_ = uc.SetReadDeadline(time.Time{})
 	// stdin -> guest runs beside guest -> stdout. When the guest side ends
 	// the command returns without waiting for stdin, which may never end (a
 	// terminal); the copying goroutine dies with the process. An error it
@@ -72,7 +60,7 @@ func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Read
 		}
 		sent <- err
 	}()
-	_, rerr := io.Copy(stdout, br)
+	_, rerr := io.Copy(stdout, uc)
 	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
 		return fmt.Errorf("vsock-connect: %w", rerr)
 	}

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"regexp"
@@ -9,37 +10,28 @@ import (
 	"sync"
 	"time"
 
-	"github.com/microvm/microvm/vsock/vsocktest"
+	"github.com/microvm/microvm/hybridvsock"
 )
 
 // The helpers in this file take no testing.TB: the vsock benchmark program
 // (bench/vsock) uses them too.
 
 // VsockConnect opens a host-initiated vsock connection to guest port port
-// through the VMM's Unix socket uds, with Firecracker's handshake: it sends
-// "CONNECT <port>\n" and reads the "OK <host port>\n" answer a byte at a
-// time (vsocktest.ReadOK), so no stream data is consumed with it. timeout
-// bounds the answer; the connection is returned without a deadline, with
-// the host port from the answer. A connection closed instead of answered
-// (the guest refused, or did not answer in the VMM's connect timeout) gives
-// an error wrapping io.EOF.
+// through the VMM's Unix socket uds with hybridvsock.Dial: it sends
+// "CONNECT <port>\n" and reads the "OK <host port>\n" answer without
+// consuming any stream data. timeout bounds the connect and the answer; the
+// connection is returned without a deadline, with the host port from the
+// answer. A connection closed instead of answered (the guest refused, or
+// did not answer in the VMM's connect timeout) gives an error wrapping
+// hybridvsock.ErrRefused and io.EOF.
 func VsockConnect(uds string, port uint32, timeout time.Duration) (*net.UnixConn, uint32, error) {
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: uds, Net: "unix"})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := hybridvsock.Dial(ctx, uds, port)
 	if err != nil {
 		return nil, 0, err
 	}
-	_ = c.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := fmt.Fprintf(c, "CONNECT %d\n", port); err != nil {
-		c.Close()
-		return nil, 0, fmt.Errorf("CONNECT %d: %w", port, err)
-	}
-	_ = c.SetWriteDeadline(time.Time{})
-	hostPort, err := vsocktest.ReadOK(c, timeout)
-	if err != nil {
-		c.Close()
-		return nil, 0, fmt.Errorf("CONNECT %d: %w", port, err)
-	}
-	return c, hostPort, nil
+	return c.UnixConn, c.HostPort(), nil
 }
 
 // SyncBuffer is a bytes.Buffer that several goroutines may use: a process's
