@@ -50,7 +50,9 @@ type Config struct {
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
-	Log *logrus.Logger
+	// Any logrus.FieldLogger works: a *logrus.Logger, or an *logrus.Entry
+	// carrying the caller's fields (a job ID, say).
+	Log logrus.FieldLogger
 }
 
 // IRQChip is the interrupt controller model.

@@ -229,7 +229,7 @@ func TestGuestMemoryVisible(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := make([]byte, len("hello=world")+1)
-	if err := m.Memory().Read(0x20000, got); err != nil {
+	if err := m.ReadMemory(0x20000, got); err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != "hello=world\x00" {

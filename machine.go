@@ -65,7 +65,7 @@ type Result struct {
 // Machine is a configured VM ready to Run.
 type Machine struct {
 	cfg Config
-	log *logrus.Logger
+	log logrus.FieldLogger
 
 	sys   *kvm.System
 	vm    *kvm.VM
@@ -344,9 +344,15 @@ func (m *Machine) cmdline() string {
 	return s
 }
 
-// Memory exposes guest memory to embedders (for example to inspect a result
-// the guest left behind). It is valid until Close.
-func (m *Machine) Memory() *guestmem.Memory { return m.mem }
+// ReadMemory copies guest-physical memory at gpa into p (for example a
+// result the guest left behind). A range outside guest RAM is an error; it
+// is valid until Close.
+func (m *Machine) ReadMemory(gpa uint64, p []byte) error {
+	if m.mem == nil {
+		return errors.New("microvm: machine has no memory (closed?)")
+	}
+	return m.mem.Read(gpa, p)
+}
 
 // stop records the first exit condition and makes every vCPU leave KVM_RUN.
 // Any goroutine may call it; later calls are ignored.
