@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+
+	"github.com/microvm/microvm/guest/internal/vsocknet"
 )
 
 // hostCID is the vsock context ID of the host (VMADDR_CID_HOST).
-const hostCID = 2
+const hostCID = vsocknet.CIDHost
 
 // Conn is a stream connection that can be half-closed: CloseWrite sends the
 // peer EOF (shutdown(SHUT_WR)) while reading goes on.
@@ -41,21 +43,4 @@ func asConn(c net.Conn) (Conn, error) {
 }
 
 // VsockAddr is an AF_VSOCK address; it implements net.Addr.
-type VsockAddr struct {
-	CID  uint32
-	Port uint32
-}
-
-// Network returns "vsock".
-func (a *VsockAddr) Network() string { return "vsock" }
-
-// String returns "vsock(CID:PORT)", or "vsock(any:PORT)" for VMADDR_CID_ANY.
-func (a *VsockAddr) String() string {
-	if a.CID == vmaddrCIDAny {
-		return fmt.Sprintf("vsock(any:%d)", a.Port)
-	}
-	return fmt.Sprintf("vsock(%d:%d)", a.CID, a.Port)
-}
-
-// vmaddrCIDAny is VMADDR_CID_ANY: bind to whichever CID this side has.
-const vmaddrCIDAny = 0xffffffff
+type VsockAddr = vsocknet.Addr

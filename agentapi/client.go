@@ -1,0 +1,249 @@
+package agentapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// ChunkSize is the largest data chunk either side puts in one message.
+const ChunkSize = 32 << 10
+
+// ErrProtocol reports a message sequence that breaks the API's rules, such
+// as an Exec stream that ends without an exit status.
+var ErrProtocol = errors.New("agentapi: protocol violation")
+
+// Client calls an agent. It is safe for concurrent use, as is the
+// underlying connection.
+type Client struct {
+	// Agent is the generated client, for calls the helpers do not cover.
+	Agent AgentClient
+}
+
+// NewClient returns a Client that calls the agent on cc.
+func NewClient(cc grpc.ClientConnInterface) *Client {
+	return &Client{Agent: NewAgentClient(cc)}
+}
+
+// Cmd describes a process for Client.Exec.
+type Cmd struct {
+	Argv []string
+	// Env is the complete environment; see ExecStart.env.
+	Env []string
+	// Dir is the working directory ("" means "/").
+	Dir string
+	// UID and GID, when not nil, are the process's credentials.
+	UID, GID *uint32
+	// Timeout > 0 makes the agent kill the process group after that long.
+	// It is rounded up to a millisecond.
+	Timeout time.Duration
+	// Pty, when not nil, runs the process on a pseudo-terminal.
+	Pty *PtySize
+
+	// Stdin, when not nil, is copied to the process's standard input,
+	// which is closed when Stdin returns io.EOF; a nil Stdin closes it at
+	// once. Stdout and Stderr receive the output; nil discards it.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Exec runs cmd and returns how it ended. A process that exits non-zero or
+// dies by a signal is not an error: the error is non-nil only when the
+// call failed (a gRPC status: codes.NotFound for a missing binary,
+// codes.InvalidArgument for a bad request, ...), when ctx ended, or when
+// writing to Stdout or Stderr failed (the call is then cancelled, which
+// kills the process group).
+//
+// Exec returns once the exit status has arrived; it does not wait for a
+// Stdin.Read that is still blocked, whose data is then discarded.
+func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Agent.Exec(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("agentapi: exec: %w", err)
+	}
+	start := &ExecStart{
+		Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+		Uid: cmd.UID, Gid: cmd.GID, Pty: cmd.Pty,
+	}
+	if cmd.Timeout > 0 {
+		start.TimeoutMs = uint64((cmd.Timeout + time.Millisecond - 1) / time.Millisecond)
+	}
+	if err := stream.Send(&ExecRequest{Msg: &ExecRequest_Start{Start: start}}); err != nil {
+		return nil, execErr(stream, err)
+	}
+	// The stdin copier is the only sender from here on (gRPC allows one
+	// sender and one receiver at a time). It ends when Stdin does or when
+	// the stream is over (Send fails once ctx is cancelled on return).
+	go sendStdin(stream, cmd.Stdin)
+
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			return nil, fmt.Errorf("agentapi: exec: stream ended without exit status: %w", ErrProtocol)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("agentapi: exec: %w", err)
+		}
+		switch m := resp.Msg.(type) {
+		case *ExecResponse_Stdout:
+			if err := write(cmd.Stdout, m.Stdout); err != nil {
+				return nil, fmt.Errorf("agentapi: exec: write stdout: %w", err)
+			}
+		case *ExecResponse_Stderr:
+			if err := write(cmd.Stderr, m.Stderr); err != nil {
+				return nil, fmt.Errorf("agentapi: exec: write stderr: %w", err)
+			}
+		case *ExecResponse_Exit:
+			return m.Exit, nil
+		}
+	}
+}
+
+// execErr prefers the call's status to the local error of a failed Send:
+// when the server ends the call, Send returns io.EOF and Recv the status.
+func execErr(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], err error) error {
+	if err == io.EOF {
+		if _, rerr := stream.Recv(); rerr != nil && rerr != io.EOF {
+			err = rerr
+		}
+	}
+	return fmt.Errorf("agentapi: exec: %w", err)
+}
+
+func sendStdin(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], r io.Reader) {
+	if r != nil {
+		for {
+			buf := make([]byte, ChunkSize) // gRPC may keep a sent message
+			n, err := r.Read(buf)
+			if n > 0 {
+				if stream.Send(&ExecRequest{Msg: &ExecRequest_Stdin{Stdin: buf[:n]}}) != nil {
+					return
+				}
+			}
+			if err != nil {
+				break // io.EOF or a failed Stdin: either way stdin ends
+			}
+		}
+	}
+	if stream.Send(&ExecRequest{Msg: &ExecRequest_CloseStdin{CloseStdin: &CloseStdin{}}}) != nil {
+		return
+	}
+	stream.CloseSend()
+}
+
+func write(w io.Writer, b []byte) error {
+	if w == nil {
+		return nil
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// PutFile writes r to path in the guest with permission bits mode, creating
+// missing parent directories when makeParents is set, and returns the
+// number of bytes written. The file appears (atomically) only if all of r
+// was sent.
+func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, makeParents bool, r io.Reader) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // on a failed read, cancelling discards the partial file
+	stream, err := c.Agent.PutFile(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("agentapi: put %s: %w", path, err)
+	}
+	hdr := &PutFileHeader{Path: path, Mode: ModeBits(mode), MakeParents: makeParents}
+	sendErr := stream.Send(&PutFileRequest{Msg: &PutFileRequest_Header{Header: hdr}})
+	for sendErr == nil {
+		buf := make([]byte, ChunkSize) // gRPC may keep a sent message
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			sendErr = stream.Send(&PutFileRequest{Msg: &PutFileRequest_Data{Data: buf[:n]}})
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return 0, fmt.Errorf("agentapi: put %s: read source: %w", path, rerr)
+		}
+	}
+	// A failed Send means the server ended the call: its status comes from
+	// CloseAndRecv.
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return 0, fmt.Errorf("agentapi: put %s: %w", path, err)
+	}
+	return int64(resp.Size), nil
+}
+
+// GetFile copies the guest file at path to w and returns its permission
+// bits.
+func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (fs.FileMode, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Agent.GetFile(ctx, &GetFileRequest{Path: path})
+	if err != nil {
+		return 0, fmt.Errorf("agentapi: get %s: %w", path, err)
+	}
+	var info *FileInfo
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("agentapi: get %s: %w", path, err)
+		}
+		switch m := resp.Msg.(type) {
+		case *GetFileResponse_Info:
+			info = m.Info
+		case *GetFileResponse_Data:
+			if info == nil {
+				return 0, fmt.Errorf("agentapi: get %s: data before file info: %w", path, ErrProtocol)
+			}
+			if _, err := w.Write(m.Data); err != nil {
+				return 0, fmt.Errorf("agentapi: get %s: write: %w", path, err)
+			}
+		}
+	}
+	if info == nil {
+		return 0, fmt.Errorf("agentapi: get %s: no file info: %w", path, ErrProtocol)
+	}
+	return FileMode(info.Mode), nil
+}
+
+// ModeBits converts the permission, setuid, setgid and sticky bits of m to
+// the Unix bits (07777) used on the wire.
+func ModeBits(m fs.FileMode) uint32 {
+	b := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
+}
+
+// FileMode converts Unix bits (07777) from the wire to an fs.FileMode.
+func FileMode(b uint32) fs.FileMode {
+	m := fs.FileMode(b & 0o777)
+	if b&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if b&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if b&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
