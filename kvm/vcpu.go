@@ -243,7 +243,7 @@ func (v *VCPU) Kick() {
 // stop condition and otherwise run again. The exit details
 // (IO, MMIO, ...) are valid until the next Run.
 func (v *VCPU) Run() (ExitReason, error) {
-	_, err := ioctl(v.fd(), kvmRun, 0)
+	_, err := ioctlOnce(v.fd(), kvmRun, 0)
 	if err != nil {
 		if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
 			v.setImmediateExit(false)
