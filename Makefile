@@ -26,14 +26,18 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
-	bench bench-boot bench-vsock clean distclean bin/microvm bin/testguest initramfs kvmbox \
+	bench bench-boot bench-vsock clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
 	test-start box-test test-summary bench-linux-boot
 
-all: bin/microvm bin/testguest
+all: bin/microvm bin/microvm-agent bin/testguest
 
 # go build is incremental, so the target is always handed to it.
 bin/microvm:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./cmd/microvm
+
+# The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
+bin/microvm-agent:
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./guest/agent/cmd/microvm-agent
 
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
@@ -50,7 +54,8 @@ run: all
 RECORD      := $(CURDIR)/build/test-record
 # Prebuilt artefacts for the tests, so nothing is built inside the box.
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
-	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz
+	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
+	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent
 
 test: test-start all kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	guest-test box-test test-summary

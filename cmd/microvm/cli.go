@@ -72,6 +72,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		OnUsageError:   onUsageError,
 		Commands: []*cli.Command{
 			runCommand(stdin, stdout, stderr),
+			execCommand(stdin, stdout, stderr),
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			{

@@ -152,6 +152,17 @@ func CleanPath(p string) (string, error) {
 	return c[1:], nil
 }
 
+// Has reports whether name (as CleanPath cleans it) is already in the
+// archive.
+func (w *Writer) Has(name string) bool {
+	c, err := CleanPath(name)
+	if err != nil {
+		return false
+	}
+	_, ok := w.seen[c]
+	return ok
+}
+
 // WriteEntry adds e to the archive. The entry's parent directory must already
 // be in the archive (top-level entries have the root as parent).
 func (w *Writer) WriteEntry(e Entry) error {

@@ -240,6 +240,8 @@ const (
 	EnvInitrd = "MICROVM_INITRD"
 	// EnvBzImage names a Linux bzImage (default build/kernel/bzImage).
 	EnvBzImage = "MICROVM_BZIMAGE"
+	// EnvAgent names a built guest agent (make: bin/microvm-agent).
+	EnvAgent = "MICROVM_AGENT"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -249,6 +251,13 @@ var buildMu sync.Mutex // one make at a time within a process
 func Binary(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvBinary, "bin/microvm", "bin/microvm")
+}
+
+// Agent returns the static guest agent: $MICROVM_AGENT, else
+// bin/microvm-agent built by `make bin/microvm-agent` under a file lock.
+func Agent(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvAgent, "bin/microvm-agent", "bin/microvm-agent")
 }
 
 // Initrd returns the Linux test guest's initramfs (guest/init as /init):
