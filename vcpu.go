@@ -107,7 +107,7 @@ func (m *Machine) handleExit(v *kvm.VCPU, reason kvm.ExitReason) error {
 	case kvm.ExitIntr, kvm.ExitHLT, kvm.ExitIRQWindowOpen:
 		// Kicked (the caller checks for stop), or nothing to do.
 	case kvm.ExitShutdown:
-		m.logRegisters(v, "guest triple fault (KVM_EXIT_SHUTDOWN)")
+		m.logShutdown(v)
 		m.stop(Result{Kind: ExitTripleFault, Status: StatusTripleFault})
 	case kvm.ExitSystemEvent:
 		switch ev := v.SystemEvent(); ev {
@@ -134,6 +134,35 @@ func (m *Machine) handleExit(v *kvm.VCPU, reason kvm.ExitReason) error {
 
 // logRegisters logs a vCPU's registers with msg, for post-mortems.
 func (m *Machine) logRegisters(v *kvm.VCPU, msg string) {
+	m.logRegistersNote(v, msg, func(*kvm.Regs, *kvm.Sregs) string { return "" })
+}
+
+// logShutdown logs a triple fault (KVM_EXIT_SHUTDOWN). On AMD SVM, KVM
+// re-initialises the vCPU's VMCB when it intercepts the shutdown, before
+// exiting to us, so the registers read back are the processor's reset
+// values (CS:IP f000:fff0, RDX the CPU signature), not the faulting state;
+// the log line says so rather than pass them off as the fault's registers.
+func (m *Machine) logShutdown(v *kvm.VCPU) {
+	m.logRegistersNote(v, "guest triple fault (KVM_EXIT_SHUTDOWN)", func(r *kvm.Regs, s *kvm.Sregs) string {
+		if isResetState(r, s) {
+			return " (these are the processor's reset values, not the faulting state: " +
+				"on AMD SVM KVM resets the vCPU when it intercepts a shutdown)"
+		}
+		return ""
+	})
+}
+
+// isResetState reports whether the registers are the x86 power-on/INIT
+// values (Intel SDM vol. 3, 9.1.1; AMD APM vol. 2, 14.1.3): execution at
+// the reset vector f000:fff0 with CS based at ffff0000, in real mode.
+func isResetState(r *kvm.Regs, s *kvm.Sregs) bool {
+	const cr0PE = 1
+	return r.RIP == 0xfff0 && s.CS.Selector == 0xf000 && s.CS.Base == 0xffff0000 && s.CR0&cr0PE == 0
+}
+
+// logRegistersNote logs msg with v's registers, followed by what note says
+// about them.
+func (m *Machine) logRegistersNote(v *kvm.VCPU, msg string, note func(*kvm.Regs, *kvm.Sregs) string) {
 	r, err := v.Regs()
 	if err != nil {
 		m.log.WithError(err).Error(msg)
@@ -141,7 +170,7 @@ func (m *Machine) logRegisters(v *kvm.VCPU, msg string) {
 	}
 	s, _ := v.Sregs()
 	m.log.Errorf("%s: vCPU %d rip=%#x rsp=%#x rflags=%#x rax=%#x rbx=%#x rcx=%#x rdx=%#x rsi=%#x rdi=%#x "+
-		"cr0=%#x cr2=%#x cr3=%#x cr4=%#x efer=%#x cs=%#x/%#x",
+		"cr0=%#x cr2=%#x cr3=%#x cr4=%#x efer=%#x cs=%#x/%#x%s",
 		msg, v.ID(), r.RIP, r.RSP, r.RFLAGS, r.RAX, r.RBX, r.RCX, r.RDX, r.RSI, r.RDI,
-		s.CR0, s.CR2, s.CR3, s.CR4, s.EFER, s.CS.Selector, s.CS.Base)
+		s.CR0, s.CR2, s.CR3, s.CR4, s.EFER, s.CS.Selector, s.CS.Base, note(&r, &s))
 }

@@ -105,8 +105,16 @@ func (l *Listener) Accept() (net.Conn, error) {
 		err error
 	)
 	rerr := l.rc.Read(func(fd uintptr) bool {
-		nfd, sa, err = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
-		return err != unix.EAGAIN
+		for {
+			nfd, sa, err = unix.Accept4(int(fd), unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+			// Linux's vsock_accept fails a non-blocking accept with
+			// EINTR rather than EAGAIN when no connection is queued
+			// and a signal is pending (the Go runtime's preemption
+			// signals make that common): not an error, look again.
+			if err != unix.EINTR {
+				return err != unix.EAGAIN
+			}
+		}
 	})
 	if rerr != nil {
 		err = rerr
