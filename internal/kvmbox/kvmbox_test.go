@@ -2,6 +2,7 @@ package kvmbox
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -149,4 +151,45 @@ exit 7`
 		t.Errorf("file written in the box at %s: %q, %v", marker, b, err)
 	}
 	os.Remove(marker)
+}
+
+// TestBoxRepoUnderTmp: a repository under /tmp (a CI checkout, say) is
+// still shared: the box's own /tmp must not hide it.
+func TestBoxRepoUnderTmp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots the nested-KVM box (seconds); skipped with -short")
+	}
+	if testenv.InBox() {
+		t.Skip("already inside the box")
+	}
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := filepath.Join(root, "build", "kvmbox", "bzImage")
+	initBin := filepath.Join(root, "build", "kvmbox", "init")
+	for _, p := range []string{kernel, initBin} {
+		if _, err := os.Stat(p); err != nil {
+			testenv.Missing(t, "no %s (make kvmbox): %v", p, err)
+		}
+	}
+	repo, err := os.MkdirTemp("/tmp", "kvmbox-repo-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(repo)
+	var stdout, stderr bytes.Buffer
+	code, err := Run(context.Background(), Options{
+		Kernel: kernel, Init: initBin, Repo: repo, Dir: repo, CPUs: 1, MemoryMiB: 512,
+		Timeout: 5 * time.Minute, Stdout: &stdout, Stderr: &stderr,
+	}, []string{"sh", "-c", "pwd; echo inside > written"})
+	if err != nil || code != 0 {
+		t.Fatalf("Run: %d, %v; stderr:\n%s", code, err, &stderr)
+	}
+	if got := strings.TrimSpace(stdout.String()); got != repo {
+		t.Errorf("working directory in the box %q, want %q", got, repo)
+	}
+	if b, err := os.ReadFile(filepath.Join(repo, "written")); err != nil || string(b) != "inside\n" {
+		t.Errorf("file written in the box: %q, %v", b, err)
+	}
 }

@@ -162,9 +162,10 @@ func buildRoot(repo string) error {
 			return err
 		}
 	}
+	// The repository goes last: it may live under /tmp or /run (a CI
+	// checkout in /tmp, say), and a tmpfs mounted after it would hide it.
 	steps = []mount{
 		{"overlay", newRoot, "overlay", 0, "lowerdir=/mnt/lower,upperdir=/mnt/upper/data,workdir=/mnt/upper/work"},
-		{"repo", filepath.Join(newRoot, repo), "9p", 0, repoOpts9p},
 		{"proc", newRoot + "/proc", "proc", 0, ""},
 		{"sysfs", newRoot + "/sys", "sysfs", 0, ""},
 		{"devtmpfs", newRoot + "/dev", "devtmpfs", 0, "mode=0755"},
@@ -172,6 +173,7 @@ func buildRoot(repo string) error {
 		{"shm", newRoot + "/dev/shm", "tmpfs", 0, "mode=1777"},
 		{"tmp", newRoot + "/tmp", "tmpfs", 0, "mode=1777"},
 		{"run", newRoot + "/run", "tmpfs", 0, "mode=0755"},
+		{"repo", filepath.Join(newRoot, repo), "9p", 0, repoOpts9p},
 	}
 	for _, m := range steps {
 		if err := m.do(); err != nil {
@@ -254,7 +256,8 @@ func enterRoot(dir string) error {
 		return nil
 	}
 	if err := os.Chdir(dir); err != nil {
-		return fmt.Errorf("working directory: %w", err)
+		return fmt.Errorf("working directory %s is not in the box (the host's / is there read-only, "+
+			"the repository read-write; /tmp and /run are the box's own): %w", dir, err)
 	}
 	return nil
 }
