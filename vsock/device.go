@@ -69,6 +69,16 @@ type Dialer interface {
 	Dial(port uint32, timeout time.Duration) (fd int, err error)
 }
 
+// PeerDialer is a Dialer that also learns the guest's end of the
+// connection: when Config.Dialer implements it, the device calls DialPeer
+// instead of Dial, on the same goroutine and with the same contract.
+type PeerDialer interface {
+	Dialer
+	// DialPeer connects the guest's port guestPort to the host service
+	// for port within timeout.
+	DialPeer(guestPort, port uint32, timeout time.Duration) (fd int, err error)
+}
+
 // Config configures a vsock device.
 type Config struct {
 	CID            uint64             // the guest's context id (3 .. 2^32-2)
@@ -95,11 +105,12 @@ type Stats struct {
 	Interrupts           uint64 // RX interrupts sent (TX ones are not counted)
 	HostWriteStalls      uint64 // host writes the socket took only in part (writev or buffer flush)
 	CreditUpdatesSent    uint64 // CREDIT_UPDATE packets sent
+	LateRWDropped        uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
 }
 
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
-	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates atomic.Uint64
+	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW atomic.Uint64
 	connsOpen atomic.Int64
 }
 
@@ -188,7 +199,7 @@ func (d *Device) Stats() Stats {
 		RstSent: c.rstSent.Load(), GuestErrors: c.guestErrors.Load(), DroppedRsts: c.droppedRsts.Load(),
 		DirectEnqueues: c.directEnqueues.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
-		CreditUpdatesSent: c.creditUpdates.Load(),
+		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 	}
 }
 

@@ -103,6 +103,27 @@ func TestCloseFromHost(t *testing.T) {
 	}
 }
 
+// Data the guest sent before it saw the device's SHUTDOWN(BOTH) (the host
+// closed its socket) crosses it in flight: it is dropped and counted, not
+// a guest error, and the device still waits for the guest's RST.
+func TestRWAfterHostClose(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	c, h := e.connectGuest(704, 1704)
+	h.Close()
+	c.WaitShutdown(vsock.ShutdownBoth)
+	c.Send(vsock.OpRW, 0, []byte("in flight"))
+	e.g.Sync()
+	if c.Rst {
+		t.Fatal("device reset the connection for data in flight")
+	}
+	c.Reset()
+	e.g.Sync()
+	s := e.dev.Stats()
+	if s.GuestErrors != 0 || s.LateRWDropped != 1 || s.ConnsOpen != 0 {
+		t.Errorf("guest errors %d, late RW dropped %d, open %d; want 0, 1, 0", s.GuestErrors, s.LateRWDropped, s.ConnsOpen)
+	}
+}
+
 // The guest closes both ways: the device flushes, RSTs, and the host sees
 // the socket closed.
 func TestCloseFromGuest(t *testing.T) {

@@ -330,7 +330,13 @@ func (s *session) guestRequest(h *Header, key connKey) {
 // so a slow or full listener never blocks a worker.
 func (s *session) dial(c *conn) {
 	defer s.dials.Add(-1)
-	fd, err := s.d.cfg.Dialer.Dial(c.key.hostPort, s.d.cfg.ConnectTimeout)
+	var fd int
+	var err error
+	if pd, ok := s.d.cfg.Dialer.(PeerDialer); ok {
+		fd, err = pd.DialPeer(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
+	} else {
+		fd, err = s.d.cfg.Dialer.Dial(c.key.hostPort, s.d.cfg.ConnectTimeout)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != stateGuestConnecting {
@@ -420,6 +426,15 @@ func (s *session) afterFlushLocked(c *conn) {
 
 // guestData forwards an RW payload (st.payload, h.Len bytes) to the host.
 func (s *session) guestData(st *txState, c *conn, h *Header) {
+	if c.state == stateClosing && c.guestShut&ShutdownSend == 0 {
+		// The host went away and the device sent SHUTDOWN(BOTH); the
+		// guest queued this before it saw that, which is no protocol
+		// error. Nobody can take the data: drop it and keep waiting for
+		// the guest's RST (or the close timeout).
+		s.d.ctr.lateRW.Add(1)
+		s.d.log.Debugf("vsock: dropped %d bytes the guest sent to %d<->%d after the host closed", h.Len, c.key.hostPort, c.key.guestPort)
+		return
+	}
 	if c.state != stateEstablished || c.guestShut&ShutdownSend != 0 {
 		s.guestError("RW on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
 		s.resetConnLocked(c)
