@@ -33,4 +33,15 @@
 // and each device has its own lock (package devices). Close tears down
 // devices first (the vsock device before its Unix socket listener), then
 // vCPUs, VM, guest memory and /dev/kvm.
+//
+// In-process vsock (vsockapi.go): DialVsock hands one end of a socket pair
+// to the vsock device on a short-lived goroutine of its own (it ends by the
+// attempt's deadline, or when the device closes) and waits for the OK line
+// on the other end in the caller's goroutine. ListenVsock registers a
+// listener with the machine's vsockRouter, the device's Dialer: the
+// device's dial goroutines look the port up under the router's mutex (a
+// leaf lock guarding the port map) and queue a socket pair end on the
+// listener's bounded channel, which Accept drains; ports without a listener
+// go to "<uds>_<port>". Close closes the router's listeners after the
+// device.
 package microvm

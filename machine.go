@@ -73,13 +73,14 @@ type Machine struct {
 	vcpus []*kvm.VCPU
 	boot  *loader.Boot
 
-	pio, mmio *devices.Bus
-	serial    *devices.Serial
-	pvwait    *devices.PVWait
-	virtio    []*virtioSlot
-	vsock     *vsock.Device
-	uds       *vsock.UDS
-	closers   []func() error // device teardown, run in reverse
+	pio, mmio   *devices.Bus
+	serial      *devices.Serial
+	pvwait      *devices.PVWait
+	virtio      []*virtioSlot
+	vsock       *vsock.Device
+	uds         *vsock.UDS
+	vsockRouter *vsockRouter   // the device's Dialer: ListenVsock listeners, else uds_<port>
+	closers     []func() error // device teardown, run in reverse
 
 	stopOnce sync.Once
 	result   Result

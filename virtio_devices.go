@@ -74,12 +74,17 @@ func (m *Machine) setupVirtio() error {
 	if err := vsock.CheckUDSPath(vc.UDSPath); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	// Guest connections go to ListenVsock listeners, else to UDSPath_<port>.
+	// Registered before the device, the router is closed after it.
+	router := newVsockRouter(vc.CID, vsock.UDSDialer{Path: vc.UDSPath})
+	m.vsockRouter = router
+	m.closers = append(m.closers, func() error { router.closeAll(); return nil })
 	dev, err := vsock.New(vsock.Config{
 		CID:            vc.CID,
 		MaxConns:       vc.MaxConnections,
 		ConnBuffer:     uint32(vc.ConnBuffer),
 		ConnectTimeout: vc.ConnectTimeout,
-		Dialer:         vsock.UDSDialer{Path: vc.UDSPath},
+		Dialer:         router,
 		Options:        vc.Options,
 		Log:            m.log.WithField("device", "vsock"),
 	})

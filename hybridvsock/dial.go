@@ -65,7 +65,7 @@ func Dial(ctx context.Context, udsPath string, port uint32) (*Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("hybridvsock: dial %s: got a %T", udsPath, nc)
 	}
-	hostPort, err := handshake(ctx, uc, port)
+	hostPort, err := handshake(ctx, uc, &port)
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("hybridvsock: %s: CONNECT %d: %w", udsPath, port, err)
@@ -73,11 +73,29 @@ func Dial(ctx context.Context, udsPath string, port uint32) (*Conn, error) {
 	return &Conn{UnixConn: uc, hostPort: hostPort}, nil
 }
 
+// AwaitOK is the second half of Dial for a socket whose CONNECT request
+// was made some other way (microvm's Machine.DialVsock hands one end of a
+// socketpair to the device directly): it reads the VMM's "OK <host
+// port>\n" answer from c under ctx, exactly as Dial does after writing
+// the CONNECT line, and returns c as a Conn. It reads nothing past the
+// newline and leaves c without a deadline. AwaitOK takes ownership of c:
+// on failure c is closed. Errors wrap ErrRefused, ErrTimeout, ErrNotVsock
+// or the context's error, as Dial's do.
+func AwaitOK(ctx context.Context, c *net.UnixConn) (*Conn, error) {
+	hostPort, err := handshake(ctx, c, nil)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("hybridvsock: awaiting OK: %w", err)
+	}
+	return &Conn{UnixConn: c, hostPort: hostPort}, nil
+}
+
 // longAgo is a deadline in the past: setting it makes blocked I/O return.
 var longAgo = time.Unix(1, 0)
 
-// handshake sends the CONNECT line and reads the answer under ctx.
-func handshake(ctx context.Context, c *net.UnixConn, port uint32) (uint32, error) {
+// handshake sends the CONNECT line for *port (none when port is nil) and
+// reads the answer under ctx.
+func handshake(ctx context.Context, c *net.UnixConn, port *uint32) (uint32, error) {
 	if d, ok := ctx.Deadline(); ok {
 		if err := c.SetDeadline(d); err != nil {
 			return 0, err
@@ -100,10 +118,13 @@ func handshake(ctx context.Context, c *net.UnixConn, port uint32) (uint32, error
 	return hostPort, nil
 }
 
-// exchange writes "CONNECT <port>\n" and parses the answer.
-func exchange(rw io.ReadWriter, port uint32) (uint32, error) {
-	if _, err := io.WriteString(rw, "CONNECT "+strconv.FormatUint(uint64(port), 10)+"\n"); err != nil {
-		return 0, err
+// exchange writes "CONNECT <port>\n" (unless port is nil) and parses the
+// answer.
+func exchange(rw io.ReadWriter, port *uint32) (uint32, error) {
+	if port != nil {
+		if _, err := io.WriteString(rw, "CONNECT "+strconv.FormatUint(uint64(*port), 10)+"\n"); err != nil {
+			return 0, err
+		}
 	}
 	line, err := readLine(rw)
 	if err != nil {

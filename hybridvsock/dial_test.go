@@ -490,3 +490,95 @@ func FuzzOKLine(f *testing.F) {
 		}
 	})
 }
+
+// TestAwaitOK: AwaitOK on one end of a socketpair-like connected pair
+// writes nothing, parses the OK line, leaves the bytes after it in the
+// socket, and maps end of stream, a bad answer and the context's deadline
+// to the same errors as Dial.
+func TestAwaitOK(t *testing.T) {
+	pair := func(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+		t.Helper()
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := func(fd int) *net.UnixConn {
+			f := os.NewFile(uintptr(fd), "socketpair")
+			defer f.Close()
+			c, err := net.FileConn(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c.(*net.UnixConn)
+		}
+		return conn(fds[0]), conn(fds[1])
+	}
+	t.Run("ok", func(t *testing.T) {
+		ours, vmm := pair(t)
+		defer vmm.Close()
+		if _, err := vmm.Write([]byte("OK 1073741825\nguest bytes")); err != nil {
+			t.Fatal(err)
+		}
+		if err := vmm.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := AwaitOK(ctx, ours)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if c.HostPort() != 1<<30+1 {
+			t.Errorf("HostPort = %d, want %d", c.HostPort(), 1<<30+1)
+		}
+		if got := readAll(t, c); got != "guest bytes" {
+			t.Errorf("stream after OK = %q, want %q", got, "guest bytes")
+		}
+		// AwaitOK wrote nothing.
+		_ = c.CloseWrite()
+		if got := readAll(t, vmm); got != "" {
+			t.Errorf("AwaitOK wrote %q, want nothing", got)
+		}
+	})
+	errCases := []struct {
+		name   string
+		answer string // written, then the VMM end closes; "" and hang: nothing
+		hang   bool
+		want   error
+	}{
+		{"refused", "", false, ErrRefused},
+		{"not an OK", "HELLO\n", false, ErrNotVsock},
+		{"timeout", "", true, ErrTimeout},
+	}
+	for _, tc := range errCases {
+		t.Run(tc.name, func(t *testing.T) {
+			ours, vmm := pair(t)
+			defer vmm.Close()
+			if _, err := vmm.Write([]byte(tc.answer)); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.hang {
+				vmm.Close()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			c, err := AwaitOK(ctx, ours)
+			if err == nil {
+				c.Close()
+				t.Fatal("AwaitOK succeeded")
+			}
+			if !errors.Is(err, tc.want) {
+				t.Errorf("AwaitOK: %v, want %v", err, tc.want)
+			}
+			if d := time.Since(start); d > promptly {
+				t.Errorf("AwaitOK took %v", d)
+			}
+			// AwaitOK closed our end on failure.
+			if _, err := ours.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+				t.Errorf("write after a failed AwaitOK: %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}

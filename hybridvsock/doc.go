@@ -32,6 +32,11 @@
 // the past so a blocked read or write returns at once. The returned Conn
 // has no deadline.
 //
+// AwaitOK is the same handshake without the CONNECT line, for a socket
+// whose request reached the VMM another way: microvm's in-process
+// Machine.DialVsock hands one end of a socketpair straight to the device
+// and waits for the OK line on the other with AwaitOK.
+//
 // # Errors
 //
 // Every error names the socket and the port and wraps the cause:
@@ -50,6 +55,6 @@
 //     file satisfies errors.Is(err, fs.ErrNotExist); a socket file nobody
 //     listens on (the VMM has exited) wraps syscall.ECONNREFUSED.
 //
-// Dial starts no goroutine; the cancellation hook (context.AfterFunc) is
-// removed before it returns.
+// Dial and AwaitOK start no goroutine; the cancellation hook
+// (context.AfterFunc) is removed before they return.
 package hybridvsock

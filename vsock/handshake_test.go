@@ -216,6 +216,36 @@ type noDialer struct{}
 
 func (noDialer) Dial(uint32, time.Duration) (int, error) { return -1, errors.New("no") }
 
+// peerDialer is a vsock.PeerDialer over the scripted dialer that records
+// the ports DialPeer was called with.
+type peerDialer struct {
+	*vsocktest.Dialer
+	calls chan [2]uint32 // guest port, host port
+}
+
+func (p peerDialer) DialPeer(guestPort, port uint32, timeout time.Duration) (int, error) {
+	p.calls <- [2]uint32{guestPort, port}
+	return p.Dialer.Dial(port, timeout)
+}
+
+// TestGuestConnectPeerDialer: a Dialer that implements PeerDialer is asked
+// through DialPeer, with the guest's source port.
+func TestGuestConnectPeerDialer(t *testing.T) {
+	pd := peerDialer{Dialer: vsocktest.NewDialer(t), calls: make(chan [2]uint32, 1)}
+	e := newEnv(t, envOpts{cfg: vsock.Config{Dialer: pd}})
+	if _, err := e.g.Connect(5000, 1031); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-pd.calls:
+		if got != [2]uint32{1031, 5000} {
+			t.Errorf("DialPeer(guest port %d, port %d), want (1031, 5000)", got[0], got[1])
+		}
+	default:
+		t.Error("the device called Dial, not DialPeer")
+	}
+}
+
 // A slow host listener does not hold up other connections: the dial runs
 // on its own goroutine.
 func TestGuestConnectSlowDial(t *testing.T) {
