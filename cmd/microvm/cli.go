@@ -73,6 +73,8 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		Commands: []*cli.Command{
 			runCommand(stdin, stdout, stderr),
 			execCommand(stdin, stdout, stderr),
+			agentCommand(stdin, stdout, stderr),
+			initramfsCommand(),
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			{

@@ -33,17 +33,23 @@ func fakeVMMOnce(t *testing.T, serve func(c *net.UnixConn, line string) string) 
 		}
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		var line []byte
-		var b [1]byte
-		for len(line) < 64 && !bytes.HasSuffix(line, []byte("\n")) {
-			if _, err := c.Read(b[:]); err != nil {
-				break
-			}
-			line = append(line, b[0])
-		}
-		res <- serve(c, string(line))
+		res <- serve(c, readConnectLine(c))
 	}()
 	return path, res
+}
+
+// readConnectLine reads a client's CONNECT line byte by byte (nothing
+// past it), at most 64 bytes; it returns what came before an error.
+func readConnectLine(c net.Conn) string {
+	var line []byte
+	var b [1]byte
+	for len(line) < 64 && !bytes.HasSuffix(line, []byte("\n")) {
+		if _, err := c.Read(b[:]); err != nil {
+			break
+		}
+		line = append(line, b[0])
+	}
+	return string(line)
 }
 
 // TestVsockConnectCommand: the command sends the CONNECT line, passes the

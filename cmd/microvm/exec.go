@@ -27,7 +27,8 @@ import (
 	"github.com/microvm/microvm/hybridvsock"
 )
 
-// Exec's fixed choices: the agent's vsock port and the guest's CID.
+// Exec's fixed choices: the agent's vsock port (also agent's default
+// --port) and the guest's CID.
 const (
 	agentPort = 1024
 	execCID   = 3
@@ -43,19 +44,18 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
 			"[--workdir DIR] [--timeout D] -- CMD [ARG...]",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
-			&cli.StringFlag{Name: "agent", Usage: "static guest agent binary (default: microvm-agent next to the microvm binary)"},
-			&cli.StringFlag{Name: "busybox", Value: "/bin/busybox", Usage: "static busybox for sh and the core utilities in the guest (\"\" leaves it out)"},
-			&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
-			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
-			&cli.StringSliceFlag{Name: "add", Usage: "copy host file or directory SRC to guest path DST (repeatable)"},
-			&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment (repeatable)"},
-			&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
-			&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
-			&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
-			logFlag(),
-		},
+		Flags: concatFlags(
+			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
+			imageFlags(),
+			[]cli.Flag{
+				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
+				&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
+			},
+			guestCmdFlags(),
+			[]cli.Flag{
+				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
+				logFlag(),
+			}),
 		Action: func(c *cli.Context) error {
 			log, err := setupLog(c, stderr)
 			if err != nil {
@@ -65,35 +65,39 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
-			o.stdin, o.stdout, o.stderr, o.log = stdin, stdout, stderr, log
+			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
 			return runExec(o)
 		},
 	}
 }
 
+// concatFlags joins flag lists.
+func concatFlags(lists ...[]cli.Flag) []cli.Flag {
+	var all []cli.Flag
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	return all
+}
+
 // execOpts is a checked exec command line.
 type execOpts struct {
-	argv        []string
+	cmd         guestCmd
 	kernel      string
 	image       agentimage.Options
 	cpus        int
 	memory      uint64
-	env         []string
-	workdir     string
-	timeout     time.Duration
 	bootTimeout time.Duration
-
-	stdin          io.Reader
-	stdout, stderr io.Writer
-	log            logrus.FieldLogger
+	log         logrus.FieldLogger
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
-	o := &execOpts{argv: c.Args().Slice(), cpus: c.Int("cpus"), workdir: c.String("workdir"),
-		timeout: c.Duration("timeout"), bootTimeout: c.Duration("boot-timeout")}
-	if len(o.argv) == 0 {
-		return nil, usagef("exec: no command given (microvm exec [flags] -- CMD [ARG...])")
+	o := &execOpts{cpus: c.Int("cpus"), bootTimeout: c.Duration("boot-timeout")}
+	cmd, err := readGuestCmd(c, "exec", "microvm exec [flags] -- CMD [ARG...]")
+	if err != nil {
+		return nil, err
 	}
+	o.cmd = cmd
 	mem, err := microvm.ParseSize(c.String("memory"))
 	if err != nil {
 		return nil, usagef("--memory: %v", err)
@@ -102,45 +106,31 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if o.cpus < 1 || o.cpus > microvm.MaxCPUs {
 		return nil, usagef("--cpus %d: want 1..%d", o.cpus, microvm.MaxCPUs)
 	}
-	if o.timeout < 0 || o.bootTimeout <= 0 {
-		return nil, usagef("--timeout must not be negative and --boot-timeout must be positive")
+	if o.bootTimeout <= 0 {
+		return nil, usagef("--boot-timeout %v: want a positive duration", o.bootTimeout)
 	}
-	if !strings.HasPrefix(o.workdir, "/") {
-		return nil, usagef("--workdir %q: want an absolute guest path", o.workdir)
+	if o.image, err = readImageFlags(c); err != nil {
+		return nil, err
 	}
-	for _, a := range c.StringSlice("add") {
-		f, err := agentimage.ParseAdd(a)
-		if err != nil {
-			return nil, usageError{err}
-		}
-		o.image.Files = append(o.image.Files, f)
-	}
-	o.env = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
-	for _, e := range c.StringSlice("env") {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return nil, usagef("--env %q: want K=V", e)
-		}
-		o.env = append(o.env, e)
-	}
-	exe, _ := os.Executable()
-	binDir := filepath.Dir(exe)
 	o.kernel = c.String("kernel")
 	if o.kernel == "" {
 		o.kernel = os.Getenv("MICROVM_KERNEL")
 	}
 	if o.kernel == "" {
-		o.kernel = filepath.Join(binDir, "..", "build", "kernel", "bzImage")
+		o.kernel = filepath.Join(binDir(), "..", "build", "kernel", "bzImage")
 	}
-	o.image.Agent = c.String("agent")
-	if o.image.Agent == "" {
-		o.image.Agent = filepath.Join(binDir, "microvm-agent")
-	}
-	o.image.Busybox = c.String("busybox")
 	return o, nil
 }
 
+// binDir is the directory of the running microvm binary, where the default
+// agent and kernel are looked for.
+func binDir() string {
+	exe, _ := os.Executable()
+	return filepath.Dir(exe)
+}
+
 // runExec boots the VM, waits for the agent, runs the command and returns
-// its exit status as a statusError (128+signal for a signal).
+// its exit status as runInGuest does.
 func runExec(o *execOpts) error {
 	dir, err := os.MkdirTemp("", "microvm-exec-")
 	if err != nil {
@@ -164,33 +154,10 @@ func runExec(o *execOpts) error {
 	}
 	defer m.Close()
 
-	ctx, cancel := context.WithCancel(context.Background())
+	sigCtx, stop := interruptible(context.Background())
+	defer stop()
+	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	var got syscall.Signal
-	var gotMu sync.Mutex
-	go func() {
-		select {
-		case s := <-sigs:
-			gotMu.Lock()
-			got, _ = s.(syscall.Signal)
-			gotMu.Unlock()
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	signalled := func() error {
-		gotMu.Lock()
-		defer gotMu.Unlock()
-		if got != 0 {
-			o.log.Warnf("stopped by %v", got)
-			return statusError{128 + int(got)}
-		}
-		return nil
-	}
-
 	vmDone := make(chan struct{})
 	var res microvm.Result
 	var runErr error
@@ -200,8 +167,9 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
-	if err := waitAgent(ctx, uds, o.bootTimeout, vmDone); err != nil {
-		if serr := signalled(); serr != nil {
+	first, err := waitAgent(ctx, uds, o.bootTimeout, vmDone)
+	if err != nil {
+		if serr := signalStatus(sigCtx, o.log); serr != nil {
 			return serr
 		}
 		select {
@@ -211,31 +179,106 @@ func runExec(o *execOpts) error {
 		}
 		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
 	}
-	cc, err := grpc.NewClient("passthrough:///microvm-agent",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return hybridvsock.Dial(ctx, uds, agentPort)
-		}))
+	cc, closeCC, err := agentConn(first, uds, agentPort)
 	if err != nil {
-		return fmt.Errorf("exec: agent client: %w", err)
+		return fmt.Errorf("exec: %w", err)
 	}
-	defer cc.Close()
+	defer closeCC()
+	return runInGuest(sigCtx, cc, "exec", o.cmd, o.log)
+}
+
+// waitAgent dials the agent until it answers, the VM ends or the boot
+// timeout passes, and returns the connection it made. Before the agent
+// listens the VMM refuses the CONNECT.
+func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-chan struct{}) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		c, err := hybridvsock.Dial(ctx, uds, agentPort)
+		if err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("the guest agent did not answer on vsock port %d within %v: %w", agentPort, timeout, err)
+		}
+		select {
+		case <-vmDone:
+			return nil, errors.New("the VM ended before its agent answered")
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// guestCmdFlags are the flags of a command run through the agent, shared
+// by exec and agent exec; readGuestCmd reads them.
+func guestCmdFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment (repeatable)"},
+		&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
+		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
+	}
+}
+
+// guestCmd is a checked command for the guest agent and the streams it
+// is connected to.
+type guestCmd struct {
+	argv    []string
+	env     []string
+	workdir string
+	timeout time.Duration
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// readGuestCmd reads the command (the arguments) and guestCmdFlags. name
+// starts error messages; form is the command line shown when no command
+// is given.
+func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
+	cmd := guestCmd{argv: c.Args().Slice(), workdir: c.String("workdir"), timeout: c.Duration("timeout")}
+	if len(cmd.argv) == 0 {
+		return cmd, usagef("%s: no command given (%s)", name, form)
+	}
+	if cmd.timeout < 0 {
+		return cmd, usagef("--timeout %v: must not be negative", cmd.timeout)
+	}
+	if !strings.HasPrefix(cmd.workdir, "/") {
+		return cmd, usagef("--workdir %q: want an absolute guest path", cmd.workdir)
+	}
+	cmd.env = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
+	for _, e := range c.StringSlice("env") {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return cmd, usagef("--env %q: want K=V", e)
+		}
+		cmd.env = append(cmd.env, e)
+	}
+	return cmd, nil
+}
+
+// runInGuest runs cmd through the agent on cc and turns its end into an
+// exit status: nil for 0, statusError{N} for exit status N, and
+// statusError{128+N} for signal N, whether the command died of it or a
+// SIGINT or SIGTERM cancelled ctx (see interruptible). A command the guest
+// does not have is statusError{127} after one line on stderr, as is a
+// --timeout kill (status 137). name starts messages.
+func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
 	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{
-		Argv: o.argv, Env: o.env, Dir: o.workdir, Timeout: o.timeout,
-		Stdin: o.stdin, Stdout: o.stdout, Stderr: o.stderr,
+		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, Timeout: cmd.timeout,
+		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
 	})
-	if serr := signalled(); serr != nil {
+	if serr := signalStatus(ctx, log); serr != nil {
 		return serr
 	}
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
-			fmt.Fprintf(o.stderr, "microvm: exec: %s: not found in the guest\n", o.argv[0])
+			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
 			return statusError{127}
 		}
-		return fmt.Errorf("exec: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	if st.TimedOut {
-		fmt.Fprintf(o.stderr, "microvm: exec: %s: killed after --timeout %v\n", o.argv[0], o.timeout)
+		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
 	}
 	switch {
 	case st.Signal != 0:
@@ -246,39 +289,74 @@ func runExec(o *execOpts) error {
 	return nil
 }
 
-// waitAgent dials the agent until it answers, the VM ends or the boot
-// timeout passes. Before the agent listens the VMM refuses the CONNECT.
-func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
-		c, err := hybridvsock.Dial(ctx, uds, agentPort)
-		if err == nil {
+// agentConn returns a gRPC connection to the agent whose first transport
+// is first, a connection already made to port through the hybrid-vsock
+// socket uds (gRPC dials again, the same way, only after a break). The
+// close function closes the connection, and first if gRPC never took it.
+func agentConn(first net.Conn, uds string, port uint32) (*grpc.ClientConn, func(), error) {
+	var mu sync.Mutex
+	take := func() net.Conn {
+		mu.Lock()
+		defer mu.Unlock()
+		c := first
+		first = nil
+		return c
+	}
+	cc, err := grpc.NewClient("passthrough:///microvm-agent",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			if c := take(); c != nil {
+				return c, nil
+			}
+			return hybridvsock.Dial(ctx, uds, port)
+		}))
+	if err != nil {
+		take().Close()
+		return nil, nil, fmt.Errorf("agent client: %w", err)
+	}
+	return cc, func() {
+		cc.Close()
+		if c := take(); c != nil {
 			c.Close()
-			return nil
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("the guest agent did not answer on vsock port %d within %v: %w", agentPort, timeout, err)
-		}
+	}, nil
+}
+
+// caughtSignal is the cause of a context that interruptible cancelled.
+type caughtSignal struct{ sig syscall.Signal }
+
+func (c caughtSignal) Error() string { return "stopped by " + c.sig.String() }
+
+// interruptible returns a copy of parent that a SIGINT or SIGTERM cancels
+// with cause caughtSignal, and a function that stops catching them and
+// cancels the copy. The goroutine it starts ends with the copy.
+func interruptible(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
 		select {
-		case <-vmDone:
-			return errors.New("the VM ended before its agent answered")
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			cancel(caughtSignal{sig})
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
 		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel(nil)
 	}
 }
 
-func writeImage(path string, o agentimage.Options) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
+// signalStatus returns statusError{128+N} when signal N cancelled ctx (see
+// interruptible), and nil otherwise.
+func signalStatus(ctx context.Context, log logrus.FieldLogger) error {
+	var cs caughtSignal
+	if !errors.As(context.Cause(ctx), &cs) {
+		return nil
 	}
-	err = agentimage.Build(f, o)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	log.Warnf("stopped by %v", cs.sig)
+	return statusError{128 + int(cs.sig)}
 }
 
 // tailBuffer keeps the last max bytes written to it.

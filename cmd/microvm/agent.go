@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/hybridvsock"
+)
+
+// agentCommand groups the clients of the agent of a running VM: one
+// started with `microvm run --vsock-uds PATH` from a `microvm initramfs`
+// image, or any guest whose agent listens on the vsock port.
+func agentCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "agent",
+		Usage:        "talk to the guest agent of a running VM through its vsock Unix socket",
+		UsageText:    "microvm agent exec|cp --uds PATH [flags] ...",
+		OnUsageError: onUsageError,
+		Subcommands: []*cli.Command{
+			agentExecCommand(stdin, stdout, stderr),
+			agentCpCommand(stdin, stdout, stderr),
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return usagef("agent: want a subcommand, exec or cp (see microvm agent --help)")
+			}
+			return usagef("agent: unknown subcommand %q (want exec or cp)", c.Args().First())
+		},
+	}
+}
+
+// agentDialFlags say where the agent is; readAgentAddr reads them.
+func agentDialFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "uds", Usage: "the VM's vsock Unix socket (--vsock-uds of microvm run) (required)"},
+		&cli.Uint64Flag{Name: "port", Value: agentPort, Usage: "the agent's guest vsock port"},
+		&cli.DurationFlag{Name: "connect-timeout", Value: 5 * time.Second, Usage: "how long to wait for the agent to accept"},
+		logFlag(),
+	}
+}
+
+// agentAddr is where an agent listens.
+type agentAddr struct {
+	uds     string
+	port    uint32
+	timeout time.Duration
+}
+
+func readAgentAddr(c *cli.Context, name string) (agentAddr, error) {
+	a := agentAddr{uds: c.String("uds"), port: uint32(c.Uint64("port")), timeout: c.Duration("connect-timeout")}
+	if a.uds == "" {
+		return a, usagef("%s: --uds PATH is required", name)
+	}
+	if c.Uint64("port") > 0xfffffffe {
+		return a, usagef("%s: --port %d: want 0..4294967294", name, c.Uint64("port"))
+	}
+	if a.timeout <= 0 {
+		return a, usagef("%s: --connect-timeout %v: want a positive duration", name, a.timeout)
+	}
+	return a, nil
+}
+
+// dial connects to the agent (failing within a.timeout when it does not
+// answer) and returns a gRPC connection and the function that closes it.
+func (a agentAddr) dial(ctx context.Context) (*grpc.ClientConn, func(), error) {
+	dctx, cancel := context.WithTimeout(ctx, a.timeout)
+	first, err := hybridvsock.Dial(dctx, a.uds, a.port)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	return agentConn(first, a.uds, a.port)
+}
+
+func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "exec",
+		Usage:        "run a command through the agent of a running VM",
+		UsageText:    "microvm agent exec --uds PATH [--port N] [--env K=V]... [--workdir DIR] [--timeout D] -- CMD [ARG...]",
+		OnUsageError: onUsageError,
+		Flags:        concatFlags(agentDialFlags(), guestCmdFlags()),
+		Action: func(c *cli.Context) error {
+			const name = "agent exec"
+			a, err := readAgentAddr(c, name)
+			if err != nil {
+				return err
+			}
+			cmd, err := readGuestCmd(c, name, "microvm agent exec --uds PATH [flags] -- CMD [ARG...]")
+			if err != nil {
+				return err
+			}
+			log, err := setupLog(c, stderr)
+			if err != nil {
+				return err
+			}
+			cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
+			ctx, stop := interruptible(context.Background())
+			defer stop()
+			cc, closeCC, err := a.dial(ctx)
+			if err != nil {
+				if serr := signalStatus(ctx, log); serr != nil {
+					return serr
+				}
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			defer closeCC()
+			return runInGuest(ctx, cc, name, cmd, log)
+		},
+	}
+}
+
+func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:  "cp",
+		Usage: "copy a file into or out of a running VM through its agent",
+		Description: "Exactly one of SRC and DST is guest:/PATH. Copied into the guest, a file keeps its mode bits " +
+			"(0644 from stdin) and gets missing parent directories; copied out, it is written to a temporary file " +
+			"beside DST and renamed. A DST ending in / or naming a directory gets SRC's base name. - as the host " +
+			"side is stdin or stdout.",
+		UsageText:    "microvm agent cp --uds PATH [--port N] SRC DST",
+		OnUsageError: onUsageError,
+		Flags:        agentDialFlags(),
+		Action: func(c *cli.Context) error {
+			a, err := readAgentAddr(c, "agent cp")
+			if err != nil {
+				return err
+			}
+			if c.NArg() != 2 {
+				return usagef("agent cp: want SRC and DST, one of them guest:/PATH (got %d arguments)", c.NArg())
+			}
+			cp, err := parseCopy(c.Args().Get(0), c.Args().Get(1))
+			if err != nil {
+				return err
+			}
+			log, err := setupLog(c, stderr)
+			if err != nil {
+				return err
+			}
+			ctx, stop := interruptible(context.Background())
+			defer stop()
+			err = cp.run(ctx, a, stdin, stdout)
+			if serr := signalStatus(ctx, log); serr != nil {
+				return serr
+			}
+			if err != nil {
+				return fmt.Errorf("agent cp: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// guestPrefix marks the guest side of agent cp.
+const guestPrefix = "guest:"
+
+// copySpec is a checked agent cp command line.
+type copySpec struct {
+	toGuest bool
+	guest   string // absolute guest path, a file name
+	host    string // host path, or "-" for stdin or stdout
+}
+
+func parseCopy(src, dst string) (copySpec, error) {
+	gsrc, srcIsGuest := strings.CutPrefix(src, guestPrefix)
+	gdst, dstIsGuest := strings.CutPrefix(dst, guestPrefix)
+	if srcIsGuest == dstIsGuest {
+		return copySpec{}, usagef("agent cp: exactly one of SRC %q and DST %q must be %s/PATH", src, dst, guestPrefix)
+	}
+	cp := copySpec{toGuest: dstIsGuest, guest: gsrc, host: dst}
+	if cp.toGuest {
+		cp.guest, cp.host = gdst, src
+	}
+	if !path.IsAbs(cp.guest) {
+		return cp, usagef("agent cp: guest path %q must be absolute", cp.guest)
+	}
+	if cp.host == "" {
+		return cp, usagef("agent cp: empty host path (- means stdin or stdout)")
+	}
+	if cp.toGuest && strings.HasSuffix(cp.guest, "/") {
+		if cp.host == "-" {
+			return cp, usagef("agent cp: %s%s: name the guest file when copying from stdin", guestPrefix, cp.guest)
+		}
+		cp.guest += filepath.Base(cp.host)
+	}
+	return cp, nil
+}
+
+// run opens the host side first, so that a host-side mistake is reported
+// without touching the VM, then dials the agent and copies.
+func (cp copySpec) run(ctx context.Context, a agentAddr, stdin io.Reader, stdout io.Writer) error {
+	if cp.toGuest {
+		return cp.put(ctx, a, stdin)
+	}
+	if cp.host == "-" {
+		_, err := cp.get(ctx, a, stdout)
+		return err
+	}
+	target := cp.host
+	if st, err := os.Stat(target); err == nil && st.IsDir() {
+		target = filepath.Join(target, path.Base(cp.guest))
+	}
+	dir := filepath.Dir(target)
+	if st, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("destination %s: %w", cp.host, err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("destination %s: %s is not a directory", cp.host, dir)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(target)+".microvm-*")
+	if err != nil {
+		return err
+	}
+	mode, err := cp.get(ctx, a, f)
+	if err == nil {
+		err = f.Chmod(mode) // exactly the guest's bits, whatever the umask
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), target)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// put copies the host side (a regular file, or stdin) to the guest.
+func (cp copySpec) put(ctx context.Context, a agentAddr, stdin io.Reader) error {
+	r, mode := stdin, fs.FileMode(0o644)
+	if cp.host != "-" {
+		f, err := os.Open(cp.host)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return err
+		}
+		if !st.Mode().IsRegular() {
+			return fmt.Errorf("%s: not a regular file", cp.host)
+		}
+		r, mode = f, st.Mode()
+	}
+	cc, closeCC, err := a.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeCC()
+	if _, err := agentapi.NewClient(cc).PutFile(ctx, cp.guest, mode, true, r); err != nil {
+		return guestError{cp.guest, err}
+	}
+	return nil
+}
+
+// get copies the guest file to w and returns its mode bits.
+func (cp copySpec) get(ctx context.Context, a agentAddr, w io.Writer) (fs.FileMode, error) {
+	cc, closeCC, err := a.dial(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer closeCC()
+	mode, err := agentapi.NewClient(cc).GetFile(ctx, cp.guest, w)
+	if err != nil {
+		return 0, guestError{cp.guest, err}
+	}
+	return mode, nil
+}
+
+// guestError is a failed agent call on a guest file, told in one short
+// line ("guest:/x: no such file or directory") rather than with the whole
+// gRPC status. Unwrap gives the call's error.
+type guestError struct {
+	path string
+	err  error
+}
+
+func (e guestError) Error() string {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(e.err, &se) {
+		return guestPrefix + e.path + ": " + e.err.Error()
+	}
+	msg := se.GRPCStatus().Message()
+	// The agent's own messages read "agent: OP PATH: cause"; the cause is
+	// what is news here.
+	if strings.HasPrefix(msg, "agent: ") {
+		if i := strings.LastIndex(msg, ": "); i >= 0 {
+			msg = msg[i+2:]
+		}
+	}
+	return guestPrefix + e.path + ": " + msg
+}
+
+func (e guestError) Unwrap() error { return e.err }

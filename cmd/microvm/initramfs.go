@@ -1,0 +1,98 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/guest/agentimage"
+)
+
+// initramfsCommand writes the image that exec boots, for a VM started
+// with `microvm run` (and reached with `microvm agent`).
+func initramfsCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "initramfs",
+		Usage:        "write the guest image exec boots: the agent as /init, busybox and added files",
+		UsageText:    "microvm initramfs -o OUT [--agent PATH] [--busybox PATH] [--add SRC:DST]...",
+		OnUsageError: onUsageError,
+		Flags: concatFlags([]cli.Flag{
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "the file to write (through OUT.tmp, renamed when complete) (required)"},
+		}, imageFlags()),
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("initramfs: unexpected argument %q", c.Args().First())
+			}
+			out := c.String("output")
+			if out == "" {
+				return usagef("initramfs: -o OUT is required")
+			}
+			img, err := readImageFlags(c)
+			if err != nil {
+				return err
+			}
+			if st, err := os.Stat(filepath.Dir(out)); err != nil {
+				return fmt.Errorf("initramfs: -o %s: %w", out, err)
+			} else if !st.IsDir() {
+				return fmt.Errorf("initramfs: -o %s: %s is not a directory", out, filepath.Dir(out))
+			}
+			if st, err := os.Stat(out); err == nil && st.IsDir() {
+				return fmt.Errorf("initramfs: -o %s: is a directory", out)
+			}
+			if err := writeImage(out, img); err != nil {
+				return fmt.Errorf("initramfs: %w", err)
+			}
+			return nil
+		},
+	}
+}
+
+// imageFlags say what goes into the exec image, for exec and initramfs;
+// readImageFlags reads them.
+func imageFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "agent", Usage: "static guest agent binary (default: microvm-agent next to the microvm binary)"},
+		&cli.StringFlag{Name: "busybox", Value: "/bin/busybox", Usage: "static busybox for sh and the core utilities in the guest (\"\" leaves it out)"},
+		&cli.StringSliceFlag{Name: "add", Usage: "copy host file or directory SRC to guest path DST (repeatable)"},
+	}
+}
+
+func readImageFlags(c *cli.Context) (agentimage.Options, error) {
+	o := agentimage.Options{Agent: c.String("agent"), Busybox: c.String("busybox")}
+	for _, a := range c.StringSlice("add") {
+		f, err := agentimage.ParseAdd(a)
+		if err != nil {
+			return o, usageError{err}
+		}
+		o.Files = append(o.Files, f)
+	}
+	if o.Agent == "" {
+		o.Agent = filepath.Join(binDir(), "microvm-agent")
+	}
+	return o, nil
+}
+
+// writeImage writes the exec image to path.tmp and renames it to path once
+// it is complete; on failure path.tmp is removed and path is left alone.
+func writeImage(path string, o agentimage.Options) (err error) {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	err = agentimage.Build(f, o)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
