@@ -27,7 +27,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
 	bench bench-boot bench-vsock clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
-	test-start box-test test-summary bench-linux-boot
+	test-start box-test test-summary bench-linux-boot examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
 
@@ -38,6 +38,12 @@ bin/microvm:
 # The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
 bin/microvm-agent:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./guest/agent/cmd/microvm-agent
+
+# The Go API examples (examples/): built static, so greeterd can go into a
+# guest image as it is.
+examples:
+	@mkdir -p build/examples
+	CGO_ENABLED=0 $(GO) build -o build/examples/ ./examples/cijob ./examples/rpcservice/host ./examples/rpcservice/greeterd
 
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
@@ -55,9 +61,9 @@ RECORD      := $(CURDIR)/build/test-record
 # Prebuilt artefacts for the tests, so nothing is built inside the box.
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
-	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent
+	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples
 
-test: test-start all kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test: test-start all examples kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	guest-test box-test test-summary
 
 test-start:

@@ -46,7 +46,7 @@
 // scenarios.go holds the table (name -> func(ctx, env, params)) and the
 // scenarios; runner.go runs them with timeouts and panic recovery;
 // params.go parses the command line; vsock_linux.go adapts the AF_VSOCK
-// sockets of guest/internal/vsocknet (net.Conn/net.Listener with deadlines
+// sockets of guest/vsocknet (net.Conn/net.Listener with deadlines
 // through the Go poller, shared with the agent); network.go is
 // the seam (Network) that tests fill with Unix sockets. Run as an ordinary
 // program (PID != 1) it takes the command line from -cmdline and neither

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/microvm/microvm/guest/internal/vsocknet"
+	"github.com/microvm/microvm/guest/vsocknet"
 )
 
 // hostCID is the vsock context ID of the host (VMADDR_CID_HOST).

@@ -4,7 +4,7 @@ import (
 	"context"
 	"net"
 
-	"github.com/microvm/microvm/guest/internal/vsocknet"
+	"github.com/microvm/microvm/guest/vsocknet"
 )
 
 // vsockNetwork reaches the host over AF_VSOCK sockets (virtio-vsock in a

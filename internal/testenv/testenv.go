@@ -242,6 +242,9 @@ const (
 	EnvBzImage = "MICROVM_BZIMAGE"
 	// EnvAgent names a built guest agent (make: bin/microvm-agent).
 	EnvAgent = "MICROVM_AGENT"
+	// EnvExamples names the directory of the built examples (make
+	// examples: build/examples).
+	EnvExamples = "MICROVM_EXAMPLES"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -258,6 +261,20 @@ func Binary(tb testing.TB) string {
 func Agent(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvAgent, "bin/microvm-agent", "bin/microvm-agent")
+}
+
+// Example returns the built example program name (build/examples/NAME,
+// made by `make examples`), or $MICROVM_EXAMPLES/NAME.
+func Example(tb testing.TB, name string) string {
+	tb.Helper()
+	if d := os.Getenv(EnvExamples); d != "" {
+		p := filepath.Join(d, name)
+		if _, err := os.Stat(p); err != nil {
+			tb.Fatalf("$%s: %v", EnvExamples, err)
+		}
+		return p
+	}
+	return artefact(tb, "", "build/examples/"+name, "examples")
 }
 
 // Initrd returns the Linux test guest's initramfs (guest/init as /init):
@@ -290,7 +307,7 @@ func BzImage(tb testing.TB) string {
 // target` brought it up to date.
 func artefact(tb testing.TB, env, rel, target string) string {
 	tb.Helper()
-	if p := os.Getenv(env); p != "" {
+	if p := os.Getenv(env); env != "" && p != "" {
 		if _, err := os.Stat(p); err != nil {
 			tb.Fatalf("$%s: %v", env, err)
 		}

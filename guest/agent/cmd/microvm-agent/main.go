@@ -31,7 +31,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/guest/agent"
-	"github.com/microvm/microvm/guest/internal/vsocknet"
+	"github.com/microvm/microvm/guest/vsocknet"
 )
 
 // stopGrace bounds the wait for running calls (the Shutdown reply among

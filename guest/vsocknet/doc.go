@@ -1,6 +1,7 @@
 // Package vsocknet wraps AF_VSOCK stream sockets (virtio-vsock in a guest)
 // as net.Listener and net.Conn, for the programs that run inside a guest:
-// the test /init (guest/init) and the agent (guest/agent).
+// the test /init (guest/init), the agent (guest/agent) and users' own
+// guest services (examples/rpcservice).
 //
 // # Data path
 //

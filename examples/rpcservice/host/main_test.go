@@ -1,0 +1,28 @@
+package main
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// TestGreeter boots the example's VM, starts the user's gRPC service in it
+// through the agent and calls it over DialVsock.
+func TestGreeter(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, err := run(ctx, testenv.BzImage(t), testenv.Agent(t), testenv.Example(t, "greeterd"), "/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Message != "hello, host, from inside the VM" || r.Kernel == "" {
+		t.Errorf("reply %+v", r)
+	}
+}
