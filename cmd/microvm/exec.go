@@ -184,8 +184,44 @@ func runExec(o *execOpts) error {
 		return fmt.Errorf("exec: %w", err)
 	}
 	defer closeCC()
-	return runInGuest(sigCtx, cc, "exec", o.cmd, o.log)
+	// A VM that ends while the command runs (a guest crash, a triple
+	// fault) takes the agent with it, but the host side of its vsock
+	// connection stays open until Close: end the call instead of waiting
+	// on it for ever.
+	execCtx, cancelExec := context.WithCancelCause(sigCtx)
+	defer cancelExec(nil)
+	go func() {
+		select {
+		case <-vmDone:
+			cancelExec(errVMEnded)
+		case <-execCtx.Done():
+		}
+	}()
+	err = runInGuest(execCtx, cc, "exec", o.cmd, o.log)
+	var se statusError
+	if err != nil && !errors.As(err, &se) && !errors.Is(context.Cause(execCtx), errVMEnded) {
+		// The call may fail first (the guest reset its connections on
+		// the way down) and the VM end a moment later: name the cause.
+		select {
+		case <-vmDone:
+			cancelExec(errVMEnded)
+		case <-time.After(vmEndGrace):
+		}
+	}
+	if errors.Is(context.Cause(execCtx), errVMEnded) {
+		<-vmDone
+		return fmt.Errorf("exec: %w while %s ran (%v, status %d, %v); guest console:\n%s",
+			errVMEnded, o.cmd.argv[0], res.Kind, res.Status, runErr, strings.TrimRight(console.String(), "\n"))
+	}
+	return err
 }
+
+// errVMEnded: the VM stopped before the command's exit status came.
+var errVMEnded = errors.New("the VM ended")
+
+// vmEndGrace is how long a failed call waits to see whether the VM is
+// ending, to report that rather than the broken connection.
+const vmEndGrace = 2 * time.Second
 
 // waitAgent dials the agent until it answers, the VM ends or the boot
 // timeout passes, and returns the connection it made. Before the agent

@@ -77,6 +77,17 @@ func TestExec(t *testing.T) {
 		}
 		oneLine(t, "stderr", stderr, "/no/such/command: not found")
 	})
+	t.Run("VM ends mid-command", func(t *testing.T) {
+		// The guest restarts itself while the command runs: exec must
+		// say so at once, not wait on the agent's dead connection.
+		status, _, stderr, took := run(t, nil, "--", "sh", "-c", "sleep 1; reboot -f; sleep 100")
+		if status != 1 || !strings.Contains(stderr, "the VM ended while sh ran (reset") {
+			t.Errorf("status %d stderr %q; want 1 and the VM's end named", status, stderr)
+		}
+		if took > 90*time.Second {
+			t.Errorf("took %v to notice", took)
+		}
+	})
 	t.Run("timeout kills", func(t *testing.T) {
 		// The guest's own clock: the command is killed a second after it
 		// started there, whatever the boot cost.
