@@ -390,6 +390,12 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 	}
 	wg.Wait()
 	m.serial.Flush()
+	if m.vsock != nil {
+		// The guest will not run again: close its connections now, so
+		// host peers (a DialVsock caller, a Unix-socket client) see the
+		// end instead of waiting until Close. Stats stay readable.
+		m.vsock.Close()
+	}
 	r := m.result
 	if r.Kind == ExitError {
 		return r, r.Err
