@@ -301,12 +301,14 @@ func TestLinuxBoot(t *testing.T) {
 			for _, cpus := range []int{1, 2} {
 				t.Run(fmt.Sprintf("%s/%s/cpus=%d", k.name, chip, cpus), func(t *testing.T) {
 					start := time.Now()
+					log, logged := logBuffer()
+					log.SetLevel(logrus.WarnLevel)
 					res, out, err := runGuest(t, Config{
 						Kernel: k.path, Initrd: initrd, Cmdline: linuxCmdline,
-						CPUs: cpus, IRQChip: chip, MemoryBytes: 256 << 20,
+						CPUs: cpus, IRQChip: chip, MemoryBytes: 256 << 20, Log: log,
 					}, 3*time.Minute)
 					if err != nil || res.Kind != ExitReset {
-						t.Fatalf("run ended with %v status %d, err %v; want a reset from /init; console:\n%s", res.Kind, res.Status, err, out)
+						t.Fatalf("run ended with %v status %d, err %v; want a reset from /init; log:\n%s\nconsole:\n%s", res.Kind, res.Status, err, logged, out)
 					}
 					for _, want := range []string{"init: ready", "init: done ok"} {
 						if !strings.Contains(out, want) {

@@ -50,6 +50,11 @@ func MountAll(ms []Mount, logf func(format string, args ...any)) {
 // Linux falls back to a triple fault, which QEMU run with -no-reboot turns
 // into an exit. Either way it tries the other when the first fails.
 func End(logf func(format string, args ...any)) {
+	// What PID 1 wrote to the console may still sit in the tty's buffer:
+	// reboot does not wait for it, and the last lines would be lost.
+	for _, fd := range []int{1, 2} {
+		_ = unix.IoctlSetInt(fd, unix.TCSBRK, 1) // tcdrain; fails harmlessly on a non-tty
+	}
 	unix.Sync()
 	cmds := []int{unix.LINUX_REBOOT_CMD_RESTART, unix.LINUX_REBOOT_CMD_POWER_OFF}
 	if _, err := os.Stat("/sys/firmware/acpi"); err == nil {
