@@ -25,9 +25,6 @@ import (
 // a ListenVsock listener's address.
 const VsockHostCID = 2
 
-// vsockPortAny is VMADDR_PORT_ANY: a port the device did not tell us.
-const vsockPortAny = 0xffff_ffff
-
 // vsockAcceptBacklog bounds a ListenVsock listener's queue of connections
 // the guest opened and Accept has not taken yet.
 const vsockAcceptBacklog = 128
@@ -213,7 +210,7 @@ func (c *VsockConn) RemoteAddr() net.Addr { return c.remote }
 // port with a ListenVsock listener is delivered in-process, any other goes
 // to fallback (vsock.UDSDialer: "<uds>_<port>").
 //
-// Goroutines: DialPeer and Dial run on the device's dial goroutines (one
+// Goroutines: Dial runs on the device's dial goroutines (one
 // per guest connection attempt, see package vsock); listen, closeAll and
 // the listeners' methods on the embedder's goroutines. mu guards ports and
 // closed and is held only to read or change them: never while a dial
@@ -233,19 +230,13 @@ func newVsockRouter(cid uint64, fallback vsock.Dialer) *vsockRouter {
 	return &vsockRouter{cid: cid, fallback: fallback, ports: map[uint32]*vsockListener{}}
 }
 
-var _ vsock.PeerDialer = (*vsockRouter)(nil)
+var _ vsock.Dialer = (*vsockRouter)(nil)
 
-// Dial implements vsock.Dialer (the device calls DialPeer instead, which
-// also gives the guest's port).
-func (r *vsockRouter) Dial(port uint32, timeout time.Duration) (int, error) {
-	return r.DialPeer(vsockPortAny, port, timeout)
-}
-
-// DialPeer implements vsock.PeerDialer: it queues one end of a new socket
+// Dial implements vsock.Dialer: it queues one end of a new socket
 // pair on port's listener, waiting at most timeout for room, and returns
 // the other end (non-blocking) to the device; without a listener it asks
 // the fallback dialer.
-func (r *vsockRouter) DialPeer(guestPort, port uint32, timeout time.Duration) (int, error) {
+func (r *vsockRouter) Dial(guestPort, port uint32, timeout time.Duration) (int, error) {
 	r.mu.Lock()
 	l := r.ports[port]
 	r.mu.Unlock()
@@ -253,7 +244,7 @@ func (r *vsockRouter) DialPeer(guestPort, port uint32, timeout time.Duration) (i
 		if r.fallback == nil {
 			return -1, fmt.Errorf("vsock port %d: %w", port, unix.ECONNREFUSED)
 		}
-		return r.fallback.Dial(port, timeout)
+		return r.fallback.Dial(guestPort, port, timeout)
 	}
 	devFD, host, err := vsockSocketpair()
 	if err != nil {

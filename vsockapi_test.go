@@ -28,7 +28,7 @@ type fakeDialer struct {
 	err   error
 }
 
-func (f *fakeDialer) Dial(port uint32, timeout time.Duration) (int, error) {
+func (f *fakeDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ports = append(f.ports, port)
@@ -109,7 +109,7 @@ func TestVsockRouterDelivers(t *testing.T) {
 	if got, want := l.Addr().String(), "2:5000"; got != want || l.Addr().Network() != "vsock" {
 		t.Errorf("Addr = %s %q, want vsock %q", l.Addr().Network(), got, want)
 	}
-	fd, err := r.DialPeer(1234, 5000, time.Second)
+	fd, err := r.Dial(1234, 5000, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,13 +165,13 @@ func TestVsockRouterFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := r.DialPeer(1024, 6000, time.Second)
+	fd, err := r.Dial(1024, 6000, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = unix.Close(fd)
 	l.Close()
-	fd, err = r.DialPeer(1024, 5000, time.Second)
+	fd, err = r.Dial(1024, 5000, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,11 +180,11 @@ func TestVsockRouterFallback(t *testing.T) {
 		t.Errorf("fallback dialed %v, want [6000 5000]", got)
 	}
 	fb.err = syscall.ECONNREFUSED
-	if _, err := r.Dial(7000, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := r.Dial(1024, 7000, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("Dial with a failing fallback: %v, want ECONNREFUSED", err)
 	}
 	noFallback := newVsockRouter(3, nil)
-	if _, err := noFallback.Dial(7000, time.Second); err == nil {
+	if _, err := noFallback.Dial(1024, 7000, time.Second); err == nil {
 		t.Error("Dial without a listener or fallback succeeded")
 	}
 }
@@ -205,7 +205,7 @@ func TestVsockRouterQueueFull(t *testing.T) {
 		}
 	}()
 	for i := 0; i < vsockAcceptBacklog; i++ {
-		fd, err := r.DialPeer(uint32(2000+i), 5000, time.Second)
+		fd, err := r.Dial(uint32(2000+i), 5000, time.Second)
 		if err != nil {
 			t.Fatalf("delivery %d: %v", i, err)
 		}
@@ -213,7 +213,7 @@ func TestVsockRouterQueueFull(t *testing.T) {
 	}
 	const timeout = 50 * time.Millisecond
 	start := time.Now()
-	fd, err := r.DialPeer(9, 5000, timeout)
+	fd, err := r.Dial(9, 5000, timeout)
 	d := time.Since(start)
 	if err == nil {
 		fds = append(fds, fd)
@@ -230,7 +230,7 @@ func TestVsockRouterQueueFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	fd, err = r.DialPeer(10, 5000, timeout)
+	fd, err = r.Dial(10, 5000, timeout)
 	if err != nil {
 		t.Fatalf("delivery after an Accept made room: %v", err)
 	}
@@ -276,7 +276,7 @@ func TestVsockListenerClose(t *testing.T) {
 
 	var devs []net.Conn
 	for i := 0; i < vsockAcceptBacklog; i++ {
-		fd, err := r.DialPeer(uint32(2000+i), 5000, time.Second)
+		fd, err := r.Dial(uint32(2000+i), 5000, time.Second)
 		if err != nil {
 			t.Fatalf("delivery %d: %v", i, err)
 		}
@@ -284,7 +284,7 @@ func TestVsockListenerClose(t *testing.T) {
 	}
 	waiting := make(chan error, 1)
 	go func() {
-		fd, err := r.DialPeer(9, 5000, time.Minute)
+		fd, err := r.Dial(9, 5000, time.Minute)
 		if err == nil {
 			_ = unix.Close(fd)
 		}
@@ -357,7 +357,7 @@ func TestVsockRouterConcurrent(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := 0; i < 8; i++ {
 			wg.Go(func() {
-				fd, err := r.DialPeer(uint32(i), 5000, 10*time.Millisecond)
+				fd, err := r.Dial(uint32(i), 5000, 10*time.Millisecond)
 				if err == nil {
 					_ = unix.Close(fd)
 				}

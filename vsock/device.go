@@ -65,18 +65,9 @@ var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock:
 // called on its own goroutine and may block up to timeout; it returns a
 // connected stream socket the device takes ownership of.
 type Dialer interface {
-	// Dial connects to the host service for port within timeout.
-	Dial(port uint32, timeout time.Duration) (fd int, err error)
-}
-
-// PeerDialer is a Dialer that also learns the guest's end of the
-// connection: when Config.Dialer implements it, the device calls DialPeer
-// instead of Dial, on the same goroutine and with the same contract.
-type PeerDialer interface {
-	Dialer
-	// DialPeer connects the guest's port guestPort to the host service
-	// for port within timeout.
-	DialPeer(guestPort, port uint32, timeout time.Duration) (fd int, err error)
+	// Dial connects the guest's port guestPort to the host service for
+	// port within timeout.
+	Dial(guestPort, port uint32, timeout time.Duration) (fd int, err error)
 }
 
 // Config configures a vsock device.

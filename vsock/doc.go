@@ -28,7 +28,7 @@
 //     goroutine) may also place a control packet in the RX ring themselves
 //     under rxMu (DirectEnqueue).
 //   - dial goroutines (one per guest-initiated connection attempt): call
-//     the Dialer (DialPeer when it is a PeerDialer; UDSDialer connects to
+//     the Dialer with the guest's and the host's port (UDSDialer connects to
 //     "<uds>_P") with a timeout, so a slow listener never blocks a worker.
 //   - UDS accept goroutine (UDS.Serve, started by the embedder and stopped
 //     by UDS.Close) and handshake goroutines (uds.go, at most MaxConns at

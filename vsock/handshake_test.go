@@ -214,24 +214,24 @@ func TestGuestConnectNoDialer(t *testing.T) {
 
 type noDialer struct{}
 
-func (noDialer) Dial(uint32, time.Duration) (int, error) { return -1, errors.New("no") }
+func (noDialer) Dial(uint32, uint32, time.Duration) (int, error) { return -1, errors.New("no") }
 
-// peerDialer is a vsock.PeerDialer over the scripted dialer that records
-// the ports DialPeer was called with.
-type peerDialer struct {
+// portsDialer is the scripted dialer recording the ports Dial was called
+// with.
+type portsDialer struct {
 	*vsocktest.Dialer
 	calls chan [2]uint32 // guest port, host port
 }
 
-func (p peerDialer) DialPeer(guestPort, port uint32, timeout time.Duration) (int, error) {
+func (p portsDialer) Dial(guestPort, port uint32, timeout time.Duration) (int, error) {
 	p.calls <- [2]uint32{guestPort, port}
-	return p.Dialer.Dial(port, timeout)
+	return p.Dialer.Dial(guestPort, port, timeout)
 }
 
-// TestGuestConnectPeerDialer: a Dialer that implements PeerDialer is asked
-// through DialPeer, with the guest's source port.
-func TestGuestConnectPeerDialer(t *testing.T) {
-	pd := peerDialer{Dialer: vsocktest.NewDialer(t), calls: make(chan [2]uint32, 1)}
+// TestGuestConnectDialPorts: the Dialer is given the guest's source port
+// as well as the port the guest asked for.
+func TestGuestConnectDialPorts(t *testing.T) {
+	pd := portsDialer{Dialer: vsocktest.NewDialer(t), calls: make(chan [2]uint32, 1)}
 	e := newEnv(t, envOpts{cfg: vsock.Config{Dialer: pd}})
 	if _, err := e.g.Connect(5000, 1031); err != nil {
 		t.Fatal(err)
@@ -239,10 +239,10 @@ func TestGuestConnectPeerDialer(t *testing.T) {
 	select {
 	case got := <-pd.calls:
 		if got != [2]uint32{1031, 5000} {
-			t.Errorf("DialPeer(guest port %d, port %d), want (1031, 5000)", got[0], got[1])
+			t.Errorf("Dial(guest port %d, port %d), want (1031, 5000)", got[0], got[1])
 		}
 	default:
-		t.Error("the device called Dial, not DialPeer")
+		t.Error("the device did not call the Dialer")
 	}
 }
 

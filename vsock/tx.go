@@ -330,13 +330,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 // so a slow or full listener never blocks a worker.
 func (s *session) dial(c *conn) {
 	defer s.dials.Add(-1)
-	var fd int
-	var err error
-	if pd, ok := s.d.cfg.Dialer.(PeerDialer); ok {
-		fd, err = pd.DialPeer(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
-	} else {
-		fd, err = s.d.cfg.Dialer.Dial(c.key.hostPort, s.d.cfg.ConnectTimeout)
-	}
+	fd, err := s.d.cfg.Dialer.Dial(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != stateGuestConnecting {

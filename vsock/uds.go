@@ -40,7 +40,7 @@ type UDSDialer struct {
 }
 
 // Dial implements Dialer.
-func (u UDSDialer) Dial(port uint32, timeout time.Duration) (int, error) {
+func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	c, err := net.DialTimeout("unix", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
 	if err != nil {
 		return -1, err

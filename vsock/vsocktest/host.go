@@ -99,7 +99,7 @@ var ErrRefused = errors.New("vsocktest: connection refused")
 
 // Dial implements vsock.Dialer. It is called on the device's dial
 // goroutines, so it reports trouble as errors, never through the TB.
-func (d *Dialer) Dial(port uint32, timeout time.Duration) (int, error) {
+func (d *Dialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	d.Dials.Add(1)
 	var act DialAction
 	if d.Script != nil {
