@@ -65,7 +65,7 @@ func Dial(ctx context.Context, udsPath string, port uint32) (*Conn, error) {
 		nc.Close()
 		return nil, fmt.Errorf("hybridvsock: dial %s: got a %T", udsPath, nc)
 	}
-	hostPort, err := handshake(ctx, uc, &port)
+	hostPort, err := handshake(ctx, uc, "CONNECT "+strconv.FormatUint(uint64(port), 10)+"\n")
 	if err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("hybridvsock: %s: CONNECT %d: %w", udsPath, port, err)
@@ -82,7 +82,7 @@ func Dial(ctx context.Context, udsPath string, port uint32) (*Conn, error) {
 // on failure c is closed. Errors wrap ErrRefused, ErrTimeout, ErrNotVsock
 // or the context's error, as Dial's do.
 func AwaitOK(ctx context.Context, c *net.UnixConn) (*Conn, error) {
-	hostPort, err := handshake(ctx, c, nil)
+	hostPort, err := handshake(ctx, c, "")
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("hybridvsock: awaiting OK: %w", err)
@@ -93,16 +93,16 @@ func AwaitOK(ctx context.Context, c *net.UnixConn) (*Conn, error) {
 // longAgo is a deadline in the past: setting it makes blocked I/O return.
 var longAgo = time.Unix(1, 0)
 
-// handshake sends the CONNECT line for *port (none when port is nil) and
+// handshake sends request (the CONNECT line; nothing when it is empty) and
 // reads the answer under ctx.
-func handshake(ctx context.Context, c *net.UnixConn, port *uint32) (uint32, error) {
+func handshake(ctx context.Context, c *net.UnixConn, request string) (uint32, error) {
 	if d, ok := ctx.Deadline(); ok {
 		if err := c.SetDeadline(d); err != nil {
 			return 0, err
 		}
 	}
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(longAgo) })
-	hostPort, err := exchange(c, port)
+	hostPort, err := exchange(c, request)
 	if !stop() {
 		// ctx is done and its hook ran (or is running): the socket may
 		// be left with a past deadline, so the dial fails even if the
@@ -118,11 +118,10 @@ func handshake(ctx context.Context, c *net.UnixConn, port *uint32) (uint32, erro
 	return hostPort, nil
 }
 
-// exchange writes "CONNECT <port>\n" (unless port is nil) and parses the
-// answer.
-func exchange(rw io.ReadWriter, port *uint32) (uint32, error) {
-	if port != nil {
-		if _, err := io.WriteString(rw, "CONNECT "+strconv.FormatUint(uint64(*port), 10)+"\n"); err != nil {
+// exchange writes request (if any) and parses the answer.
+func exchange(rw io.ReadWriter, request string) (uint32, error) {
+	if request != "" {
+		if _, err := io.WriteString(rw, request); err != nil {
 			return 0, err
 		}
 	}
