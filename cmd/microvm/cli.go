@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -245,21 +242,8 @@ func runMachine(cfg microvm.Config, log *logrus.Logger) error {
 	}
 	defer m.Close()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	var got os.Signal
-	go func() {
-		select {
-		case s := <-sigs:
-			got = s
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-
+	ctx, stop := interruptible(context.Background())
+	defer stop()
 	res, err := m.Run(ctx)
 	if err != nil {
 		return err
@@ -267,9 +251,8 @@ func runMachine(cfg microvm.Config, log *logrus.Logger) error {
 	log.WithField("reason", res.Kind).WithField("status", res.Status).Info("guest stopped")
 	switch res.Kind {
 	case microvm.ExitCanceled:
-		if sig, ok := got.(syscall.Signal); ok {
-			log.Warnf("stopped by %v", sig)
-			return statusError{128 + int(sig)}
+		if serr := signalStatus(ctx, log); serr != nil {
+			return serr
 		}
 		return statusError{microvm.StatusError}
 	default:
