@@ -101,12 +101,11 @@ func TestWriteInitramfs(t *testing.T) {
 	}
 }
 
-// TestBox runs scripts/kvmbox itself: the L1 kernel boots under QEMU TCG
-// and the command sees a working /dev/kvm, the repository read-write at its
-// own path, a tmpfs /tmp, the passed environment, and its streams and exit
-// status come back apart. It needs QEMU and the L1 kernel (make kvmbox), not
-// a host KVM.
-func TestBox(t *testing.T) {
+// needBox skips with -short or inside the box, and otherwise returns the
+// repository root and the box's L1 kernel and init, which it needs along
+// with QEMU (Missing, a failure under CI, when one is absent).
+func needBox(t *testing.T) (root, kernel, initBin string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("boots the nested-KVM box (seconds); skipped with -short")
 	}
@@ -120,9 +119,23 @@ func TestBox(t *testing.T) {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		testenv.Missing(t, "no qemu-system-x86_64: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(root, "build", "kvmbox", "bzImage")); err != nil {
-		testenv.Missing(t, "no L1 kernel (make kvmbox): %v", err)
+	kernel = filepath.Join(root, "build", "kvmbox", "bzImage")
+	initBin = filepath.Join(root, "build", "kvmbox", "init")
+	for _, p := range []string{kernel, initBin} {
+		if _, err := os.Stat(p); err != nil {
+			testenv.Missing(t, "no %s (make kvmbox): %v", p, err)
+		}
 	}
+	return root, kernel, initBin
+}
+
+// TestBox runs scripts/kvmbox itself: the L1 kernel boots under QEMU TCG
+// and the command sees a working /dev/kvm, the repository read-write at its
+// own path, a tmpfs /tmp, the passed environment, and its streams and exit
+// status come back apart. It needs QEMU and the L1 kernel (make kvmbox), not
+// a host KVM.
+func TestBox(t *testing.T) {
+	root, _, _ := needBox(t)
 	marker := filepath.Join(root, "build", "kvmbox", "test-marker")
 	os.Remove(marker)
 	script := `set -e
@@ -136,7 +149,7 @@ exit 7`
 	cmd.Env = append(os.Environ(), "MICROVM_KVMBOX_TEST_VAR=passed", "UNPASSED_VAR=leaked")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
+	err := cmd.Run()
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.ExitCode() != 7 {
 		t.Fatalf("scripts/kvmbox: %v, want exit status 7; stdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
@@ -156,23 +169,7 @@ exit 7`
 // TestBoxRepoUnderTmp: a repository under /tmp (a CI checkout, say) is
 // still shared: the box's own /tmp must not hide it.
 func TestBoxRepoUnderTmp(t *testing.T) {
-	if testing.Short() {
-		t.Skip("boots the nested-KVM box (seconds); skipped with -short")
-	}
-	if testenv.InBox() {
-		t.Skip("already inside the box")
-	}
-	root, err := testenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kernel := filepath.Join(root, "build", "kvmbox", "bzImage")
-	initBin := filepath.Join(root, "build", "kvmbox", "init")
-	for _, p := range []string{kernel, initBin} {
-		if _, err := os.Stat(p); err != nil {
-			testenv.Missing(t, "no %s (make kvmbox): %v", p, err)
-		}
-	}
+	_, kernel, initBin := needBox(t)
 	repo, err := os.MkdirTemp("/tmp", "kvmbox-repo-")
 	if err != nil {
 		t.Fatal(err)
