@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/kvm"
 )
 
 // Job is what the host wrote.
@@ -197,23 +198,14 @@ func buildRoot(repo string) error {
 	return nil
 }
 
-// checkKVM opens /dev/kvm and asks its API version, the same first step
-// microvm takes.
+// checkKVM opens /dev/kvm as microvm does (kvm.Open: the API version and
+// the capabilities microvm needs).
 func checkKVM() error {
-	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	sys, err := kvm.Open()
 	if err != nil {
-		return fmt.Errorf("open /dev/kvm: %w (is kvm_amd's SVM offered? see the console log)", err)
+		return fmt.Errorf("%w (is kvm_amd's SVM offered? see the console log)", err)
 	}
-	defer unix.Close(fd)
-	const kvmGetAPIVersion = 0xae00
-	v, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), kvmGetAPIVersion, 0)
-	if errno != 0 {
-		return fmt.Errorf("KVM_GET_API_VERSION: %w", errno)
-	}
-	if v != 12 {
-		return fmt.Errorf("KVM API version %d, want 12", v)
-	}
-	return nil
+	return sys.Close()
 }
 
 // openPort opens the virtio-serial port the host named name.
