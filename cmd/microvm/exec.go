@@ -406,8 +406,10 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.b = append(t.b, p...)
-	if over := len(t.b) - t.max; over > 0 {
-		t.b = append(t.b[:0], t.b[over:]...)
+	// Trim only once twice the limit is held, so the copy is amortised
+	// over at least max bytes of writes instead of paid on every one.
+	if len(t.b) > 2*t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
 	}
 	return len(p), nil
 }
@@ -415,5 +417,5 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return string(t.b)
+	return string(t.b[max(0, len(t.b)-t.max):])
 }
