@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/guest/agent"
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // vsockListener plays the VMM's hybrid-vsock socket in front of an
@@ -299,12 +300,12 @@ func TestAgentUsage(t *testing.T) {
 	}
 }
 
-// TestInitramfsCommand writes an exec image with a stand-in agent (the
-// static check only reads the ELF header) and lists it with cpio.
+// TestInitramfsCommand writes an exec image with a stand-in agent (a tiny
+// static ELF that only exits) and lists it with cpio.
 func TestInitramfsCommand(t *testing.T) {
 	dir := t.TempDir()
 	agentBin := filepath.Join(dir, "agent")
-	if err := os.WriteFile(agentBin, []byte("\x7fELF static enough for the check"), 0o755); err != nil {
+	if err := os.WriteFile(agentBin, testenv.TinyELF(testenv.Program{}.Exit(0)), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")

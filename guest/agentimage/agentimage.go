@@ -11,8 +11,6 @@ package agentimage
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -52,7 +50,7 @@ type Options struct {
 
 // ErrNotStatic is returned for an agent or busybox that needs a dynamic
 // loader: the guest has none.
-var ErrNotStatic = errors.New("not a statically linked executable")
+var ErrNotStatic = initramfs.ErrNotStatic
 
 // Build writes the archive to w (uncompressed: the kernel takes it as is,
 // and compressing the agent costs more time than it saves here).
@@ -102,17 +100,14 @@ func build(cw *initramfs.Writer, o Options) error {
 	return nil
 }
 
-// readStatic reads an executable and checks that it has no interpreter.
+// readStatic checks that p is a static x86-64 ELF executable and reads it.
 func readStatic(what, p string) ([]byte, error) {
+	if err := initramfs.CheckStaticELF(p); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	if !bytes.HasPrefix(b, []byte("\x7fELF")) {
-		return nil, fmt.Errorf("%s %s: not an ELF executable", what, p)
-	}
-	if bytes.Contains(b[:min(len(b), 4096)], []byte("/lib64/ld-linux")) || bytes.Contains(b[:min(len(b), 4096)], []byte("/lib/ld-linux")) {
-		return nil, fmt.Errorf("%s %s: %w", what, p, ErrNotStatic)
 	}
 	return b, nil
 }

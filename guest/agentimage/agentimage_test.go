@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 func TestParseAdd(t *testing.T) {
@@ -22,8 +24,17 @@ func TestParseAdd(t *testing.T) {
 	}
 }
 
-// fakeStatic is an "ELF" with no interpreter string: readStatic takes it.
-var fakeStatic = []byte("\x7fELF static enough for the check")
+// fakeStatic is a static x86-64 ELF executable (it only exits): readStatic
+// takes it. fakeDynamic is the same with its program header turned into a
+// PT_INTERP: a program that needs a dynamic loader.
+var (
+	fakeStatic  = testenv.TinyELF(testenv.Program{}.Exit(0))
+	fakeDynamic = func() []byte {
+		b := append([]byte(nil), fakeStatic...)
+		b[64] = 3 // the first program header's p_type: PT_INTERP
+		return b
+	}()
+)
 
 // TestBuild writes an image and lists it with cpio: /init is the agent,
 // added files and directories keep their bits and get their parents, and
@@ -70,7 +81,7 @@ func TestBuild(t *testing.T) {
 	}
 
 	dyn := filepath.Join(dir, "dyn")
-	if err := os.WriteFile(dyn, []byte("\x7fELF....../lib64/ld-linux-x86-64.so.2"), 0o755); err != nil {
+	if err := os.WriteFile(dyn, fakeDynamic, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := Build(&bytes.Buffer{}, Options{Agent: dyn}); !errors.Is(err, ErrNotStatic) {

@@ -11,8 +11,6 @@
 package main
 
 import (
-	"debug/elf"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -53,7 +51,7 @@ func run(out, initPath string, extra []string) error {
 	if err != nil {
 		return err
 	}
-	if err := checkStaticELF(initPath); err != nil {
+	if err := initramfs.CheckStaticELF(initPath); err != nil {
 		return err
 	}
 
@@ -148,24 +146,4 @@ func mkdirAll(w *initramfs.Writer, dirs map[string]bool, dir string) error {
 	}
 	dirs[dir] = true
 	return w.Dir(dir, 0o755)
-}
-
-// checkStaticELF refuses anything but a statically linked x86-64 ELF
-// executable: the archive has no dynamic loader or libc, and a dynamically
-// linked /init fails in the guest with a bare "No such file or directory".
-func checkStaticELF(p string) error {
-	f, err := elf.Open(p)
-	if err != nil {
-		return fmt.Errorf("%s: not an ELF executable: %w", p, err)
-	}
-	defer f.Close()
-	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
-		return fmt.Errorf("%s: is %v %v, want a 64-bit x86-64 executable", p, f.Class, f.Machine)
-	}
-	for _, prog := range f.Progs {
-		if prog.Type == elf.PT_INTERP {
-			return errors.New(p + ": dynamically linked (has PT_INTERP); build it with CGO_ENABLED=0")
-		}
-	}
-	return nil
 }

@@ -53,10 +53,10 @@ func TestBadFileFlag(t *testing.T) {
 func TestCheckStaticELF(t *testing.T) {
 	notELF := filepath.Join(t.TempDir(), "script")
 	os.WriteFile(notELF, []byte("#!/bin/sh\n"), 0o755)
-	if err := checkStaticELF(notELF); err == nil || !strings.Contains(err.Error(), "not an ELF") {
+	if err := initramfs.CheckStaticELF(notELF); err == nil || !strings.Contains(err.Error(), "not an ELF") {
 		t.Errorf("script: %v", err)
 	}
-	switch err := checkStaticELF("/bin/sh"); {
+	switch err := initramfs.CheckStaticELF("/bin/sh"); {
 	case err == nil:
 		t.Skip("/bin/sh is statically linked here: no dynamic binary to refuse")
 	case !strings.Contains(err.Error(), "dynamically linked"):

@@ -1,0 +1,30 @@
+package initramfs
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+)
+
+// ErrNotStatic is returned for an executable that needs a dynamic loader
+// (it has a PT_INTERP program header): an initramfs has none.
+var ErrNotStatic = errors.New("dynamically linked (has PT_INTERP); build it with CGO_ENABLED=0")
+
+// CheckStaticELF refuses anything but a statically linked x86-64 ELF
+// executable: what /init, the agent and busybox must be in a guest image.
+func CheckStaticELF(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("%s: not an ELF executable: %w", p, err)
+	}
+	defer f.Close()
+	if f.Class != elf.ELFCLASS64 || f.Machine != elf.EM_X86_64 {
+		return fmt.Errorf("%s: is %v %v, want a 64-bit x86-64 executable", p, f.Class, f.Machine)
+	}
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s: %w", p, ErrNotStatic)
+		}
+	}
+	return nil
+}
