@@ -22,13 +22,13 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
 		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
-		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST]",
 		OnUsageError: onUsageError,
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
-		}, vsockLimitFlags("")...), logFlag()),
+		}, append(vsockLimitFlags(""), vsockOptFlag())...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -49,6 +49,10 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			opts, err := parseVsockOpt(c.String("vsock-opt"))
+			if err != nil {
+				return err
+			}
 			if err := vsock.CheckUDSPath(uds); err != nil {
 				return usageError{err}
 			}
@@ -59,12 +63,14 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				ConnectTimeout: lim.connectTimeout,
 				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
 				Dialer:         vsock.UDSDialer{Path: uds},
+				Options:        &opts,
 				Log:            log.WithField("device", "vsock"),
 			})
 			if err != nil {
 				return usageError{err}
 			}
 			defer dev.Close()
+			log.WithField("vsock-opt", formatVsockOpt(opts)).Info("vsock device options")
 			hs, err := vsock.ListenUDS(uds, dev, lim.connectTimeout, log.WithField("device", "vsock-uds"))
 			if err != nil {
 				return err

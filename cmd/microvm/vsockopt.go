@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/vsock"
+)
+
+// vsockOptFlag is --vsock-opt, shared by `run` and `vhost-user-vsock`: the
+// vsock device's data-path optimisations (vsock.Options), each switchable so
+// it can be measured on and off (docs/performance.md).
+func vsockOptFlag() cli.Flag {
+	return &cli.StringFlag{
+		Name: "vsock-opt",
+		Usage: "vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: " +
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, copybreak=SIZE|off " +
+			"(e.g. kick-suppress=off,copybreak=4K)",
+	}
+}
+
+// vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.
+var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "copybreak"}
+
+// parseVsockOpt reads a --vsock-opt value: KEY=VALUE pairs separated by
+// commas, each changing one field of vsock.DefaultOptions. An empty value
+// is the defaults. Unknown keys, repeated keys and bad values are usage
+// errors naming the pair.
+func parseVsockOpt(s string) (vsock.Options, error) {
+	o := vsock.DefaultOptions
+	if strings.TrimSpace(s) == "" {
+		return o, nil
+	}
+	seen := map[string]bool{}
+	for _, item := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(item), "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" || v == "" {
+			return o, usagef("--vsock-opt %q: %q is not KEY=VALUE (keys: %s)", s, item, strings.Join(vsockOptKeys, ", "))
+		}
+		if seen[k] {
+			return o, usagef("--vsock-opt %q: %s given twice", s, k)
+		}
+		seen[k] = true
+		var flag *bool
+		switch k {
+		case "kick-suppress":
+			flag = &o.KickSuppress
+		case "direct-enqueue":
+			flag = &o.DirectEnqueue
+		case "batch":
+			flag = &o.BatchLock
+		case "copybreak":
+			if v == "off" {
+				o.Copybreak = 0
+				continue
+			}
+			n, err := parseBytes(v)
+			if err != nil || n > vsock.MaxPacketPayload {
+				return o, usagef("--vsock-opt %q: copybreak=%s: want off or a size up to %d bytes", s, v, vsock.MaxPacketPayload)
+			}
+			o.Copybreak = int(n)
+			continue
+		default:
+			return o, usagef("--vsock-opt %q: unknown key %q (keys: %s)", s, k, strings.Join(vsockOptKeys, ", "))
+		}
+		switch v {
+		case "on":
+			*flag = true
+		case "off":
+			*flag = false
+		default:
+			return o, usagef("--vsock-opt %q: %s=%s: want on or off", s, k, v)
+		}
+	}
+	return o, nil
+}
+
+// formatVsockOpt is the --vsock-opt value that selects o.
+func formatVsockOpt(o vsock.Options) string {
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	cb := "off"
+	if o.Copybreak > 0 {
+		cb = fmt.Sprint(o.Copybreak)
+	}
+	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,copybreak=%s",
+		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), cb)
+}

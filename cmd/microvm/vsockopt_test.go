@@ -1,0 +1,125 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/vsock"
+)
+
+func TestParseVsockOpt(t *testing.T) {
+	def := vsock.DefaultOptions
+	with := func(f func(o *vsock.Options)) vsock.Options {
+		o := def
+		f(&o)
+		return o
+	}
+	tests := []struct {
+		in   string
+		want vsock.Options
+	}{
+		{"", def},
+		{" ", def},
+		{"kick-suppress=off", with(func(o *vsock.Options) { o.KickSuppress = false })},
+		{"direct-enqueue=off", with(func(o *vsock.Options) { o.DirectEnqueue = false })},
+		{"batch=off", with(func(o *vsock.Options) { o.BatchLock = false })},
+		{"copybreak=4096", with(func(o *vsock.Options) { o.Copybreak = 4096 })},
+		{"copybreak=4K", with(func(o *vsock.Options) { o.Copybreak = 4096 })},
+		{"copybreak=64K", with(func(o *vsock.Options) { o.Copybreak = vsock.MaxPacketPayload })},
+		{"copybreak=off", with(func(o *vsock.Options) { o.Copybreak = 0 })},
+		{"kick-suppress=off,direct-enqueue=on,batch=off,copybreak=4096",
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, Copybreak: 4096}},
+		{" batch = off , kick-suppress=on", with(func(o *vsock.Options) { o.BatchLock = false })},
+		{"kick-suppress=off,direct-enqueue=off,batch=off,copybreak=off", vsock.Options{}},
+	}
+	for _, tc := range tests {
+		got, err := parseVsockOpt(tc.in)
+		if err != nil {
+			t.Errorf("parseVsockOpt(%q): %v", tc.in, err)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("parseVsockOpt(%q) (-want +got):\n%s", tc.in, diff)
+		}
+		// The canonical form selects the same options.
+		back, err := parseVsockOpt(formatVsockOpt(got))
+		if err != nil || back != got {
+			t.Errorf("parseVsockOpt(formatVsockOpt(%+v)) = %+v, %v", got, back, err)
+		}
+	}
+}
+
+// TestVsockOptUsageErrors: a bad --vsock-opt exits 2 with one line naming
+// the offending pair, on both commands, before anything starts.
+func TestVsockOptUsageErrors(t *testing.T) {
+	kernel := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(kernel, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(opt string) []string {
+		return []string{"run", "--kernel", kernel, "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock", "--vsock-opt", opt}
+	}
+	vhu := func(opt string) []string {
+		return []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--vsock-opt", opt}
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, copybreak)`},
+		{"bad boolean", run("batch=no"), `--vsock-opt "batch=no": batch=no: want on or off`},
+		{"no value", run("batch"), `"batch" is not KEY=VALUE`},
+		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},
+		{"empty value", run("batch="), `"batch=" is not KEY=VALUE`},
+		{"repeated key", run("batch=off,batch=on"), "batch given twice"},
+		{"bad copybreak", run("copybreak=lots"), "copybreak=lots: want off or a size up to 65536 bytes"},
+		{"copybreak too large", run("copybreak=1M"), "copybreak=1M: want off or a size up to 65536 bytes"},
+		{"without a vsock device", []string{"run", "--kernel", kernel, "--vsock-opt", "batch=off"}, "--vsock-opt needs a vsock device"},
+		{"vhost-user-vsock unknown key", vhu("turbo=on"), `unknown key "turbo"`},
+		{"vhost-user-vsock bad value", vhu("direct-enqueue=1"), "direct-enqueue=1: want on or off"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusUsage, tc.args, tc.want) })
+	}
+}
+
+// TestRunConfigVsockOpt: --vsock-opt reaches the machine's vsock
+// configuration; without it the device runs with the defaults.
+func TestRunConfigVsockOpt(t *testing.T) {
+	for _, tc := range []struct {
+		opt  []string
+		want vsock.Options
+	}{
+		{nil, vsock.DefaultOptions},
+		{[]string{"--vsock-opt", "kick-suppress=off,copybreak=8K"},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, Copybreak: 8192}},
+	} {
+		var got *microvm.Config
+		cmd := runCommand(nil, nil, nil)
+		cmd.Action = nil
+		app := newApp(nil, nil, nil)
+		app.Commands = nil
+		args := append([]string{"microvm", "--kernel", "k", "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock"}, tc.opt...)
+		app.Flags = cmd.Flags
+		app.Action = func(c *cli.Context) error {
+			cfg, err := runConfig(c)
+			got = &cfg
+			return err
+		}
+		if err := app.Run(args); err != nil {
+			t.Fatalf("%v: %v", tc.opt, err)
+		}
+		if got == nil || got.Vsock == nil || got.Vsock.Options == nil {
+			t.Fatalf("%v: no vsock options in %+v", tc.opt, got)
+		}
+		if diff := cmp.Diff(tc.want, *got.Vsock.Options); diff != "" {
+			t.Errorf("%v (-want +got):\n%s", tc.opt, diff)
+		}
+	}
+}
