@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // ChunkSize is the largest data chunk either side puts in one message.
@@ -17,6 +19,21 @@ const ChunkSize = 32 << 10
 // ErrProtocol reports a message sequence that breaks the API's rules, such
 // as an Exec stream that ends without an exit status.
 var ErrProtocol = errors.New("agentapi: protocol violation")
+
+// ErrAgentLost reports a call that failed because the connection to the
+// agent broke or could not be made (gRPC's Unavailable): the agent process
+// or its VM stopped, or the vsock connection was reset. The gRPC status
+// stays reachable through errors.As and status.Code.
+var ErrAgentLost = errors.New("lost the connection to the agent")
+
+// callErr wraps a failed call's error for op, marking a broken connection
+// with ErrAgentLost.
+func callErr(op string, err error) error {
+	if status.Code(err) == codes.Unavailable {
+		return fmt.Errorf("agentapi: %s: %w: %w", op, ErrAgentLost, err)
+	}
+	return fmt.Errorf("agentapi: %s: %w", op, err)
+}
 
 // Client calls an agent. It is safe for concurrent use, as is the
 // underlying connection.
@@ -66,7 +83,7 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 	defer cancel()
 	stream, err := c.Agent.Exec(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("agentapi: exec: %w", err)
+		return nil, callErr("exec", err)
 	}
 	start := &ExecStart{
 		Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
@@ -89,7 +106,7 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 			return nil, fmt.Errorf("agentapi: exec: stream ended without exit status: %w", ErrProtocol)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("agentapi: exec: %w", err)
+			return nil, callErr("exec", err)
 		}
 		switch m := resp.Msg.(type) {
 		case *ExecResponse_Stdout:
@@ -114,7 +131,7 @@ func execErr(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], err err
 			err = rerr
 		}
 	}
-	return fmt.Errorf("agentapi: exec: %w", err)
+	return callErr("exec", err)
 }
 
 func sendStdin(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], r io.Reader) {
@@ -155,7 +172,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, mak
 	defer cancel() // on a failed read, cancelling discards the partial file
 	stream, err := c.Agent.PutFile(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("agentapi: put %s: %w", path, err)
+		return 0, callErr("put "+path, err)
 	}
 	hdr := &PutFileHeader{Path: path, Mode: ModeBits(mode), MakeParents: makeParents}
 	sendErr := stream.Send(&PutFileRequest{Msg: &PutFileRequest_Header{Header: hdr}})
@@ -176,7 +193,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, mak
 	// CloseAndRecv.
 	resp, err := stream.CloseAndRecv()
 	if err != nil {
-		return 0, fmt.Errorf("agentapi: put %s: %w", path, err)
+		return 0, callErr("put "+path, err)
 	}
 	return int64(resp.Size), nil
 }
@@ -188,7 +205,7 @@ func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (fs.File
 	defer cancel()
 	stream, err := c.Agent.GetFile(ctx, &GetFileRequest{Path: path})
 	if err != nil {
-		return 0, fmt.Errorf("agentapi: get %s: %w", path, err)
+		return 0, callErr("get "+path, err)
 	}
 	var info *FileInfo
 	for {
@@ -197,7 +214,7 @@ func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (fs.File
 			break
 		}
 		if err != nil {
-			return 0, fmt.Errorf("agentapi: get %s: %w", path, err)
+			return 0, callErr("get "+path, err)
 		}
 		switch m := resp.Msg.(type) {
 		case *GetFileResponse_Info:

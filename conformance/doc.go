@@ -5,9 +5,13 @@
 //
 //   - QEMU -M microvm (TCG) with a vhost-user-vsock-device whose back-end is
 //     microvm vhost-user-vsock in a separate process (TestModern,
-//     TestLegacyMMIO, TestQEMURestart, TestMalformedFrontEnd);
+//     TestLegacyMMIO, TestQEMURestart, TestMalformedFrontEnd, TestAgentQEMU);
 //   - microvm run itself, the device behind microvm's own virtio-mmio
-//     transport with ioeventfd kicks and irqfd interrupts (TestMicrovm).
+//     transport with ioeventfd kicks and irqfd interrupts (TestMicrovm,
+//     TestAgentMicrovm).
+//
+// TestAgentQEMU and TestAgentMicrovm boot the guest agent's image (what
+// microvm exec boots) instead of guest/init and drive it from the host.
 //     These need a KVM that runs Linux: on other hosts
 //     testenv.RequireKVM skips them, and make test runs them in the
 //     nested-KVM box (docs/testing.md).

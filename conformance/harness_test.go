@@ -325,6 +325,7 @@ type vm struct {
 type bootOpts struct {
 	legacy bool     // leave virtio-mmio at QEMU's legacy default
 	params []string // microvm.* kernel parameters
+	initrd string   // the initramfs, when not the back-end's (guest/init)
 }
 
 // qemuArgs is the command line documented in docs/vhost-user.md.
@@ -338,7 +339,11 @@ func qemuArgs(t testing.TB, b *backend, o bootOpts) []string {
 	if !o.legacy {
 		args = append(args, "-global", "virtio-mmio.force-legacy=false")
 	}
-	return append(args, "-kernel", b.art.kernel, "-initrd", b.art.initrd, "-append", guestCmdline("t", o.params),
+	initrd := b.art.initrd
+	if o.initrd != "" {
+		initrd = o.initrd
+	}
+	return append(args, "-kernel", b.art.kernel, "-initrd", initrd, "-append", guestCmdline("t", o.params),
 		"-nodefaults", "-nographic", "-serial", "stdio", "-no-reboot")
 }
 

@@ -311,6 +311,14 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
 			return statusError{127}
 		}
+		if errors.Is(err, agentapi.ErrAgentLost) {
+			detail := err.Error()
+			var se interface{ GRPCStatus() *status.Status }
+			if errors.As(err, &se) {
+				detail = se.GRPCStatus().Message()
+			}
+			return fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], detail)
+		}
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	if st.TimedOut {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -486,4 +487,106 @@ func TestShutdown(t *testing.T) {
 	if _, err := h2.client.Agent.Shutdown(testCtx(t), &agentapi.ShutdownRequest{}); status.Code(err) != codes.Unimplemented {
 		t.Errorf("Shutdown without a callback = %v, want Unimplemented", err)
 	}
+}
+
+// TestExecAgentLost: when the agent's connection breaks mid-stream (the
+// agent killed, its VM gone), Exec fails at once with ErrAgentLost rather
+// than hanging, and the command it ran is killed with its group.
+func TestExecAgentLost(t *testing.T) {
+	h := newHarness(t, Options{}, false)
+	// The client reaches the agent through a relay the test cuts.
+	dir, err := os.MkdirTemp("", "relay") // short: sun_path has 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	relaySock := filepath.Join(dir, "relay.sock")
+	ln, err := net.Listen("unix", relaySock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	target := strings.TrimPrefix(h.conn.Target(), "unix://")
+	cut := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("unix", target)
+		if err != nil {
+			c.Close()
+			return
+		}
+		go io.Copy(s, c)
+		go io.Copy(c, s)
+		<-cut
+		c.Close()
+		s.Close()
+	}()
+	conn, err := grpc.NewClient("unix://"+relaySock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := agentapi.NewClient(conn)
+
+	pidFile := filepath.Join(dir, "pid")
+	out := &signalWriter{at: 1, ch: make(chan struct{})}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(testCtx(t), &agentapi.Cmd{Argv: sh(`echo $$ > "$1"; while :; do echo streaming; done`, pidFile), Stdout: out})
+		errc <- err
+	}()
+	select {
+	case <-out.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no output")
+	}
+	close(cut)
+	select {
+	case err := <-errc:
+		if !errors.Is(err, agentapi.ErrAgentLost) || status.Code(err) != codes.Unavailable {
+			t.Errorf("Exec: %v; want ErrAgentLost with code Unavailable", err)
+		}
+		t.Logf("Exec: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Exec still running 10 s after the connection broke")
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent sees the call end and kills the group.
+	deadline := time.Now().Add(10 * time.Second)
+	for unix.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command (pid %d) still runs after its call broke", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// signalWriter closes ch once at bytes have been written.
+type signalWriter struct {
+	mu   sync.Mutex
+	n    int
+	at   int
+	ch   chan struct{}
+	done bool
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n += len(p)
+	if !w.done && w.n >= w.at {
+		w.done = true
+		close(w.ch)
+	}
+	return len(p), nil
 }
