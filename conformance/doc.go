@@ -8,13 +8,12 @@
 //     TestLegacyMMIO, TestQEMURestart, TestMalformedFrontEnd, TestAgentQEMU);
 //   - microvm run itself, the device behind microvm's own virtio-mmio
 //     transport with ioeventfd kicks and irqfd interrupts (TestMicrovm,
-//     TestAgentMicrovm).
+//     TestAgentMicrovm). These need a KVM that runs Linux: on other hosts
+//     testenv.RequireKVM skips them, and make test runs them in the
+//     nested-KVM box (docs/testing.md).
 //
 // TestAgentQEMU and TestAgentMicrovm boot the guest agent's image (what
 // microvm exec boots) instead of guest/init and drive it from the host.
-//     These need a KVM that runs Linux: on other hosts
-//     testenv.RequireKVM skips them, and make test runs them in the
-//     nested-KVM box (docs/testing.md).
 //
 // The package has no non-test code beyond this comment. bin/microvm and the
 // initramfs come from $MICROVM_BINARY and $MICROVM_INITRD when set (make
