@@ -1,7 +1,8 @@
 # microvm: build, demo, test and benchmark.
 #
 #   make              bin/microvm (static) and bin/testguest
-#   make run          boot the bundled test guest and show what it prints
+#   make run          the demo: the test guest, then Linux with the guest agent
+#                     (commands and a gRPC call over vsock)
 #   make test         everything CI runs: vet, gofmt, staticcheck, go test -race,
 #                     the test guest's host and QEMU tests, the Linux test kernel
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
@@ -49,9 +50,11 @@ examples:
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
 
-# Boots the test guest on two vCPUs, then talks to it over vsock
-# (scripts/demo.sh).
-run: all
+# The demo (scripts/demo.sh): the test guest on two vCPUs, then Linux with
+# the guest agent: uname -a and a script run in it through the Go API, and a
+# gRPC service in the guest called over vsock. Steps this host's KVM cannot
+# run go to the nested-KVM box.
+run: all examples kernel
 	scripts/demo.sh
 
 # --- tests -------------------------------------------------------------------

@@ -1,7 +1,9 @@
-// Command host is the host side of the rpcservice example: it boots a VM
-// whose image holds the guest agent and the user's own gRPC service
-// (greeterd), starts the service through the agent, and calls it over vsock
-// through the Go API's DialVsock, with no Unix socket in between.
+// Command host is the host side of the rpcservice example, and the demo
+// make run shows: it boots a VM whose image holds the guest agent and the
+// user's own gRPC service (greeterd), runs uname -a and a small script in
+// it through the agent with their output streamed here, starts the service
+// through the agent, and calls it over vsock through the Go API's
+// DialVsock, with no Unix socket in between.
 //
 //	CGO_ENABLED=0 go build -o build/examples/greeterd ./examples/rpcservice/greeterd
 //	host -kernel build/kernel/bzImage -agent bin/microvm-agent -greeterd build/examples/greeterd
@@ -15,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,7 +34,14 @@ import (
 
 const agentPort = 1024
 
+// script is the small job the demo runs in the guest.
+const script = `echo "guest: $(nproc) CPUs, $(grep MemTotal /proc/meminfo | tr -s ' ')"
+echo "guest: mounted: $(cut -d' ' -f2 /proc/mounts | tr '\n' ' ')"
+echo "guest: up $(cut -d' ' -f1 /proc/uptime) s; pid 1 is $(cat /proc/1/comm)"
+`
+
 func main() {
+	verbose := flag.Bool("v", false, "show what runs in the guest (uname -a, a script) before the call")
 	kernel := flag.String("kernel", "build/kernel/bzImage", "guest kernel")
 	agent := flag.String("agent", "bin/microvm-agent", "static guest agent")
 	greeterd := flag.String("greeterd", "build/examples/greeterd", "the service, built static")
@@ -39,7 +49,11 @@ func main() {
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	r, err := run(ctx, *kernel, *agent, *greeterd, *busybox)
+	var show io.Writer
+	if *verbose {
+		show = os.Stdout
+	}
+	r, err := run(ctx, *kernel, *agent, *greeterd, *busybox, show)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rpcservice: %v\n", err)
 		os.Exit(1)
@@ -47,7 +61,10 @@ func main() {
 	fmt.Printf("greeter says %q (guest kernel %s)\n", r.Message, r.Kernel)
 }
 
-func run(ctx context.Context, kernel, agent, greeterd, busybox string) (*greeter.Reply, error) {
+// run boots the VM, calls the service and returns its reply. With show
+// not nil it first runs uname -a and script in the guest, their output
+// going to show.
+func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.Writer) (*greeter.Reply, error) {
 	dir, err := os.MkdirTemp("", "rpcservice-")
 	if err != nil {
 		return nil, err
@@ -67,7 +84,7 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string) (*greeter
 		return nil, fmt.Errorf("guest image: %w", err)
 	}
 	m, err := microvm.New(microvm.Config{
-		Kernel: kernel, Initrd: initrd, MemoryBytes: 512 << 20,
+		Kernel: kernel, Initrd: initrd, MemoryBytes: 512 << 20, CPUs: 2,
 		Cmdline: "console=ttyS0 reboot=k panic=-1 quiet",
 		Vsock:   &microvm.VsockConfig{CID: 3, UDSPath: filepath.Join(dir, "v.sock")},
 	})
@@ -96,6 +113,22 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string) (*greeter
 		return nil, err
 	}
 	defer agentConn.Close()
+	if show != nil {
+		for _, c := range []struct {
+			what string
+			argv []string
+		}{{"uname -a", []string{"uname", "-a"}}, {"a small script", []string{"sh", "-c", script}}} {
+			fmt.Fprintf(show, "host: runs %s in the guest\n", c.what)
+			st, err := agentapi.NewClient(agentConn).Exec(ctx, &agentapi.Cmd{Argv: c.argv, Stdout: show, Stderr: os.Stderr})
+			if err != nil {
+				return nil, err
+			}
+			if st.Code != 0 || st.Signal != 0 {
+				return nil, fmt.Errorf("%s: %v", c.what, st)
+			}
+		}
+		fmt.Fprintf(show, "host: starts greeterd in the guest through the agent and calls it over vsock\n")
+	}
 	// Run the service through the agent for as long as we need it: the
 	// Exec call stays open, its stderr comes here, and cancelling it (or
 	// tearing the VM down) kills the service.
