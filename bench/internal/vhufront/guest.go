@@ -82,6 +82,9 @@ type Stats struct {
 	RxBytes, TxBytes               uint64 // RW payload bytes
 	CreditUpdatesSent, CreditReqs  uint64 // CREDIT_UPDATE we sent; CREDIT_REQUEST we had to send
 	CreditUpdatesRcvd, RstReceived uint64
+	// Sleeps counts the event-mode driver's sleeps in poll(2); SleepTimeouts
+	// those that ended without an interrupt.
+	Sleeps, SleepTimeouts uint64
 }
 
 // Guest plays a virtio-vsock guest driver against a vhost-user back-end:
@@ -229,7 +232,8 @@ func Start(sock string, cfg Config) (*Guest, error) {
 		_ = g.rx.DisableInterrupts()
 		_ = g.tx.DisableInterrupts()
 	}
-	g.pfds[0].Fd, g.pfds[1].Fd = int32(g.call[0].FD()), int32(g.call[1].FD())
+	g.pfds[0] = unix.PollFd{Fd: int32(g.call[0].FD()), Events: unix.POLLIN}
+	g.pfds[1] = unix.PollFd{Fd: int32(g.call[1].FD()), Events: unix.POLLIN}
 	ok = true
 	return g, nil
 }
@@ -351,14 +355,18 @@ func (g *Guest) wait(d time.Duration) {
 	}
 	if !pending {
 		ms := int(max(d.Milliseconds(), 1))
+		g.stats.Sleeps++
 		for {
 			g.pfds[0].Revents, g.pfds[1].Revents = 0, 0
-			_, err := unix.Poll(g.pfds[:], ms)
+			n, err := unix.Poll(g.pfds[:], ms)
 			if err == unix.EINTR {
 				continue
 			}
 			if err != nil {
 				g.failf("poll on the call eventfds: %v", err)
+			}
+			if n == 0 {
+				g.stats.SleepTimeouts++
 			}
 			break
 		}

@@ -255,3 +255,37 @@ func TestWrongCID(t *testing.T) {
 		t.Fatalf("Start with CID 4: %v", err)
 	}
 }
+
+// TestInterruptWakesTheDriver is the regression test for the event-mode
+// driver polling its call eventfds without asking for POLLIN: every sleep
+// then lasted its full 10 ms bound and each round trip took 10 ms while
+// the interrupt counts looked normal. During a ping-pong the device's
+// interrupts, not the bound, must end the sleeps.
+func TestInterruptWakesTheDriver(t *testing.T) {
+	b := startBackend(t, vsock.DefaultOptions)
+	g := startGuest(t, b, Config{})
+	l, err := ListenUnix(b.uds + "_7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hostSide(func() error {
+		c, err := AcceptOne(l, testTimeout)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return HostEcho(c, testTimeout)
+	})
+	s0 := g.Stats()
+	rtts, err := g.Ping(7000, 64, time.Minute, 50, time.Now().Add(testTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitHost(t, h)
+	s := g.Stats()
+	sleeps, timeouts := s.Sleeps-s0.Sleeps, s.SleepTimeouts-s0.SleepTimeouts
+	if len(rtts) != 50 || sleeps == 0 || timeouts*2 > sleeps {
+		t.Errorf("%d round trips; the driver slept %d times, %d of them until the timeout (RX irqs %d)",
+			len(rtts), sleeps, timeouts, s.Irqs[QueueRX]-s0.Irqs[QueueRX])
+	}
+}
