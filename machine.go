@@ -368,6 +368,16 @@ func (m *Machine) stop(r Result) {
 	})
 }
 
+// hasStopped says whether the machine has stopped or is stopping.
+func (m *Machine) hasStopped() bool {
+	select {
+	case <-m.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
 // Run starts the vCPUs and blocks until the guest exits, an error stops the
 // machine, or ctx is canceled. It may be called once.
 func (m *Machine) Run(ctx context.Context) (Result, error) {

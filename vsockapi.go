@@ -43,6 +43,11 @@ var (
 	// accepted a DialVsock connection; the error also wraps
 	// context.DeadlineExceeded. It is hybridvsock.ErrTimeout.
 	ErrVsockTimeout = hybridvsock.ErrTimeout
+	// ErrStopped means the machine has stopped (or is stopping): its guest
+	// will not run again, so DialVsock does not wait for it. A caller that
+	// retries refused dials while the guest boots (agentapi.Connect) stops
+	// on this one.
+	ErrStopped = errors.New("the machine has stopped")
 )
 
 // There is no "reset" sentinel: when the guest resets an established
@@ -93,6 +98,9 @@ func (m *Machine) DialVsock(ctx context.Context, port uint32) (net.Conn, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, vsockCtxError(err))
 	}
+	if m.hasStopped() {
+		return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, ErrStopped)
+	}
 	devFD, host, err := vsockSocketpair()
 	if err != nil {
 		return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, err)
@@ -121,7 +129,13 @@ func (m *Machine) DialVsock(ctx context.Context, port uint32) (net.Conn, error) 
 			// the device's won by a hair.
 			return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, vsockCtxError(context.DeadlineExceeded))
 		}
-		if cerr := <-connErr; cerr != nil {
+		cerr := <-connErr
+		if m.hasStopped() {
+			// Refused because the machine stopped (its device closes
+			// every connection), not by the guest.
+			return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, ErrStopped)
+		}
+		if cerr != nil {
 			return nil, fmt.Errorf("microvm: dial vsock port %d: %w: %w", port, ErrVsockRefused, cerr)
 		}
 	}

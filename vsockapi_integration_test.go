@@ -62,6 +62,14 @@ func TestDialVsock(t *testing.T) {
 		}
 		c.Close()
 		g.wait(0, 20*time.Second)
+		// The guest will not run again: no waiting for it.
+		start = time.Now()
+		if _, err := g.m.DialVsock(ctx, vsockTestPort); !errors.Is(err, ErrStopped) || errors.Is(err, ErrVsockRefused) {
+			t.Errorf("DialVsock after the machine stopped: %v, want ErrStopped", err)
+		}
+		if d := time.Since(start); d > vsockPromptly {
+			t.Errorf("DialVsock after the machine stopped took %v", d)
+		}
 		if s := g.m.VsockStats(); s.GuestErrors != 0 || s.TxBytes != 4<<20 || s.RxBytes != 4<<20 {
 			t.Errorf("device: %d guest errors, tx %d rx %d bytes; want 0, %d, %d", s.GuestErrors, s.TxBytes, s.RxBytes, 4<<20, 4<<20)
 		}
@@ -110,6 +118,34 @@ func TestDialVsock(t *testing.T) {
 		// Already done: fails before touching the device.
 		if _, err := g.m.DialVsock(ctx, vsockTestPort); !errors.Is(err, context.Canceled) {
 			t.Errorf("DialVsock with a cancelled context: %v, want context.Canceled", err)
+		}
+	})
+
+	// A dial waiting for the guest's driver ends when the machine stops,
+	// with ErrStopped, not after the device's connect timeout.
+	t.Run("stopped while waiting", func(t *testing.T) {
+		g := newVsockGuest(t, "testguest.mode=echo testguest.port=1024")
+		errc := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			c, err := g.m.DialVsock(context.Background(), vsockTestPort)
+			if err == nil {
+				c.Close()
+			}
+			errc <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := g.m.Run(ctx); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		err := <-errc
+		if !errors.Is(err, ErrStopped) {
+			t.Errorf("DialVsock: %v, want ErrStopped", err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("DialVsock returned %v after the start, 100 ms after the stop", d)
 		}
 	})
 

@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/microvm/microvm/agentapi"
@@ -68,40 +66,20 @@ func agentImage(t *testing.T, a artefacts, dir string) (img, big string) {
 
 // agentConn is a gRPC connection to the agent on port through uds, once
 // the agent answers (the guest is still booting at first).
-func agentConn(t *testing.T, v *vm, uds string, port uint32) (*agentapi.Client, *grpc.ClientConn) {
+func agentConn(t *testing.T, v *vm, uds string, port uint32) (*agentapi.Client, *agentapi.Conn) {
 	t.Helper()
-	deadline := time.Now().Add(bootTimeout)
-	var first net.Conn
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		c, err := hybridvsock.Dial(ctx, uds, port)
-		cancel()
-		if err == nil {
-			first = c
-			break
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	go func() {
 		select {
 		case <-v.done:
-			t.Fatalf("%s exited before the agent listened on %d: %v", v.name, port, err)
-		default:
+			cancel()
+		case <-ctx.Done():
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent on port %d: %v after %v", port, err, bootTimeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	var once sync.Once
-	cc, err := grpc.NewClient("passthrough:///agent", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var c net.Conn
-			once.Do(func() { c = first })
-			if c != nil {
-				return c, nil
-			}
-			return hybridvsock.Dial(ctx, uds, port)
-		}))
+	}()
+	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return hybridvsock.Dial(ctx, uds, port) })
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("agent on port %d: %v", port, err)
 	}
 	t.Cleanup(func() { cc.Close() })
 	return agentapi.NewClient(cc), cc

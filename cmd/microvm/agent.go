@@ -13,11 +13,9 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm/agentapi"
-	"github.com/microvm/microvm/hybridvsock"
 )
 
 // agentCommand groups the clients of the agent of a running VM: one
@@ -73,16 +71,12 @@ func readAgentAddr(c *cli.Context, name string) (agentAddr, error) {
 	return a, nil
 }
 
-// dial connects to the agent (failing within a.timeout when it does not
-// answer) and returns a gRPC connection and the function that closes it.
-func (a agentAddr) dial(ctx context.Context) (*grpc.ClientConn, func(), error) {
-	dctx, cancel := context.WithTimeout(ctx, a.timeout)
-	first, err := hybridvsock.Dial(dctx, a.uds, a.port)
-	cancel()
-	if err != nil {
-		return nil, nil, err
-	}
-	return agentConn(first, a.uds, a.port)
+// dial connects to the agent, waiting up to a.timeout for it to accept.
+func (a agentAddr) dial(ctx context.Context) (*agentapi.Conn, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, a.timeout,
+		fmt.Errorf("no agent accepted on vsock port %d within --connect-timeout %v", a.port, a.timeout))
+	defer cancel()
+	return agentapi.Connect(ctx, agentDialer(a.uds, a.port))
 }
 
 func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
@@ -109,14 +103,14 @@ func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
 			ctx, stop := interruptible(context.Background())
 			defer stop()
-			cc, closeCC, err := a.dial(ctx)
+			cc, err := a.dial(ctx)
 			if err != nil {
 				if serr := signalStatus(ctx, log); serr != nil {
 					return serr
 				}
 				return fmt.Errorf("%s: %w", name, err)
 			}
-			defer closeCC()
+			defer cc.Close()
 			return runInGuest(ctx, cc, name, cmd, log)
 		},
 	}
@@ -256,11 +250,11 @@ func (cp copySpec) put(ctx context.Context, a agentAddr, stdin io.Reader) error 
 		}
 		r, mode = f, st.Mode()
 	}
-	cc, closeCC, err := a.dial(ctx)
+	cc, err := a.dial(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeCC()
+	defer cc.Close()
 	if _, err := agentapi.NewClient(cc).PutFile(ctx, cp.guest, mode, true, r); err != nil {
 		return guestError{cp.guest, err}
 	}
@@ -269,11 +263,11 @@ func (cp copySpec) put(ctx context.Context, a agentAddr, stdin io.Reader) error 
 
 // get copies the guest file to w and returns its mode bits.
 func (cp copySpec) get(ctx context.Context, a agentAddr, w io.Writer) (fs.FileMode, error) {
-	cc, closeCC, err := a.dial(ctx)
+	cc, err := a.dial(ctx)
 	if err != nil {
 		return 0, err
 	}
-	defer closeCC()
+	defer cc.Close()
 	mode, err := agentapi.NewClient(cc).GetFile(ctx, cp.guest, w)
 	if err != nil {
 		return 0, guestError{cp.guest, err}

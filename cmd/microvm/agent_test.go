@@ -133,11 +133,15 @@ func TestAgentExec(t *testing.T) {
 		oneLine(t, "stderr", stderr, "agent exec: sh: killed after --timeout 100ms")
 	})
 	t.Run("nothing on the port", func(t *testing.T) {
-		status, stdout, stderr := run(t, nil, "--port", "7", "--", "true")
+		start := time.Now()
+		status, stdout, stderr := run(t, nil, "--port", "7", "--connect-timeout", "300ms", "--", "true")
 		if status != 1 || stdout != "" {
 			t.Errorf("status %d stdout %q; want 1 and nothing", status, stdout)
 		}
-		oneLine(t, "stderr", stderr, "agent exec: hybridvsock: ")
+		oneLine(t, "stderr", stderr, "agent exec: agentapi: connect: no agent accepted on vsock port 7 within --connect-timeout 300ms (last try: hybridvsock: ")
+		if d := time.Since(start); d < 300*time.Millisecond || d > 5*time.Second {
+			t.Errorf("gave up after %v, want about 300ms", d)
+		}
 	})
 }
 

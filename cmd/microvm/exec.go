@@ -18,7 +18,6 @@ import (
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm"
@@ -167,7 +166,7 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
-	first, err := waitAgent(ctx, uds, o.bootTimeout, vmDone)
+	cc, err := waitAgent(ctx, uds, o.bootTimeout, vmDone)
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
 			return serr
@@ -179,11 +178,7 @@ func runExec(o *execOpts) error {
 		}
 		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
 	}
-	cc, closeCC, err := agentConn(first, uds, agentPort)
-	if err != nil {
-		return fmt.Errorf("exec: %w", err)
-	}
-	defer closeCC()
+	defer cc.Close()
 	// A VM that ends while the command runs (a guest crash, a triple
 	// fault) takes the agent with it, but the host side of its vsock
 	// connection stays open until Close: end the call instead of waiting
@@ -223,27 +218,34 @@ var errVMEnded = errors.New("the VM ended")
 // ending, to report that rather than the broken connection.
 const vmEndGrace = 2 * time.Second
 
-// waitAgent dials the agent until it answers, the VM ends or the boot
-// timeout passes, and returns the connection it made. Before the agent
-// listens the VMM refuses the CONNECT.
-func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-chan struct{}) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// waitAgent connects to the agent once it answers (before it listens the
+// VMM refuses the CONNECT), giving up when the VM ends or the boot timeout
+// passes.
+func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
+		fmt.Errorf("the guest agent did not answer on vsock port %d within %v", agentPort, timeout))
 	defer cancel()
-	for {
-		c, err := hybridvsock.Dial(ctx, uds, agentPort)
-		if err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("the guest agent did not answer on vsock port %d within %v: %w", agentPort, timeout, err)
-		}
+	go func() {
 		select {
 		case <-vmDone:
-			return nil, errors.New("the VM ended before its agent answered")
+			cancel()
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
 		}
+	}()
+	cc, err := agentapi.Connect(ctx, agentDialer(uds, agentPort))
+	select {
+	case <-vmDone:
+		if err != nil {
+			return nil, errors.New("the VM ended before its agent answered")
+		}
+	default:
 	}
+	return cc, err
+}
+
+// agentDialer dials port through the hybrid-vsock socket uds.
+func agentDialer(uds string, port uint32) agentapi.DialFunc {
+	return func(ctx context.Context) (net.Conn, error) { return hybridvsock.Dial(ctx, uds, port) }
 }
 
 // guestCmdFlags are the flags of a command run through the agent, shared
@@ -331,39 +333,6 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		return statusError{int(st.Code)}
 	}
 	return nil
-}
-
-// agentConn returns a gRPC connection to the agent whose first transport
-// is first, a connection already made to port through the hybrid-vsock
-// socket uds (gRPC dials again, the same way, only after a break). The
-// close function closes the connection, and first if gRPC never took it.
-func agentConn(first net.Conn, uds string, port uint32) (*grpc.ClientConn, func(), error) {
-	var mu sync.Mutex
-	take := func() net.Conn {
-		mu.Lock()
-		defer mu.Unlock()
-		c := first
-		first = nil
-		return c
-	}
-	cc, err := grpc.NewClient("passthrough:///microvm-agent",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			if c := take(); c != nil {
-				return c, nil
-			}
-			return hybridvsock.Dial(ctx, uds, port)
-		}))
-	if err != nil {
-		take().Close()
-		return nil, nil, fmt.Errorf("agent client: %w", err)
-	}
-	return cc, func() {
-		cc.Close()
-		if c := take(); c != nil {
-			c.Close()
-		}
-	}, nil
 }
 
 // caughtSignal is the cause of a context that interruptible cancelled.

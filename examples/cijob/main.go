@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -21,9 +20,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/agentapi"
@@ -96,31 +92,14 @@ func runJob(ctx context.Context, kernel, agent, busybox, out string) (int, error
 	defer func() { stopVM(); <-vmDone }()
 
 	// 3. The agent answers on vsock port 1024 once the guest has booted;
-	// until then the device refuses the connection.
-	for {
-		c, err := m.DialVsock(ctx, agentPort)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if !errors.Is(err, microvm.ErrVsockRefused) {
-			return 0, fmt.Errorf("waiting for the agent: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, fmt.Errorf("waiting for the agent: %w", ctx.Err())
-		case err := <-vmDone:
-			return 0, fmt.Errorf("the VM ended before its agent answered: %v", err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	cc, err := grpc.NewClient("passthrough:///agent",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return m.DialVsock(ctx, agentPort)
-		}))
+	// until then the device refuses the connection and Connect tries
+	// again. If the VM stops first, DialVsock says so (microvm.ErrStopped)
+	// and Connect gives up at once.
+	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) {
+		return m.DialVsock(ctx, agentPort)
+	})
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("waiting for the agent: %w", err)
 	}
 	defer cc.Close()
 	agentc := agentapi.NewClient(cc)

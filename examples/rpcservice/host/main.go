@@ -14,7 +14,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,9 +21,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/agentapi"
@@ -97,20 +93,15 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.W
 	go func() { _, err := m.Run(vmCtx); vmDone <- err }()
 	defer func() { stopVM(); <-vmDone }()
 
-	// A gRPC connection to a guest port, through the in-process vsock API.
-	dial := func(port uint32) (*grpc.ClientConn, error) {
-		return grpc.NewClient("passthrough:///vsock",
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-				return m.DialVsock(ctx, port)
-			}))
+	// A gRPC connection to a guest port through the in-process vsock API,
+	// once something accepts there (Connect retries while the port is
+	// refused, and gives up at once when the VM stops).
+	dial := func(ctx context.Context, port uint32) (*agentapi.Conn, error) {
+		return agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, port) })
 	}
-	if err := waitPort(ctx, m, agentPort, vmDone, nil); err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
-	}
-	agentConn, err := dial(agentPort)
+	agentConn, err := dial(ctx, agentPort)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	defer agentConn.Close()
 	if show != nil {
@@ -134,7 +125,9 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.W
 	// tearing the VM down) kills the service.
 	svcCtx, stopSvc := context.WithCancel(ctx)
 	defer stopSvc()
-	svcDone := make(chan error, 1)
+	// The wait for greeterd ends early if it exits.
+	waitSvc, svcFailed := context.WithCancelCause(ctx)
+	defer svcFailed(nil)
 	go func() {
 		st, err := agentapi.NewClient(agentConn).Exec(svcCtx, &agentapi.Cmd{
 			Argv: []string{"/usr/bin/greeterd"}, Stderr: os.Stderr,
@@ -142,14 +135,11 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.W
 		if err == nil {
 			err = fmt.Errorf("greeterd ended: %v", st)
 		}
-		svcDone <- err
+		svcFailed(err)
 	}()
-	if err := waitPort(ctx, m, greeter.Port, vmDone, svcDone); err != nil {
-		return nil, fmt.Errorf("greeterd: %w", err)
-	}
-	svc, err := dial(greeter.Port)
+	svc, err := dial(waitSvc, greeter.Port)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("greeterd: %w", err)
 	}
 	defer svc.Close()
 	r, err := greeter.Greet(ctx, svc, "host")
@@ -157,27 +147,4 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.W
 		return nil, fmt.Errorf("calling greeter: %w", err)
 	}
 	return r, nil
-}
-
-// waitPort waits until something in the guest accepts on port.
-// It gives up when the VM ends or, if given, when failed reports an error.
-func waitPort(ctx context.Context, m *microvm.Machine, port uint32, vmDone, failed <-chan error) error {
-	for {
-		c, err := m.DialVsock(ctx, port)
-		if err == nil {
-			return c.Close()
-		}
-		if !errors.Is(err, microvm.ErrVsockRefused) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-vmDone:
-			return fmt.Errorf("the VM ended: %v", err)
-		case err := <-failed:
-			return err
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }
