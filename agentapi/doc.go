@@ -5,8 +5,9 @@
 //
 // # Data flow
 //
-// A host dials the agent over vsock (or a Unix socket in tests) with
-// grpc.NewClient and wraps the connection with NewClient:
+// A host connects to the agent over vsock (or a Unix socket in tests) with
+// Connect, which waits while the guest boots, and wraps the connection
+// with NewClient:
 //
 //	Client.Exec: ExecStart -> agent forks the process in its own group
 //	    Stdin (32 KiB chunks) -> ExecRequest.stdin -> process stdin pipe
