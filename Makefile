@@ -11,7 +11,8 @@
 #   make conformance  the vhost-user conformance suite: Linux under QEMU (docs/vhost-user.md)
 #   make bench        every benchmark (make bench-boot: boot time against QEMU;
 #                     make bench-linux-boot: Linux to /init, microvm and QEMU;
-#                     make bench-exec: agent boot, exec latency, stdout MB/s)
+#                     make bench-exec: agent boot, exec latency, stdout MB/s;
+#                     make bench-device: the vsock device through vhost-user, no KVM)
 #   make clean        remove bin/ and the test guest's objects (keeps the kernel cache)
 #   make distclean    also remove build/ (kernel cache, tools)
 #
@@ -28,7 +29,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
-	bench bench-boot bench-vsock clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
+	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
 	test-start box-test test-summary bench-linux-boot bench-exec examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
@@ -132,7 +133,7 @@ conformance: kernel initramfs bin/microvm
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device
 
 bench-boot: all
 	$(GO) run ./bench/boot -n $(BENCH_RUNS) -microvm bin/microvm -guest bin/testguest -json build/bench/boot.json
@@ -173,6 +174,18 @@ bench-exec: all kernel
 # (docs/benchmarks.md); a few minutes.
 bench-vsock: all
 	$(GO) run ./bench/vsock -microvm bin/microvm -guest bin/testguest -json build/bench/vsock.json
+
+# The vsock device itself through vhost-user: a Go front-end and guest driver
+# against `microvm vhost-user-vsock` with each --vsock-opt set, AF_UNIX as the
+# reference, no KVM or QEMU (docs/performance.md); about 2-3 minutes.
+# PEER=/path/to/vhost-device-vsock adds rust-vmm's back-end;
+# BENCH_DEVICE_FLAGS passes more flags (-pairs, -dur, -mode poll, -quick).
+PEER ?=
+BENCH_DEVICE_FLAGS ?=
+bench-device: bin/microvm
+	$(GO) build -o build/bench/vhostuser ./bench/vhostuser
+	build/bench/vhostuser -microvm bin/microvm -peer "$(PEER)" -json build/bench/device.json \
+		-runs-json build/bench/device-runs.json $(BENCH_DEVICE_FLAGS)
 
 # --- cleaning ------------------------------------------------------------------
 

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// row is one line of build/bench/device.json (issue 9 fixes the fields):
+// medians over the pairs. A throughput row has RTT fields 0; an RTT row has
+// throughput fields 0 and its kicks, interrupts and CPU per MiB of the
+// ping-pong's bytes (both ways).
+type row struct {
+	Backend          string  `json:"backend"`
+	Options          string  `json:"options"`
+	Direction        string  `json:"direction"`
+	Payload          int     `json:"payload"`
+	BytesPerS        float64 `json:"bytes_per_s"`
+	MsgsPerS         float64 `json:"msgs_per_s"`
+	RTTP50           int64   `json:"rtt_p50_ns"`
+	RTTP99           int64   `json:"rtt_p99_ns"`
+	KicksPerMiB      float64 `json:"kicks_per_mib"`
+	IrqsPerMiB       float64 `json:"irqs_per_mib"`
+	BackendCPUPerMiB float64 `json:"backend_cpu_s_per_mib"`
+	AFUnixBytesPerS  float64 `json:"af_unix_bytes_per_s"`
+}
+
+// aggRow is a row with what the table adds: its kind, how many samples,
+// the spread, and the AF_UNIX reference's RTT.
+type aggRow struct {
+	row
+	kind           string
+	n              int
+	minVal, maxVal float64 // bytes/s or RTT p50 (ns) of the samples
+	afUnixP50      int64
+}
+
+// report is build/bench/device-runs.json: the settings, the host, every
+// sample and every failure.
+type report struct {
+	Date        string            `json:"date"`
+	Host        map[string]string `json:"host"`
+	Pairs       int               `json:"pairs"`
+	Mode        string            `json:"mode"`
+	Duration    string            `json:"duration"`
+	RTTDuration string            `json:"rtt_duration"`
+	RTTMax      int               `json:"rtt_max"`
+	QueueSize   int               `json:"queue_size"`
+	RXBuf       int               `json:"rx_buf"`
+	BufAlloc    int               `json:"buf_alloc"`
+	EventIdx    bool              `json:"event_idx"`
+	Copybreak   int               `json:"copybreak_on"`
+	Targets     map[string]string `json:"targets"`
+	Samples     []sample          `json:"samples"`
+	Failures    []string          `json:"failures,omitempty"`
+}
+
+// median is the middle value (the lower middle for an even count).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[(len(s)-1)/2]
+}
+
+type cellKey struct {
+	backend, options, dir, kind string
+	payload                     int
+}
+
+// aggregate turns samples into rows, in target then cell order; cells no
+// sample measured are left out.
+func aggregate(samples []sample, order []target, cells []cell) []aggRow {
+	by := map[cellKey][]sample{}
+	for _, s := range samples {
+		k := cellKey{s.Backend, s.Options, s.Dir, s.Kind, s.Payload}
+		by[k] = append(by[k], s)
+	}
+	field := func(ss []sample, f func(sample) float64) (med, lo, hi float64) {
+		v := make([]float64, len(ss))
+		for i, s := range ss {
+			v[i] = f(s)
+		}
+		sort.Float64s(v)
+		return median(v), v[0], v[len(v)-1]
+	}
+	var out []aggRow
+	for _, t := range order {
+		if t.backend == "af_unix" {
+			continue
+		}
+		for _, c := range cells {
+			ss := by[cellKey{t.backend, t.options, c.dir, c.kind, c.payload}]
+			if len(ss) == 0 {
+				continue
+			}
+			r := aggRow{row: row{Backend: t.backend, Options: t.options, Direction: c.dir, Payload: c.payload}, kind: c.kind, n: len(ss)}
+			r.KicksPerMiB, _, _ = field(ss, func(s sample) float64 { return s.KicksPerMiB })
+			r.IrqsPerMiB, _, _ = field(ss, func(s sample) float64 { return s.IrqsPerMiB })
+			r.BackendCPUPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendCPUPerMiB })
+			ref := by[cellKey{"af_unix", "-", c.dir, c.kind, c.payload}]
+			if c.kind == kindTput {
+				r.BytesPerS, r.minVal, r.maxVal = field(ss, func(s sample) float64 { return s.BytesPerS })
+				r.MsgsPerS, _, _ = field(ss, func(s sample) float64 { return s.MsgsPerS })
+				if len(ref) > 0 {
+					r.AFUnixBytesPerS, _, _ = field(ref, func(s sample) float64 { return s.BytesPerS })
+				}
+			} else {
+				var p50, p99 float64
+				p50, r.minVal, r.maxVal = field(ss, func(s sample) float64 { return float64(s.RTTP50) })
+				p99, _, _ = field(ss, func(s sample) float64 { return float64(s.RTTP99) })
+				r.RTTP50, r.RTTP99 = int64(p50), int64(p99)
+				if len(ref) > 0 {
+					m, _, _ := field(ref, func(s sample) float64 { return float64(s.RTTP50) })
+					r.afUnixP50 = int64(m)
+				}
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
+}
+
+// printTable prints one line per target, direction and payload (the
+// throughput row and the RTT row side by side), then the ratios issue 9's
+// targets are stated in.
+func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells []cell) {
+	fmt.Fprintf(w, "vhost-user-vsock device benchmark: %d pair(s), medians (min-max); guest driver %s mode, EVENT_IDX %v, ring %d, RX buffers %d B, window %d B; streams %s, ping-pongs %s\n",
+		rep.Pairs, rep.Mode, rep.EventIdx, rep.QueueSize, rep.RXBuf, rep.BufAlloc, rep.Duration, rep.RTTDuration)
+	fmt.Fprintf(w, "host: %s, %s CPUs, kernel %s\n", rep.Host["cpu"], rep.Host["cpus"], rep.Host["kernel"])
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\toptions\tdir\tpayload\tMB/s\t(min-max)\tmsgs/s\tAF_UNIX MB/s\tx AF_UNIX\tRTT p50 us\t(min-max)\tp99 us\tAF_UNIX p50 us\tkicks/MiB\tirqs/MiB\tCPU ms/MiB\t")
+	type lineKey struct {
+		backend, options, dir string
+		payload               int
+	}
+	tput, rtt := map[lineKey]aggRow{}, map[lineKey]aggRow{}
+	var keys []lineKey
+	for _, r := range rows {
+		k := lineKey{r.Backend, r.Options, r.Direction, r.Payload}
+		if _, seen := tput[k]; !seen {
+			if _, seen := rtt[k]; !seen {
+				keys = append(keys, k)
+			}
+		}
+		if r.kind == kindTput {
+			tput[k] = r
+		} else {
+			rtt[k] = r
+		}
+	}
+	dash := "-"
+	for _, k := range keys {
+		t, hasT := tput[k]
+		r, hasR := rtt[k]
+		cols := []string{k.backend, k.options, k.dir, sizeName(k.payload)}
+		if hasT {
+			ratio := dash
+			if t.AFUnixBytesPerS > 0 {
+				ratio = fmt.Sprintf("%.2f", t.BytesPerS/t.AFUnixBytesPerS)
+			}
+			cols = append(cols, fmt.Sprintf("%.1f", t.BytesPerS/1e6), fmt.Sprintf("(%.0f-%.0f)", t.minVal/1e6, t.maxVal/1e6),
+				fmt.Sprintf("%.0f", t.MsgsPerS), fmt.Sprintf("%.1f", t.AFUnixBytesPerS/1e6), ratio)
+		} else {
+			cols = append(cols, dash, "", dash, dash, dash)
+		}
+		if hasR {
+			ref := dash
+			if r.afUnixP50 > 0 {
+				ref = fmt.Sprintf("%.1f", float64(r.afUnixP50)/1e3)
+			}
+			cols = append(cols, fmt.Sprintf("%.1f", float64(r.RTTP50)/1e3), fmt.Sprintf("(%.1f-%.1f)", r.minVal/1e3, r.maxVal/1e3),
+				fmt.Sprintf("%.1f", float64(r.RTTP99)/1e3), ref)
+		} else {
+			cols = append(cols, dash, "", dash, dash)
+		}
+		if hasT {
+			cols = append(cols, fmt.Sprintf("%.1f", t.KicksPerMiB), fmt.Sprintf("%.1f", t.IrqsPerMiB), fmt.Sprintf("%.2f", t.BackendCPUPerMiB*1e3))
+		} else {
+			cols = append(cols, dash, dash, dash)
+		}
+		fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "MB/s = 10^6 bytes/s; kicks, irqs and CPU per MiB of payload at saturation (the stream); CPU = back-end process utime+stime")
+	for _, l := range ratios(rows) {
+		fmt.Fprintln(w, l)
+	}
+}
+
+// ratios are the comparisons issue 9 states its targets in, where this run
+// measured both sides.
+func ratios(rows []aggRow) []string {
+	find := func(backend, options, dir, kind string, payload int) (aggRow, bool) {
+		for _, r := range rows {
+			if r.Backend == backend && r.Options == options && r.Direction == dir && r.kind == kind && r.Payload == payload {
+				return r, true
+			}
+		}
+		return aggRow{}, false
+	}
+	var out []string
+	add := func(format string, args ...any) { out = append(out, "  "+fmt.Sprintf(format, args...)) }
+	for _, d := range []string{h2g, g2h} {
+		if r, ok := find("microvm", "all-on", d, kindTput, 65536); ok && r.AFUnixBytesPerS > 0 {
+			add("64 KiB %s, all-on: %.2fx AF_UNIX bytes/s", d, r.BytesPerS/r.AFUnixBytesPerS)
+		}
+	}
+	if a, ok := find("microvm", "all-on", h2g, kindTput, 65536); ok {
+		if b, ok := find("microvm", "all-on", g2h, kindTput, 65536); ok && b.BytesPerS > 0 {
+			add("64 KiB, all-on: h2g/g2h bytes/s %.2f", a.BytesPerS/b.BytesPerS)
+		}
+	}
+	for _, d := range []string{h2g, g2h} {
+		a, ok1 := find("microvm", "all-on", d, kindTput, 64)
+		b, ok2 := find("microvm", "all-off", d, kindTput, 64)
+		if ok1 && ok2 && b.MsgsPerS > 0 {
+			add("64 B %s msgs/s: all-on/all-off %.2fx", d, a.MsgsPerS/b.MsgsPerS)
+		}
+	}
+	for _, d := range []string{h2g, g2h} {
+		a, ok1 := find("microvm", "all-on", d, kindRTT, 64)
+		b, ok2 := find("microvm", "no-direct-enqueue", d, kindRTT, 64)
+		if ok1 && ok2 && b.RTTP50 > 0 {
+			add("64 B %s RTT p50: direct enqueue on %.1f us, off %.1f us (%+.0f%%)", d, float64(a.RTTP50)/1e3, float64(b.RTTP50)/1e3,
+				100*(float64(a.RTTP50)/float64(b.RTTP50)-1))
+		}
+	}
+	for _, p := range []int{64, 4096, 65536} {
+		a, ok1 := find("microvm", "all-on", g2h, kindTput, p)
+		b, ok2 := find("microvm", "no-kick-suppress", g2h, kindTput, p)
+		if ok1 && ok2 {
+			add("%s g2h kicks/MiB: suppression on %.1f, off %.1f", sizeName(p), a.KicksPerMiB, b.KicksPerMiB)
+		}
+	}
+	for _, p := range []int{4096, 65536} {
+		for _, d := range []string{h2g, g2h} {
+			a, ok1 := find("microvm", "all-on", d, kindTput, p)
+			b, ok2 := find("peer", "all-on", d, kindTput, p)
+			if ok1 && ok2 && b.BytesPerS > 0 {
+				add("%s %s: microvm/peer bytes/s %.2fx", sizeName(p), d, a.BytesPerS/b.BytesPerS)
+			}
+			a, ok1 = find("microvm", "all-on", d, kindRTT, p)
+			b, ok2 = find("peer", "all-on", d, kindRTT, p)
+			if ok1 && ok2 {
+				add("%s %s RTT p50: microvm %.1f us, peer %.1f us", sizeName(p), d, float64(a.RTTP50)/1e3, float64(b.RTTP50)/1e3)
+			}
+		}
+	}
+	if len(out) > 0 {
+		out = append([]string{"ratios:"}, out...)
+	}
+	return out
+}
