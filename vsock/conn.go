@@ -71,13 +71,13 @@ type conn struct {
 	// Guest -> host: our receive side. bufAlloc is what we advertise;
 	// rxCnt counts payload bytes the guest sent; fwdCnt those written to
 	// the host socket; lastFwd the fwd_cnt we last told the guest.
-	// txBuf holds guest bytes the host socket has not taken yet; the
+	// tx holds guest bytes the host socket has not taken yet; the
 	// guest's credit keeps it below bufAlloc.
 	bufAlloc uint32
 	rxCnt    uint32
 	fwdCnt   uint32
 	lastFwd  uint32
-	txBuf    []byte
+	tx       byteQueue
 
 	// Host -> guest: the guest's receive window. txCnt counts payload
 	// bytes sent to the guest. All counters wrap (u32 arithmetic).

@@ -118,7 +118,7 @@ func (s *session) hostEvent(fd int, events uint32) {
 			c.pend |= pendShutdown
 		}
 	}
-	if events&unix.EPOLLOUT != 0 && len(c.txBuf) > 0 {
+	if events&unix.EPOLLOUT != 0 && c.tx.Len() > 0 {
 		s.flushLocked(c)
 		s.creditCheckLocked(c)
 	}

@@ -240,7 +240,8 @@ func (s *session) closeConnLocked(c *conn) {
 		c.fd = -1
 	}
 	c.state = stateClosed
-	c.txBuf, c.prefix = nil, nil
+	c.tx.Reset()
+	c.prefix = nil
 	c.pend = 0
 	s.d.ctr.connsOpen.Add(-1)
 }

@@ -269,7 +269,7 @@ func (s *session) endRun(st *txState) {
 	st.cur = nil
 	s.writeRunLocked(st, c)
 	if c.state != stateClosed {
-		if len(c.txBuf) > 0 {
+		if c.tx.Len() > 0 {
 			s.flushLocked(c)
 		}
 		s.creditCheckLocked(c)
@@ -395,7 +395,7 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 	if c.state == stateClosed {
 		return
 	}
-	if len(c.txBuf) > 0 {
+	if c.tx.Len() > 0 {
 		s.flushLocked(c) // applies the shutdown if it drains the buffer
 		return
 	}
@@ -406,7 +406,7 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 // guest's data: half-close the host socket on SEND; on full shutdown, RST
 // (the reply the guest waits for) and close.
 func (s *session) afterFlushLocked(c *conn) {
-	if len(c.txBuf) > 0 || c.state == stateClosed {
+	if c.tx.Len() > 0 || c.state == stateClosed {
 		return
 	}
 	if c.guestShut&ShutdownSend != 0 && !c.hostWriteShut && c.fd >= 0 {
@@ -451,7 +451,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		s.resetConnLocked(c)
 		return
 	}
-	if len(c.txBuf) == 0 && (s.opts.Copybreak == 0 || int(n) >= s.opts.Copybreak) {
+	if c.tx.Len() == 0 && (s.opts.Copybreak == 0 || int(n) >= s.opts.Copybreak) {
 		// Scatter-gather straight from guest memory: now, or with the
 		// rest of the run in one writev (BatchLock).
 		st.runViews = append(st.runViews, st.payload...)
@@ -487,7 +487,7 @@ func (s *session) writeRunLocked(st *txState, c *conn) {
 	if c.state == stateClosed || c.fd < 0 {
 		return
 	}
-	if len(c.txBuf) > 0 {
+	if c.tx.Len() > 0 {
 		s.appendTx(c, st.runViews, 0)
 		return
 	}
@@ -515,32 +515,28 @@ func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
 			skip -= uint64(len(b))
 			continue
 		}
-		c.txBuf = append(c.txBuf, b[skip:]...)
+		c.tx.Append(b[skip:])
 		skip = 0
 	}
 }
 
 // flushLocked writes buffered guest data to the host socket.
 func (s *session) flushLocked(c *conn) {
-	if c.fd < 0 || len(c.txBuf) == 0 {
+	if c.fd < 0 || c.tx.Len() == 0 {
 		return
 	}
-	w, err := writeSome(c.fd, c.txBuf)
+	w, err := writeSome(c.fd, c.tx.Bytes())
 	if err != nil {
 		s.d.log.WithError(err).Debug("vsock: host write")
 		s.resetConnLocked(c)
 		return
 	}
 	c.fwdCnt += uint32(w)
-	if w < len(c.txBuf) {
+	if w < c.tx.Len() {
 		s.d.ctr.hostWriteStalls.Add(1)
 	}
-	rest := copy(c.txBuf, c.txBuf[w:])
-	c.txBuf = c.txBuf[:rest]
-	if rest == 0 {
-		if cap(c.txBuf) > 4096 {
-			c.txBuf = nil // do not keep a big buffer for an idle connection
-		}
+	c.tx.Consume(w)
+	if c.tx.Len() == 0 {
 		// A shutdown the guest sent while data was still buffered takes
 		// effect now. (This may close the connection.)
 		s.afterFlushLocked(c)
