@@ -97,11 +97,18 @@ type Stats struct {
 	HostWriteStalls      uint64 // host writes the socket took only in part (writev or buffer flush)
 	CreditUpdatesSent    uint64 // CREDIT_UPDATE packets sent
 	LateRWDropped        uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
+
+	// One counter per optimisation switch, zero when it is off, so a
+	// switch that is silently ignored shows.
+	KickSuppressions uint64 // TX passes run with the guest's kicks disabled across host writes (KickSuppress)
+	BatchedPackets   uint64 // TX packets that joined a run already holding their connection's lock (BatchLock)
+	CopybreakCopies  uint64 // guest payloads copied because shorter than Copybreak
 }
 
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
-	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW atomic.Uint64
+	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
+	kickSuppressions, batchedPackets, copybreakCopies atomic.Uint64
 	connsOpen atomic.Int64
 }
 
@@ -191,6 +198,8 @@ func (d *Device) Stats() Stats {
 		DirectEnqueues: c.directEnqueues.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
+		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
+		CopybreakCopies: c.copybreakCopies.Load(),
 	}
 }
 

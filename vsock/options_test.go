@@ -40,8 +40,22 @@ func TestOptions(t *testing.T) {
 			layout := guestLayouts[(i+i/4)%4].o
 			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o, ConnBuffer: 32 << 10}, guest: layout})
 			coreScenarios(t, e)
-			if s := e.dev.Stats(); (s.DirectEnqueues > 0) != o.DirectEnqueue {
-				t.Errorf("%d direct enqueues with DirectEnqueue=%v", s.DirectEnqueues, o.DirectEnqueue)
+			// Each switch moves its own counter, and only when on: a
+			// switch the device ignored would fail here.
+			s := e.dev.Stats()
+			for _, c := range []struct {
+				name string
+				n    uint64
+				on   bool
+			}{
+				{"direct enqueues", s.DirectEnqueues, o.DirectEnqueue},
+				{"kick suppressions", s.KickSuppressions, o.KickSuppress},
+				{"batched packets", s.BatchedPackets, o.BatchLock},
+				{"copybreak copies", s.CopybreakCopies, o.Copybreak > 0},
+			} {
+				if (c.n > 0) != c.on {
+					t.Errorf("%d %s with the switch on=%v", c.n, c.name, c.on)
+				}
 			}
 		})
 	}

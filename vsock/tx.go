@@ -83,6 +83,7 @@ func (s *session) processTX(st *txState) {
 				s.failDevice(err)
 				return
 			}
+			s.d.ctr.kickSuppressions.Add(1)
 		}
 		for {
 			n, err := s.popTX(st)
@@ -246,6 +247,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 // previous packet was for the same connection (Options.BatchLock).
 func (s *session) beginRun(st *txState, key connKey) *conn {
 	if st.cur != nil && st.curKey == key && st.cur.state != stateClosed {
+		s.d.ctr.batchedPackets.Add(1)
 		return st.cur
 	}
 	s.endRun(st)
@@ -462,6 +464,9 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	}
 	// A small payload (copybreak), or older bytes still buffered: copy, in
 	// order after anything the run holds.
+	if c.tx.Len() == 0 {
+		s.d.ctr.copybreakCopies.Add(1)
+	}
 	s.writeRunLocked(st, c)
 	if c.state == stateClosed {
 		return
