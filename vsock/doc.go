@@ -89,7 +89,14 @@
 // RX ring itself when nothing is queued ahead), BatchLock (one lock and one
 // credit decision per run of packets for a connection, readiness made
 // visible after unlocking), Copybreak (small payloads are copied and written
-// in one call per run; large ones use scatter-gather).
+// in one call per run; large ones use scatter-gather). Each moves a counter
+// of its own in Stats (DirectEnqueues, KickSuppressions, BatchedPackets,
+// CopybreakCopies) only when on, which TestOptions checks; the CLI sets them
+// with --vsock-opt, and make bench-device measures them.
+//
+// Guest data the host socket does not take at once waits in the
+// connection's byteQueue (bounded by the advertised buffer), drained by
+// offset so partial writes cost linear time.
 //
 // # Untrusted guest
 //
