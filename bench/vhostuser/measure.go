@@ -160,7 +160,7 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		rtts, err = g.Ping(port, c.payload, r.rttDur, r.rttMax, deadline)
 	}
 	if err != nil {
-		return s, fmt.Errorf("guest: %w", err)
+		return s, fmt.Errorf("guest: %w%s", err, r.peerSide())
 	}
 	res, err := r.peer.End(max(r.dur, r.rttDur) + r.timeout)
 	if err != nil {
@@ -190,6 +190,18 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		s.BackendCPUPerMiB = s.BackendCPU / mib
 	}
 	return s, nil
+}
+
+// peerSide is what the peer reports after the local side of a measurement
+// failed, often the cause (a host side that found a bad byte closes its
+// socket, and the device resets the connection). A peer still waiting
+// stays busy and is stopped by the caller.
+func (r *runner) peerSide() string {
+	_, err := r.peer.End(2 * time.Second)
+	if err == nil {
+		return "; the peer saw no error"
+	}
+	return "; " + err.Error()
 }
 
 // fill checks and records what both sides saw.
@@ -256,7 +268,7 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 	}
 	conn.Close()
 	if err != nil {
-		return s, fmt.Errorf("local side: %w", err)
+		return s, fmt.Errorf("local side: %w%s", err, r.peerSide())
 	}
 	res, err := r.peer.End(max(r.dur, r.rttDur) + r.timeout)
 	if err != nil {

@@ -24,7 +24,12 @@ var pattern = func() []byte {
 		x ^= x >> 27
 		b[i] = byte((x * 0x2545f4914f6cdd1d) >> 56)
 	}
-	copy(b[PatternPeriod:], b[:MaxPayload])
+	// Byte by byte: the tail repeats the table from its start, and its
+	// last bytes repeat bytes this loop wrote itself (MaxPayload is more
+	// than one period), which a single copy would take before they exist.
+	for i := PatternPeriod; i < len(b); i++ {
+		b[i] = b[i-PatternPeriod]
+	}
 	return b
 }()
 

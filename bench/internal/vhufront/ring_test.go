@@ -246,6 +246,24 @@ func TestPattern(t *testing.T) {
 	}
 }
 
+// TestPatternFullChunks is the regression test for the table's tail: it
+// was filled with one overlapping copy, so its last 15 bytes were zero
+// and a 64 KiB chunk starting in the last 15 bytes of a period was wrong
+// on both ends (a mismatch a few hundred MB into a stream).
+func TestPatternFullChunks(t *testing.T) {
+	for off := int64(0); off < 2*PatternPeriod; off++ {
+		if off%PatternPeriod > 64 && off%PatternPeriod < PatternPeriod-64 {
+			continue
+		}
+		c := PatternAt(off, MaxPayload)
+		for j := range c {
+			if want := pattern[(off+int64(j))%PatternPeriod]; c[j] != want {
+				t.Fatalf("PatternAt(%d)[%d] = %#x, want %#x", off, j, c[j], want)
+			}
+		}
+	}
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
