@@ -24,6 +24,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -231,6 +232,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Duration: dur.String(), RTTDuration: rttDur.String(), RTTMax: *rttMax, QueueSize: *queueSize, RXBuf: *rxBuf,
 		BufAlloc: *bufAlloc, EventIdx: !*noEventIdx, Copybreak: *copybreak, Targets: map[string]string{},
 	}
+	rep.Versions = map[string]string{}
+	for _, t := range targets {
+		if _, ok := rep.Versions[t.backend]; !ok {
+			rep.Versions[t.backend] = binaryVersion(t)
+		}
+	}
 	for _, t := range targets {
 		rep.Targets[t.backend+" "+t.options] = strings.Join(expand(t.argv, map[string]string{"bin": t.bin, "opts": t.vsockOp,
 			"socket": "SOCKET", "uds": "UDS", "cid": "3"}), " ")
@@ -276,6 +283,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// binaryVersion asks a back-end binary for its version (bounded: a
+// binary that does not know the flag may start serving instead).
+func binaryVersion(t target) string {
+	arg := "--version"
+	if t.backend == "microvm" {
+		arg = "version"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, t.bin, arg).Output()
+	if err != nil {
+		return "unknown (" + t.bin + ")"
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // syncWriter serialises writes to w.

@@ -53,8 +53,11 @@ type report struct {
 	EventIdx    bool              `json:"event_idx"`
 	Copybreak   int               `json:"copybreak_on"`
 	Targets     map[string]string `json:"targets"`
-	Samples     []sample          `json:"samples"`
-	Failures    []string          `json:"failures,omitempty"`
+	// Versions: each back-end binary's answer to "version" (microvm), or
+	// "--version" (the peer), where it gives one.
+	Versions map[string]string `json:"versions,omitempty"`
+	Samples  []sample          `json:"samples"`
+	Failures []string          `json:"failures,omitempty"`
 }
 
 // median is the middle value (the lower middle for an even count).
@@ -141,6 +144,9 @@ func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells [
 	fmt.Fprintf(w, "vhost-user-vsock device benchmark: %d pair(s), medians (min-max); guest driver %s mode, EVENT_IDX %v, ring %d, RX buffers %d B, window %d B; streams %s, ping-pongs %s\n",
 		rep.Pairs, rep.Mode, rep.EventIdx, rep.QueueSize, rep.RXBuf, rep.BufAlloc, rep.Duration, rep.RTTDuration)
 	fmt.Fprintf(w, "host: %s, %s CPUs, kernel %s\n", rep.Host["cpu"], rep.Host["cpus"], rep.Host["kernel"])
+	for _, k := range sortedKeys(rep.Versions) {
+		fmt.Fprintf(w, "%s: %s\n", k, rep.Versions[k])
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "backend\toptions\tdir\tpayload\tMB/s\t(min-max)\tmsgs/s\tAF_UNIX MB/s\tx AF_UNIX\tRTT p50 us\t(min-max)\tp99 us\tAF_UNIX p50 us\tkicks/MiB\tirqs/MiB\tCPU ms/MiB\t")
 	type lineKey struct {
@@ -263,5 +269,14 @@ func ratios(rows []aggRow) []string {
 	if len(out) > 0 {
 		out = append([]string{"ratios:"}, out...)
 	}
+	return out
+}
+
+func sortedKeys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
 	return out
 }
