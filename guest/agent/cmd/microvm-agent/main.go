@@ -3,7 +3,7 @@
 // Command microvm-agent is the guest agent: it serves package agent's gRPC
 // API (docs/agent.md) on vsock, or on a Unix socket.
 //
-//	microvm-agent [-listen vsock://:1024 | -listen unix:///path] [-poweroff-after-exec]
+//	microvm-agent [-listen vsock://:1024 | -listen unix:///path] [-poweroff-after-exec] [-v]
 //
 // Run as PID 1 (the guest's /init) it first mounts /proc, /sys, devtmpfs on
 // /dev, tmpfs on /tmp and /run, and brings up lo; it reaps every orphan
@@ -45,6 +45,8 @@ func main() {
 	listen := flag.String("listen", "vsock://:1024", "where to serve: vsock://:PORT or unix:///PATH")
 	afterExec := flag.Bool("poweroff-after-exec", false, "power off (exit, if not PID 1) when the last running Exec ends")
 	version := flag.Bool("version", false, "print the version and exit")
+	verbose := flag.Bool("v", os.Getenv("MICROVM_AGENT_VERBOSE") == "1",
+		"log each Exec's start and end (on a serial console every byte costs a VM exit; as /init, set MICROVM_AGENT_VERBOSE=1 on the kernel command line)")
 	flag.Parse()
 	if *version {
 		fmt.Println(agent.Version)
@@ -88,7 +90,10 @@ func main() {
 			}()
 		})
 	}
-	opts := agent.Options{Shutdown: stop, Reaper: reaper, Logf: log.Printf}
+	opts := agent.Options{Shutdown: stop, Reaper: reaper}
+	if *verbose {
+		opts.Logf = log.Printf
+	}
 	if *afterExec {
 		opts.Idle = stop
 	}
