@@ -8,11 +8,8 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/microvm/microvm/agentapi"
@@ -30,52 +27,21 @@ var cmdEnv = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
 // host reference (dial connects to a Unix socket), so the two differ only
 // in the transport under gRPC.
 type agentConn struct {
-	cc     *grpc.ClientConn
+	cc     *agentapi.Conn
 	client *agentapi.Client
-
-	mu    sync.Mutex
-	first net.Conn // guarded by mu: a connection already made, for gRPC's first dial
 }
 
-// newAgentConn returns a connection that hands gRPC first (when not nil)
-// the first time it dials, and calls dial after that (after a break).
-// gRPC connects lazily, on the first call.
-func newAgentConn(first net.Conn, dial func(context.Context) (net.Conn, error)) (*agentConn, error) {
-	a := &agentConn{first: first}
-	cc, err := grpc.NewClient("passthrough:///microvm-agent",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			if c := a.takeFirst(); c != nil {
-				return c, nil
-			}
-			return dial(ctx)
-		}))
+// connectAgent waits for the agent to accept through dial
+// (agentapi.Connect) and returns the connection.
+func connectAgent(ctx context.Context, dial agentapi.DialFunc) (*agentConn, error) {
+	cc, err := agentapi.Connect(ctx, dial)
 	if err != nil {
-		if c := a.takeFirst(); c != nil {
-			c.Close()
-		}
-		return nil, fmt.Errorf("agent client: %w", err)
+		return nil, err
 	}
-	a.cc, a.client = cc, agentapi.NewClient(cc)
-	return a, nil
+	return &agentConn{cc: cc, client: agentapi.NewClient(cc)}, nil
 }
 
-func (a *agentConn) takeFirst() net.Conn {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	c := a.first
-	a.first = nil
-	return c
-}
-
-// close closes the gRPC connection, and the first connection if gRPC
-// never took it.
-func (a *agentConn) close() {
-	a.cc.Close()
-	if c := a.takeFirst(); c != nil {
-		c.Close()
-	}
-}
+func (a *agentConn) close() { a.cc.Close() }
 
 // health makes one call to the standard health service and wants SERVING.
 func (a *agentConn) health(ctx context.Context) error {
@@ -195,7 +161,7 @@ func startHostAgent(ctx context.Context, dir string) (*hostAgent, error) {
 	}
 	h := &hostAgent{srv: agent.New(agent.Options{}), served: make(chan error, 1)}
 	go func() { h.served <- h.srv.Serve(ln) }()
-	h.conn, err = newAgentConn(nil, func(ctx context.Context) (net.Conn, error) {
+	h.conn, err = connectAgent(ctx, func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
 	})

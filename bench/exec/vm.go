@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -25,8 +24,6 @@ const (
 	// cmdline is `microvm exec`'s: quiet, so that the serial console,
 	// an exit per byte, does not dominate the boot.
 	cmdline = "console=ttyS0 reboot=k panic=-1 quiet"
-	// retryEvery is the pause between refused dials while the guest boots.
-	retryEvery = 5 * time.Millisecond
 )
 
 // writeImage writes the guest image (the agent as /init, busybox) to path.
@@ -89,12 +86,11 @@ func bootVM(ctx context.Context, cfg *config, initrd, uds string, log logrus.Fie
 
 	bctx, cancel := context.WithTimeout(ctx, cfg.timeout)
 	defer cancel()
-	first, err := v.dialAgent(bctx)
-	if err == nil {
-		v.conn, err = newAgentConn(first, func(ctx context.Context) (net.Conn, error) {
-			return m.DialVsock(ctx, agentPort)
-		})
-	}
+	// Until the agent listens the guest refuses, and Connect dials again;
+	// if the VM stops first, DialVsock says so and Connect gives up.
+	v.conn, err = connectAgent(bctx, func(ctx context.Context) (net.Conn, error) {
+		return m.DialVsock(ctx, agentPort)
+	})
 	if err == nil {
 		err = v.conn.health(bctx)
 	}
@@ -103,28 +99,6 @@ func bootVM(ctx context.Context, cfg *config, initrd, uds string, log logrus.Fie
 		return nil, v.fail(err)
 	}
 	return v, nil
-}
-
-// dialAgent dials the agent's port until the guest accepts. Until the
-// guest's driver is up DialVsock waits; until the agent listens the guest
-// refuses, and dialAgent tries again retryEvery later.
-func (v *vm) dialAgent(ctx context.Context) (net.Conn, error) {
-	for {
-		c, err := v.m.DialVsock(ctx, agentPort)
-		if err == nil {
-			return c, nil
-		}
-		if !errors.Is(err, microvm.ErrVsockRefused) {
-			return nil, fmt.Errorf("waiting for the agent: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for the agent: %w", ctx.Err())
-		case <-v.done:
-			return nil, errors.New("the VM ended before its agent answered")
-		case <-time.After(retryEvery):
-		}
-	}
 }
 
 // describe adds to err what the VM says: how Run ended, if it has, and
