@@ -102,7 +102,6 @@ type Guest struct {
 
 	rxBuf    []uint64 // RX descriptor i's buffer (header then payload)
 	rxPosted []bool
-	rxOffer  bool // RX buffers offered since the last publish
 
 	txSlot   []uint64 // TX slot s: header at txSlot[s], payload at +txHdrRoom; descriptors 2s, 2s+1
 	txFree   []uint16
@@ -433,7 +432,6 @@ func (g *Guest) reap() bool {
 		if err := g.rx.Offer(id); err != nil {
 			g.fail(err)
 		}
-		g.rxOffer = true
 	}
 	return progress
 }
@@ -466,7 +464,6 @@ func (g *Guest) flush() {
 			g.stats.Kicks[q]++
 		}
 	}
-	g.rxOffer = false
 }
 
 // receive handles the packet the device put in RX buffer id (n bytes).
