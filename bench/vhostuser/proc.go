@@ -168,12 +168,16 @@ func (b *backendProc) exited() bool {
 }
 
 // stop ends the back-end with SIGTERM, then SIGKILL after 5 s, and removes
-// its directory. It returns an error when the back-end had already died or
-// did not stop on SIGTERM.
+// its directory. It returns an error when the back-end had already failed
+// or did not stop on SIGTERM. One that exited with status 0 by itself is
+// fine: some back-ends end when their front-end disconnects.
 func (b *backendProc) stop() error {
 	defer os.RemoveAll(b.dir)
 	if b.exited() {
-		return fmt.Errorf("back-end exited early: %v; its output: %s", b.exitErr, b.stderr.String())
+		if b.exitErr == nil {
+			return nil
+		}
+		return fmt.Errorf("back-end failed: %v; its output: %s", b.exitErr, b.stderr.String())
 	}
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	select {
