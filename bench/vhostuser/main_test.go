@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -263,5 +264,27 @@ func TestExpand(t *testing.T) {
 	got := expand([]string{"{bin}", "--socket", "{socket}", "--x={cid}:{cid}"}, map[string]string{"bin": "/b", "socket": "/s", "cid": "3"})
 	if diff := cmp.Diff([]string{"/b", "--socket", "/s", "--x=3:3"}, got); diff != "" {
 		t.Error(diff)
+	}
+}
+
+// TestBackendStartErrors: a back-end that exits or never listens is an
+// error within the timeout, with its output.
+func TestBackendStartErrors(t *testing.T) {
+	_, err := startBackend([]string{"sh", "-c", "echo no such flag >&2; exit 3"}, "", "", 3, 5*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "exited before listening") || !strings.Contains(err.Error(), "no such flag") {
+		t.Errorf("exiting back-end: %v", err)
+	}
+	start := time.Now()
+	_, err = startBackend([]string{"sleep", "30"}, "", "", 3, 200*time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "did not create") || time.Since(start) > 10*time.Second {
+		t.Errorf("silent back-end: %v after %v", err, time.Since(start))
+	}
+	// The template's words are expanded: {socket} reaches the command.
+	b, err := startBackend([]string{"sh", "-c", `python3 -c "import socket,sys,time; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(); time.sleep(30)" {socket}`}, "", "", 3, 5*time.Second)
+	if err != nil {
+		t.Skipf("no python3 to play a listening back-end: %v", err)
+	}
+	if err := b.stop(); err != nil {
+		t.Errorf("stop: %v", err)
 	}
 }

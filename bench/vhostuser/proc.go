@@ -114,6 +114,11 @@ func startBackend(template []string, bin, opts string, cid uint64, timeout time.
 	b.cmd = exec.Command(b.argv[0], b.argv[1:]...)
 	b.cmd.Stderr = &b.stderr
 	b.cmd.Stdout = &b.stderr
+	// Its own process group, so that stop reaches whatever a wrapper
+	// script started too; and Wait does not wait for ever on output pipes
+	// a stray grandchild holds.
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	b.cmd.WaitDelay = 2 * time.Second
 	if err := b.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start %q: %w", b.argv, err)
@@ -179,12 +184,15 @@ func (b *backendProc) stop() error {
 		}
 		return fmt.Errorf("back-end failed: %v; its output: %s", b.exitErr, b.stderr.String())
 	}
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	// The group is the one startBackend made for this process (its id is
+	// the process's).
+	pgid := b.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case <-b.done:
 		return nil
 	case <-time.After(5 * time.Second):
-		_ = b.cmd.Process.Kill()
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-b.done
 		return fmt.Errorf("back-end did not stop on SIGTERM within 5 s; killed")
 	}
