@@ -288,3 +288,21 @@ func TestBackendStartErrors(t *testing.T) {
 		t.Errorf("stop: %v", err)
 	}
 }
+
+// TestFailedBackendFailsTheRun: a back-end that cannot start is reported
+// and the run exits 1; the AF_UNIX reference still runs.
+func TestFailedBackendFailsTheRun(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	status := run([]string{"-quick", "-options", "all-on", "-payloads", "64", "-directions", "h2g",
+		"-microvm", "/bin/sh", "-backend-cmd", "{bin} -c exit", "-timeout", "2s",
+		"-json", filepath.Join(dir, "d.json"), "-runs-json", filepath.Join(dir, "r.json")}, &stdout, &stderr)
+	if status != 1 || !strings.Contains(stderr.String(), "FAILED pair 0 microvm all-on: back-end") {
+		t.Errorf("exit status %d, stderr:\n%s", status, &stderr)
+	}
+	var rep report
+	readJSON(t, filepath.Join(dir, "r.json"), &rep)
+	if len(rep.Failures) != 1 || len(rep.Samples) != 2 || rep.Samples[0].Backend != "af_unix" {
+		t.Errorf("failures %q, samples %+v", rep.Failures, rep.Samples)
+	}
+}
