@@ -51,15 +51,16 @@ type Options struct {
 	// single lock acquisition and decides on a credit update once per run
 	// (seed 000).
 	BatchLock bool
-	// Copybreak: guest payloads shorter than this are copied into the
-	// connection's buffer and written to the host in one write per run;
-	// longer ones go to the host socket straight from guest memory with
-	// writev (seed 004). 0 disables copying.
-	Copybreak int
+	//
+	// There is no copybreak (seed 004): payloads always go to the host
+	// socket straight from guest memory (writev); only what the socket
+	// does not take is copied. Copying small payloads first was measured
+	// and never won here (docs/performance.md), because guest memory is
+	// always mapped: scatter-gather has no per-buffer setup to amortise.
 }
 
 // DefaultOptions are the optimisations enabled by default.
-var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, Copybreak: 0}
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true}
 
 // Dialer opens host-side connections for guest-initiated requests. Dial is
 // called on its own goroutine and may block up to timeout; it returns a
@@ -102,13 +103,12 @@ type Stats struct {
 	// switch that is silently ignored shows.
 	KickSuppressions uint64 // TX passes run with the guest's kicks disabled across host writes (KickSuppress)
 	BatchedPackets   uint64 // TX packets that joined a run already holding their connection's lock (BatchLock)
-	CopybreakCopies  uint64 // guest payloads copied because shorter than Copybreak
 }
 
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
-	kickSuppressions, batchedPackets, copybreakCopies atomic.Uint64
+	kickSuppressions, batchedPackets atomic.Uint64
 	connsOpen atomic.Int64
 }
 
@@ -199,7 +199,6 @@ func (d *Device) Stats() Stats {
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
-		CopybreakCopies: c.copybreakCopies.Load(),
 	}
 }
 

@@ -88,11 +88,12 @@
 // ring re-check), DirectEnqueue (a producer places a control packet into the
 // RX ring itself when nothing is queued ahead), BatchLock (one lock and one
 // credit decision per run of packets for a connection, readiness made
-// visible after unlocking), Copybreak (small payloads are copied and written
-// in one call per run; large ones use scatter-gather). Each moves a counter
-// of its own in Stats (DirectEnqueues, KickSuppressions, BatchedPackets,
-// CopybreakCopies) only when on, which TestOptions checks; the CLI sets them
-// with --vsock-opt, and make bench-device measures them.
+// visible after unlocking). Each moves a counter of its own in Stats
+// (DirectEnqueues, KickSuppressions, BatchedPackets) only when on, which
+// TestOptions checks; the CLI sets them with --vsock-opt, and make
+// bench-device measures them. Seed 004's copybreak (copy small payloads
+// rather than scatter-gather) was built, measured and removed: it never won
+// here (docs/performance.md).
 //
 // Guest data the host socket does not take at once waits in the
 // connection's byteQueue (bounded by the advertised buffer), drained by

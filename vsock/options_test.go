@@ -11,12 +11,11 @@ import (
 // allOptions is every combination of the data-path optimisations.
 func allOptions() []vsock.Options {
 	var out []vsock.Options
-	for i := 0; i < 16; i++ {
+	for i := 0; i < 8; i++ {
 		out = append(out, vsock.Options{
 			KickSuppress:  i&1 != 0,
 			DirectEnqueue: i&2 != 0,
 			BatchLock:     i&4 != 0,
-			Copybreak:     []int{0, 4096}[i>>3],
 		})
 	}
 	return out
@@ -29,7 +28,7 @@ func optName(o vsock.Options) string {
 		}
 		return 0
 	}
-	return fmt.Sprintf("kick%d-direct%d-batch%d-copy%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock), o.Copybreak)
+	return fmt.Sprintf("kick%d-direct%d-batch%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock))
 }
 
 // The core scenarios under every option combination, alternating the
@@ -51,7 +50,6 @@ func TestOptions(t *testing.T) {
 				{"direct enqueues", s.DirectEnqueues, o.DirectEnqueue},
 				{"kick suppressions", s.KickSuppressions, o.KickSuppress},
 				{"batched packets", s.BatchedPackets, o.BatchLock},
-				{"copybreak copies", s.CopybreakCopies, o.Copybreak > 0},
 			} {
 				if (c.n > 0) != c.on {
 					t.Errorf("%d %s with the switch on=%v", c.n, c.name, c.on)
@@ -62,7 +60,7 @@ func TestOptions(t *testing.T) {
 }
 
 func coreScenarios(t *testing.T, e *env) {
-	// Guest-initiated: data both ways, tiny packets (the copybreak path),
+	// Guest-initiated: data both ways, tiny packets,
 	// a stalled host, then half-close and close from the guest.
 	c, h := e.connectGuest(5000, 1025)
 	e.transfer(c, h, vsocktest.Pattern(1, 256<<10), vsocktest.Pattern(2, 256<<10))

@@ -453,7 +453,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		s.resetConnLocked(c)
 		return
 	}
-	if c.tx.Len() == 0 && (s.opts.Copybreak == 0 || int(n) >= s.opts.Copybreak) {
+	if c.tx.Len() == 0 {
 		// Scatter-gather straight from guest memory: now, or with the
 		// rest of the run in one writev (BatchLock).
 		st.runViews = append(st.runViews, st.payload...)
@@ -462,11 +462,8 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		}
 		return
 	}
-	// A small payload (copybreak), or older bytes still buffered: copy, in
-	// order after anything the run holds.
-	if c.tx.Len() == 0 {
-		s.d.ctr.copybreakCopies.Add(1)
-	}
+	// Older bytes still buffered: copy, in order after anything the run
+	// holds.
 	s.writeRunLocked(st, c)
 	if c.state == stateClosed {
 		return

@@ -43,26 +43,22 @@ import (
 const envServePeer = "VHUBENCH_SERVE_PEER"
 
 // optionSets are the ablation's option sets: the names issue 9 uses, each
-// a --vsock-opt value for microvm (copybreak "on" is -copybreak).
-func optionSets(copybreak int) map[string]string {
-	on := func(kick, direct, batch string, cb int) string {
-		c := "off"
-		if cb > 0 {
-			c = strconv.Itoa(cb)
-		}
-		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,copybreak=%s", kick, direct, batch, c)
+// a --vsock-opt value for microvm. Issue 9's "no-copybreak" set is gone
+// with the copybreak itself (docs/performance.md says why).
+func optionSets() map[string]string {
+	on := func(kick, direct, batch string) string {
+		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s", kick, direct, batch)
 	}
 	return map[string]string{
-		"all-on":            on("on", "on", "on", copybreak),
-		"all-off":           on("off", "off", "off", 0),
-		"no-direct-enqueue": on("on", "off", "on", copybreak),
-		"no-batch":          on("on", "on", "off", copybreak),
-		"no-kick-suppress":  on("off", "on", "on", copybreak),
-		"no-copybreak":      on("on", "on", "on", 0),
+		"all-on":            on("on", "on", "on"),
+		"all-off":           on("off", "off", "off"),
+		"no-direct-enqueue": on("on", "off", "on"),
+		"no-batch":          on("on", "on", "off"),
+		"no-kick-suppress":  on("off", "on", "on"),
 	}
 }
 
-var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress", "no-copybreak"}
+var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress"}
 
 // target is one back-end configuration measured.
 type target struct {
@@ -110,7 +106,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	peerCmd := fs.String("peer-cmd", "{bin} --guest-cid {cid} --socket {socket} --uds-path {uds}",
 		"peer back-end command line ({bin} is -peer)")
 	options := fs.String("options", strings.Join(allOptions, ","), "option sets to measure microvm with: "+strings.Join(allOptions, ", "))
-	copybreak := fs.Int("copybreak", 4096, "the copybreak of option sets with copybreak on (bytes)")
 	payloads := fs.String("payloads", "64,4096,65536", "payload sizes (bytes, at most 65536): one application write or message")
 	dirs := fs.String("directions", "h2g,g2h", "directions: h2g (host->guest), g2h (guest->host)")
 	pairs := fs.Int("pairs", 5, "rounds over all targets, alternating the order (the median is reported)")
@@ -157,7 +152,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vhostuser: "+format+"\n", args...)
 		return 2
 	}
-	sets := optionSets(*copybreak)
+	sets := optionSets()
 	var targets []target
 	for _, o := range splitList(*options) {
 		if _, ok := sets[o]; !ok {
@@ -230,7 +225,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep := &report{
 		Date: time.Now().Format(time.RFC3339), Host: benchenv.HostInfo(), Pairs: *pairs, Mode: *mode,
 		Duration: dur.String(), RTTDuration: rttDur.String(), RTTMax: *rttMax, QueueSize: *queueSize, RXBuf: *rxBuf,
-		BufAlloc: *bufAlloc, EventIdx: !*noEventIdx, Copybreak: *copybreak, Targets: map[string]string{},
+		BufAlloc: *bufAlloc, EventIdx: !*noEventIdx, Targets: map[string]string{},
 	}
 	rep.Versions = map[string]string{}
 	for _, t := range targets {

@@ -53,8 +53,9 @@ func TestQuickRun(t *testing.T) {
 	readJSON(t, rowsPath, &rows)
 	fields := []string{"backend", "options", "direction", "payload", "bytes_per_s", "msgs_per_s", "rtt_p50_ns",
 		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s"}
-	// 6 option sets and the peer, 2 directions, 2 payloads, stream and ping-pong.
-	if want := 7 * 2 * 2 * 2; len(rows) != want {
+	// Every option set and the peer, 2 directions, 2 payloads, stream and
+	// ping-pong.
+	if want := (len(allOptions) + 1) * 2 * 2 * 2; len(rows) != want {
 		t.Fatalf("%d rows, want %d", len(rows), want)
 	}
 	seen := map[string]bool{}
@@ -240,13 +241,13 @@ func TestAggregate(t *testing.T) {
 // TestOptionSets: each set differs from all-on in exactly the switch it
 // names.
 func TestOptionSets(t *testing.T) {
-	sets := optionSets(4096)
+	sets := optionSets()
 	if len(sets) != len(allOptions) {
 		t.Fatalf("%d sets for %d names", len(sets), len(allOptions))
 	}
 	on := strings.Split(sets["all-on"], ",")
 	for name, key := range map[string]string{"no-direct-enqueue": "direct-enqueue", "no-batch": "batch",
-		"no-kick-suppress": "kick-suppress", "no-copybreak": "copybreak"} {
+		"no-kick-suppress": "kick-suppress"} {
 		s := strings.Split(sets[name], ",")
 		for i := range on {
 			k, _, _ := strings.Cut(on[i], "=")
@@ -255,7 +256,7 @@ func TestOptionSets(t *testing.T) {
 			}
 		}
 	}
-	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,copybreak=off" || sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,copybreak=4096" {
+	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off" || sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on" {
 		t.Errorf("all-off %q, all-on %q", sets["all-off"], sets["all-on"])
 	}
 }

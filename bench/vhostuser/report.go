@@ -51,7 +51,6 @@ type report struct {
 	RXBuf       int               `json:"rx_buf"`
 	BufAlloc    int               `json:"buf_alloc"`
 	EventIdx    bool              `json:"event_idx"`
-	Copybreak   int               `json:"copybreak_on"`
 	Targets     map[string]string `json:"targets"`
 	// Versions: each back-end binary's answer to "version" (microvm), or
 	// "--version" (the peer), where it gives one.

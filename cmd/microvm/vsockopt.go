@@ -16,13 +16,13 @@ func vsockOptFlag() cli.Flag {
 	return &cli.StringFlag{
 		Name: "vsock-opt",
 		Usage: "vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: " +
-			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, copybreak=SIZE|off " +
-			"(e.g. kick-suppress=off,copybreak=4K)",
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off " +
+			"(e.g. kick-suppress=off,batch=off)",
 	}
 }
 
 // vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.
-var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "copybreak"}
+var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch"}
 
 // parseVsockOpt reads a --vsock-opt value: KEY=VALUE pairs separated by
 // commas, each changing one field of vsock.DefaultOptions. An empty value
@@ -52,17 +52,6 @@ func parseVsockOpt(s string) (vsock.Options, error) {
 			flag = &o.DirectEnqueue
 		case "batch":
 			flag = &o.BatchLock
-		case "copybreak":
-			if v == "off" {
-				o.Copybreak = 0
-				continue
-			}
-			n, err := parseBytes(v)
-			if err != nil || n > vsock.MaxPacketPayload {
-				return o, usagef("--vsock-opt %q: copybreak=%s: want off or a size up to %d bytes", s, v, vsock.MaxPacketPayload)
-			}
-			o.Copybreak = int(n)
-			continue
 		default:
 			return o, usagef("--vsock-opt %q: unknown key %q (keys: %s)", s, k, strings.Join(vsockOptKeys, ", "))
 		}
@@ -86,10 +75,6 @@ func formatVsockOpt(o vsock.Options) string {
 		}
 		return "off"
 	}
-	cb := "off"
-	if o.Copybreak > 0 {
-		cb = fmt.Sprint(o.Copybreak)
-	}
-	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,copybreak=%s",
-		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), cb)
+	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s",
+		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock))
 }

@@ -28,14 +28,10 @@ func TestParseVsockOpt(t *testing.T) {
 		{"kick-suppress=off", with(func(o *vsock.Options) { o.KickSuppress = false })},
 		{"direct-enqueue=off", with(func(o *vsock.Options) { o.DirectEnqueue = false })},
 		{"batch=off", with(func(o *vsock.Options) { o.BatchLock = false })},
-		{"copybreak=4096", with(func(o *vsock.Options) { o.Copybreak = 4096 })},
-		{"copybreak=4K", with(func(o *vsock.Options) { o.Copybreak = 4096 })},
-		{"copybreak=64K", with(func(o *vsock.Options) { o.Copybreak = vsock.MaxPacketPayload })},
-		{"copybreak=off", with(func(o *vsock.Options) { o.Copybreak = 0 })},
-		{"kick-suppress=off,direct-enqueue=on,batch=off,copybreak=4096",
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, Copybreak: 4096}},
+		{"kick-suppress=off,direct-enqueue=on,batch=off",
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false}},
 		{" batch = off , kick-suppress=on", with(func(o *vsock.Options) { o.BatchLock = false })},
-		{"kick-suppress=off,direct-enqueue=off,batch=off,copybreak=off", vsock.Options{}},
+		{"kick-suppress=off,direct-enqueue=off,batch=off", vsock.Options{}},
 	}
 	for _, tc := range tests {
 		got, err := parseVsockOpt(tc.in)
@@ -78,8 +74,7 @@ func TestVsockOptUsageErrors(t *testing.T) {
 		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},
 		{"empty value", run("batch="), `"batch=" is not KEY=VALUE`},
 		{"repeated key", run("batch=off,batch=on"), "batch given twice"},
-		{"bad copybreak", run("copybreak=lots"), "copybreak=lots: want off or a size up to 65536 bytes"},
-		{"copybreak too large", run("copybreak=1M"), "copybreak=1M: want off or a size up to 65536 bytes"},
+		{"copybreak is gone", run("copybreak=4K"), `unknown key "copybreak"`},
 		{"without a vsock device", []string{"run", "--kernel", kernel, "--vsock-opt", "batch=off"}, "--vsock-opt needs a vsock device"},
 		{"vhost-user-vsock unknown key", vhu("turbo=on"), `unknown key "turbo"`},
 		{"vhost-user-vsock bad value", vhu("direct-enqueue=1"), "direct-enqueue=1: want on or off"},
@@ -97,8 +92,8 @@ func TestRunConfigVsockOpt(t *testing.T) {
 		want vsock.Options
 	}{
 		{nil, vsock.DefaultOptions},
-		{[]string{"--vsock-opt", "kick-suppress=off,copybreak=8K"},
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, Copybreak: 8192}},
+		{[]string{"--vsock-opt", "kick-suppress=off"},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true}},
 	} {
 		var got *microvm.Config
 		cmd := runCommand(nil, nil, nil)
