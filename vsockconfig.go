@@ -17,7 +17,7 @@ type VsockConfig struct {
 	UDSPath string
 	// MaxConnections bounds open connections (default 1023).
 	MaxConnections int
-	// ConnBuffer is the per-connection buffer in bytes (default 64 KiB, at
+	// ConnBuffer is the per-connection buffer in bytes (default 256 KiB, at
 	// most MaxVsockConnBuffer).
 	ConnBuffer int
 	// ConnectTimeout bounds the CONNECT handshake (default 2 s).

@@ -101,6 +101,13 @@ func waitDial(ctx context.Context, dial DialFunc) (net.Conn, error) {
 		if err == nil {
 			return c, nil
 		}
+		if dl, ok := ctx.Deadline(); ctx.Err() != nil || ok && !time.Now().Before(dl) {
+			// The dial failed because ctx ended, or its deadline passed
+			// (a dialer may time out a moment before ctx's own timer
+			// fires: wait for that, to report ctx's cause).
+			<-ctx.Done()
+			return nil, fmt.Errorf("agentapi: connect: %w (last try: %w)", context.Cause(ctx), err)
+		}
 		if !notThereYet(err) {
 			return nil, fmt.Errorf("agentapi: connect: %w", err)
 		}

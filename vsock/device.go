@@ -24,8 +24,8 @@ const (
 
 // Defaults for Config.
 const (
-	DefaultMaxConns       = 1023     // Config.MaxConns
-	DefaultConnBuffer     = 64 << 10 // Config.ConnBuffer
+	DefaultMaxConns       = 1023      // Config.MaxConns
+	DefaultConnBuffer     = 256 << 10 // Config.ConnBuffer: Linux's own default, Firecracker's buffer
 	DefaultConnectTimeout = 2 * time.Second
 	// MaxConnBuffer bounds Config.ConnBuffer.
 	MaxConnBuffer = 1 << 30 // Config.ConnectTimeout

@@ -202,7 +202,7 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 func vsockLimitFlags(prefix string) []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: prefix + "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
-		&cli.StringFlag{Name: prefix + "conn-buffer", Value: "64K", Usage: "per-connection vsock buffer, up to 1G (SIZE; a bare number means bytes)"},
+		&cli.StringFlag{Name: prefix + "conn-buffer", Value: "256K", Usage: "per-connection vsock buffer, up to 1G (SIZE; a bare number means bytes)"},
 		&cli.DurationFlag{Name: prefix + "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
 	}
 }

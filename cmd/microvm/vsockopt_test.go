@@ -68,7 +68,7 @@ func TestVsockOptUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, copybreak)`},
+		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch)`},
 		{"bad boolean", run("batch=no"), `--vsock-opt "batch=no": batch=no: want on or off`},
 		{"no value", run("batch"), `"batch" is not KEY=VALUE`},
 		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},
