@@ -86,6 +86,8 @@ func (m *Machine) setupVirtio() error {
 		ConnectTimeout: vc.ConnectTimeout,
 		Dialer:         router,
 		Options:        vc.Options,
+		Dgram:          vc.Dgram,
+		DgramUDS:       vc.UDSPath,
 		Log:            m.log.WithField("device", "vsock"),
 	})
 	if err != nil {

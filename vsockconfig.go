@@ -24,6 +24,10 @@ type VsockConfig struct {
 	ConnectTimeout time.Duration
 	// Options selects data-path optimisations (nil: vsock.DefaultOptions).
 	Options *vsock.Options
+	// Dgram offers experimental vsock datagrams (vsock.Config.Dgram): host
+	// applications send to UDSPath.dgram, guest datagrams to port P go to
+	// UDSPath_P.dgram.
+	Dgram bool
 }
 
 // MaxVsockConnBuffer bounds VsockConfig.ConnBuffer, as the vhost-user

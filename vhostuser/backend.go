@@ -27,6 +27,14 @@ type Config struct {
 	// Queues is how many of the device's queues the front-end drives (2 for
 	// vsock: QEMU keeps the event queue). Zero means all of them.
 	Queues int
+	// Rings, when set, overrides Queues: for the features the front-end
+	// negotiated it lists the device queue each vhost-user ring drives, in
+	// ring order (ring i is device queue Rings(features)[i]). The device
+	// starts once those rings are ready; rings past them are not needed.
+	// Asked with every offered feature, it gives the most rings a
+	// front-end may set up. vsock with datagrams: rings 0-1 are rx and tx,
+	// 2-3 the datagram queues 3-4 (vsock.Device.BackendQueues).
+	Rings func(features uint64) []int
 	// Log receives diagnostics (nil: logrus.StandardLogger()).
 	Log logrus.FieldLogger
 }
@@ -66,6 +74,15 @@ func Listen(path string, cfg Config) (*Backend, error) {
 	n := len(cfg.Device.QueueSizes())
 	if cfg.Queues <= 0 || cfg.Queues > n {
 		cfg.Queues = n
+	}
+	if cfg.Rings != nil {
+		all := cfg.Rings(cfg.Device.Features() | virtio.QueueFeatures | FeatureProtocolFeatures)
+		for _, q := range all {
+			if q < 0 || q >= n {
+				return nil, fmt.Errorf("vhost-user: ring map %v names queue %d; the device has %d", all, q, n)
+			}
+		}
+		cfg.Queues = len(all)
 	}
 	// Created 0600 and never reachable with looser permissions: whoever can
 	// connect here can read and write the guest's memory.
@@ -614,13 +631,30 @@ func (f *frontend) setVringFD(req Request, p []byte, fds []int) error {
 	return nil
 }
 
+// ringMap is the device queue of each ring the front-end drives for the
+// features it negotiated.
+func (f *frontend) ringMap() []int {
+	if f.b.cfg.Rings != nil {
+		return f.b.cfg.Rings(f.features)
+	}
+	m := make([]int, len(f.rings))
+	for i := range m {
+		m[i] = i
+	}
+	return m
+}
+
 // maybeStart activates the device once every ring the front-end drives is
 // configured, started and enabled, and memory is mapped.
 func (f *frontend) maybeStart() error {
 	if f.active || f.mem == nil {
 		return nil
 	}
-	for _, r := range f.rings {
+	qmap := f.ringMap()
+	if len(qmap) > len(f.rings) {
+		return protoErr("features %#x need %d rings; %d exist", f.features, len(qmap), len(f.rings))
+	}
+	for _, r := range f.rings[:len(qmap)] {
 		if !r.started || !r.enabled || !r.addrSet || r.num == 0 || r.kick == nil {
 			return nil
 		}
@@ -633,14 +667,15 @@ func (f *frontend) maybeStart() error {
 		Fail:     f.fail,
 	}
 	f.queues = make([]*virtio.Queue, len(f.rings))
-	for i, r := range f.rings {
+	for i, r := range f.rings[:len(qmap)] {
+		dq := qmap[i]
 		cfg, err := f.queueConfig(r)
 		if err != nil {
 			return protoErr("ring %d: %v", i, err)
 		}
-		if err := cfg.Validate(f.mem, uint16(min(uint32(sizes[i]), virtio.MaxQueueSize))); err != nil {
-			if r.num > uint32(sizes[i]) {
-				return protoErr("ring %d: size %d above the device's %d", i, r.num, sizes[i])
+		if err := cfg.Validate(f.mem, uint16(min(uint32(sizes[dq]), virtio.MaxQueueSize))); err != nil {
+			if r.num > uint32(sizes[dq]) {
+				return protoErr("ring %d: size %d above the device's %d", i, r.num, sizes[dq])
 			}
 			return protoErr("ring %d: %v", i, err)
 		}
@@ -649,7 +684,7 @@ func (f *frontend) maybeStart() error {
 			return protoErr("ring %d: %v", i, err)
 		}
 		f.queues[i] = q
-		a.Queues[i] = &virtio.ActiveQueue{Queue: q, Kick: r.kick, Interrupt: r.interrupt}
+		a.Queues[dq] = &virtio.ActiveQueue{Queue: q, Kick: r.kick, Interrupt: r.interrupt}
 	}
 	if err := f.b.cfg.Device.Activate(a); err != nil {
 		return fmt.Errorf("vhost-user: activate device: %w", err)

@@ -81,6 +81,16 @@ type Config struct {
 	Options        *Options           // nil: DefaultOptions
 	Dialer         Dialer             // guest-initiated connections; nil refuses them
 	Log            logrus.FieldLogger // nil: logrus.StandardLogger()
+
+	// Dgram offers VIRTIO_VSOCK_F_DGRAM (experimental, off by default):
+	// the device gets a datagram queue pair (queues 3 and 4, 5 queues in
+	// all) and New binds the host datagram socket DgramUDS+".dgram".
+	Dgram bool
+	// DgramUDS is the path prefix of the host datagram sockets (required
+	// with Dgram; microvm uses the stream socket's path): host
+	// applications send to "<DgramUDS>.dgram", guest datagrams to host
+	// port P go to "<DgramUDS>_<P>.dgram". See the package comment.
+	DgramUDS string
 }
 
 // Stats are the device's counters.
@@ -103,12 +113,23 @@ type Stats struct {
 	// switch that is silently ignored shows.
 	KickSuppressions uint64 // TX passes run with the guest's kicks disabled across host writes (KickSuppress)
 	BatchedPackets   uint64 // TX packets that joined a run already holding their connection's lock (BatchLock)
+
+	// Datagrams (Config.Dgram). Malformed guest datagrams count in
+	// GuestErrors.
+	DgramTx, DgramRx           uint64 // datagrams delivered guest->host socket, host socket->guest
+	DgramTxBytes, DgramRxBytes uint64 // their payload bytes
+	DgramTxDropped             uint64 // guest datagrams no host socket took (no socket at the path, or its queue full)
+	DgramRxDropped             uint64 // host datagrams dropped because the guest's datagram RX queue had no buffer
+	DgramRxRejected            uint64 // host datagrams shorter than the address prefix or larger than the guest's buffer
+	DgramKicks                 uint64 // datagram TX queue notifications observed
 }
 
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
-	kickSuppressions, batchedPackets atomic.Uint64
+	kickSuppressions, batchedPackets,
+	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
+	dgramKicks atomic.Uint64
 	connsOpen atomic.Int64
 }
 
@@ -119,6 +140,9 @@ type Device struct {
 	opts Options
 	log  logrus.FieldLogger
 	ctr  counters
+	// dgram is the host datagram socket (Config.Dgram), nil without; its
+	// descriptor is used only by the active session's datagram worker.
+	dgram *dgramHost
 
 	mu      sync.Mutex // guards sess, ready and closing
 	sess    *session
@@ -156,18 +180,62 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Options != nil {
 		opts = *cfg.Options
 	}
-	return &Device{cfg: cfg, opts: opts, log: cfg.Log, ready: make(chan struct{}), done: make(chan struct{})}, nil
+	d := &Device{cfg: cfg, opts: opts, log: cfg.Log, ready: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Dgram {
+		h, err := openDgramHost(cfg.DgramUDS)
+		if err != nil {
+			return nil, err
+		}
+		d.dgram = h
+	}
+	return d, nil
 }
 
 // Type implements virtio.Device.
 func (d *Device) Type() uint32 { return virtio.DeviceVsock }
 
-// Features implements virtio.Device: stream sockets only (no feature bits).
-func (d *Device) Features() uint64 { return 0 }
+// Features implements virtio.Device: stream sockets (no bit: implied), and
+// VIRTIO_VSOCK_F_DGRAM with Config.Dgram.
+func (d *Device) Features() uint64 {
+	if d.cfg.Dgram {
+		return FeatureDgram
+	}
+	return 0
+}
 
-// QueueSizes implements virtio.Device.
+// QueueSizes implements virtio.Device: rx, tx and event, plus the datagram
+// rx and tx queues with Config.Dgram. A driver that does not negotiate
+// datagrams leaves those two unconfigured.
 func (d *Device) QueueSizes() []uint16 {
-	return []uint16{d.cfg.QueueSize, d.cfg.QueueSize, d.cfg.QueueSize}
+	n := 3
+	if d.cfg.Dgram {
+		n = 5
+	}
+	sizes := make([]uint16, n)
+	for i := range sizes {
+		sizes[i] = d.cfg.QueueSize
+	}
+	return sizes
+}
+
+// BackendQueues lists the queues a vhost-user front-end hands the back-end
+// for the negotiated features, in ring order: rx and tx, then the datagram
+// rx and tx queues when features include FeatureDgram. The event queue stays
+// with the front-end (QEMU keeps it). For vhostuser.Config.Rings.
+func (d *Device) BackendQueues(features uint64) []int {
+	if d.cfg.Dgram && features&FeatureDgram != 0 {
+		return []int{QueueRX, QueueTX, QueueDgramRX, QueueDgramTX}
+	}
+	return []int{QueueRX, QueueTX}
+}
+
+// DgramPath is the host datagram socket host applications send to, or ""
+// without Config.Dgram.
+func (d *Device) DgramPath() string {
+	if d.dgram == nil {
+		return ""
+	}
+	return d.dgram.path
 }
 
 // ReadConfig implements virtio.Device: the config space is the 64-bit guest
@@ -199,6 +267,10 @@ func (d *Device) Stats() Stats {
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
+		DgramTx: c.dgramTx.Load(), DgramRx: c.dgramRx.Load(),
+		DgramTxBytes: c.dgramTxBytes.Load(), DgramRxBytes: c.dgramRxBytes.Load(),
+		DgramTxDropped: c.dgramTxDropped.Load(), DgramRxDropped: c.dgramRxDropped.Load(),
+		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
 	}
 }
 
@@ -207,6 +279,9 @@ func (d *Device) Stats() Stats {
 func (d *Device) Activate(a virtio.Activation) error {
 	if len(a.Queues) < 2 || a.Queues[QueueRX] == nil || a.Queues[QueueTX] == nil {
 		return fmt.Errorf("%w: vsock needs its rx and tx queues", virtio.ErrGuest)
+	}
+	if a.Features&FeatureDgram != 0 && (len(a.Queues) <= QueueDgramTX || a.Queues[QueueDgramRX] == nil || a.Queues[QueueDgramTX] == nil) {
+		return fmt.Errorf("%w: vsock datagrams negotiated without the datagram rx and tx queues", virtio.ErrGuest)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -252,6 +327,13 @@ func (d *Device) Close() {
 	}
 	d.mu.Unlock()
 	d.Reset()
+	d.mu.Lock()
+	h := d.dgram
+	d.dgram = nil
+	d.mu.Unlock()
+	if h != nil {
+		h.close() // no session runs: Reset waited for its workers
+	}
 }
 
 // session waits until the device is active, or the deadline passes, and

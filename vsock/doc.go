@@ -1,5 +1,6 @@
 // Package vsock is microvm's virtio-vsock device (virtio 1.2, 5.10): stream
-// sockets between the guest and host Unix sockets, with the Firecracker
+// sockets (and, experimental and off by default, datagrams) between the
+// guest and host Unix sockets, with the Firecracker
 // host protocol ("CONNECT <port>\n" -> "OK <host port>\n" on the listening
 // socket; guest connections to port P go to "<uds>_P").
 //
@@ -7,7 +8,9 @@
 // transport (KVM: kicks arrive through ioeventfds, interrupts leave through
 // an irqfd) and the vhost-user backend (kicks and interrupts are the
 // frontend's eventfds). It only sees virtio.Activation: guest memory, the rx
-// and tx queues (the event queue is unused so far) and a Fail callback.
+// and tx queues (the event queue is unused so far), the datagram queues when
+// negotiated, and a Fail callback. Under vhost-user the front-end keeps the
+// event queue; BackendQueues says which rings it hands over.
 //
 // # Goroutines and what they own
 //
@@ -37,8 +40,11 @@
 //   - timers (time.AfterFunc, stopped when the connection closes): the
 //     connect timeout of a connection attempt, and the close timeout of a
 //     connection the device sent SHUTDOWN(both) to.
+//   - datagram worker (dgram.go, one per activation, only when the driver
+//     negotiated FeatureDgram): owns both datagram queues and, for the
+//     session, the device's host datagram socket (see Datagrams below).
 //
-// session.shutdown (Reset, Close) signals both workers' stop eventfds and
+// session.shutdown (Reset, Close) signals the workers' stop eventfds and
 // waits for them; dial goroutines and timers that fire later find their
 // connection closed and only close what they hold.
 //
@@ -98,6 +104,43 @@
 // Guest data the host socket does not take at once waits in the
 // connection's byteQueue (bounded by the advertised buffer), drained by
 // offset so partial writes cost linear time.
+//
+// # Datagrams (experimental, Config.Dgram)
+//
+// VIRTIO_VSOCK_F_DGRAM (bit 3 of the RFC series) is offered only with
+// Config.Dgram, which adds queues 3 (datagram RX) and 4 (datagram TX) after
+// the event queue; the default device keeps three queues and no feature
+// bits. A packet of type TypeDgram, op RW, is one datagram: no connection
+// table entry, no credit. Host side, every datagram carries an 8-byte
+// prefix (guest port, host port; u32 little endian).
+//
+// Who owns what: the Device owns the host datagram socket "<uds>.dgram"
+// from New to Close (bound across activations); while a session runs, its
+// datagram worker is the only user of that descriptor and of both datagram
+// queues. No lock is involved: the worker shares nothing with the stream
+// workers but the counters (atomics) and failDevice.
+//
+// Guest to host: the driver writes a datagram into queue 4 and kicks ->
+// datagram worker (woken by the kick eventfd, kicks off while it drains,
+// re-enabled with a final ring re-check) pops the chain, copies the header
+// out once, checks CIDs, type, op, ports (not VMADDR_PORT_ANY) and the
+// length against the chain and MaxDgramPayload (else: GuestErrors, chain
+// returned) -> one sendmsg (MSG_DONTWAIT) of [prefix, payload views of guest
+// memory] from "<uds>.dgram" to "<uds>_<port>.dgram"; an error (no socket,
+// full queue) drops it (DgramTxDropped) -> chains returned, one interrupt
+// per batch of up to 64.
+//
+// Host to guest: "<uds>.dgram" readable (poll) -> the worker pops a buffer
+// from queue 3 and receives the datagram with one recvmsg straight into it:
+// the prefix into a scratch array, the payload after the header space ->
+// header written (ports from the prefix), used entry pushed; a datagram
+// shorter than the prefix or truncated (MSG_TRUNC: larger than the buffer)
+// is rejected and the buffer given back (DgramRxRejected). No buffer posted:
+// the datagram is read into the worker's scratch and dropped
+// (DgramRxDropped), so a guest that does not read neither backs up the host
+// socket nor makes the device hold memory. At most 64 delivered (256 seen)
+// per pass, then publish and one interrupt. The guest's RX kicks are never
+// needed and stay off.
 //
 // # Untrusted guest
 //

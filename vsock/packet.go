@@ -12,6 +12,7 @@ const HeaderSize = 44
 const (
 	TypeStream    = 1
 	TypeSeqpacket = 2
+	// TypeDgram (3) is in dgram.go.
 )
 
 // Op is a packet operation.

@@ -29,6 +29,9 @@ type session struct {
 	rx   *virtio.ActiveQueue
 	tx   *virtio.ActiveQueue
 	fail func(error)
+	// drx and dtx are the datagram queues, nil unless the driver
+	// negotiated FeatureDgram; the datagram worker owns both.
+	drx, dtx *virtio.ActiveQueue
 
 	connMu   sync.Mutex // guards conns, byFD, nextPort, closed
 	conns    map[connKey]*conn
@@ -47,6 +50,7 @@ type session struct {
 	wake       *eventfd.EventFD // wakes the RX worker
 	stopRX     *eventfd.EventFD
 	stopTX     *eventfd.EventFD
+	stopDgram  *eventfd.EventFD // nil without datagrams
 	rxSleeping atomic.Bool
 	failed     atomic.Bool
 	dials      atomic.Int64 // dial goroutines in flight (bounded by MaxConns)
@@ -67,7 +71,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 	}
 	var err error
 	cleanup := func() {
-		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX} {
+		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX, s.stopDgram} {
 			if e != nil {
 				e.Close()
 			}
@@ -87,6 +91,13 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 	if s.stopTX, err = eventfd.NewNonblocking(); err != nil {
 		cleanup()
 		return nil, err
+	}
+	if a.Features&FeatureDgram != 0 && d.dgram != nil {
+		s.drx, s.dtx = a.Queues[QueueDgramRX], a.Queues[QueueDgramTX]
+		if s.stopDgram, err = eventfd.NewNonblocking(); err != nil {
+			cleanup()
+			return nil, err
+		}
 	}
 	if s.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		cleanup()
@@ -109,12 +120,19 @@ func (s *session) start() {
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.txLoop() }()
 	go func() { defer s.wg.Done(); s.rxLoop() }()
+	if s.stopDgram != nil {
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.dgramLoop() }()
+	}
 }
 
 // shutdown stops both workers, then closes every connection's host socket.
 func (s *session) shutdown() {
 	_ = s.stopRX.Signal()
 	_ = s.stopTX.Signal()
+	if s.stopDgram != nil {
+		_ = s.stopDgram.Signal()
+	}
 	s.wg.Wait()
 	s.connMu.Lock()
 	s.closed = true
@@ -130,6 +148,9 @@ func (s *session) shutdown() {
 	s.wake.Close()
 	s.stopRX.Close()
 	s.stopTX.Close()
+	if s.stopDgram != nil {
+		s.stopDgram.Close()
+	}
 }
 
 // guestError counts a protocol violation by the guest that does not stop the

@@ -122,6 +122,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	runsOut := fs.String("runs-json", "build/bench/device-runs.json", "every sample, the settings and the host go here (empty: nowhere)")
 	quick := fs.Bool("quick", false, "a quick check: one pair, short streams, all-on and all-off, unless set otherwise")
 	verbose := fs.Bool("v", false, "print each measurement")
+	dgramPayloads := fs.String("dgram-payloads", "64,4096", "datagram payload sizes (experimental datagram rows, microvm all-on with dgram on and off; empty: none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -253,13 +254,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stderr, "vhostuser: pair %d/%d done (%.0f s)\n", p+1, *pairs, time.Since(start).Seconds())
 	}
+	var dgRows []row
+	if dp := splitList(*dgramPayloads); len(dp) > 0 && len(targets) > 0 && targets[0].backend == "microvm" {
+		for _, p := range dp {
+			if n, err := strconv.Atoi(p); err != nil || n < 0 || n > vhufront.MaxPayload || n > *rxBuf {
+				return usage("-dgram-payloads: %q is not a size of 0..%d bytes (at most -rx-buf)", p, min(vhufront.MaxPayload, *rxBuf))
+			}
+		}
+		t := targets[0]
+		t.vsockOp = sets["all-on"]
+		got, fails := r.dgramPairs(t, *pairs, dp, directions)
+		rep.Failures = append(rep.Failures, fails...)
+		dgRows = dgramRows(got)
+	}
 	rows := aggregate(rep.Samples, order, cells)
 	printTable(stdout, rep, rows, order, cells)
+	if len(dgRows) > 0 {
+		printDgramTable(stdout, dgRows)
+	}
 	if *jsonOut != "" {
 		out := make([]row, 0, len(rows))
 		for _, rw := range rows {
 			out = append(out, rw.row)
 		}
+		out = append(out, dgRows...)
 		if err := benchenv.WriteJSON(*jsonOut, out); err != nil {
 			fmt.Fprintf(stderr, "vhostuser: %v\n", err)
 			return 1

@@ -44,7 +44,7 @@ func TestQuickRun(t *testing.T) {
 	args := []string{"-quick", "-microvm", microvm, "-options", strings.Join(allOptions, ","),
 		"-payloads", "64,65536", "-peer", microvm,
 		"-peer-cmd", "{bin} vhost-user-vsock --socket {socket} --guest-cid {cid} --uds-path {uds}",
-		"-json", rowsPath, "-runs-json", runsPath}
+		"-json", rowsPath, "-runs-json", runsPath, "-dgram-payloads", ""}
 	if status := run(args, &stdout, &stderr); status != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", status, &stdout, &stderr)
 	}
@@ -297,7 +297,7 @@ func TestFailedBackendFailsTheRun(t *testing.T) {
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	status := run([]string{"-quick", "-options", "all-on", "-payloads", "64", "-directions", "h2g",
-		"-microvm", "/bin/sh", "-backend-cmd", "{bin} -c exit", "-timeout", "2s",
+		"-microvm", "/bin/sh", "-backend-cmd", "{bin} -c exit", "-timeout", "2s", "-dgram-payloads", "",
 		"-json", filepath.Join(dir, "d.json"), "-runs-json", filepath.Join(dir, "r.json")}, &stdout, &stderr)
 	if status != 1 || !strings.Contains(stderr.String(), "FAILED pair 0 microvm all-on: back-end") {
 		t.Errorf("exit status %d, stderr:\n%s", status, &stderr)
@@ -306,5 +306,45 @@ func TestFailedBackendFailsTheRun(t *testing.T) {
 	readJSON(t, filepath.Join(dir, "r.json"), &rep)
 	if len(rep.Failures) != 1 || len(rep.Samples) != 2 || rep.Samples[0].Backend != "af_unix" {
 		t.Errorf("failures %q, samples %+v", rep.Failures, rep.Samples)
+	}
+}
+
+// TestQuickDgramRun: the datagram rows, on and off: with datagrams on each
+// direction and payload delivers datagrams (loss is whatever the run saw);
+// off, the feature is not offered and the rows say so.
+func TestQuickDgramRun(t *testing.T) {
+	microvm := testenv.Binary(t)
+	dir := t.TempDir()
+	rowsPath := filepath.Join(dir, "device.json")
+	var stdout, stderr bytes.Buffer
+	args := []string{"-quick", "-microvm", microvm, "-options", "all-on", "-payloads", "64",
+		"-dgram-payloads", "64,4096", "-json", rowsPath, "-runs-json", ""}
+	if status := run(args, &stdout, &stderr); status != 0 {
+		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", status, &stdout, &stderr)
+	}
+	t.Logf("table:\n%s", &stdout)
+	var rows []row
+	readJSON(t, rowsPath, &rows)
+	n := 0
+	for _, r := range rows {
+		if r.Kind != "dgram" {
+			continue
+		}
+		n++
+		switch r.Options {
+		case dgramOn:
+			if r.MsgsPerS <= 0 || r.Loss < 0 || r.Loss >= 1 || r.Note != "" {
+				t.Errorf("dgram-on row %+v: want datagrams delivered", r)
+			}
+		case dgramOff:
+			if r.Note != "not offered" || r.MsgsPerS != 0 {
+				t.Errorf("dgram-off row %+v: want not offered", r)
+			}
+		default:
+			t.Errorf("row %+v: options", r)
+		}
+	}
+	if n != 2*2*2 {
+		t.Errorf("%d datagram rows, want 8 (on/off, 2 directions, 2 payloads)", n)
 	}
 }

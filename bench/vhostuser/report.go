@@ -25,6 +25,12 @@ type row struct {
 	IrqsPerMiB       float64 `json:"irqs_per_mib"`
 	BackendCPUPerMiB float64 `json:"backend_cpu_s_per_mib"`
 	AFUnixBytesPerS  float64 `json:"af_unix_bytes_per_s"`
+	// Datagram rows only (dgram.go): Kind "dgram", Loss the fraction of
+	// sent datagrams not delivered, Note "not offered" when the back-end
+	// ran without datagrams.
+	Kind string  `json:"kind,omitempty"`
+	Loss float64 `json:"loss,omitempty"`
+	Note string  `json:"note,omitempty"`
 }
 
 // aggRow is a row with what the table adds: its kind, how many samples,

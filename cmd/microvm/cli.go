@@ -190,7 +190,8 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 			MaxConnections: lim.maxConns,
 			ConnBuffer:     int(lim.connBuffer),
 			ConnectTimeout: lim.connectTimeout,
-			Options:        &opts,
+			Options:        &opts.Options,
+			Dgram:          opts.Dgram,
 		}
 	}
 	return cfg, nil

@@ -56,6 +56,11 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			if err := vsock.CheckUDSPath(uds); err != nil {
 				return usageError{err}
 			}
+			if opts.Dgram {
+				if err := vsock.CheckDgramPath(uds); err != nil {
+					return usageError{err}
+				}
+			}
 			dev, err := vsock.New(vsock.Config{
 				CID:            cid,
 				MaxConns:       lim.maxConns,
@@ -63,7 +68,9 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				ConnectTimeout: lim.connectTimeout,
 				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
 				Dialer:         vsock.UDSDialer{Path: uds},
-				Options:        &opts,
+				Options:        &opts.Options,
+				Dgram:          opts.Dgram,
+				DgramUDS:       uds,
 				Log:            log.WithField("device", "vsock"),
 			})
 			if err != nil {
@@ -77,7 +84,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			}
 			defer hs.Close()
 			go hs.Serve()
-			be, err := vhostuser.Listen(sock, vhostuser.Config{Device: dev, Queues: 2, Log: log})
+			be, err := vhostuser.Listen(sock, vhostuser.Config{Device: dev, Rings: dev.BackendQueues, Log: log})
 			if err != nil {
 				return err
 			}

@@ -16,20 +16,29 @@ func vsockOptFlag() cli.Flag {
 	return &cli.StringFlag{
 		Name: "vsock-opt",
 		Usage: "vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: " +
-			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off " +
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, " +
+			"dgram=on|off (experimental datagrams, off by default: host sockets PATH.dgram and PATH_<port>.dgram) " +
 			"(e.g. kick-suppress=off,batch=off)",
 	}
 }
 
 // vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.
-var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch"}
+var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "dgram"}
+
+// vsockOpt is what --vsock-opt selects: the data-path optimisations, and
+// whether the device offers datagrams (vsock.Config.Dgram; a feature, not an
+// optimisation, so it lives outside vsock.Options).
+type vsockOpt struct {
+	vsock.Options
+	Dgram bool
+}
 
 // parseVsockOpt reads a --vsock-opt value: KEY=VALUE pairs separated by
-// commas, each changing one field of vsock.DefaultOptions. An empty value
-// is the defaults. Unknown keys, repeated keys and bad values are usage
-// errors naming the pair.
-func parseVsockOpt(s string) (vsock.Options, error) {
-	o := vsock.DefaultOptions
+// commas, each changing one field of vsock.DefaultOptions (or, for dgram,
+// turning datagrams on). An empty value is the defaults. Unknown keys,
+// repeated keys and bad values are usage errors naming the pair.
+func parseVsockOpt(s string) (vsockOpt, error) {
+	o := vsockOpt{Options: vsock.DefaultOptions}
 	if strings.TrimSpace(s) == "" {
 		return o, nil
 	}
@@ -52,6 +61,8 @@ func parseVsockOpt(s string) (vsock.Options, error) {
 			flag = &o.DirectEnqueue
 		case "batch":
 			flag = &o.BatchLock
+		case "dgram":
+			flag = &o.Dgram
 		default:
 			return o, usagef("--vsock-opt %q: unknown key %q (keys: %s)", s, k, strings.Join(vsockOptKeys, ", "))
 		}
@@ -68,13 +79,13 @@ func parseVsockOpt(s string) (vsock.Options, error) {
 }
 
 // formatVsockOpt is the --vsock-opt value that selects o.
-func formatVsockOpt(o vsock.Options) string {
+func formatVsockOpt(o vsockOpt) string {
 	onOff := func(b bool) string {
 		if b {
 			return "on"
 		}
 		return "off"
 	}
-	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s",
-		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock))
+	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,dgram=%s",
+		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), onOff(o.Dgram))
 }

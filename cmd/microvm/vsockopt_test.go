@@ -39,7 +39,10 @@ func TestParseVsockOpt(t *testing.T) {
 			t.Errorf("parseVsockOpt(%q): %v", tc.in, err)
 			continue
 		}
-		if diff := cmp.Diff(tc.want, got); diff != "" {
+		if got.Dgram {
+			t.Errorf("parseVsockOpt(%q) turned datagrams on", tc.in)
+		}
+		if diff := cmp.Diff(tc.want, got.Options); diff != "" {
 			t.Errorf("parseVsockOpt(%q) (-want +got):\n%s", tc.in, diff)
 		}
 		// The canonical form selects the same options.
@@ -47,6 +50,22 @@ func TestParseVsockOpt(t *testing.T) {
 		if err != nil || back != got {
 			t.Errorf("parseVsockOpt(formatVsockOpt(%+v)) = %+v, %v", got, back, err)
 		}
+	}
+}
+
+// dgram=on turns datagrams on, and only that; they are off by default.
+func TestParseVsockOptDgram(t *testing.T) {
+	for in, want := range map[string]bool{"": false, "dgram=off": false, "dgram=on": true, "batch=off,dgram=on": true} {
+		got, err := parseVsockOpt(in)
+		if err != nil || got.Dgram != want {
+			t.Errorf("parseVsockOpt(%q) = %+v, %v; want Dgram %v", in, got, err, want)
+		}
+		if back, err := parseVsockOpt(formatVsockOpt(got)); err != nil || back != got {
+			t.Errorf("round trip of %q: %+v, %v", in, back, err)
+		}
+	}
+	if _, err := parseVsockOpt("dgram=yes"); err == nil {
+		t.Error("dgram=yes accepted")
 	}
 }
 
@@ -68,7 +87,7 @@ func TestVsockOptUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch)`},
+		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, dgram)`},
 		{"bad boolean", run("batch=no"), `--vsock-opt "batch=no": batch=no: want on or off`},
 		{"no value", run("batch"), `"batch" is not KEY=VALUE`},
 		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},

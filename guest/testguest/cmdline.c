@@ -9,6 +9,7 @@ static const struct {
 } modes[] = {
 	{ "hello", MODE_HELLO },     { "fail", MODE_FAIL }, { "echo", MODE_ECHO },
 	{ "connect", MODE_CONNECT }, { "sink", MODE_SINK }, { "source", MODE_SOURCE },
+	{ "dgram", MODE_DGRAM },
 	{ "rng", MODE_RNG },
 };
 
@@ -190,6 +191,9 @@ int cmdline_parse(const char *s, struct tg_config *cfg, char *err, size_t errlen
 		} else if (eq(key, kend, "bytes")) {
 			cfg->bytes = n;
 			cfg->has_bytes = true;
+		} else if (eq(key, kend, "count")) {
+			cfg->count = n;
+			cfg->has_count = true;
 		} else if (eq(key, kend, "timeout")) {
 			if (n > TG_MAX_TIMEOUT_S)
 				ERR("testguest.timeout above %d", TG_MAX_TIMEOUT_S);
@@ -219,6 +223,12 @@ int cmdline_parse(const char *s, struct tg_config *cfg, char *err, size_t errlen
 	case MODE_SINK:
 		if (!cfg->has_port)
 			ERR("mode %s needs testguest.port=", mode_name(cfg->mode));
+		break;
+	case MODE_DGRAM:
+		if (!cfg->has_port)
+			ERR("mode dgram needs testguest.port=");
+		if (cfg->has_bytes && cfg->bytes > TG_MAX_DGRAM)
+			ERR("mode dgram: testguest.bytes above %d", TG_MAX_DGRAM);
 		break;
 	case MODE_CONNECT:
 	case MODE_SOURCE:

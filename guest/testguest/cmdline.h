@@ -15,6 +15,7 @@ enum tg_mode {
 	MODE_SINK,
 	MODE_SOURCE,
 	MODE_RNG, /* virtio transport self-test (virtio-rng) */
+	MODE_DGRAM, /* experimental vsock datagrams (dgram.h) */
 };
 
 #define TG_MAX_MMIO_DEVS 8
@@ -23,6 +24,7 @@ enum tg_mode {
 #define TG_DEFAULT_BUFSIZE 4096
 #define TG_MIN_BUFSIZE 64
 #define TG_MAX_BUFSIZE 65536
+#define TG_MAX_DGRAM 4096 /* largest testguest.bytes in dgram mode */
 
 /* One virtio_mmio.device=<size>@<addr>:<irq>[:<id>] entry. */
 struct mmio_dev {
@@ -38,6 +40,8 @@ struct tg_config {
 	bool has_conns;
 	uint64_t bytes;
 	bool has_bytes;
+	uint64_t count;		/* dgram: datagrams to send and to echo */
+	bool has_count;
 	uint64_t timeout_s;	/* 0: no timeout */
 	bool irq;
 	uint32_t bufsize;	/* RX buffer payload bytes */

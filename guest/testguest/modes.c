@@ -13,6 +13,7 @@
 #include "timer.h"
 #include "virtio.h"
 #include "vsock.h"
+#include "dgram.h"
 
 static const struct tg_config *cfg;
 static uint64_t start_tsc;
@@ -425,6 +426,8 @@ void run_mode(const struct tg_config *c, const struct boot_info *bi)
 		run_vsock(&source_mode);
 	case MODE_RNG:
 		mode_rng();
+	case MODE_DGRAM:
+		dgram_run(cfg);
 	default:
 		tg_die(EXIT_INTERNAL, "no mode");
 	}

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Listen creates a listening socket at path, readable and writable by its
@@ -19,7 +21,7 @@ import (
 // atomic. The listener does not remove the file when closed: the caller
 // does.
 func Listen(path string) (*net.UnixListener, error) {
-	if err := RemoveStale(path); err != nil {
+	if err := removeStale(path, "unix"); err != nil {
 		return nil, err
 	}
 	// No prefix: MkdirTemp's random name is at most 10 bytes, so
@@ -47,9 +49,47 @@ func Listen(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
+// ListenDgram binds a datagram socket at path and returns its descriptor
+// (non-blocking, close-on-exec), with the same care as Listen: a stale
+// socket is replaced, a live socket or any other file refused, and the file
+// is never reachable with looser permissions than 0600. Unlike Listen it
+// binds at path itself, not under a temporary name renamed into place: a
+// datagram socket's bound name is the source address its peers see and
+// reply to, and a rename would leave them the temporary one. The mode is
+// set on the socket before bind instead (Linux creates the file with the
+// socket inode's mode, less the umask). The caller removes the file after
+// closing the socket.
+func ListenDgram(path string) (int, error) {
+	if err := removeStale(path, "unixgram"); err != nil {
+		return -1, err
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("socket %s: %w", path, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("bind %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		unix.Close(fd)
+		os.Remove(path)
+		return -1, fmt.Errorf("socket %s: %w", path, err)
+	}
+	return fd, nil
+}
+
 // RemoveStale removes a socket file at path that nobody listens on, and
 // refuses (with an error) a live socket or a file that is not a socket.
-func RemoveStale(path string) error {
+func RemoveStale(path string) error { return removeStale(path, "unix") }
+
+// removeStale is RemoveStale for a socket of network "unix" (stream) or
+// "unixgram": a live socket is one a client of that type can connect to.
+func removeStale(path, network string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -60,7 +100,7 @@ func RemoveStale(path string) error {
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("%s exists and is not a socket; not replacing it", path)
 	}
-	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+	if c, err := net.DialTimeout(network, path, 100*time.Millisecond); err == nil {
 		c.Close()
 		return fmt.Errorf("%s is in use by another process", path)
 	}

@@ -68,6 +68,12 @@ type Options struct {
 	// GuestBuf is the receive buffer new connections advertise (default
 	// DefaultGuestBuf).
 	GuestBuf uint32
+	// Dgram negotiates VIRTIO_VSOCK_F_DGRAM (the device must offer it)
+	// and drives the datagram queues (dgram.go).
+	Dgram bool
+	// DgramRxBuffers is how many datagram RX buffers are posted at
+	// activation: 0 as many as the queue holds, negative none.
+	DgramRxBuffers int
 }
 
 func (o *Options) defaults() {
@@ -90,6 +96,9 @@ func (o *Options) defaults() {
 	}
 	if o.GuestBuf == 0 {
 		o.GuestBuf = DefaultGuestBuf
+	}
+	if o.Dgram && o.MemSize == DefaultMemSize {
+		o.MemSize = 2 * DefaultMemSize // room for the datagram queues' buffers
 	}
 }
 
@@ -136,6 +145,11 @@ type Guest struct {
 	tick                         *time.Timer
 	received, sent, rxBytesTotal uint64
 
+	// The datagram queues (Opts.Dgram), nil without.
+	DRX, DTX         *virtiotest.Queue
+	DRXKick, DTXKick *eventfd.EventFD
+	dg               dgramDriver
+
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
 	// Activation is what the last Activate handed the device.
@@ -170,6 +184,9 @@ func (g *Guest) Features() uint64 {
 	}
 	if g.Opts.Indirect {
 		f |= virtio.FeatureIndirectDesc
+	}
+	if g.Opts.Dgram {
+		f |= vsock.FeatureDgram
 	}
 	return f
 }
@@ -219,6 +236,12 @@ func (g *Guest) Activate() {
 	if !g.Opts.NoEventQueue {
 		qs = append(qs, aq(g.Event, g.EventKick, &evIrqs))
 	}
+	if g.Opts.Dgram {
+		if len(qs) == 2 {
+			qs = append(qs, nil) // the event queue's place
+		}
+		qs = append(qs, g.activateDgram(aq)...)
+	}
 	g.failMu.Lock()
 	g.fails = nil
 	g.failMu.Unlock()
@@ -242,6 +265,9 @@ func (g *Guest) Activate() {
 		nbuf = 0
 	}
 	g.PostRX(nbuf)
+	if g.Opts.Dgram {
+		g.postDgramInitial()
+	}
 }
 
 // Reset resets the device and forgets the activation's queues and
@@ -250,9 +276,12 @@ func (g *Guest) Activate() {
 func (g *Guest) Reset() {
 	g.Dev.Reset()
 	g.active = false
-	for _, e := range []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick} {
-		e.Close()
+	for _, e := range []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick, g.DRXKick, g.DTXKick} {
+		if e != nil {
+			e.Close()
+		}
 	}
+	g.DRXKick, g.DTXKick = nil, nil
 	g.rxBufs = nil
 	for _, c := range g.conns {
 		c.closed = true
@@ -468,6 +497,9 @@ func (g *Guest) Poll() bool {
 		return false
 	}
 	got := g.reapTX()
+	if g.DRX != nil && g.reapDgrams() {
+		got = true
+	}
 	used := g.RX.Reap()
 	if len(used) == 0 {
 		return got

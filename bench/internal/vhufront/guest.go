@@ -50,6 +50,9 @@ type Config struct {
 	Regions int
 	// Timeout bounds each vhost-user request (default 5 s).
 	Timeout time.Duration
+	// Dgram asks for VIRTIO_VSOCK_F_DGRAM; where the back-end offers it,
+	// the datagram rings are set up too (dgram.go).
+	Dgram bool
 }
 
 func (c *Config) setDefaults() {
@@ -112,6 +115,8 @@ type Guest struct {
 	listeners map[uint32]func(*Conn)
 	nextPort  uint32
 
+	dg *dgramRings // nil unless datagrams were negotiated
+
 	stats Stats
 	err   error
 	hb    [HdrSize]byte
@@ -153,6 +158,9 @@ func Start(sock string, cfg Config) (*Guest, error) {
 	if cfg.NoEventIdx {
 		want = 0
 	}
+	if cfg.Dgram {
+		want |= FeatureDgram
+	}
 	if err := g.client.Negotiate(want); err != nil {
 		return nil, err
 	}
@@ -165,6 +173,9 @@ func Start(sock string, cfg Config) (*Guest, error) {
 	slots := n / 2
 	ringBytes := 2 * (16*n + 6 + 2*n + 6 + 8*n + 64)
 	size := ringBytes + n*uint64(HdrSize+cfg.RXBufSize+64) + slots*uint64(txHdrRoom+MaxPayload+64)
+	if g.client.Features&FeatureDgram != 0 {
+		size += dgramMemory(cfg)
+	}
 	// Two regions split the memory in halves; leave room for either half
 	// to hold the larger of the buffer areas.
 	if g.mem, err = NewMemory(2*size+1<<20, cfg.Regions); err != nil {
@@ -209,6 +220,11 @@ func Start(sock string, cfg Config) (*Guest, error) {
 	for s := int(slots) - 1; s >= 0; s-- {
 		g.txFree = append(g.txFree, uint16(s))
 	}
+	if g.client.Features&FeatureDgram != 0 {
+		if err := g.setupDgram(a); err != nil {
+			return nil, err
+		}
+	}
 	for q := range 2 {
 		if g.kick[q], err = eventfd.NewNonblocking(); err != nil {
 			return nil, err
@@ -224,6 +240,11 @@ func Start(sock string, cfg Config) (*Guest, error) {
 	// is never started (as with QEMU's vhost-user-vsock-device).
 	for q, r := range []*Ring{g.rx, g.tx} {
 		if err := g.client.StartRing(uint32(q), r, g.mem, g.kick[q].FD(), g.call[q].FD()); err != nil {
+			return nil, err
+		}
+	}
+	if g.dg != nil {
+		if err := g.startDgram(); err != nil {
 			return nil, err
 		}
 	}
@@ -254,6 +275,7 @@ func (g *Guest) Close() error {
 				}
 			}
 		}
+		errs = append(errs, g.closeDgram(g.err == nil)...)
 		errs = append(errs, g.client.Close())
 		g.client = nil
 	}
