@@ -92,7 +92,9 @@
 //
 // KickSuppress (guest kicks stay off across the host write, with a final
 // ring re-check), DirectEnqueue (a producer places a control packet into the
-// RX ring itself when nothing is queued ahead), BatchLock (one lock and one
+// RX ring itself when nothing is queued ahead, and the TX worker, when a
+// guest packet brings the credit that unblocks host data, reads that data
+// into the RX ring itself instead of waking the RX worker), BatchLock (one lock and one
 // credit decision per run of packets for a connection, readiness made
 // visible after unlocking). Each moves a counter of its own in Stats
 // (DirectEnqueues, KickSuppressions, BatchedPackets) only when on, which

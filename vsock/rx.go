@@ -199,15 +199,23 @@ func (s *session) publishRX() {
 // emitOrQueueLocked gets c's pending work to the guest: directly, from the
 // calling goroutine, when DirectEnqueue is on and nothing is queued ahead of
 // it (seed 001); otherwise by putting c on the ready list and waking the RX
-// worker. Called with c.mu held.
-func (s *session) emitOrQueueLocked(c *conn) {
-	if s.opts.DirectEnqueue && c.pend != 0 && !c.dataReady() && !s.failed.Load() {
+// worker. Control packets go directly from any producer; host data only from
+// a caller that brings RX scratch (scratch not nil: the TX worker, which
+// learns first that a guest credit update unblocked data), up to one turn's
+// budget. Called with c.mu held.
+func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
+	data := c.dataReady()
+	if s.opts.DirectEnqueue && (c.pend != 0 || data) && (scratch != nil || !data) && !s.failed.Load() {
 		s.rxMu.Lock()
 		idle := len(s.ready) == 0 && len(s.rsts) == 0 && !c.inReady
 		s.rxMu.Unlock()
 		if idle {
-			var st rxState
-			if s.emitConnLocked(&st, c, 0) && !c.hasRxWork() {
+			var local rxState
+			st, budget := scratch, rxBudget
+			if st == nil {
+				st, budget = &local, 0
+			}
+			if s.emitConnLocked(st, c, budget) && !c.hasRxWork() {
 				s.d.ctr.directEnqueues.Add(1)
 				s.publishRX()
 				return

@@ -345,7 +345,7 @@ func (s *session) connectFromHost(fd int, port uint32, prefix []byte, deadline t
 	c.fd = fd // registered with epoll once the guest accepts
 	c.pend |= pendRequest
 	c.timer = time.AfterFunc(time.Until(deadline), func() { s.connectTimeout(c) })
-	s.emitOrQueueLocked(c)
+	s.emitOrQueueLocked(c, nil)
 	return nil
 }
 

@@ -34,6 +34,9 @@ type txState struct {
 	// guest cannot reuse before handleBatch publishes them, after endRun.
 	runViews [][]byte
 	hdrBuf   [HeaderSize]byte
+	// rx is scratch for host data this worker puts in the RX ring itself
+	// (DirectEnqueue).
+	rx rxState
 }
 
 // txLoop is the TX worker: woken by the TX queue's kick eventfd, it drains
@@ -282,7 +285,7 @@ func (s *session) endRun(st *txState) {
 	want := st.wantRx && c.state != stateClosed
 	st.wantRx = false
 	if want {
-		s.emitOrQueueLocked(c)
+		s.emitOrQueueLocked(c, &st.rx)
 	}
 	c.mu.Unlock()
 }
@@ -352,7 +355,7 @@ func (s *session) dial(c *conn) {
 	}
 	c.state = stateEstablished
 	c.pend |= pendResponse
-	s.emitOrQueueLocked(c)
+	s.emitOrQueueLocked(c, nil)
 }
 
 // guestResponse: the guest accepted a host-initiated connection. The host
