@@ -2,7 +2,7 @@
 // test guest, next to a host-only AF_UNIX socket pair moving the same bytes.
 //
 //	go run ./bench/vsock [-microvm bin/microvm] [-guest bin/testguest] [-reps 5] [-scale 1]
-//	    [-idle 2s] [-conn-buffer SIZE] [-bufsize N] [-json build/bench/vsock.json]
+//	    [-idle 2s] [-conn-buffer SIZE] [-bufsize N] [-vsock-opt LIST] [-json build/bench/vsock.json]
 //
 // For 64 B, 4 KiB and 64 KiB I/O sizes and both directions it runs a fresh
 // microvm per transfer:
@@ -120,6 +120,7 @@ type report struct {
 	// (empty, 0: the defaults).
 	ConnBuffer   string       `json:"conn_buffer,omitempty"`
 	GuestBufsize int          `json:"guest_bufsize,omitempty"`
+	VsockOpt     string       `json:"vsock_opt,omitempty"` // -vsock-opt
 	Rows         []*row       `json:"rows"`
 	Idle         *vsockSample `json:"idle,omitempty"`
 	IdleErr      string       `json:"idle_error,omitempty"`
@@ -139,8 +140,9 @@ func main() {
 	idle := flag.Duration("idle", 2*time.Second, "how long to measure the idle guest (0: skip)")
 	connBuf := flag.String("conn-buffer", "", "microvm --vsock-conn-buffer (empty: microvm's default)")
 	bufsize := flag.Int("bufsize", 0, "testguest.bufsize, the guest's RX buffer payload (0: the guest's default)")
+	vsockOpt := flag.String("vsock-opt", "", "microvm --vsock-opt, the optimisation switches (empty: microvm's defaults)")
 	flag.Parse()
-	tgt := target{microvm: *microvm, guest: *guest, connBuffer: *connBuf, bufsize: *bufsize}
+	tgt := target{microvm: *microvm, guest: *guest, connBuffer: *connBuf, bufsize: *bufsize, vsockOpt: *vsockOpt}
 	for _, p := range []string{*microvm, *guest} {
 		if _, err := os.Stat(p); err != nil {
 			fmt.Fprintf(os.Stderr, "vsock bench: %v (make bin/microvm bin/testguest)\n", err)
@@ -148,7 +150,7 @@ func main() {
 		}
 	}
 	rep := &report{Date: time.Now().Format(time.RFC3339), Host: benchenv.HostInfo(), MicroVM: *microvm, Guest: *guest, Reps: *reps,
-		ConnBuffer: *connBuf, GuestBufsize: *bufsize,
+		ConnBuffer: *connBuf, GuestBufsize: *bufsize, VsockOpt: *vsockOpt,
 		Notes: []string{
 			"msgs_per_s: bytes / io_size per second (host writes for host->guest, host reads of io_size for guest->host)",
 			"cpu times: utime+stime from /proc (10 ms ticks) over the timed window; vCPU thread = the thread whose guest_time grew",

@@ -38,6 +38,7 @@ type vm struct {
 type target struct {
 	microvm, guest string
 	connBuffer     string // --vsock-conn-buffer, "" for the default
+	vsockOpt       string // --vsock-opt, "" for the defaults
 	bufsize        int    // testguest.bufsize, 0 for the default
 	nowait         bool   // testguest.wait=0: the guest polls, never sleeping on the wait port
 }
@@ -57,6 +58,9 @@ func startVM(tgt target, cmdline string) (*vm, error) {
 		cmdline += " testguest.wait=0"
 	}
 	args := []string{"run", "--kernel", tgt.guest, "--memory", "64M", "--cmdline", cmdline, "--vsock-cid", "3", "--vsock-uds", v.uds}
+	if tgt.vsockOpt != "" {
+		args = append(args, "--vsock-opt", tgt.vsockOpt)
+	}
 	if tgt.connBuffer != "" {
 		args = append(args, "--vsock-conn-buffer", tgt.connBuffer)
 	}
