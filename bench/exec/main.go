@@ -99,7 +99,7 @@ func main() {
 	if host != testenv.KVMHardware && !*force {
 		fmt.Fprintf(os.Stderr, "%s: this host's KVM is %q, which cannot boot Linux guests\n", prog, host)
 		fmt.Fprintf(os.Stderr, "%s: run it in the nested-KVM box instead (QEMU TCG speed: the times are not figures to quote):\n", prog)
-		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", boxCommand())
+		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", benchenv.BoxCommand())
 		fmt.Fprintf(os.Stderr, "%s: or pass -force to try here anyway\n", prog)
 		os.Exit(2)
 	}
@@ -353,20 +353,4 @@ func measureStreams(ctx context.Context, cfg *config, conn *agentConn, row *row,
 	if err != nil {
 		row.Failures = append(row.Failures, describe(err).Error())
 	}
-}
-
-// boxCommand is this program's command line with its path made absolute,
-// to run in the box (where only the repository keeps its path: pass the
-// file flags as absolute paths too).
-func boxCommand() string {
-	argv := append([]string(nil), os.Args...)
-	if exe, err := os.Executable(); err == nil {
-		argv[0] = exe
-	}
-	for i, a := range argv {
-		if a == "" || strings.ContainsAny(a, " \t'\"$\\") {
-			argv[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-		}
-	}
-	return strings.Join(argv, " ")
 }

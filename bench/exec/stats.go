@@ -1,23 +1,14 @@
 package main
 
 import (
-	"encoding/json"
 	"math"
 	"slices"
+
+	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
-// num is a float64 that encodes NaN and infinities as JSON null (a figure
-// that could not be computed) instead of failing the encoding.
-type num float64
-
-// MarshalJSON implements json.Marshaler.
-func (n num) MarshalJSON() ([]byte, error) {
-	f := float64(n)
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return []byte("null"), nil
-	}
-	return json.Marshal(f)
-}
+// num is a figure that encodes as JSON null when it could not be computed.
+type num = benchenv.Num
 
 // summary describes a row's samples. Every figure is NaN when there are
 // none.

@@ -122,7 +122,7 @@ func main() {
 	if why != "" && !*force {
 		fmt.Fprintf(os.Stderr, "%s: cannot boot Linux on this host: %s\n", prog, why)
 		fmt.Fprintf(os.Stderr, "%s: run it in the nested-KVM box instead (QEMU TCG speed: a functional comparison, not boot times to quote):\n", prog)
-		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", boxCommand())
+		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", benchenv.BoxCommand())
 		fmt.Fprintf(os.Stderr, "%s: or pass -force to try here anyway\n", prog)
 		os.Exit(2)
 	}
@@ -154,21 +154,6 @@ func cannotBootLinux() string {
 		return "/dev/kvm is PVM-backed (kvm_pvm is loaded), which cannot run Linux guests to /init (docs/linux-on-pvm.md)"
 	}
 	return ""
-}
-
-// boxCommand is this program's command line with its path made absolute,
-// to run in the box.
-func boxCommand() string {
-	argv := append([]string(nil), os.Args...)
-	if exe, err := os.Executable(); err == nil {
-		argv[0] = exe
-	}
-	for i, a := range argv {
-		if a == "" || strings.ContainsAny(a, " \t'\"$\\") {
-			argv[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-		}
-	}
-	return strings.Join(argv, " ")
 }
 
 // check looks for the files the runs need, so that a missing one is one

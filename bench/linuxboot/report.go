@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -15,18 +14,8 @@ import (
 	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
-// num is a float64 that encodes NaN and infinities as JSON null (a missing
-// figure) instead of failing the encoding.
-type num float64
-
-// MarshalJSON implements json.Marshaler.
-func (n num) MarshalJSON() ([]byte, error) {
-	f := float64(n)
-	if math.IsNaN(f) || math.IsInf(f, 0) {
-		return []byte("null"), nil
-	}
-	return json.Marshal(f)
-}
+// num is a figure that encodes as JSON null when it is missing.
+type num = benchenv.Num
 
 // sample is one successful run. Times are milliseconds from just before the
 // VMM's process started, but KernelRunInitMS, which is guest time.

@@ -1,10 +1,12 @@
 // Package benchenv holds what the benchmark programs share: a description
-// of the host they ran on, and writing their JSON results.
+// of the host they ran on, writing their JSON results (Num for figures that
+// may be missing), and their command line for the nested-KVM box.
 package benchenv
 
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -44,4 +46,34 @@ func WriteJSON(path string, v any) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// Num is a float64 that encodes NaN and infinities as JSON null (a figure
+// that could not be computed) instead of failing the encoding.
+type Num float64
+
+// MarshalJSON implements json.Marshaler.
+func (n Num) MarshalJSON() ([]byte, error) {
+	f := float64(n)
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(f)
+}
+
+// BoxCommand is this program's command line, its path made absolute and
+// its arguments quoted for sh, to run again inside the nested-KVM box
+// (where only the repository keeps its path: file flags should be absolute
+// too).
+func BoxCommand() string {
+	argv := append([]string(nil), os.Args...)
+	if exe, err := os.Executable(); err == nil {
+		argv[0] = exe
+	}
+	for i, a := range argv {
+		if a == "" || strings.ContainsAny(a, " \t'\"$\\") {
+			argv[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return strings.Join(argv, " ")
 }
