@@ -221,7 +221,8 @@ func (s *session) dgramTX(st *dgramState) {
 // is counted as dropped. Neither stops anything else.
 func (s *session) dgramSend(st *dgramState) {
 	c := &st.chain
-	if virtio.CopyFrom(c.Readable(), 0, st.hdr[:]) != HeaderSize {
+	r := c.Reader()
+	if r.Read(st.hdr[:]) != HeaderSize {
 		s.guestError("datagram chain %d of %d bytes cannot hold a packet header", c.Head, c.ReadableLen())
 		return
 	}
@@ -237,14 +238,13 @@ func (s *session) dgramSend(st *dgramState) {
 	case h.SrcPort == portAny || h.DstPort == portAny:
 		s.guestError("datagram %v: port %d is not an address", &h, uint32(portAny))
 		return
-	case uint64(h.Len) > c.ReadableLen()-HeaderSize || h.Len > MaxDgramPayload:
+	case uint64(h.Len) > r.Len() || h.Len > MaxDgramPayload:
 		s.guestError("datagram %v: len %d but the chain holds %d payload bytes (max %d)",
-			&h, h.Len, c.ReadableLen()-HeaderSize, MaxDgramPayload)
+			&h, h.Len, r.Len(), MaxDgramPayload)
 		return
 	}
 	EncodeDgramPrefix(st.prefix[:], h.SrcPort, h.DstPort)
-	st.bufs = append(st.bufs[:0], st.prefix[:])
-	st.bufs = virtio.Slice(st.bufs, c.Readable(), HeaderSize, uint64(h.Len))
+	st.bufs = r.Views(append(st.bufs[:0], st.prefix[:]), uint64(h.Len))
 	if st.to == nil || st.toPort != h.DstPort {
 		st.to, st.toPort = &unix.SockaddrUnix{Name: DgramHostPath(s.d.dgram.uds, h.DstPort)}, h.DstPort
 	}
@@ -311,8 +311,9 @@ func (s *session) dgramRX(st *dgramState) {
 			return
 		}
 		room := min(c.WritableLen()-HeaderSize, MaxDgramPayload)
-		st.bufs = append(st.bufs[:0], st.prefix[:])
-		st.bufs = virtio.Slice(st.bufs, c.Writable(), HeaderSize, room)
+		w := c.Writer()
+		w.Advance(HeaderSize) // the header goes in once the size is known
+		st.bufs = w.Views(append(st.bufs[:0], st.prefix[:]), room)
 		n, _, rflags, _, err := unix.RecvmsgBuffers(fd, st.bufs, nil, unix.MSG_DONTWAIT)
 		clear(st.bufs)
 		if err != nil {
@@ -338,7 +339,8 @@ func (s *session) dgramRX(st *dgramState) {
 		h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: hostPort, DstPort: guestPort,
 			Len: k, Type: TypeDgram, Op: OpRW}
 		h.Encode(st.hdr[:])
-		virtio.CopyTo(c.Writable(), 0, st.hdr[:])
+		hw := c.Writer()
+		hw.Write(st.hdr[:])
 		if err := s.drx.PushNoPublish(c.Head, HeaderSize+k); err != nil {
 			s.failDevice(err)
 			return
