@@ -19,7 +19,14 @@ import (
 // atomic. The listener does not remove the file when closed: the caller
 // does.
 func Listen(path string) (*net.UnixListener, error) {
-	if err := RemoveStale(path); err != nil {
+	return ListenNet("unix", path)
+}
+
+// ListenNet is Listen for network "unix" (SOCK_STREAM) or "unixpacket"
+// (SOCK_SEQPACKET). The liveness check before replacing a file dials with
+// the same network: a live socket of the other type would look stale.
+func ListenNet(network, path string) (*net.UnixListener, error) {
+	if err := removeStale(network, path); err != nil {
 		return nil, err
 	}
 	// No prefix: MkdirTemp's random name is at most 10 bytes, so
@@ -31,7 +38,7 @@ func Listen(path string) (*net.UnixListener, error) {
 	}
 	defer os.RemoveAll(dir)
 	tmp := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
@@ -49,7 +56,9 @@ func Listen(path string) (*net.UnixListener, error) {
 
 // RemoveStale removes a socket file at path that nobody listens on, and
 // refuses (with an error) a live socket or a file that is not a socket.
-func RemoveStale(path string) error {
+func RemoveStale(path string) error { return removeStale("unix", path) }
+
+func removeStale(network, path string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -60,7 +69,7 @@ func RemoveStale(path string) error {
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("%s exists and is not a socket; not replacing it", path)
 	}
-	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+	if c, err := net.DialTimeout(network, path, 100*time.Millisecond); err == nil {
 		c.Close()
 		return fmt.Errorf("%s is in use by another process", path)
 	}

@@ -68,6 +68,9 @@ type Options struct {
 	// GuestBuf is the receive buffer new connections advertise (default
 	// DefaultGuestBuf).
 	GuestBuf uint32
+	// Seqpacket negotiates vsock.FeatureSeqpacket (when the device
+	// offers it).
+	Seqpacket bool
 }
 
 func (o *Options) defaults() {
@@ -170,6 +173,9 @@ func (g *Guest) Features() uint64 {
 	}
 	if g.Opts.Indirect {
 		f |= virtio.FeatureIndirectDesc
+	}
+	if g.Opts.Seqpacket {
+		f |= g.Dev.Features() & vsock.FeatureSeqpacket
 	}
 	return f
 }
@@ -512,8 +518,12 @@ func (g *Guest) receive(addr uint64, n, size uint32) {
 		tb.Errorf("vsocktest: RX packet %v: CIDs, want %d->%d", h, vsock.CIDHost, g.Opts.CID)
 	case h.Len != n-vsock.HeaderSize:
 		tb.Errorf("vsocktest: RX packet %v in a used entry of %d bytes", h, n)
-	case h.Type != vsock.TypeStream:
-		tb.Errorf("vsocktest: RX packet %v: type", h)
+	case h.Type != vsock.TypeStream && (h.Type != vsock.TypeSeqpacket || g.Features()&vsock.FeatureSeqpacket == 0):
+		tb.Errorf("vsocktest: RX packet %v: type (features %#x)", h, g.Features())
+	case h.Type == vsock.TypeStream && h.Flags != 0 && h.Op != vsock.OpShutdown:
+		tb.Errorf("vsocktest: RX stream packet %v with flags", h)
+	case h.Op != vsock.OpRW && h.Op != vsock.OpShutdown && h.Flags != 0:
+		tb.Errorf("vsocktest: RX control packet %v with flags", h)
 	case h.Op != vsock.OpRW && h.Len != 0:
 		tb.Errorf("vsocktest: RX control packet %v with payload", h)
 	case h.Op == vsock.OpRW && h.Len == 0:
