@@ -184,6 +184,10 @@ func (c *Conn) receiveFragment(h *vsock.Header, data []byte) {
 	}
 }
 
+// PartialPackets is how many packets of a SEQPACKET message not yet
+// complete (no EOM) the guest holds.
+func (c *Conn) PartialPackets() int { return c.cur.Packets }
+
 // Msgs is how many complete SEQPACKET messages wait to be read.
 func (c *Conn) Msgs() int { return len(c.msgs) }
 
