@@ -417,3 +417,35 @@ func TestSeqpacketUDS(t *testing.T) {
 		}
 	})
 }
+
+// The conformance exchange in-process: the guest sends messages without
+// waiting for the echoes, the host echoes each record, so credit stalls
+// both ways with messages in flight.
+func TestSeqpacketEchoPipelined(t *testing.T) {
+	e := seqEnv(t, envOpts{})
+	c, h := e.connectSeq(5000, 1025)
+	go func() {
+		buf := make([]byte, 1<<20)
+		for {
+			n, err := h.Read(buf)
+			if err != nil || n == 0 {
+				return
+			}
+			if _, err := h.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}()
+	sizes := []int{1, 64 << 10, 4096, 4097, 64<<10 - 1, 100, 60000, 65536, 7, 65536}
+	got := 0
+	for i, n := range sizes {
+		c.WriteMsg(vsocktest.Pattern(uint64(i), n), true)
+		for c.Msgs() > 0 {
+			guestMsg(t, c, vsocktest.Pattern(uint64(got), sizes[got]))
+			got++
+		}
+	}
+	for ; got < len(sizes); got++ {
+		guestMsg(t, c, vsocktest.Pattern(uint64(got), sizes[got]))
+	}
+}

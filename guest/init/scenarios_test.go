@@ -473,12 +473,12 @@ func TestLoopback(t *testing.T) {
 	wantOK(t, ok, details, fmt.Sprintf("bytes=100000 sha256=%s refused=ECONNRESET", payloadSHA256(1, 100000)))
 }
 
-// recordEcho echoes each record as one record, and can merge or split them
-// to show that the guest notices.
+// recordEcho echoes each record as one record, or mangles them (two
+// messages' bytes in one record, or one split in two) to show that the
+// guest notices.
 func recordEcho(mangle string) func(c *net.UnixConn) {
 	return func(c *net.UnixConn) {
 		buf := make([]byte, 1<<20)
-		var held []byte
 		for i := 0; ; i++ {
 			n, err := c.Read(buf)
 			if err != nil || n == 0 {
@@ -486,11 +486,8 @@ func recordEcho(mangle string) func(c *net.UnixConn) {
 			}
 			m := buf[:n]
 			switch {
-			case mangle == "merge" && i == 5:
-				held = append([]byte(nil), m...)
-				continue
-			case mangle == "merge" && i == 6:
-				m = append(held, m...)
+			case mangle == "merge" && i == 5: // two messages in one record
+				m = append(append([]byte(nil), m...), m...)
 			case mangle == "split" && n > 1:
 				c.Write(m[:1])
 				m = m[1:]

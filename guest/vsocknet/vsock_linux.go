@@ -294,7 +294,11 @@ func (c *Conn) ReadMsg(b []byte) (n int, eor, trunc bool, err error) {
 }
 
 // WriteMsg sends b as one message of a SEQPACKET connection, with MSG_EOR
-// when eor.
+// when eor. Linux (6.1) sends a message larger than the peer's free credit
+// in part and then fails the non-blocking send with EAGAIN: WriteMsg waits
+// and sends b again, so the peer gets the part twice. Send messages that
+// fit the credit (at most the peer's buffer, after the peer has
+// acknowledged the ones before).
 func (c *Conn) WriteMsg(b []byte, eor bool) (int, error) {
 	flags := unix.MSG_DONTWAIT
 	if eor {
