@@ -275,6 +275,23 @@ func (r *vsockRouter) Dial(guestPort, port uint32, timeout time.Duration) (int, 
 	return devFD, nil
 }
 
+var _ vsock.SeqpacketDialer = (*vsockRouter)(nil)
+
+// DialSeqpacket implements vsock.SeqpacketDialer: ListenVsock listeners take
+// stream connections only, so a SEQPACKET connection to their port is
+// refused (EPROTOTYPE, as a stream Unix listener answers); any other goes
+// to the fallback dialer if it makes SEQPACKET sockets.
+func (r *vsockRouter) DialSeqpacket(guestPort, port uint32, timeout time.Duration) (int, error) {
+	r.mu.Lock()
+	l := r.ports[port]
+	r.mu.Unlock()
+	sd, ok := r.fallback.(vsock.SeqpacketDialer)
+	if l != nil || !ok {
+		return -1, fmt.Errorf("vsock port %d: SEQPACKET: %w", port, unix.EPROTOTYPE)
+	}
+	return sd.DialSeqpacket(guestPort, port, timeout)
+}
+
 // listen registers a listener for port.
 func (r *vsockRouter) listen(port uint32) (*vsockListener, error) {
 	addr := &VsockAddr{CID: VsockHostCID, Port: port}

@@ -11,12 +11,15 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/vsock"
 )
 
 // fakeDialer records the fallback dials and answers with err, or with one
@@ -398,5 +401,41 @@ func TestVsockAddr(t *testing.T) {
 	a := &VsockAddr{CID: 2, Port: 4294967295}
 	if a.Network() != "vsock" || a.String() != "2:4294967295" {
 		t.Errorf("VsockAddr = %s %s", a.Network(), a)
+	}
+}
+
+// TestVsockRouterSeqpacket: ListenVsock ports take stream connections only,
+// so a SEQPACKET one to them is refused like a stream Unix listener refuses
+// it (EPROTOTYPE); other ports go to a fallback that can dial SEQPACKET
+// (vsock.UDSDialer), and are refused without one.
+func TestVsockRouterSeqpacket(t *testing.T) {
+	dir := t.TempDir()
+	uds := filepath.Join(dir, "v")
+	r := newVsockRouter(3, vsock.UDSDialer{Path: uds})
+	t.Cleanup(r.closeAll)
+	l, err := r.listen(5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := r.DialSeqpacket(1024, 5000, time.Second); !errors.Is(err, unix.EPROTOTYPE) {
+		t.Errorf("SEQPACKET to a ListenVsock port: %v, want EPROTOTYPE", err)
+	}
+	ln, err := net.Listen("unixpacket", uds+"_6000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fd, err := r.DialSeqpacket(1024, 6000, time.Second)
+	if err != nil {
+		t.Fatalf("SEQPACKET through the fallback: %v", err)
+	}
+	if typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE); err != nil || typ != unix.SOCK_SEQPACKET {
+		t.Errorf("socket type %d, %v; want SOCK_SEQPACKET", typ, err)
+	}
+	_ = unix.Close(fd)
+	streamOnly := newVsockRouter(3, &fakeDialer{})
+	if _, err := streamOnly.DialSeqpacket(1024, 6000, time.Second); !errors.Is(err, unix.EPROTOTYPE) {
+		t.Errorf("SEQPACKET with a stream-only fallback: %v, want EPROTOTYPE", err)
 	}
 }

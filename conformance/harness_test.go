@@ -571,17 +571,25 @@ type guestListener struct {
 
 // hostResult is what a host-side handler saw on one guest connection.
 type hostResult struct {
-	got  *digest // bytes read
-	sent *digest // bytes written
-	err  error
+	got     *digest // bytes read
+	sent    *digest // bytes written
+	records int     // SEQPACKET: records read
+	err     error
 }
 
 // listenGuest listens on <uds>_port and runs serve on each of conns
 // connections (concurrently), reporting each result.
 func listenGuest(t *testing.T, uds string, port uint32, conns int, serve func(c *net.UnixConn) hostResult) *guestListener {
 	t.Helper()
+	return listenGuestNet(t, "unix", uds, port, conns, serve)
+}
+
+// listenGuestNet is listenGuest for network "unix" or "unixpacket"
+// (SOCK_SEQPACKET: guest SEQPACKET connections).
+func listenGuestNet(t *testing.T, network, uds string, port uint32, conns int, serve func(c *net.UnixConn) hostResult) *guestListener {
+	t.Helper()
 	path := fmt.Sprintf("%s_%d", uds, port)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: path, Net: network})
 	if err != nil {
 		t.Fatal(err)
 	}

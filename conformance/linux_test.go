@@ -67,7 +67,8 @@ func hostEcho(t *testing.T, v *vm, uds string) {
 // runData boots one guest on tg and runs every data scenario, checking each
 // on both sides: a refused host connection, a 16 MiB host echo, half-close
 // from either side, guest send and receive, a slow host reader (credit), 32
-// concurrent guest connections and a refused guest connection. It returns
+// concurrent guest connections, a refused guest connection, and SEQPACKET
+// messages up to 64 KiB echoed both ways (guest- and host-initiated). It returns
 // the guest once every scenario reported, for the caller to finish and
 // check the device's log.
 func runData(t *testing.T, tg target) *vm {
@@ -140,8 +141,10 @@ func runData(t *testing.T, tg target) *vm {
 		return echoServe(c)
 	})
 
-	v := tg.boot(t, []string{
-		"microvm.scenarios=echo,halfclose-host,send,recv,halfclose-guest,slowreader,concurrent,refused",
+	seqL := listenGuestNet(t, "unixpacket", tg.uds(), portSeqpacket, 1, recordEchoServe)
+
+	v := tg.boot(t, append(seqpacketParams(),
+		"microvm.scenarios=echo,halfclose-host,send,recv,halfclose-guest,slowreader,concurrent,refused,seqpacket,seqpacket-echo",
 		fmt.Sprintf("microvm.echo.port=%d", portEcho),
 		fmt.Sprintf("microvm.halfclose-host.port=%d", portHalfCloseHost),
 		fmt.Sprintf("microvm.send.port=%d microvm.send.size=%d microvm.send.seed=%d", portSend, sendSize, sendSeed),
@@ -150,7 +153,7 @@ func runData(t *testing.T, tg target) *vm {
 		fmt.Sprintf("microvm.slowreader.port=%d microvm.slowreader.size=%d microvm.slowreader.seed=%d", portSlow, slowSize, slowSeed),
 		fmt.Sprintf("microvm.concurrent.port=%d microvm.concurrent.conns=%d microvm.concurrent.size=%d microvm.concurrent.seed=%d", portConcurrent, concConns, concSize, concSeed),
 		fmt.Sprintf("microvm.refused.port=%d microvm.refused.within=%v", portGuestRefused, refusedWithin),
-	})
+	))
 	if l := v.next(t, "vsock CID line", bootTimeout, func(l string) bool { return len(l) > 12 && l[:12] == "init: vsock " }); l != fmt.Sprintf("init: vsock cid=%d", guestCID) {
 		t.Fatalf("guest: %s", l)
 	}
@@ -275,6 +278,9 @@ func runData(t *testing.T, tg target) *vm {
 		}
 		t.Logf("guest: errno=%s elapsed=%s", f["errno"], f["elapsed"])
 	})
+
+	t.Run("seqpacket-guest-to-host", func(t *testing.T) { checkGuestSeqpacket(t, v, seqL) })
+	t.Run("seqpacket-host-to-guest", func(t *testing.T) { hostSeqpacketEcho(t, v, tg.uds()) })
 	return v
 }
 
@@ -313,6 +319,9 @@ func TestModern(t *testing.T) {
 	f := be.features(t)
 	if f&(1<<32) == 0 {
 		t.Errorf("modern virtio-mmio negotiated features %#x, without VERSION_1", f)
+	}
+	if f&(1<<1) == 0 {
+		t.Errorf("negotiated features %#x, without VIRTIO_VSOCK_F_SEQPACKET", f)
 	}
 	t.Logf("negotiated features %#x", f)
 }

@@ -56,13 +56,16 @@ const (
 	pendShutdown             // SHUTDOWN with conn.shutFlags
 )
 
-// conn is one stream connection between a guest socket and a host socket.
+// conn is one connection between a guest socket and a host socket: a stream
+// (typ TypeStream) or a SEQPACKET one (TypeSeqpacket), whose host socket is
+// a SOCK_SEQPACKET socket and whose messages keep their boundaries.
 //
 // Locking: mu guards every field below it. The fd is only used under mu, so
 // closing it can never race with a read or write. inReady is guarded by the
 // session's rxMu instead (it mirrors membership of the RX ready list).
 type conn struct {
 	key connKey
+	typ uint16 // TypeStream or TypeSeqpacket, fixed at creation
 
 	mu    sync.Mutex
 	state connState
@@ -102,6 +105,25 @@ type conn struct {
 	// hostWriteShut: we shut down writing on the host socket (after the
 	// guest's SHUTDOWN SEND and txBuf drained).
 	hostWriteShut bool
+
+	// SEQPACKET, guest -> host. msg holds the fragments of the message
+	// the guest is sending (no EOM yet). Complete messages the host
+	// socket has not taken wait in tx, one record after another, with
+	// their lengths (and SeqEOR) in recs. All of it counts against the
+	// credit, so it stays below bufAlloc (recs adds 4 bytes per message).
+	msg  []byte
+	recs seqRecords
+
+	// SEQPACKET, host -> guest. rec[recOff:] is the rest of a record read
+	// from the host socket and not yet sent to the guest (the credit for
+	// all of it was there when it was read); recEnd the flags of its last
+	// packet. seqNeed is the length of the next record, peeked while the
+	// guest's credit was too small for it: the record waits for that
+	// much credit (0: none waiting).
+	rec     []byte
+	recOff  int
+	recEnd  uint32
+	seqNeed uint32
 
 	timer *time.Timer // connect or close timeout
 
@@ -143,11 +165,62 @@ func (c *conn) hasRxWork() bool {
 	return c.pend != 0 || c.dataReady()
 }
 
-// dataReady: host data could flow to the guest now.
+// dataReady: host data could flow to the guest now. A SEQPACKET record
+// peeked but not yet read waits until the guest's credit covers all of it,
+// so that no record is ever cut by a credit stall.
 func (c *conn) dataReady() bool {
-	return c.state == stateEstablished && c.guestShut&ShutdownRcv == 0 && !c.hostEOF &&
-		(len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
+	if c.state != stateEstablished || c.guestShut&ShutdownRcv != 0 {
+		return false
+	}
+	if c.typ == TypeSeqpacket {
+		if c.recOff < len(c.rec) {
+			return true
+		}
+		return !c.hostEOF && c.hostReadable && c.peerCredit() >= max(c.seqNeed, 1)
+	}
+	return !c.hostEOF && (len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
 }
+
+// seqRecords is a FIFO of the lengths of complete guest messages waiting in
+// conn.tx, each with the SeqEOR bit in bit 31 (a message is at most
+// bufAlloc <= MaxConnBuffer < 2^31 bytes).
+type seqRecords struct {
+	v   []uint32
+	off int
+}
+
+const seqRecEOR = 1 << 31
+
+func (r *seqRecords) len() int { return len(r.v) - r.off }
+
+func (r *seqRecords) push(n uint32, eor bool) {
+	if eor {
+		n |= seqRecEOR
+	}
+	if r.off > 0 && len(r.v) == cap(r.v) && r.off >= len(r.v)/2 {
+		k := copy(r.v, r.v[r.off:])
+		r.v, r.off = r.v[:k], 0
+	}
+	r.v = append(r.v, n)
+}
+
+// head returns the first record's length and EOR bit.
+func (r *seqRecords) head() (n int, eor bool) {
+	v := r.v[r.off]
+	return int(v &^ seqRecEOR), v&seqRecEOR != 0
+}
+
+func (r *seqRecords) pop() {
+	r.off++
+	if r.off == len(r.v) {
+		r.v, r.off = r.v[:0], 0
+		if cap(r.v) > idleQueueCap/4 {
+			r.v = nil
+		}
+	}
+}
+
+func (r *seqRecords) reset() { r.v, r.off = nil, 0 }
 
 // pendCreditForced: the guest asked for our credit (CREDIT_REQUEST), so the
 // update is sent even if fwd_cnt did not move.

@@ -71,6 +71,16 @@ type Dialer interface {
 	Dial(guestPort, port uint32, timeout time.Duration) (fd int, err error)
 }
 
+// SeqpacketDialer is implemented by a Dialer that can also open host
+// sockets for guest SEQPACKET connections. Without it the device answers a
+// guest's SEQPACKET REQUEST with RST.
+type SeqpacketDialer interface {
+	// DialSeqpacket connects the guest's port guestPort to the host
+	// service for port within timeout and returns a connected
+	// SOCK_SEQPACKET socket: each record is one message.
+	DialSeqpacket(guestPort, port uint32, timeout time.Duration) (fd int, err error)
+}
+
 // Config configures a vsock device.
 type Config struct {
 	CID            uint64             // the guest's context id (3 .. 2^32-2)
@@ -79,7 +89,7 @@ type Config struct {
 	ConnectTimeout time.Duration      // connect and close timeouts, default DefaultConnectTimeout
 	QueueSize      uint16             // default DefaultQueueSize
 	Options        *Options           // nil: DefaultOptions
-	Dialer         Dialer             // guest-initiated connections; nil refuses them
+	Dialer         Dialer             // guest-initiated connections; nil refuses them (SEQPACKET ones need a SeqpacketDialer)
 	Log            logrus.FieldLogger // nil: logrus.StandardLogger()
 
 	// Dgram offers VIRTIO_VSOCK_F_DGRAM (experimental, off by default):
@@ -108,6 +118,8 @@ type Stats struct {
 	HostWriteStalls      uint64 // host writes the socket took only in part (writev or buffer flush)
 	CreditUpdatesSent    uint64 // CREDIT_UPDATE packets sent
 	LateRWDropped        uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
+	SeqToHost            uint64 // SEQPACKET messages written to host sockets, one record each
+	SeqToGuest           uint64 // SEQPACKET records from host sockets sent to the guest, one message each
 
 	// One counter per optimisation switch, zero when it is off, so a
 	// switch that is silently ignored shows.
@@ -127,7 +139,7 @@ type Stats struct {
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
-	kickSuppressions, batchedPackets,
+	kickSuppressions, batchedPackets, seqToHost, seqToGuest,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks atomic.Uint64
 	connsOpen atomic.Int64
@@ -194,13 +206,14 @@ func New(cfg Config) (*Device, error) {
 // Type implements virtio.Device.
 func (d *Device) Type() uint32 { return virtio.DeviceVsock }
 
-// Features implements virtio.Device: stream sockets (no bit: implied), and
-// VIRTIO_VSOCK_F_DGRAM with Config.Dgram.
+// Features implements virtio.Device: SEQPACKET sockets on top of stream
+// sockets (which need no feature bit), and VIRTIO_VSOCK_F_DGRAM with
+// Config.Dgram.
 func (d *Device) Features() uint64 {
 	if d.cfg.Dgram {
-		return FeatureDgram
+		return FeatureSeqpacket | FeatureDgram
 	}
-	return 0
+	return FeatureSeqpacket
 }
 
 // QueueSizes implements virtio.Device: rx, tx and event, plus the datagram
@@ -271,6 +284,7 @@ func (d *Device) Stats() Stats {
 		DgramTxBytes: c.dgramTxBytes.Load(), DgramRxBytes: c.dgramRxBytes.Load(),
 		DgramTxDropped: c.dgramTxDropped.Load(), DgramRxDropped: c.dgramRxDropped.Load(),
 		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
+		SeqToHost: c.seqToHost.Load(), SeqToGuest: c.seqToGuest.Load(),
 	}
 }
 
@@ -375,5 +389,21 @@ func (d *Device) ConnectFromHost(fd int, port uint32, prefix []byte, deadline ti
 		closeFD(fd)
 		return err
 	}
-	return s.connectFromHost(fd, port, prefix, deadline)
+	return s.connectFromHost(fd, TypeStream, port, prefix, deadline)
+}
+
+// ConnectSeqpacketFromHost is ConnectFromHost for a SEQPACKET connection:
+// fd is a connected SOCK_SEQPACKET socket, each of whose records becomes
+// one message to the guest (and each guest message one record). The
+// guest's REQUEST is of type SEQPACKET, so only a guest socket listening
+// with SOCK_SEQPACKET accepts it; a driver that did not negotiate
+// FeatureSeqpacket is not asked (fd is closed). The reply "OK <host
+// port>\n" is one record.
+func (d *Device) ConnectSeqpacketFromHost(fd int, port uint32, deadline time.Time) error {
+	s, err := d.session(deadline)
+	if err != nil {
+		closeFD(fd)
+		return err
+	}
+	return s.connectFromHost(fd, TypeSeqpacket, port, nil, deadline)
 }

@@ -68,8 +68,8 @@ func TestDgramFeatureAndQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer off.Close()
-	if off.Features() != 0 || len(off.QueueSizes()) != 3 || off.DgramPath() != "" {
-		t.Errorf("default device: features %#x, %d queues, datagram socket %q; want 0, 3, none",
+	if off.Features()&vsock.FeatureDgram != 0 || len(off.QueueSizes()) != 3 || off.DgramPath() != "" {
+		t.Errorf("default device: features %#x, %d queues, datagram socket %q; want no DGRAM bit, 3, none",
 			off.Features(), len(off.QueueSizes()), off.DgramPath())
 	}
 	if q := off.BackendQueues(vsock.FeatureDgram); len(q) != 2 {
@@ -80,9 +80,9 @@ func TestDgramFeatureAndQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if on.Features() != vsock.FeatureDgram || len(on.QueueSizes()) != 5 || on.DgramPath() != uds+".dgram" {
+	if on.Features() != vsock.FeatureDgram|vsock.FeatureSeqpacket || len(on.QueueSizes()) != 5 || on.DgramPath() != uds+".dgram" {
 		t.Errorf("datagram device: features %#x, %d queues, socket %q; want %#x, 5, %s.dgram",
-			on.Features(), len(on.QueueSizes()), on.DgramPath(), vsock.FeatureDgram, uds)
+			on.Features(), len(on.QueueSizes()), on.DgramPath(), vsock.FeatureDgram|vsock.FeatureSeqpacket, uds)
 	}
 	if q := on.BackendQueues(vsock.FeatureDgram); fmt.Sprint(q) != "[0 1 3 4]" {
 		t.Errorf("BackendQueues(DGRAM) = %v; want [0 1 3 4]", q)

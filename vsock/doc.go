@@ -1,7 +1,7 @@
 // Package vsock is microvm's virtio-vsock device (virtio 1.2, 5.10): stream
-// sockets (and, experimental and off by default, datagrams) between the
-// guest and host Unix sockets, with the Firecracker
-// host protocol ("CONNECT <port>\n" -> "OK <host port>\n" on the listening
+// sockets, SEQPACKET sockets and (experimental, off by default) datagrams
+// between the guest and host Unix sockets, with the Firecracker host
+// protocol ("CONNECT <port>\n" -> "OK <host port>\n" on the listening
 // socket; guest connections to port P go to "<uds>_P").
 //
 // The device runs unchanged under two hosts: microvm's own virtio-mmio
@@ -53,7 +53,7 @@
 // Device.mu guards the active session; it is never held while a session
 // lock is taken (the MMIO transport calls Activate and Reset with its mu
 // held: MMIO.mu -> Device.mu). In a session: connMu guards the connection
-// table; conn.mu guards one connection (its state, credit counters,
+// table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
 // buffered data and host descriptor); rxMu guards the RX queue, the ready
 // list and the RST queue. Lock order: conn.mu -> connMu and conn.mu ->
 // rxMu. connMu and rxMu are leaves, never held together: code that finds a
@@ -107,12 +107,55 @@
 // connection's byteQueue (bounded by the advertised buffer), drained by
 // offset so partial writes cost linear time.
 //
+// # SEQPACKET (VIRTIO_VSOCK_F_SEQPACKET, 5.10.6.3.2)
+//
+// Offered always; only a driver that negotiated it may send packets of
+// TypeSeqpacket (others are refused with RST and counted, as before). A
+// connection keeps its type: a packet of the other type resets it, and
+// every packet the device sends for it (RST included: Linux drops an RST of
+// another type) carries it. The host side is SOCK_SEQPACKET Unix sockets,
+// where one record is one message:
+//
+//   - guest-initiated: a SEQPACKET REQUEST to port P is dialled with a
+//     SeqpacketDialer (UDSDialer: "<uds>_P" with SOCK_SEQPACKET; a stream
+//     listener refuses with EPROTOTYPE, a refusal like any other: RST);
+//     a Dialer without DialSeqpacket refuses them.
+//   - host-initiated: UDS also listens with SOCK_SEQPACKET at
+//     "<uds>.seqpacket"; there the CONNECT line and the OK reply are one
+//     record each (ConnectSeqpacketFromHost), and the REQUEST is of type
+//     SEQPACKET, so only a guest socket listening with SOCK_SEQPACKET
+//     accepts it. The stream socket stays stream-only.
+//   - guest to host: RW fragments gather in conn.msg until the one with
+//     SeqEOM; the message then goes out as one sendmsg (MSG_EOR if the
+//     guest set SeqEOR): straight from guest memory when nothing is queued
+//     ahead, otherwise copied behind the queued records (conn.tx holds
+//     their bytes, conn.recs their lengths). A record never merges with
+//     another and never goes out in part (Unix SEQPACKET sends are all or
+//     nothing), whatever the Options: with BatchLock each record is still
+//     its own sendmsg. Unforwarded fragments count against the credit, so
+//     a message larger than the buffer we advertise overruns it: the
+//     connection is reset and the error counted, and memory stays bounded
+//     (the buffer, plus 4 bytes per queued record). An empty message, and
+//     an unfinished one at the guest's SHUTDOWN(SEND), are dropped.
+//   - host to guest: the RX worker peeks the next record's length
+//     (MSG_PEEK|MSG_TRUNC) and reads it (into conn.rec) only once the
+//     guest's credit covers all of it, so no record is cut by a credit
+//     stall; then it fills as many RX buffers as the record needs, one RW
+//     packet each, SeqEOM|SeqEOR on the last; out of buffers it resumes the
+//     same record on the next turn. A record larger than the guest's whole
+//     buffer can never be delivered (Linux hands a message over only once
+//     all of it is buffered): the connection is reset. Unix sockets never
+//     report MSG_EOR, but each record is a whole record, so every message
+//     carries SeqEOR. Empty records are dropped (no packet can carry one);
+//     a read of 0 bytes is taken for the end of the stream only when the
+//     peer has shut down writing and nothing is queued.
+//
 // # Datagrams (experimental, Config.Dgram)
 //
 // VIRTIO_VSOCK_F_DGRAM (bit 3 of the RFC series) is offered only with
 // Config.Dgram, which adds queues 3 (datagram RX) and 4 (datagram TX) after
-// the event queue; the default device keeps three queues and no feature
-// bits. A packet of type TypeDgram, op RW, is one datagram: no connection
+// the event queue; the default device keeps three queues and offers only
+// SEQPACKET. A packet of type TypeDgram, op RW, is one datagram: no connection
 // table entry, no credit. Host side, every datagram carries an 8-byte
 // prefix (guest port, host port; u32 little endian).
 //
@@ -148,7 +191,9 @@
 //
 // Ring and descriptor errors stop the device (Activation.Fail ->
 // DEVICE_NEEDS_RESET). Packet-level errors (bad length, credit overrun,
-// unknown op, wrong state) are counted and reset the connection. Memory per
-// connection is bounded by the advertised buffer; connections by MaxConns;
-// queued RSTs by MaxConns+256.
+// unknown op, wrong state, a packet of the connection's other type) are
+// counted and reset the connection. Memory per connection is bounded by the
+// advertised buffer (SEQPACKET: plus 4 bytes per queued message, and one
+// host record in flight to the guest, which the guest's credit bounds);
+// connections by MaxConns; queued RSTs by MaxConns+256.
 package vsock

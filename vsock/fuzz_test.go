@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/vsock"
@@ -85,13 +86,16 @@ func wellFormed(line []byte) (uint32, bool) {
 }
 
 // FuzzPacketHeader sends arbitrary TX packets through an activated device
-// with two live connections (one opened from each side). Each packet takes
-// one control byte and a 44-byte header from the input:
+// (SEQPACKET negotiated) with four live connections: a stream and a
+// SEQPACKET one opened from each side. Each packet takes one control byte
+// and a 44-byte header from the input:
 //
 //	bits 0-1  descriptors the packet is split across (1-3), or 3: the
 //	          chain is cut short to (next input byte % 44) bytes
 //	bit 2     write our CIDs over the header's
-//	bit 3     write the ports of a live connection over the header's
+//	bit 3     write the ports of a live connection over the header's: a
+//	          SEQPACKET one if the header's type is SEQPACKET, else a
+//	          stream one
 //	bit 4     which live connection
 //	bit 5     set len to the payload's length
 //	bits 6-7  payload size: 0, 1..255 (next input byte), 4096, 65536+1
@@ -102,11 +106,17 @@ func wellFormed(line []byte) (uint32, bool) {
 func FuzzPacketHeader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		base := runtime.NumGoroutine()
-		e := newEnv(t, envOpts{noLeakCheck: true, guest: vsocktest.Options{RxSplit: 2}})
+		e := newEnv(t, envOpts{noLeakCheck: true, guest: vsocktest.Options{RxSplit: 2, Seqpacket: true}})
 		e.allowGuestErrs = true
 		a, ha := e.connectGuest(5000, 1025)
 		b, hb := e.connectHost(6000, nil)
-		for _, h := range []interface{ Read([]byte) (int, error) }{ha, hb} {
+		c, hc := e.connectSeq(5001, 1026)
+		hd, err := vsocktest.HostConnectSeqpacket(t, e.dev, 6001, time.Now().Add(waitTimeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := e.g.Accept(6001)
+		for _, h := range []interface{ Read([]byte) (int, error) }{ha, hb, hc, hd} {
 			go func() {
 				var buf [64 << 10]byte
 				for {
@@ -118,9 +128,10 @@ func FuzzPacketHeader(f *testing.F) {
 		}
 		// The fuzzed packets may change credit and state behind the
 		// guest connections' backs: their packets go to the pending list.
-		a.Forget()
-		b.Forget()
-		live := []*vsocktest.Conn{a, b}
+		for _, c := range []*vsocktest.Conn{a, b, c, d} {
+			c.Forget()
+		}
+		live := [][]*vsocktest.Conn{{a, b}, {c, d}}
 		for n := 0; len(in) > 0 && n < 16; n++ {
 			ctl := in[0]
 			in = in[1:]
@@ -132,7 +143,10 @@ func FuzzPacketHeader(f *testing.F) {
 				h.SrcCID, h.DstCID = vsocktest.DefaultCID, vsock.CIDHost
 			}
 			if ctl&8 != 0 {
-				c := live[ctl>>4&1]
+				c := live[0][ctl>>4&1]
+				if h.Type == vsock.TypeSeqpacket {
+					c = live[1][ctl>>4&1]
+				}
 				h.SrcPort, h.DstPort = c.GuestPort, c.HostPort
 			}
 			var size int
@@ -181,6 +195,8 @@ func FuzzPacketHeader(f *testing.F) {
 		e.dev.Close()
 		ha.Close()
 		hb.Close()
+		hc.Close()
+		hd.Close()
 		checkGoroutines(t, base)
 	})
 }

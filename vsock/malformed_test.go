@@ -158,17 +158,27 @@ func TestWrongCID(t *testing.T) {
 	}
 }
 
-// Only stream sockets: other types are refused with RST (but an RST is
-// never answered).
+// Stream sockets, and SEQPACKET ones only when the driver negotiated
+// VIRTIO_VSOCK_F_SEQPACKET: other types are refused with RST (of type
+// STREAM: the driver knows no other) and counted, but an RST is never
+// answered.
 func TestSocketType(t *testing.T) {
-	for _, typ := range []uint16{0, vsock.TypeSeqpacket, 3, 0xffff} {
-		t.Run(fmt.Sprint(typ), func(t *testing.T) {
-			e := newEnv(t, envOpts{})
+	for _, tc := range []struct {
+		typ       uint16
+		seqpacket bool // the driver negotiates SEQPACKET
+	}{
+		{0, false}, {vsock.TypeSeqpacket, false}, {3, false}, {0xffff, false},
+		{0, true}, {3, true}, {0xffff, true},
+	} {
+		t.Run(fmt.Sprintf("%d-seqpacket-%v", tc.typ, tc.seqpacket), func(t *testing.T) {
+			e := newEnv(t, envOpts{guest: vsocktest.Options{Seqpacket: tc.seqpacket}})
 			e.allowGuestErrs = true
 			p := e.g.Header(vsock.OpRequest, 1025, 5000)
-			p.Type = typ
+			p.Type = tc.typ
 			e.g.Send(p, nil)
-			e.g.ExpectOp(vsock.OpRst, 5000, 1025)
+			if rst := e.g.ExpectOp(vsock.OpRst, 5000, 1025); rst.Hdr.Type != vsock.TypeStream {
+				t.Errorf("RST %v; want type STREAM", &rst.Hdr)
+			}
 			p.Op = vsock.OpRst
 			e.g.Send(p, nil)
 			e.g.Sync()

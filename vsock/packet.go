@@ -11,8 +11,21 @@ const HeaderSize = 44
 // Packet types.
 const (
 	TypeStream    = 1
-	TypeSeqpacket = 2
+	TypeSeqpacket = 2 // only with FeatureSeqpacket negotiated
 	// TypeDgram (3) is in dgram.go.
+)
+
+// FeatureSeqpacket is VIRTIO_VSOCK_F_SEQPACKET (virtio 1.2, 5.10.3): the
+// device accepts and sends packets of TypeSeqpacket.
+const FeatureSeqpacket = 1 << 1
+
+// Flags of SEQPACKET RW packets (5.10.6.3.2).
+const (
+	// SeqEOM marks the last packet of a message (VIRTIO_VSOCK_SEQ_EOM).
+	SeqEOM = 1 << 0
+	// SeqEOR marks the message as the end of a record: the sender passed
+	// MSG_EOR (VIRTIO_VSOCK_SEQ_EOR). Only meaningful together with SeqEOM.
+	SeqEOR = 1 << 1
 )
 
 // Op is a packet operation.

@@ -236,7 +236,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 	if c.state == stateClosed {
 		return true
 	}
-	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: TypeStream}
+	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ}
 	ctl := func(op Op, flags uint32) bool {
 		h.Op, h.Flags, h.Len = op, flags, 0
 		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.fwdCnt
@@ -322,6 +322,9 @@ const rxReadBatch = 16
 // buffers can be given back (Undo) in order; the read never blocks. Called
 // with c.mu held.
 func (s *session) emitData(st *rxState, c *conn) emitResult {
+	if c.typ == TypeSeqpacket {
+		return s.emitSeqData(st, c)
+	}
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
 	credit := uint64(c.peerCredit())
@@ -388,13 +391,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 			return emitReset
 		case got == 0:
 			undo(popped)
-			c.hostReadable = false
-			c.hostEOF = true
-			c.shutFlags = ShutdownSend
-			if c.hostHup {
-				c.shutFlags = ShutdownBoth
-			}
-			c.pend |= pendShutdown
+			hostEOFLocked(c)
 			return emitStop
 		}
 	}
@@ -423,6 +420,144 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	s.rxPushed = true
 	c.lastFwd = c.fwdCnt
 	return emitSent
+}
+
+// hostEOFLocked records that the host shut down its sending side and
+// schedules the SHUTDOWN that tells the guest. Called with c.mu held.
+func hostEOFLocked(c *conn) {
+	c.hostReadable = false
+	c.hostEOF = true
+	c.shutFlags = ShutdownSend
+	if c.hostHup {
+		c.shutFlags = ShutdownBoth
+	}
+	c.pend |= pendShutdown
+}
+
+// emitSeqData sends one SEQPACKET record from the host to the guest: read
+// whole from the host socket (readRecordLocked) once the guest's credit
+// covers it, then copied into as many RX buffers as it takes, one RW packet
+// each, SeqEOM (and SeqEOR) on the last. Out of RX buffers it stops and
+// goes on with the same record on the next turn, so a record is never
+// merged with another nor cut short. Called with c.mu held.
+func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
+	if c.recOff == len(c.rec) {
+		if r := s.readRecordLocked(st, c); r != emitSent {
+			return r
+		}
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
+		Type: TypeSeqpacket, Op: OpRW, BufAlloc: c.bufAlloc, FwdCnt: c.fwdCnt}
+	var hb [HeaderSize]byte
+	ch := &s.rxChain
+	for c.recOff < len(c.rec) {
+		ok, err := s.rx.Pop(ch)
+		if err != nil {
+			s.failDevice(err)
+			return emitNoBuffers
+		}
+		if !ok {
+			return emitNoBuffers
+		}
+		if ch.WritableLen() <= HeaderSize {
+			s.rx.Undo()
+			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
+			return emitNoBuffers
+		}
+		k := int(min(ch.WritableLen()-HeaderSize, MaxPacketPayload, uint64(len(c.rec)-c.recOff)))
+		h.Len, h.Flags = uint32(k), 0
+		if c.recOff+k == len(c.rec) {
+			h.Flags = c.recEnd
+		}
+		h.Encode(hb[:])
+		virtio.CopyTo(ch.Writable(), 0, hb[:])
+		virtio.CopyTo(ch.Writable(), HeaderSize, c.rec[c.recOff:c.recOff+k])
+		if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+k)); err != nil {
+			s.failDevice(err)
+			return emitNoBuffers
+		}
+		s.rxPushed = true
+		c.lastFwd = c.fwdCnt
+		c.recOff += k
+		c.txCnt += uint32(k)
+		s.d.ctr.rxPackets.Add(1)
+		s.d.ctr.rxBytes.Add(uint64(k))
+	}
+	s.d.ctr.seqToGuest.Add(1)
+	c.recOff = 0
+	if cap(c.rec) > idleQueueCap {
+		c.rec = nil
+	} else {
+		c.rec = c.rec[:0]
+	}
+	return emitSent
+}
+
+// readRecordLocked reads the host socket's next record into c.rec if the
+// guest's credit covers all of it; otherwise it notes its length in
+// c.seqNeed and leaves it in the socket (dataReady waits for the credit).
+// A record larger than the guest's whole buffer could never be delivered
+// (a Linux guest hands a message to the application only once all of it is
+// in its buffer): the connection is reset. A read of 0 bytes is the end of
+// the stream, or an empty record, which no packet can carry and which is
+// dropped. Called with c.mu held, not rxMu.
+func (s *session) readRecordLocked(st *rxState, c *conn) emitResult {
+	n, _, err := st.iov.recvmsg(c.fd, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
+	switch {
+	case isAgain(err):
+		c.hostReadable = false
+		return emitStop
+	case err != nil:
+		s.d.log.WithError(err).Debug("vsock: host read")
+		return emitReset
+	case n == 0:
+		if hostSeqEOF(c.fd) {
+			hostEOFLocked(c)
+			return emitStop
+		}
+		if _, _, err := st.iov.recvmsg(c.fd, nil, 0); err != nil && !isAgain(err) {
+			return emitReset
+		}
+		return emitStop
+	case uint64(n) > uint64(c.peerBufAlloc):
+		s.d.log.WithField("port", c.key.guestPort).Warnf("vsock: host record of %d bytes can never fit the guest's %d-byte buffer; resetting", n, c.peerBufAlloc)
+		return emitReset
+	case uint32(n) > c.peerCredit():
+		c.seqNeed = uint32(n)
+		return emitStop
+	}
+	c.seqNeed = 0
+	if cap(c.rec) < n {
+		c.rec = make([]byte, n)
+	}
+	c.rec = c.rec[:n]
+	st.views = append(st.views[:0], c.rec)
+	got, flags, err := st.iov.recvmsg(c.fd, st.views, 0)
+	clear(st.views)
+	if err != nil || got != n || flags&unix.MSG_TRUNC != 0 {
+		s.d.log.WithError(err).Debugf("vsock: host record: read %d of %d bytes (flags %#x)", got, n, flags)
+		c.rec = c.rec[:0]
+		return emitReset
+	}
+	c.recOff = 0
+	// A SOCK_SEQPACKET Unix socket never reports MSG_EOR, yet each of its
+	// records is a whole record: the guest sees MSG_EOR on every message.
+	c.recEnd = SeqEOM | SeqEOR
+	return emitSent
+}
+
+// hostSeqEOF tells the end of a SEQPACKET stream (the peer shut down
+// writing and nothing is queued) from an empty record, which reads the
+// same.
+func hostSeqEOF(fd int) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	if n, err := unix.Poll(p, 0); err != nil || n == 0 || p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) == 0 {
+		return false
+	}
+	q, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+	return err == nil && q == 0
 }
 
 // emitLocked writes a control packet (no payload) into the next RX buffer.

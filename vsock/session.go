@@ -32,6 +32,8 @@ type session struct {
 	// drx and dtx are the datagram queues, nil unless the driver
 	// negotiated FeatureDgram; the datagram worker owns both.
 	drx, dtx *virtio.ActiveQueue
+	// seqpacket: the driver accepted FeatureSeqpacket.
+	seqpacket bool
 
 	connMu   sync.Mutex // guards conns, byFD, nextPort, closed
 	conns    map[connKey]*conn
@@ -68,6 +70,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 	s := &session{
 		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
 		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
+		seqpacket: a.Features&FeatureSeqpacket != 0,
 	}
 	var err error
 	cleanup := func() {
@@ -214,8 +217,8 @@ func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
 	return 0, false
 }
 
-func newConn(k connKey, bufAlloc uint32) *conn {
-	return &conn{key: k, fd: -1, bufAlloc: bufAlloc}
+func newConn(k connKey, typ uint16, bufAlloc uint32) *conn {
+	return &conn{key: k, typ: typ, fd: -1, bufAlloc: bufAlloc}
 }
 
 // registerFDLocked hands a connected host socket to the connection and the epoll
@@ -263,6 +266,8 @@ func (s *session) closeConnLocked(c *conn) {
 	c.state = stateClosed
 	c.tx.Reset()
 	c.prefix = nil
+	c.msg, c.rec, c.recOff, c.seqNeed = nil, nil, 0, 0
+	c.recs.reset()
 	c.pend = 0
 	s.d.ctr.connsOpen.Add(-1)
 }
@@ -284,15 +289,19 @@ func (s *session) resetConnLocked(c *conn) {
 	}
 	s.closeConnLocked(c)
 	s.removeConnLocked(c)
-	s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort})
+	s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ})
 }
 
 // queueRst queues an RST to the guest for a connection that no longer
-// exists (h's ports). The queue is bounded; beyond it RSTs are dropped and
-// counted (the guest's own timeouts then clean up).
+// exists (h's ports). It keeps h.Type when it is TypeSeqpacket and the
+// driver negotiated it (a Linux guest ignores an RST whose type is not its
+// socket's) and sends TypeStream otherwise. The queue is bounded; beyond it RSTs are dropped
+// and counted (the guest's own timeouts then clean up).
 func (s *session) queueRst(h Header) {
 	h.Op = OpRst
-	h.Type = TypeStream
+	if h.Type != TypeSeqpacket || !s.seqpacket {
+		h.Type = TypeStream
+	}
 	h.Len, h.Flags, h.BufAlloc, h.FwdCnt = 0, 0, 0, 0
 	s.rxMu.Lock()
 	if len(s.rsts) >= s.d.cfg.MaxConns+256 {
@@ -322,8 +331,13 @@ func (s *session) wakeRX() {
 	}
 }
 
-// connectFromHost implements Device.ConnectFromHost on this session.
-func (s *session) connectFromHost(fd int, port uint32, prefix []byte, deadline time.Time) error {
+// connectFromHost implements Device.ConnectFromHost (typ TypeStream) and
+// Device.ConnectSeqpacketFromHost (TypeSeqpacket) on this session.
+func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
+	if typ == TypeSeqpacket && !s.seqpacket {
+		closeFD(fd)
+		return fmt.Errorf("vsock: the guest driver did not negotiate SEQPACKET")
+	}
 	s.connMu.Lock()
 	hostPort, ok := s.allocHostPortLocked(port)
 	s.connMu.Unlock()
@@ -331,7 +345,7 @@ func (s *session) connectFromHost(fd int, port uint32, prefix []byte, deadline t
 		closeFD(fd)
 		return fmt.Errorf("vsock: no free host port")
 	}
-	c := newConn(connKey{hostPort, port}, s.d.cfg.ConnBuffer)
+	c := newConn(connKey{hostPort, port}, typ, s.d.cfg.ConnBuffer)
 	c.state = stateHostConnecting
 	c.prefix = append([]byte(nil), prefix...)
 	// Hold c.mu before c is in the table: a reset (or a guest packet for

@@ -33,6 +33,9 @@ type txState struct {
 	// They point into TX buffers pushed but not yet published, which the
 	// guest cannot reuse before handleBatch publishes them, after endRun.
 	runViews [][]byte
+	// seqViews is scratch for one SEQPACKET record sent straight from
+	// guest memory.
+	seqViews [][]byte
 	hdrBuf   [HeaderSize]byte
 	// rx is scratch for host data this worker puts in the RX ring itself
 	// (DirectEnqueue).
@@ -181,11 +184,11 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		return
 	}
 	key := connKey{hostPort: h.DstPort, guestPort: h.SrcPort}
-	if h.Type != TypeStream {
+	if h.Type != TypeStream && (h.Type != TypeSeqpacket || !s.seqpacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
-			s.guestError("packet %v: unsupported socket type", h)
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+			s.guestError("packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
@@ -198,7 +201,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 			s.resetConnLocked(c)
 			c.mu.Unlock()
 		} else if h.Op != OpRst {
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
@@ -210,11 +213,24 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	c := s.beginRun(st, key)
 	if c == nil {
 		if h.Op != OpRst {
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
 	if c.state == stateClosed {
+		s.endRun(st)
+		return
+	}
+	if h.Type != c.typ {
+		// A connection keeps the type it was made with (Linux resets a
+		// socket on a packet of another type too).
+		s.guestError("packet %v on a connection of type %d", h, c.typ)
+		if h.Op == OpRst {
+			s.closeConnLocked(c) // never answer an RST with one
+			s.removeConnLocked(c)
+		} else {
+			s.resetConnLocked(c)
+		}
 		s.endRun(st)
 		return
 	}
@@ -301,6 +317,7 @@ func (s *session) creditCheckLocked(c *conn) {
 
 // guestRequest handles a guest's connection request to a host port.
 func (s *session) guestRequest(h *Header, key connKey) {
+	rst := Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type}
 	if old := s.lookup(key); old != nil {
 		old.mu.Lock()
 		s.guestError("REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
@@ -309,22 +326,27 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		return
 	}
 	if s.d.cfg.Dialer == nil {
-		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		s.queueRst(rst)
+		return
+	}
+	if _, ok := s.d.cfg.Dialer.(SeqpacketDialer); h.Type == TypeSeqpacket && !ok {
+		s.d.log.WithField("port", key.hostPort).Debug("vsock: SEQPACKET connection refused: the dialer makes stream sockets only")
+		s.queueRst(rst)
 		return
 	}
 	// A guest that sends REQUEST then RST in a loop frees its table slot
 	// at once while the dial goes on; the dials themselves are bounded too.
 	if s.dials.Load() >= int64(s.d.cfg.MaxConns) {
 		s.d.log.Debug("vsock: too many guest connection attempts in flight")
-		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		s.queueRst(rst)
 		return
 	}
-	c := newConn(key, s.d.cfg.ConnBuffer)
+	c := newConn(key, h.Type, s.d.cfg.ConnBuffer)
 	c.state = stateGuestConnecting
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
 		s.d.log.WithError(err).Debug("vsock: guest connection refused")
-		s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort})
+		s.queueRst(rst)
 		return
 	}
 	s.dials.Add(1)
@@ -335,7 +357,15 @@ func (s *session) guestRequest(h *Header, key connKey) {
 // so a slow or full listener never blocks a worker.
 func (s *session) dial(c *conn) {
 	defer s.dials.Add(-1)
-	fd, err := s.d.cfg.Dialer.Dial(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
+	var fd int
+	var err error
+	if sd, ok := s.d.cfg.Dialer.(SeqpacketDialer); ok && c.typ == TypeSeqpacket {
+		// A stream listener at the address refuses with EPROTOTYPE:
+		// like any dial error, the guest gets RST (ECONNRESET).
+		fd, err = sd.DialSeqpacket(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
+	} else {
+		fd, err = s.d.cfg.Dialer.Dial(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != stateGuestConnecting {
@@ -396,6 +426,11 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 		return
 	}
 	c.guestShut |= flags & ShutdownBoth
+	if c.guestShut&ShutdownSend != 0 && len(c.msg) > 0 {
+		// The rest of this message will never come: no record for it.
+		s.d.log.Debugf("vsock: dropped an unfinished %d-byte message on %d<->%d at the guest's shutdown", len(c.msg), c.key.hostPort, c.key.guestPort)
+		c.msg = nil
+	}
 	s.writeRunLocked(st, c) // the guest's data before its shutdown
 	if c.state == stateClosed {
 		return
@@ -448,6 +483,10 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	}
 	c.rxCnt += n
 	s.d.ctr.txBytes.Add(uint64(n))
+	if c.typ == TypeSeqpacket {
+		s.guestSeqData(st, c, h)
+		return
+	}
 	if n == 0 {
 		return
 	}
@@ -525,9 +564,117 @@ func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
 	}
 }
 
+// guestSeqData takes one fragment of a SEQPACKET message (st.payload, h.Len
+// bytes, already within the credit). Fragments gather in c.msg until the
+// packet with SeqEOM; the message then goes to the host socket as one
+// record (sendmsg, MSG_EOR when the guest set SeqEOR): straight from guest
+// memory when nothing is waiting ahead of it, otherwise queued behind the
+// records in c.tx. Nothing here ever joins two messages: each record is
+// one sendmsg, whatever the Options. c.msg cannot outgrow the buffer we
+// advertised: its bytes are not forwarded, so they count against the
+// credit, and a guest that sends a message larger than the buffer overruns
+// it and is reset (guestData) rather than making c.msg grow.
+func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
+	if c.hostWriteShut || c.hostHup {
+		// The host is gone: the data has nowhere to go.
+		s.resetConnLocked(c)
+		return
+	}
+	if h.Flags&SeqEOM == 0 {
+		for _, v := range st.payload {
+			c.msg = append(c.msg, v...)
+		}
+		return
+	}
+	n := len(c.msg) + int(h.Len)
+	eor := h.Flags&SeqEOR != 0
+	if n == 0 {
+		// An empty message: Linux never sends one, and no host record
+		// could be told apart from the end of the stream. Dropped.
+		return
+	}
+	flags := 0
+	if eor {
+		flags = unix.MSG_EOR
+	}
+	if c.tx.Len() == 0 && len(st.payload) < maxIov {
+		st.seqViews = append(append(st.seqViews[:0], c.msg), st.payload...)
+		ok, err := st.iov.sendmsg(c.fd, st.seqViews, flags)
+		clear(st.seqViews)
+		if err != nil {
+			s.d.log.WithError(err).Debugf("vsock: host write of a %d-byte record", n)
+			s.resetConnLocked(c)
+			return
+		}
+		if ok {
+			c.fwdCnt += uint32(n)
+			s.d.ctr.seqToHost.Add(1)
+			s.resetMsg(c)
+			return
+		}
+		s.d.ctr.hostWriteStalls.Add(1)
+	}
+	queued := c.tx.Len()
+	c.tx.Append(c.msg)
+	for _, v := range st.payload {
+		c.tx.Append(v)
+	}
+	c.recs.push(uint32(n), eor)
+	s.resetMsg(c)
+	if queued > 0 {
+		s.flushLocked(c)
+	}
+}
+
+// resetMsg empties c.msg, letting go of a large array.
+func (s *session) resetMsg(c *conn) {
+	if cap(c.msg) > idleQueueCap {
+		c.msg = nil
+	} else {
+		c.msg = c.msg[:0]
+	}
+}
+
+// flushSeqLocked writes the queued SEQPACKET records to the host socket, one
+// sendmsg each, until the socket is full.
+func (s *session) flushSeqLocked(c *conn) {
+	for c.recs.len() > 0 {
+		n, eor := c.recs.head()
+		flags := 0
+		if eor {
+			flags = unix.MSG_EOR
+		}
+		var err error
+		for {
+			_, err = unix.SendmsgN(c.fd, c.tx.Bytes()[:n], nil, nil, flags|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if isAgain(err) {
+			s.d.ctr.hostWriteStalls.Add(1)
+			return
+		}
+		if err != nil {
+			s.d.log.WithError(err).Debugf("vsock: host write of a %d-byte record", n)
+			s.resetConnLocked(c)
+			return
+		}
+		c.tx.Consume(n)
+		c.recs.pop()
+		c.fwdCnt += uint32(n)
+		s.d.ctr.seqToHost.Add(1)
+	}
+	s.afterFlushLocked(c)
+}
+
 // flushLocked writes buffered guest data to the host socket.
 func (s *session) flushLocked(c *conn) {
 	if c.fd < 0 || c.tx.Len() == 0 {
+		return
+	}
+	if c.typ == TypeSeqpacket {
+		s.flushSeqLocked(c)
 		return
 	}
 	w, err := writeSome(c.fd, c.tx.Bytes())

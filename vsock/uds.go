@@ -48,6 +48,22 @@ func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	return connFD(c.(*net.UnixConn))
 }
 
+// DialSeqpacket implements SeqpacketDialer: a guest SEQPACKET connection to
+// port P connects to "<Path>_P" with SOCK_SEQPACKET. A stream listener there
+// refuses (EPROTOTYPE) and the guest's connection is reset like any refused
+// one.
+func (u UDSDialer) DialSeqpacket(_, port uint32, timeout time.Duration) (int, error) {
+	c, err := net.DialTimeout("unixpacket", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	if err != nil {
+		return -1, err
+	}
+	return connFD(c.(*net.UnixConn))
+}
+
+// SeqpacketSuffix is appended to the UDS path for the SOCK_SEQPACKET
+// listening socket of host-initiated SEQPACKET connections.
+const SeqpacketSuffix = ".seqpacket"
+
 // connFD takes a connected socket's descriptor out of the Go runtime: it
 // returns a duplicate (non-blocking, like the original: the flag lives in
 // the shared open file description) and closes the net.Conn.
@@ -73,28 +89,36 @@ func connFD(c *net.UnixConn) (int, error) {
 }
 
 // UDS is the host side of the device: a listening Unix socket where host
-// clients connect and send "CONNECT <port>\n" to reach guest port <port>.
+// clients connect and send "CONNECT <port>\n" to reach guest port <port>,
+// and a second one, SOCK_SEQPACKET, at the same path plus SeqpacketSuffix
+// for SEQPACKET connections: there the client sends the record
+// "CONNECT <port>\n", gets the record "OK <host port>\n" once the guest
+// (listening with SOCK_SEQPACKET) accepts, and from then on each record is
+// one message each way. A stream client cannot reach a SEQPACKET guest
+// socket nor the other way round: the guest refuses a REQUEST of the other
+// type.
 //
-// Goroutines: Serve accepts; each accepted client gets a short-lived
-// handshake goroutine that parses the CONNECT line under a deadline and hands
-// the socket to the device. At most maxHandshakes run at once; more clients
-// are closed at once.
+// Goroutines: Serve accepts on both sockets; each accepted client gets a
+// short-lived handshake goroutine that parses the CONNECT line under a
+// deadline and hands the socket to the device. At most MaxConns run at once;
+// more clients are closed at once.
 type UDS struct {
 	path    string
 	dev     *Device
 	timeout time.Duration
 	log     logrus.FieldLogger
 	ln      *net.UnixListener
+	seqLn   *net.UnixListener // at path+SeqpacketSuffix
 	sem     chan struct{}
 	wg      sync.WaitGroup
 	once    sync.Once
 }
 
-// ListenUDS creates the listening socket at path with mode 0600, replacing a
-// stale socket file (one nobody listens on) but refusing to replace a live
-// socket or any other kind of file. The socket is bound under a private
-// temporary name and renamed into place, so it is never reachable with
-// looser permissions.
+// ListenUDS creates the listening socket at path, and the SEQPACKET one at
+// path+SeqpacketSuffix, with mode 0600, replacing a stale socket file (one
+// nobody listens on) but refusing to replace a live socket or any other kind
+// of file. Each socket is bound under a private temporary name and renamed
+// into place, so it is never reachable with looser permissions.
 func ListenUDS(path string, dev *Device, timeout time.Duration, log logrus.FieldLogger) (*UDS, error) {
 	if err := CheckUDSPath(path); err != nil {
 		return nil, err
@@ -109,17 +133,36 @@ func ListenUDS(path string, dev *Device, timeout time.Duration, log logrus.Field
 	if err != nil {
 		return nil, fmt.Errorf("vsock: %w", err)
 	}
-	return &UDS{path: path, dev: dev, timeout: timeout, log: log, ln: ln,
+	seqLn, err := unixsock.ListenNet("unixpacket", path+SeqpacketSuffix)
+	if err != nil {
+		ln.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("vsock: %w", err)
+	}
+	return &UDS{path: path, dev: dev, timeout: timeout, log: log, ln: ln, seqLn: seqLn,
 		sem: make(chan struct{}, dev.cfg.MaxConns)}, nil
 }
 
 // Path is the listening socket's path.
 func (u *UDS) Path() string { return u.path }
 
-// Serve accepts host clients until Close.
+// SeqpacketPath is the SEQPACKET listening socket's path.
+func (u *UDS) SeqpacketPath() string { return u.path + SeqpacketSuffix }
+
+// Serve accepts host clients on both sockets until Close.
 func (u *UDS) Serve() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		u.serve(u.seqLn, u.handshakeSeqpacket)
+	}()
+	u.serve(u.ln, u.handshake)
+	<-done
+}
+
+func (u *UDS) serve(ln *net.UnixListener, handshake func(*net.UnixConn)) {
 	for {
-		c, err := u.ln.AcceptUnix()
+		c, err := ln.AcceptUnix()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -139,7 +182,7 @@ func (u *UDS) Serve() {
 		go func() {
 			defer u.wg.Done()
 			defer func() { <-u.sem }()
-			u.handshake(c)
+			handshake(c)
 		}()
 	}
 }
@@ -182,15 +225,68 @@ func (u *UDS) handshake(c *net.UnixConn) {
 	}
 }
 
+// handshakeSeqpacket reads the CONNECT record and hands the connection to
+// the device as a SEQPACKET one. The record is the line, its newline
+// optional; anything more in it is an error, like a line too long.
+func (u *UDS) handshakeSeqpacket(c *net.UnixConn) {
+	deadline := time.Now().Add(u.timeout)
+	_ = c.SetReadDeadline(deadline)
+	buf := make([]byte, MaxConnectLine)
+	n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
+	if err == nil && n == 0 {
+		err = errors.New("end of stream")
+	}
+	if err != nil {
+		u.log.WithError(err).Debug("vsock: SEQPACKET host client gone before CONNECT")
+		c.Close()
+		return
+	}
+	rec := buf[:n]
+	if rec[n-1] != '\n' {
+		rec = append(rec, '\n')
+	}
+	var p ConnectParser
+	port, rest, done, perr := p.Feed(rec)
+	switch {
+	case perr != nil:
+	case flags&unix.MSG_TRUNC != 0:
+		perr = fmt.Errorf("%w: a CONNECT record longer than %d bytes", ErrConnectLine, MaxConnectLine)
+	case !done || len(rest) > 0:
+		perr = fmt.Errorf("%w: %q: want one line in the record", ErrConnectLine, buf[:n])
+	}
+	if perr != nil {
+		u.log.WithError(perr).Info("vsock: SEQPACKET host client rejected")
+		c.Close()
+		return
+	}
+	if err := c.SetReadDeadline(time.Time{}); err != nil {
+		c.Close()
+		return
+	}
+	fd, err := connFD(c)
+	if err != nil {
+		u.log.WithError(err).Warn("vsock: SEQPACKET host client")
+		return
+	}
+	if err := u.dev.ConnectSeqpacketFromHost(fd, port, deadline); err != nil {
+		u.log.WithError(err).WithField("port", port).Info("vsock: SEQPACKET host connection refused")
+	}
+}
+
 // Close stops accepting, waits for handshakes in progress and removes the
-// socket file. Established connections belong to the device.
+// socket files. Established connections belong to the device.
 func (u *UDS) Close() error {
 	var err error
 	u.once.Do(func() {
 		err = u.ln.Close()
+		if serr := u.seqLn.Close(); err == nil {
+			err = serr
+		}
 		u.wg.Wait()
-		if rerr := os.Remove(u.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
-			err = rerr
+		for _, p := range []string{u.path, u.SeqpacketPath()} {
+			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+				err = rerr
+			}
 		}
 	})
 	return err

@@ -30,6 +30,29 @@ type Network interface {
 	Listen(port uint32) (net.Listener, error)
 	// Dial connects to (cid, port). It gives up when ctx ends.
 	Dial(ctx context.Context, cid, port uint32) (Conn, error)
+	// ListenSeqpacket is Listen for SOCK_SEQPACKET: accepted connections
+	// implement MsgConn.
+	ListenSeqpacket(port uint32) (net.Listener, error)
+	// DialSeqpacket is Dial for SOCK_SEQPACKET.
+	DialSeqpacket(ctx context.Context, cid, port uint32) (MsgConn, error)
+}
+
+// MsgConn is a SEQPACKET connection: each WriteMsg sends one message, each
+// ReadMsg returns one, with its MSG_EOR and MSG_TRUNC flags.
+type MsgConn interface {
+	Conn
+	ReadMsg(b []byte) (n int, eor, trunc bool, err error)
+	WriteMsg(b []byte, eor bool) (int, error)
+}
+
+// asMsgConn checks that an accepted connection keeps message boundaries.
+func asMsgConn(c net.Conn) (MsgConn, error) {
+	mc, ok := c.(MsgConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("accepted %T has no message operations", c)
+	}
+	return mc, nil
 }
 
 // asConn checks that an accepted connection can be half-closed.

@@ -67,10 +67,62 @@ func (f *fakeNet) Dial(ctx context.Context, cid, port uint32) (Conn, error) {
 	return c.(*net.UnixConn), nil
 }
 
+func (f *fakeNet) ListenSeqpacket(port uint32) (net.Listener, error) {
+	os.Remove(f.guestPath(port))
+	ln, err := net.Listen("unixpacket", f.guestPath(port))
+	if err != nil {
+		return nil, err
+	}
+	return msgListener{ln}, nil
+}
+
+func (f *fakeNet) DialSeqpacket(ctx context.Context, cid, port uint32) (MsgConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", f.hostPath(port))
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "vsock", Addr: &VsockAddr{CID: cid, Port: port}, Err: os.NewSyscallError("connect", syscall.ECONNRESET)}
+	}
+	return unixMsgConn{c.(*net.UnixConn)}, nil
+}
+
+// msgListener hands out unixMsgConns.
+type msgListener struct{ net.Listener }
+
+func (l msgListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return unixMsgConn{c.(*net.UnixConn)}, nil
+}
+
+// unixMsgConn is a SOCK_SEQPACKET Unix socket as a MsgConn. Unix sockets
+// never report MSG_EOR: ReadMsg's eor is always false.
+type unixMsgConn struct{ *net.UnixConn }
+
+func (c unixMsgConn) ReadMsg(b []byte) (int, bool, bool, error) {
+	n, _, flags, _, err := c.ReadMsgUnix(b, nil)
+	if err == nil && n == 0 || errors.Is(err, io.EOF) {
+		err = io.EOF
+	}
+	return n, false, flags&syscall.MSG_TRUNC != 0, err
+}
+
+func (c unixMsgConn) WriteMsg(b []byte, _ bool) (int, error) {
+	n, _, err := c.WriteMsgUnix(b, nil, nil)
+	return n, err
+}
+
 // host plays the host side: it serves a guest-dialed port with handler.
 func (f *fakeNet) host(t *testing.T, port uint32, handler func(c *net.UnixConn)) {
 	t.Helper()
-	ln, err := net.Listen("unix", f.hostPath(port))
+	f.hostNet(t, "unix", port, handler)
+}
+
+// hostNet is host for network "unix" or "unixpacket".
+func (f *fakeNet) hostNet(t *testing.T, network string, port uint32, handler func(c *net.UnixConn)) {
+	t.Helper()
+	ln, err := net.Listen(network, f.hostPath(port))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,4 +471,87 @@ func TestLoopback(t *testing.T) {
 	f := newFakeNet(t)
 	ok, details := run(t, f, "microvm.scenarios=loopback microvm.port=4000 microvm.size=100000")
 	wantOK(t, ok, details, fmt.Sprintf("bytes=100000 sha256=%s refused=ECONNRESET", payloadSHA256(1, 100000)))
+}
+
+// recordEcho echoes each record as one record, or mangles them (two
+// messages' bytes in one record, or one split in two) to show that the
+// guest notices.
+func recordEcho(mangle string) func(c *net.UnixConn) {
+	return func(c *net.UnixConn) {
+		buf := make([]byte, 1<<20)
+		for i := 0; ; i++ {
+			n, err := c.Read(buf)
+			if err != nil || n == 0 {
+				return
+			}
+			m := buf[:n]
+			switch {
+			case mangle == "merge" && i == 5: // two messages in one record
+				m = append(append([]byte(nil), m...), m...)
+			case mangle == "split" && n > 1:
+				c.Write(m[:1])
+				m = m[1:]
+			}
+			if _, err := c.Write(m); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func TestSeqpacket(t *testing.T) {
+	f := newFakeNet(t)
+	f.hostNet(t, "unixpacket", 1024, recordEcho(""))
+	ok, details := run(t, f, "microvm.scenarios=seqpacket microvm.seqpacket.count=40 microvm.seqpacket.max=65536")
+	var total int64
+	for i := range 40 {
+		total += msgSize(i, 65536)
+	}
+	wantOK(t, ok, details, fmt.Sprintf("msgs=40 bytes=%d eor=0", total))
+}
+
+func TestSeqpacketDetectsBoundaries(t *testing.T) {
+	for _, mangle := range []string{"merge", "split"} {
+		t.Run(mangle, func(t *testing.T) {
+			f := newFakeNet(t)
+			f.hostNet(t, "unixpacket", 1024, recordEcho(mangle))
+			ok, details := run(t, f, "microvm.scenarios=seqpacket microvm.seqpacket.count=10 microvm.timeout=5s")
+			wantFail(t, ok, details, "boundaries or content lost")
+		})
+	}
+}
+
+func TestSeqpacketEcho(t *testing.T) {
+	f := newFakeNet(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var c *net.UnixConn
+		for deadline := time.Now().Add(5 * time.Second); c == nil && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if nc, err := net.Dial("unixpacket", f.guestPath(1024)); err == nil {
+				c = nc.(*net.UnixConn)
+			}
+		}
+		if c == nil {
+			t.Error("guest SEQPACKET listener never came up")
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 70000)
+		for i, n := range []int{1, 65536, 3} {
+			m := randomBytes(uint64(i), n)
+			if _, err := c.Write(m); err != nil {
+				t.Error(err)
+				return
+			}
+			k, err := c.Read(buf)
+			if err != nil || !bytes.Equal(buf[:k], m) {
+				t.Errorf("echo %d: %d bytes, %v; want the %d-byte message", i, k, err, n)
+			}
+		}
+		c.CloseWrite()
+	}()
+	ok, details := run(t, f, "microvm.scenarios=seqpacket-echo")
+	<-done
+	wantOK(t, ok, details, "conns=1 msgs=3 bytes=65540 eor=0")
 }

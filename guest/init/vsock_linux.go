@@ -32,3 +32,21 @@ func (vsockNetwork) Dial(ctx context.Context, cid, port uint32) (Conn, error) {
 	}
 	return c, nil
 }
+
+// ListenSeqpacket listens on port of any local CID with SOCK_SEQPACKET.
+func (vsockNetwork) ListenSeqpacket(port uint32) (net.Listener, error) {
+	ln, err := vsocknet.ListenSeqpacket(port)
+	if err != nil {
+		return nil, err
+	}
+	return ln, nil
+}
+
+// DialSeqpacket connects to (cid, port) with SOCK_SEQPACKET.
+func (vsockNetwork) DialSeqpacket(ctx context.Context, cid, port uint32) (MsgConn, error) {
+	c, err := vsocknet.DialSeqpacket(ctx, cid, port)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}

@@ -36,8 +36,8 @@ func LocalCID() (uint32, error) {
 	return cid, nil
 }
 
-func vsockSocket() (int, error) {
-	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+func vsockSocket(typ int) (int, error) {
+	fd, err := unix.Socket(unix.AF_VSOCK, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, os.NewSyscallError("socket", err)
 	}
@@ -62,10 +62,17 @@ func localAddr(fd int) *Addr {
 // Listen listens on port of any local CID (VMADDR_CID_ANY); port may be
 // VMADDR_PORT_ANY, and Addr then reports the port the kernel picked.
 // Accepted connections are *Conn.
-func Listen(port uint32) (*Listener, error) {
+func Listen(port uint32) (*Listener, error) { return listen(unix.SOCK_STREAM, port) }
+
+// ListenSeqpacket is Listen with a SOCK_SEQPACKET socket (the transport must
+// support it: a virtio-vsock device that negotiated SEQPACKET). Accepted
+// connections are *Conn, to be used with ReadMsg and WriteMsg.
+func ListenSeqpacket(port uint32) (*Listener, error) { return listen(unix.SOCK_SEQPACKET, port) }
+
+func listen(typ int, port uint32) (*Listener, error) {
 	addr := &Addr{CID: unix.VMADDR_CID_ANY, Port: port}
 	opErr := func(err error) error { return &net.OpError{Op: "listen", Net: "vsock", Addr: addr, Err: err} }
-	fd, err := vsockSocket()
+	fd, err := vsockSocket(typ)
 	if err != nil {
 		return nil, opErr(err)
 	}
@@ -146,8 +153,20 @@ func (l *Listener) SetDeadline(t time.Time) error { return l.f.SetReadDeadline(t
 // the REQUEST) is ECONNRESET; Linux gives up on an unanswered REQUEST after
 // its connect timeout (2 s by default) with ETIMEDOUT.
 func Dial(ctx context.Context, cid, port uint32) (*Conn, error) {
+	return dial(ctx, unix.SOCK_STREAM, cid, port)
+}
+
+// DialSeqpacket is Dial with a SOCK_SEQPACKET socket: each WriteMsg (or
+// Write) sends one message, each ReadMsg (or Read) returns one. Linux
+// refuses the socket (ESOCKTNOSUPPORT) when the transport cannot carry
+// SEQPACKET.
+func DialSeqpacket(ctx context.Context, cid, port uint32) (*Conn, error) {
+	return dial(ctx, unix.SOCK_SEQPACKET, cid, port)
+}
+
+func dial(ctx context.Context, typ int, cid, port uint32) (*Conn, error) {
 	raddr := &Addr{CID: cid, Port: port}
-	fd, err := vsockSocket()
+	fd, err := vsockSocket(typ)
 	if err != nil {
 		return nil, wrapErr("dial", nil, raddr, err)
 	}
@@ -209,7 +228,8 @@ func Dial(ctx context.Context, cid, port uint32) (*Conn, error) {
 	return &Conn{f: f, rc: rc, local: localAddr(fd), remote: raddr}, nil
 }
 
-// Conn is a connected AF_VSOCK stream socket; it implements net.Conn.
+// Conn is a connected AF_VSOCK socket, stream or SEQPACKET (then ReadMsg
+// and WriteMsg keep message boundaries); it implements net.Conn.
 // Read and Write may run concurrently in different goroutines; Close wakes
 // both.
 type Conn struct {
@@ -243,6 +263,60 @@ func (c *Conn) Read(b []byte) (int, error) {
 // Write writes to the connection.
 func (c *Conn) Write(b []byte) (int, error) {
 	n, err := c.f.Write(b)
+	return n, wrapErr("write", c.local, c.remote, err)
+}
+
+// ReadMsg reads one message of a SEQPACKET connection into b. It reports
+// whether the message ended a record (MSG_EOR) and whether it was longer
+// than b (MSG_TRUNC: the rest is lost). At end of stream it returns 0,
+// io.EOF.
+func (c *Conn) ReadMsg(b []byte) (n int, eor, trunc bool, err error) {
+	var flags int
+	var rerr error
+	err = c.rc.Read(func(fd uintptr) bool {
+		for {
+			n, _, flags, _, rerr = unix.Recvmsg(int(fd), b, nil, unix.MSG_DONTWAIT)
+			if rerr != unix.EINTR {
+				return rerr != unix.EAGAIN
+			}
+		}
+	})
+	if err == nil && rerr != nil {
+		err = os.NewSyscallError("recvmsg", rerr)
+	}
+	if err != nil {
+		return 0, false, false, wrapErr("read", c.local, c.remote, err)
+	}
+	if n == 0 && len(b) > 0 {
+		return 0, false, false, io.EOF
+	}
+	return n, flags&unix.MSG_EOR != 0, flags&unix.MSG_TRUNC != 0, nil
+}
+
+// WriteMsg sends b as one message of a SEQPACKET connection, with MSG_EOR
+// when eor. Linux (6.1) sends a message larger than the peer's free credit
+// in part and then fails the non-blocking send with EAGAIN: WriteMsg waits
+// and sends b again, so the peer gets the part twice. Send messages that
+// fit the credit (at most the peer's buffer, after the peer has
+// acknowledged the ones before).
+func (c *Conn) WriteMsg(b []byte, eor bool) (int, error) {
+	flags := unix.MSG_DONTWAIT
+	if eor {
+		flags |= unix.MSG_EOR
+	}
+	var n int
+	var serr error
+	err := c.rc.Write(func(fd uintptr) bool {
+		for {
+			n, serr = unix.SendmsgN(int(fd), b, nil, nil, flags)
+			if serr != unix.EINTR {
+				return serr != unix.EAGAIN
+			}
+		}
+	})
+	if err == nil && serr != nil {
+		err = os.NewSyscallError("sendmsg", serr)
+	}
 	return n, wrapErr("write", c.local, c.remote, err)
 }
 

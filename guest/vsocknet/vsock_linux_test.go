@@ -19,7 +19,12 @@ import (
 // the same for any stream socket, so they are tested here without vsock.
 func connPair(t *testing.T) (*Conn, *Conn) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	return connPairType(t, unix.SOCK_STREAM)
+}
+
+func connPairType(t *testing.T, typ int) (*Conn, *Conn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,5 +159,41 @@ func TestVsockListenerDeadlineAndClose(t *testing.T) {
 		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("Close did not wake a blocked Accept")
+	}
+}
+
+// ReadMsg and WriteMsg keep message boundaries, report truncation, wait on
+// the poller (a blocked ReadMsg is woken by a later WriteMsg) and end with
+// io.EOF; shown on a Unix SOCK_SEQPACKET pair (which drops MSG_EOR).
+func TestConnMessages(t *testing.T) {
+	a, b := connPairType(t, unix.SOCK_SEQPACKET)
+	got := make(chan []byte, 1)
+	go func() {
+		buf := make([]byte, 100)
+		n, _, trunc, err := b.ReadMsg(buf)
+		if err != nil || trunc {
+			t.Errorf("ReadMsg: %d bytes, trunc %v, %v", n, trunc, err)
+		}
+		got <- buf[:n]
+	}()
+	time.Sleep(10 * time.Millisecond)
+	for _, m := range []string{"first", "second message", strings.Repeat("x", 200)} {
+		if n, err := a.WriteMsg([]byte(m), true); err != nil || n != len(m) {
+			t.Fatalf("WriteMsg(%q) = %d, %v", m, n, err)
+		}
+	}
+	if g := <-got; string(g) != "first" {
+		t.Fatalf("first message %q", g)
+	}
+	buf := make([]byte, 100)
+	if n, _, trunc, err := b.ReadMsg(buf); err != nil || trunc || string(buf[:n]) != "second message" {
+		t.Fatalf("second message %q, trunc %v, %v", buf[:n], trunc, err)
+	}
+	if n, _, trunc, err := b.ReadMsg(buf); err != nil || !trunc || n != 100 {
+		t.Fatalf("long message: %d bytes, trunc %v, %v; want 100 and truncated", n, trunc, err)
+	}
+	a.CloseWrite()
+	if _, _, _, err := b.ReadMsg(buf); err != io.EOF {
+		t.Fatalf("after the peer's shutdown: %v, want io.EOF", err)
 	}
 }

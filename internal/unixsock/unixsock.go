@@ -21,7 +21,14 @@ import (
 // atomic. The listener does not remove the file when closed: the caller
 // does.
 func Listen(path string) (*net.UnixListener, error) {
-	if err := removeStale(path, "unix"); err != nil {
+	return ListenNet("unix", path)
+}
+
+// ListenNet is Listen for network "unix" (SOCK_STREAM) or "unixpacket"
+// (SOCK_SEQPACKET). The liveness check before replacing a file dials with
+// the same network: a live socket of the other type would look stale.
+func ListenNet(network, path string) (*net.UnixListener, error) {
+	if err := removeStale(network, path); err != nil {
 		return nil, err
 	}
 	// No prefix: MkdirTemp's random name is at most 10 bytes, so
@@ -33,7 +40,7 @@ func Listen(path string) (*net.UnixListener, error) {
 	}
 	defer os.RemoveAll(dir)
 	tmp := filepath.Join(dir, "s")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
@@ -60,7 +67,7 @@ func Listen(path string) (*net.UnixListener, error) {
 // socket inode's mode, less the umask). The caller removes the file after
 // closing the socket.
 func ListenDgram(path string) (int, error) {
-	if err := removeStale(path, "unixgram"); err != nil {
+	if err := removeStale("unixgram", path); err != nil {
 		return -1, err
 	}
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -85,11 +92,9 @@ func ListenDgram(path string) (int, error) {
 
 // RemoveStale removes a socket file at path that nobody listens on, and
 // refuses (with an error) a live socket or a file that is not a socket.
-func RemoveStale(path string) error { return removeStale(path, "unix") }
+func RemoveStale(path string) error { return removeStale("unix", path) }
 
-// removeStale is RemoveStale for a socket of network "unix" (stream) or
-// "unixgram": a live socket is one a client of that type can connect to.
-func removeStale(path, network string) error {
+func removeStale(network, path string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil

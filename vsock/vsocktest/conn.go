@@ -17,6 +17,9 @@ const DefaultGuestBuf = 256 << 10
 type Conn struct {
 	g                   *Guest
 	HostPort, GuestPort uint32
+	// Type is vsock.TypeStream or vsock.TypeSeqpacket: the type of every
+	// packet the connection sends, and the one it expects.
+	Type uint16
 
 	// BufAlloc is the guest's receive buffer, advertised in every packet.
 	BufAlloc uint32
@@ -39,6 +42,18 @@ type Conn struct {
 	Rst         bool
 	Ctl         []vsock.Header
 	closed      bool // forgotten by the guest (reset)
+
+	// SEQPACKET: cur gathers the message being received, msgs holds the
+	// complete ones not read yet.
+	cur  Msg
+	msgs []Msg
+}
+
+// Msg is a SEQPACKET message the guest received.
+type Msg struct {
+	Data    []byte
+	EOR     bool // its last packet carried SeqEOR
+	Packets int  // how many RW packets carried it
 }
 
 func (g *Guest) newConn(hostPort, guestPort uint32) *Conn {
@@ -46,7 +61,7 @@ func (g *Guest) newConn(hostPort, guestPort uint32) *Conn {
 	if g.conns[k] != nil {
 		g.TB.Fatalf("vsocktest: connection %d<->%d exists", hostPort, guestPort)
 	}
-	c := &Conn{g: g, HostPort: hostPort, GuestPort: guestPort, BufAlloc: g.Opts.GuestBuf, AutoCredit: true, MaxPacket: 4096}
+	c := &Conn{g: g, HostPort: hostPort, GuestPort: guestPort, Type: vsock.TypeStream, BufAlloc: g.Opts.GuestBuf, AutoCredit: true, MaxPacket: 4096}
 	g.conns[k] = c
 	return c
 }
@@ -88,11 +103,33 @@ func (g *Guest) WaitRequest(guestPort uint32) Packet {
 	return g.ExpectOp(vsock.OpRequest, 0, guestPort)
 }
 
-// Accept waits for a REQUEST to guestPort and answers it with RESPONSE.
+// DialSeqpacket is Dial for a SEQPACKET connection.
+func (g *Guest) DialSeqpacket(hostPort, guestPort uint32) *Conn {
+	c := g.newConn(hostPort, guestPort)
+	c.Type = vsock.TypeSeqpacket
+	c.Send(vsock.OpRequest, 0, nil)
+	return c
+}
+
+// ConnectSeqpacket is Connect for a SEQPACKET connection.
+func (g *Guest) ConnectSeqpacket(hostPort, guestPort uint32) (*Conn, error) {
+	g.TB.Helper()
+	c := g.DialSeqpacket(hostPort, guestPort)
+	g.WaitFor(fmt.Sprintf("RESPONSE or RST for SEQPACKET %d->%d", guestPort, hostPort), func() bool { return c.Established || c.Rst })
+	if c.Rst {
+		c.Forget()
+		return nil, fmt.Errorf("vsocktest: SEQPACKET connection to host port %d reset", hostPort)
+	}
+	return c, nil
+}
+
+// Accept waits for a REQUEST to guestPort and answers it with RESPONSE; the
+// connection takes the REQUEST's type.
 func (g *Guest) Accept(guestPort uint32) *Conn {
 	g.TB.Helper()
 	p := g.WaitRequest(guestPort)
 	c := g.newConn(p.Hdr.SrcPort, guestPort)
+	c.Type = p.Hdr.Type
 	c.PeerBufAlloc, c.PeerFwdCnt = p.Hdr.BufAlloc, p.Hdr.FwdCnt
 	c.Established = true
 	c.Send(vsock.OpResponse, 0, nil)
@@ -102,6 +139,9 @@ func (g *Guest) Accept(guestPort uint32) *Conn {
 // receive takes a packet the device sent on this connection.
 func (c *Conn) receive(p Packet) {
 	h := &p.Hdr
+	if h.Type != c.Type {
+		c.g.TB.Errorf("vsocktest: %d<->%d: packet %v on a connection of type %d", c.HostPort, c.GuestPort, h, c.Type)
+	}
 	c.PeerBufAlloc, c.PeerFwdCnt = h.BufAlloc, h.FwdCnt
 	if h.Op != vsock.OpRW {
 		c.Ctl = append(c.Ctl, *h)
@@ -118,6 +158,10 @@ func (c *Conn) receive(p Packet) {
 		if c.Shut&vsock.ShutdownSend != 0 {
 			c.g.TB.Errorf("vsocktest: %d<->%d: data after SHUTDOWN(SEND)", c.HostPort, c.GuestPort)
 		}
+		if c.Type == vsock.TypeSeqpacket {
+			c.receiveFragment(h, p.Data)
+			return
+		}
 		c.data = append(c.data, p.Data...)
 	case vsock.OpShutdown:
 		c.Shut |= h.Flags
@@ -126,9 +170,79 @@ func (c *Conn) receive(p Packet) {
 	}
 }
 
+// receiveFragment adds a SEQPACKET RW packet to the message being received.
+func (c *Conn) receiveFragment(h *vsock.Header, data []byte) {
+	if h.Flags&^(vsock.SeqEOM|vsock.SeqEOR) != 0 || h.Flags == vsock.SeqEOR {
+		c.g.TB.Errorf("vsocktest: %d<->%d: RW packet %v: flags", c.HostPort, c.GuestPort, h)
+	}
+	c.cur.Data = append(c.cur.Data, data...)
+	c.cur.Packets++
+	if h.Flags&vsock.SeqEOM != 0 {
+		c.cur.EOR = h.Flags&vsock.SeqEOR != 0
+		c.msgs = append(c.msgs, c.cur)
+		c.cur = Msg{}
+	}
+}
+
+// PartialPackets is how many packets of a SEQPACKET message not yet
+// complete (no EOM) the guest holds.
+func (c *Conn) PartialPackets() int { return c.cur.Packets }
+
+// Msgs is how many complete SEQPACKET messages wait to be read.
+func (c *Conn) Msgs() int { return len(c.msgs) }
+
+// ReadMsg waits for the next SEQPACKET message and consumes it (its bytes
+// count as read for the credit, as in Consume).
+func (c *Conn) ReadMsg() Msg {
+	c.g.TB.Helper()
+	c.g.WaitFor(fmt.Sprintf("a message on %d<->%d", c.HostPort, c.GuestPort), func() bool { return len(c.msgs) > 0 || c.Rst })
+	if len(c.msgs) == 0 {
+		c.g.TB.Fatalf("vsocktest: %d<->%d reset while waiting for a message", c.HostPort, c.GuestPort)
+	}
+	m := c.msgs[0]
+	c.msgs = c.msgs[1:]
+	c.FwdCnt += uint32(len(m.Data))
+	if c.AutoCredit && !c.closed && c.FwdCnt-c.sentFwd >= c.BufAlloc/2 {
+		c.Send(vsock.OpCreditUpdate, 0, nil)
+	}
+	return m
+}
+
+// WriteMsg sends b as one SEQPACKET message, as Linux does: RW packets of
+// at most MaxPacket bytes, each waiting for credit, SeqEOM (and SeqEOR
+// with eor) on the last.
+func (c *Conn) WriteMsg(b []byte, eor bool) {
+	c.g.TB.Helper()
+	end := uint32(vsock.SeqEOM)
+	if eor {
+		end |= vsock.SeqEOR
+	}
+	for n := 0; ; {
+		k := min(len(b)-n, c.MaxPacket, int(c.Credit()))
+		if k == 0 && n < len(b) {
+			c.g.WaitFor(fmt.Sprintf("credit on %d<->%d (%d of a %d-byte message sent)", c.HostPort, c.GuestPort, n, len(b)),
+				func() bool { return c.Credit() > 0 || c.Rst })
+			if c.Rst {
+				c.g.TB.Fatalf("vsocktest: %d<->%d reset during a message", c.HostPort, c.GuestPort)
+			}
+			continue
+		}
+		flags := uint32(0)
+		if n+k == len(b) {
+			flags = end
+		}
+		c.Send(vsock.OpRW, flags, b[n:n+k])
+		n += k
+		if n == len(b) {
+			return
+		}
+	}
+}
+
 // Send sends a packet on the connection carrying the guest's credit.
 func (c *Conn) Send(op vsock.Op, flags uint32, payload []byte) {
 	h := c.g.Header(op, c.GuestPort, c.HostPort)
+	h.Type = c.Type
 	h.Flags = flags
 	h.Len = uint32(len(payload))
 	h.BufAlloc, h.FwdCnt = c.BufAlloc, c.FwdCnt

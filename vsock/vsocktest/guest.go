@@ -74,6 +74,9 @@ type Options struct {
 	// DgramRxBuffers is how many datagram RX buffers are posted at
 	// activation: 0 as many as the queue holds, negative none.
 	DgramRxBuffers int
+	// Seqpacket negotiates vsock.FeatureSeqpacket (when the device
+	// offers it).
+	Seqpacket bool
 }
 
 func (o *Options) defaults() {
@@ -187,6 +190,9 @@ func (g *Guest) Features() uint64 {
 	}
 	if g.Opts.Dgram {
 		f |= vsock.FeatureDgram
+	}
+	if g.Opts.Seqpacket {
+		f |= g.Dev.Features() & vsock.FeatureSeqpacket
 	}
 	return f
 }
@@ -544,8 +550,12 @@ func (g *Guest) receive(addr uint64, n, size uint32) {
 		tb.Errorf("vsocktest: RX packet %v: CIDs, want %d->%d", h, vsock.CIDHost, g.Opts.CID)
 	case h.Len != n-vsock.HeaderSize:
 		tb.Errorf("vsocktest: RX packet %v in a used entry of %d bytes", h, n)
-	case h.Type != vsock.TypeStream:
-		tb.Errorf("vsocktest: RX packet %v: type", h)
+	case h.Type != vsock.TypeStream && (h.Type != vsock.TypeSeqpacket || g.Features()&vsock.FeatureSeqpacket == 0):
+		tb.Errorf("vsocktest: RX packet %v: type (features %#x)", h, g.Features())
+	case h.Type == vsock.TypeStream && h.Flags != 0 && h.Op != vsock.OpShutdown:
+		tb.Errorf("vsocktest: RX stream packet %v with flags", h)
+	case h.Op != vsock.OpRW && h.Op != vsock.OpShutdown && h.Flags != 0:
+		tb.Errorf("vsocktest: RX control packet %v with flags", h)
 	case h.Op != vsock.OpRW && h.Len != 0:
 		tb.Errorf("vsocktest: RX control packet %v with payload", h)
 	case h.Op == vsock.OpRW && h.Len == 0:

@@ -22,7 +22,18 @@ import (
 // close-on-exec descriptor for the device and the host end as a net.Conn.
 func Socketpair(tb testing.TB) (devFD int, host *net.UnixConn) {
 	tb.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	return socketpair(tb, unix.SOCK_STREAM)
+}
+
+// SocketpairSeqpacket is Socketpair with SOCK_SEQPACKET sockets.
+func SocketpairSeqpacket(tb testing.TB) (devFD int, host *net.UnixConn) {
+	tb.Helper()
+	return socketpair(tb, unix.SOCK_SEQPACKET)
+}
+
+func socketpair(tb testing.TB, typ int) (devFD int, host *net.UnixConn) {
+	tb.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		tb.Fatalf("vsocktest: socketpair: %v", err)
 	}
@@ -63,12 +74,14 @@ type DialAction struct {
 
 // HostConn is the host end of a connection the Dialer made.
 type HostConn struct {
-	Port uint32
+	Port      uint32
+	Seqpacket bool // a SOCK_SEQPACKET socket (DialSeqpacket)
 	*net.UnixConn
 }
 
-// Dialer is a scriptable vsock.Dialer: each dial gets a socketpair whose
-// host end is delivered to Accept.
+// Dialer is a scriptable vsock.Dialer and vsock.SeqpacketDialer: each dial
+// gets a socketpair (SOCK_SEQPACKET for DialSeqpacket) whose host end is
+// delivered to Accept.
 type Dialer struct {
 	// Script decides each dial; nil accepts everything.
 	Script func(port uint32) DialAction
@@ -100,6 +113,15 @@ var ErrRefused = errors.New("vsocktest: connection refused")
 // Dial implements vsock.Dialer. It is called on the device's dial
 // goroutines, so it reports trouble as errors, never through the TB.
 func (d *Dialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
+	return d.dial(port, unix.SOCK_STREAM, timeout)
+}
+
+// DialSeqpacket implements vsock.SeqpacketDialer.
+func (d *Dialer) DialSeqpacket(_, port uint32, timeout time.Duration) (int, error) {
+	return d.dial(port, unix.SOCK_SEQPACKET, timeout)
+}
+
+func (d *Dialer) dial(port uint32, typ int, timeout time.Duration) (int, error) {
 	d.Dials.Add(1)
 	var act DialAction
 	if d.Script != nil {
@@ -120,7 +142,7 @@ func (d *Dialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	if act.FD != nil {
 		return act.FD()
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
@@ -141,7 +163,7 @@ func (d *Dialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 	if act.Prep != nil {
 		act.Prep(fds[0])
 	}
-	hc := &HostConn{Port: port, UnixConn: nc.(*net.UnixConn)}
+	hc := &HostConn{Port: port, Seqpacket: typ == unix.SOCK_SEQPACKET, UnixConn: nc.(*net.UnixConn)}
 	d.mu.Lock()
 	d.open = append(d.open, hc)
 	d.mu.Unlock()
@@ -171,6 +193,31 @@ func HostConnect(tb testing.TB, dev *vsock.Device, port uint32, prefix []byte, d
 	fd, host := Socketpair(tb)
 	tb.Cleanup(func() { host.Close() })
 	return host, dev.ConnectFromHost(fd, port, prefix, deadline)
+}
+
+// HostConnectSeqpacket is HostConnect for a SEQPACKET connection
+// (Device.ConnectSeqpacketFromHost) over a SOCK_SEQPACKET socketpair.
+func HostConnectSeqpacket(tb testing.TB, dev *vsock.Device, port uint32, deadline time.Time) (*net.UnixConn, error) {
+	tb.Helper()
+	fd, host := SocketpairSeqpacket(tb)
+	tb.Cleanup(func() { host.Close() })
+	return host, dev.ConnectSeqpacketFromHost(fd, port, deadline)
+}
+
+// ReadRecord reads one record from a SOCK_SEQPACKET host end with a
+// deadline; max bounds its size (a longer record is an error).
+func ReadRecord(c *net.UnixConn, max int, timeout time.Duration) ([]byte, error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer c.SetReadDeadline(time.Time{})
+	b := make([]byte, max+1)
+	n, _, flags, _, err := c.ReadMsgUnix(b, nil)
+	if err != nil {
+		return nil, err
+	}
+	if n > max || flags&unix.MSG_TRUNC != 0 {
+		return nil, fmt.Errorf("vsocktest: record longer than %d bytes", max)
+	}
+	return b[:n], nil
 }
 
 // ReadOK reads the "OK <port>\n" line from a host end byte by byte (so that
