@@ -360,7 +360,9 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		}
 		room := min(ch.WritableLen()-HeaderSize, MaxPacketPayload, credit-total)
 		st.rooms[popped] = room
-		st.views = virtio.Slice(st.views, ch.Writable(), HeaderSize, room)
+		w := ch.Writer()
+		w.Advance(HeaderSize) // the header goes in once the length is known
+		st.views = w.Views(st.views, room)
 		total += room
 		popped++
 	}
@@ -406,7 +408,8 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		k := min(left, st.rooms[filled])
 		h.Len = uint32(k)
 		h.Encode(hb[:])
-		virtio.CopyTo(ch.Writable(), 0, hb[:])
+		w := ch.Writer()
+		w.Write(hb[:])
 		if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+k)); err != nil {
 			s.failDevice(err)
 			return emitNoBuffers
@@ -472,8 +475,9 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 			h.Flags = c.recEnd
 		}
 		h.Encode(hb[:])
-		virtio.CopyTo(ch.Writable(), 0, hb[:])
-		virtio.CopyTo(ch.Writable(), HeaderSize, c.rec[c.recOff:c.recOff+k])
+		w := ch.Writer()
+		w.Write(hb[:])
+		w.Write(c.rec[c.recOff : c.recOff+k])
 		if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+k)); err != nil {
 			s.failDevice(err)
 			return emitNoBuffers
@@ -583,7 +587,8 @@ func (s *session) emitLocked(h *Header) bool {
 	h.SrcCID, h.DstCID = CIDHost, s.d.cfg.CID
 	var hb [HeaderSize]byte
 	h.Encode(hb[:])
-	virtio.CopyTo(ch.Writable(), 0, hb[:])
+	w := ch.Writer()
+	w.Write(hb[:])
 	if err := s.rx.PushNoPublish(ch.Head, HeaderSize); err != nil {
 		s.failDevice(err)
 		return false

@@ -15,6 +15,7 @@ const txBatch = 64
 // txPacket is one popped TX chain with its header decoded once.
 type txPacket struct {
 	chain virtio.Chain
+	body  virtio.Reader // the chain after the header: the payload
 	hdr   Header
 	ok    bool // the header was readable
 }
@@ -131,7 +132,8 @@ func (s *session) popTX(st *txState) (int, error) {
 		if err != nil || !ok {
 			return n, err
 		}
-		p.ok = virtio.CopyFrom(p.chain.Readable(), 0, st.hdrBuf[:]) == HeaderSize
+		p.body = p.chain.Reader()
+		p.ok = p.body.Read(st.hdrBuf[:]) == HeaderSize
 		if p.ok {
 			p.hdr.Decode(st.hdrBuf[:])
 		}
@@ -192,10 +194,10 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		}
 		return
 	}
-	if uint64(h.Len) > p.chain.ReadableLen()-HeaderSize || h.Len > MaxPacketPayload {
+	if uint64(h.Len) > p.body.Len() || h.Len > MaxPacketPayload {
 		s.endRun(st)
 		s.guestError("packet %v: len %d but the chain holds %d payload bytes (max %d)",
-			h, h.Len, p.chain.ReadableLen()-HeaderSize, MaxPacketPayload)
+			h, h.Len, p.body.Len(), MaxPacketPayload)
 		if c := s.lookup(key); c != nil {
 			c.mu.Lock()
 			s.resetConnLocked(c)
@@ -244,7 +246,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	case OpShutdown:
 		s.guestShutdown(st, c, h.Flags)
 	case OpRW:
-		st.payload = virtio.Slice(st.payload[:0], p.chain.Readable(), HeaderSize, uint64(h.Len))
+		st.payload = p.body.Views(st.payload[:0], uint64(h.Len))
 		s.guestData(st, c, h)
 	case OpCreditUpdate:
 		// The credit fields are all it carries.
