@@ -71,22 +71,25 @@ type conn struct {
 	state connState
 	fd    int // host socket (non-blocking), -1 when none
 
-	// Guest -> host: our receive side. bufAlloc is what we advertise;
-	// rxCnt counts payload bytes the guest sent; fwdCnt those written to
-	// the host socket; lastFwd the fwd_cnt we last told the guest.
-	// tx holds guest bytes the host socket has not taken yet; the
-	// guest's credit keeps it below bufAlloc.
-	bufAlloc uint32
-	rxCnt    uint32
-	fwdCnt   uint32
-	lastFwd  uint32
-	tx       byteQueue
+	// Guest -> host. Fields are named for the direction the bytes move
+	// (fromGuest, toHost), or by the spec's name for our receive side
+	// (bufAlloc: what we advertise; fwdCnt: bytes written to the host
+	// socket; lastFwd: the fwd_cnt we last told the guest). fromGuest
+	// counts payload bytes the guest sent; toHost holds those the host
+	// socket has not taken yet, which the guest's credit keeps below
+	// bufAlloc.
+	bufAlloc  uint32
+	fromGuest uint32
+	fwdCnt    uint32
+	lastFwd   uint32
+	toHost    byteQueue
 
-	// Host -> guest: the guest's receive window. txCnt counts payload
-	// bytes sent to the guest. All counters wrap (u32 arithmetic).
+	// Host -> guest: the guest's receive window (peer*: the guest's own
+	// buf_alloc and fwd_cnt) and toGuest, the payload bytes sent to it.
+	// All counters wrap (u32 arithmetic).
 	peerBufAlloc uint32
 	peerFwdCnt   uint32
-	txCnt        uint32
+	toGuest      uint32
 
 	pend      uint32 // pend* bits
 	shutFlags uint32 // flags of the pending SHUTDOWN
@@ -103,7 +106,7 @@ type conn struct {
 	// guestShut: SHUTDOWN flags the guest sent.
 	guestShut uint32
 	// hostWriteShut: we shut down writing on the host socket (after the
-	// guest's SHUTDOWN SEND and txBuf drained).
+	// guest's SHUTDOWN SEND and toHost drained).
 	hostWriteShut bool
 
 	// SEQPACKET, guest -> host. msg holds the fragments of the message
@@ -133,7 +136,7 @@ type conn struct {
 // peerCredit is how many more payload bytes the guest can take.
 // Guarded by mu.
 func (c *conn) peerCredit() uint32 {
-	inFlight := c.txCnt - c.peerFwdCnt
+	inFlight := c.toGuest - c.peerFwdCnt
 	if inFlight > c.peerBufAlloc {
 		return 0 // the guest shrank its buffer, or lies: send nothing
 	}
@@ -143,7 +146,7 @@ func (c *conn) peerCredit() uint32 {
 // guestViewFree is the free space the guest believes we have: what it may
 // still send before it needs a credit update. Guarded by mu.
 func (c *conn) guestViewFree() uint32 {
-	used := c.rxCnt - c.lastFwd
+	used := c.fromGuest - c.lastFwd
 	if used > c.bufAlloc {
 		return 0
 	}

@@ -128,7 +128,7 @@
 //   - guest to host: RW fragments gather in conn.msg until the one with
 //     SeqEOM; the message then goes out as one sendmsg (MSG_EOR if the
 //     guest set SeqEOR): straight from guest memory when nothing is queued
-//     ahead, otherwise copied behind the queued records (conn.tx holds
+//     ahead, otherwise copied behind the queued records (conn.toHost holds
 //     their bytes, conn.recs their lengths). A record never merges with
 //     another and never goes out in part (Unix SEQPACKET sends are all or
 //     nothing), whatever the Options: with BatchLock each record is still

@@ -118,7 +118,7 @@ func (s *session) hostEvent(fd int, events uint32) {
 			c.pend |= pendShutdown
 		}
 	}
-	if events&unix.EPOLLOUT != 0 && c.tx.Len() > 0 {
+	if events&unix.EPOLLOUT != 0 && c.toHost.Len() > 0 {
 		s.flushLocked(c)
 		s.creditCheckLocked(c)
 	}
@@ -415,7 +415,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 			return emitNoBuffers
 		}
 		left -= k
-		c.txCnt += uint32(k)
+		c.toGuest += uint32(k)
 		s.d.ctr.rxPackets.Add(1)
 		s.d.ctr.rxBytes.Add(k)
 	}
@@ -485,7 +485,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 		s.rxPushed = true
 		c.lastFwd = c.fwdCnt
 		c.recOff += k
-		c.txCnt += uint32(k)
+		c.toGuest += uint32(k)
 		s.d.ctr.rxPackets.Add(1)
 		s.d.ctr.rxBytes.Add(uint64(k))
 	}

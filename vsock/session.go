@@ -264,7 +264,7 @@ func (s *session) closeConnLocked(c *conn) {
 		c.fd = -1
 	}
 	c.state = stateClosed
-	c.tx.Reset()
+	c.toHost.Reset()
 	c.prefix = nil
 	c.msg, c.rec, c.recOff, c.seqNeed = nil, nil, 0, 0
 	c.recs.reset()

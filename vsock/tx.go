@@ -292,7 +292,7 @@ func (s *session) endRun(st *txState) {
 	st.cur = nil
 	s.writeRunLocked(st, c)
 	if c.state != stateClosed {
-		if c.tx.Len() > 0 {
+		if c.toHost.Len() > 0 {
 			s.flushLocked(c)
 		}
 		s.creditCheckLocked(c)
@@ -437,7 +437,7 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 	if c.state == stateClosed {
 		return
 	}
-	if c.tx.Len() > 0 {
+	if c.toHost.Len() > 0 {
 		s.flushLocked(c) // applies the shutdown if it drains the buffer
 		return
 	}
@@ -448,7 +448,7 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 // guest's data: half-close the host socket on SEND; on full shutdown, RST
 // (the reply the guest waits for) and close.
 func (s *session) afterFlushLocked(c *conn) {
-	if c.tx.Len() > 0 || c.state == stateClosed {
+	if c.toHost.Len() > 0 || c.state == stateClosed {
 		return
 	}
 	if c.guestShut&ShutdownSend != 0 && !c.hostWriteShut && c.fd >= 0 {
@@ -477,13 +477,13 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		return
 	}
 	n := h.Len
-	if c.rxCnt+n-c.fwdCnt > c.bufAlloc {
+	if c.fromGuest+n-c.fwdCnt > c.bufAlloc {
 		s.guestError("connection %d<->%d: guest overran its credit (%d bytes buffered, %d more, window %d)",
-			c.key.hostPort, c.key.guestPort, c.rxCnt-c.fwdCnt, n, c.bufAlloc)
+			c.key.hostPort, c.key.guestPort, c.fromGuest-c.fwdCnt, n, c.bufAlloc)
 		s.resetConnLocked(c)
 		return
 	}
-	c.rxCnt += n
+	c.fromGuest += n
 	s.d.ctr.txBytes.Add(uint64(n))
 	if c.typ == TypeSeqpacket {
 		s.guestSeqData(st, c, h)
@@ -497,7 +497,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		s.resetConnLocked(c)
 		return
 	}
-	if c.tx.Len() == 0 {
+	if c.toHost.Len() == 0 {
 		// Scatter-gather straight from guest memory: now, or with the
 		// rest of the run in one writev (BatchLock).
 		st.runViews = append(st.runViews, st.payload...)
@@ -533,7 +533,7 @@ func (s *session) writeRunLocked(st *txState, c *conn) {
 	if c.state == stateClosed || c.fd < 0 {
 		return
 	}
-	if c.tx.Len() > 0 {
+	if c.toHost.Len() > 0 {
 		s.appendTx(c, st.runViews, 0)
 		return
 	}
@@ -561,7 +561,7 @@ func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
 			skip -= uint64(len(b))
 			continue
 		}
-		c.tx.Append(b[skip:])
+		c.toHost.Append(b[skip:])
 		skip = 0
 	}
 }
@@ -571,7 +571,7 @@ func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
 // packet with SeqEOM; the message then goes to the host socket as one
 // record (sendmsg, MSG_EOR when the guest set SeqEOR): straight from guest
 // memory when nothing is waiting ahead of it, otherwise queued behind the
-// records in c.tx. Nothing here ever joins two messages: each record is
+// records in c.toHost. Nothing here ever joins two messages: each record is
 // one sendmsg, whatever the Options. c.msg cannot outgrow the buffer we
 // advertised: its bytes are not forwarded, so they count against the
 // credit, and a guest that sends a message larger than the buffer overruns
@@ -599,7 +599,7 @@ func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
 	if eor {
 		flags = unix.MSG_EOR
 	}
-	if c.tx.Len() == 0 && len(st.payload) < maxIov {
+	if c.toHost.Len() == 0 && len(st.payload) < maxIov {
 		st.seqViews = append(append(st.seqViews[:0], c.msg), st.payload...)
 		ok, err := st.iov.sendmsg(c.fd, st.seqViews, flags)
 		clear(st.seqViews)
@@ -616,10 +616,10 @@ func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
 		}
 		s.d.ctr.hostWriteStalls.Add(1)
 	}
-	queued := c.tx.Len()
-	c.tx.Append(c.msg)
+	queued := c.toHost.Len()
+	c.toHost.Append(c.msg)
 	for _, v := range st.payload {
-		c.tx.Append(v)
+		c.toHost.Append(v)
 	}
 	c.recs.push(uint32(n), eor)
 	s.resetMsg(c)
@@ -648,7 +648,7 @@ func (s *session) flushSeqLocked(c *conn) {
 		}
 		var err error
 		for {
-			_, err = unix.SendmsgN(c.fd, c.tx.Bytes()[:n], nil, nil, flags|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			_, err = unix.SendmsgN(c.fd, c.toHost.Bytes()[:n], nil, nil, flags|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 			if err != unix.EINTR {
 				break
 			}
@@ -662,7 +662,7 @@ func (s *session) flushSeqLocked(c *conn) {
 			s.resetConnLocked(c)
 			return
 		}
-		c.tx.Consume(n)
+		c.toHost.Consume(n)
 		c.recs.pop()
 		c.fwdCnt += uint32(n)
 		s.d.ctr.seqToHost.Add(1)
@@ -672,25 +672,25 @@ func (s *session) flushSeqLocked(c *conn) {
 
 // flushLocked writes buffered guest data to the host socket.
 func (s *session) flushLocked(c *conn) {
-	if c.fd < 0 || c.tx.Len() == 0 {
+	if c.fd < 0 || c.toHost.Len() == 0 {
 		return
 	}
 	if c.typ == TypeSeqpacket {
 		s.flushSeqLocked(c)
 		return
 	}
-	w, err := writeSome(c.fd, c.tx.Bytes())
+	w, err := writeSome(c.fd, c.toHost.Bytes())
 	if err != nil {
 		s.d.log.WithError(err).Debug("vsock: host write")
 		s.resetConnLocked(c)
 		return
 	}
 	c.fwdCnt += uint32(w)
-	if w < c.tx.Len() {
+	if w < c.toHost.Len() {
 		s.d.ctr.hostWriteStalls.Add(1)
 	}
-	c.tx.Consume(w)
-	if c.tx.Len() == 0 {
+	c.toHost.Consume(w)
+	if c.toHost.Len() == 0 {
 		// A shutdown the guest sent while data was still buffered takes
 		// effect now. (This may close the connection.)
 		s.afterFlushLocked(c)
