@@ -174,6 +174,12 @@ func (p Program) Reset() Program {
 	return append(p, 0xb0, 0xfe, 0xe6, 0x64) // mov al, 0xfe; out 0x64, al
 }
 
+// Out writes byte v to I/O port port.
+func (p Program) Out(port uint16, v byte) Program {
+	// mov dx, port; mov al, v; out dx, al
+	return append(p, 0x66, 0xba, byte(port), byte(port>>8), 0xb0, v, 0xee)
+}
+
 // Halt halts forever (interrupts are off): only the VMM can end the guest.
 func (p Program) Halt() Program {
 	return append(p, 0xf4, 0xeb, 0xfd) // 1: hlt; jmp 1b
