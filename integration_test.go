@@ -339,6 +339,7 @@ func TestLinuxBoot(t *testing.T) {
 					t.Errorf("console lacks %q:\n%s", want, out)
 				}
 			}
+			checkACPIQuiet(t, out)
 			// Every vCPU came up (Linux counts them from the MADT, or without
 			// ACPI from the MP table).
 			if want := fmt.Sprintf("smp: Brought up 1 node, %d CPU", cpus); !strings.Contains(out, want) {
