@@ -8,6 +8,8 @@
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
 #   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
 #   make kvmbox       the nested-KVM box's L1 kernel and init (build/kvmbox; 7 min once)
+#   make debian-kernel build/debian: Debian's cloud kernel (apt-get download, once) and
+#                     an initramfs with the Go /init and its virtio/vsock modules
 #   make conformance  the vhost-user conformance suite: Linux under QEMU (docs/vhost-user.md)
 #   make bench        every benchmark (make bench-boot: boot time against QEMU;
 #                     make bench-linux-boot: Linux to /init, microvm and QEMU;
@@ -29,7 +31,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
-	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
+	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	test-start box-test test-summary bench-linux-boot bench-exec examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
@@ -112,6 +114,10 @@ guest-test: bin/testguest bin/microvm
 
 kernel:
 	guest/kernel/build.sh build/kernel
+
+# Debian's linux-image-cloud-amd64 and an initramfs for it (TestDebianCloudKernel).
+debian-kernel:
+	GO=$(GO) scripts/debian-kernel build/debian
 
 # The Linux test guest's initramfs: the static Go /init (guest/init).
 initramfs:

@@ -49,6 +49,12 @@ type Config struct {
 	Vsock *VsockConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
+	// NoACPI leaves out the ACPI tables and the power control registers
+	// (CLI --acpi=off): the guest sees the machine of before ACPI, CPUs
+	// in the MP table only, and a Linux guest's poweroff halts instead of
+	// ending the machine. By default (false) the machine has ACPI
+	// (docs/machine.md): poweroff ends Run with ExitPowerOff.
+	NoACPI bool
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
 	// Any logrus.FieldLogger works: a *logrus.Logger, or an *logrus.Entry
 	// carrying the caller's fields (a job ID, say).

@@ -32,8 +32,8 @@ type ExitKind int
 // Exit kinds.
 const (
 	ExitDebugPort   ExitKind = iota + 1 // the guest wrote its status to port 0xf4
-	ExitReset                           // the guest reset the machine (i8042, KVM system event)
-	ExitPowerOff                        // the guest powered off (KVM system event)
+	ExitReset                           // the guest reset the machine (i8042, ACPI reset register, KVM system event)
+	ExitPowerOff                        // the guest powered off (ACPI S5, KVM system event)
 	ExitTripleFault                     // KVM_EXIT_SHUTDOWN
 	ExitCanceled                        // the Run context was canceled (a signal in the CLI)
 	ExitError                           // the VMM failed
@@ -165,12 +165,17 @@ func (m *Machine) build() error {
 	if err := m.setupDevices(); err != nil {
 		return err
 	}
+	rsdp, err := m.setupACPI()
+	if err != nil {
+		return err
+	}
 
 	m.boot, err = loader.Load(m.mem, loader.Config{
 		Kernel:  kimg,
 		Initrd:  iimg,
 		Cmdline: m.cmdline(),
 		CPUs:    m.cfg.CPUs,
+		RSDP:    rsdp,
 	})
 	if err != nil {
 		return err
