@@ -288,7 +288,7 @@ func TestRXWaitsForBuffers(t *testing.T) {
 // TestTXWaitsForTAP: a full TAP (EAGAIN) holds TX frames back without
 // dropping them, and does not block RX.
 func TestTXWaitsForTAP(t *testing.T) {
-	e := newEnv(t, envOpts{features: Offered})
+	e := newEnv(t, envOpts{features: Offered, tapSndBuf: 16 << 10})
 	const n = 120 // far more than the host end queues (2 descriptors each)
 	var want [][]byte
 	for i := 0; i < n; i++ {

@@ -61,6 +61,8 @@ type env struct {
 	rxKick   *eventfd.EventFD
 	txKick   *eventfd.EventFD
 	irq      chan struct{}
+	// backlog holds used entries reaped beyond what a reap call asked for.
+	backlog map[*virtiotest.Queue][]virtiotest.Used
 
 	mu    sync.Mutex // guards fails
 	fails []error
@@ -70,7 +72,10 @@ type envOpts struct {
 	features  uint64 // device features the driver accepts (queue features are added)
 	queueSize uint16 // default 256
 	eventIdx  bool
-	hostBuf   int // SO_SNDBUF/SO_RCVBUF of the host end, 0: default
+	// tapSndBuf is SO_SNDBUF of the device's end, 0: default. Writes to a
+	// socketpair block (EAGAIN) on the sender's buffer alone, not on the
+	// peer's queue length.
+	tapSndBuf int
 }
 
 func quietLog() logrus.FieldLogger {
@@ -91,9 +96,9 @@ func newEnv(tb testing.TB, o envOpts) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if o.hostBuf > 0 {
-		for _, opt := range []int{unix.SO_SNDBUF, unix.SO_RCVBUF} {
-			_ = unix.SetsockoptInt(fds[1], unix.SOL_SOCKET, opt, o.hostBuf)
+	if o.tapSndBuf > 0 {
+		if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUF, o.tapSndBuf); err != nil {
+			tb.Fatal(err)
 		}
 	}
 	e := &env{tb: tb, tap: &fakeTAP{fd: fds[0]}, host: fds[1], irq: make(chan struct{}, 1)}
@@ -249,10 +254,15 @@ func (e *env) sendTX(hdr []byte, frame []byte) uint16 {
 	return head
 }
 
-// reap waits until q has returned n used entries in all.
+// reap waits until q has returned n more used entries and returns
+// exactly those, in order; later ones wait for the next call.
 func (e *env) reap(q *virtiotest.Queue, n int) []virtiotest.Used {
 	e.tb.Helper()
-	var got []virtiotest.Used
+	if e.backlog == nil {
+		e.backlog = map[*virtiotest.Queue][]virtiotest.Used{}
+	}
+	got := e.backlog[q]
+	defer func() { e.backlog[q] = got[n:] }()
 	deadline := time.Now().Add(waitTimeout)
 	for len(got) < n {
 		got = append(got, q.Reap()...)
@@ -270,7 +280,7 @@ func (e *env) reap(q *virtiotest.Queue, n int) []virtiotest.Used {
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return got
+	return got[:n:n]
 }
 
 // hostRead reads one frame (header first) from the host end.
