@@ -108,7 +108,7 @@ func TestNetLinux(t *testing.T) {
 	defer m.Close()
 	// The TAP exists now (microvm created it); the host side is ours.
 	hostIP(t, busybox, "addr", "add", netHostIP+"/24", "dev", netTAP)
-	hostIP(t, busybox, "link", "set", netTAP, "txqueuelen", "4096")
+	hostIP(t, busybox, "link", "set", netTAP, "qlen", "4096")
 	hostIP(t, busybox, "link", "set", netTAP, "up")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
