@@ -47,6 +47,9 @@ type Config struct {
 	ConsoleInput io.Reader
 	// Vsock, when set, adds a virtio-vsock device.
 	Vsock *VsockConfig
+	// Nets adds a virtio-net device on a host TAP per entry, in order
+	// (eth0, eth1, ... in a Linux guest), after the vsock device.
+	Nets []NetConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
 	// NoACPI leaves out the ACPI tables and the power control registers
@@ -109,6 +112,14 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if cfg.Vsock != nil {
 		if err := cfg.Vsock.validate(); err != nil {
+			return cfg, err
+		}
+	}
+	if len(cfg.Nets) > MaxNets {
+		return cfg, fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(cfg.Nets), MaxNets)
+	}
+	for i := range cfg.Nets {
+		if err := cfg.Nets[i].validate(); err != nil {
 			return cfg, err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -79,7 +80,8 @@ type Machine struct {
 	virtio      []*virtioSlot
 	vsock       *vsock.Device
 	uds         *vsock.UDS
-	vsockRouter *vsockRouter   // the device's Dialer: ListenVsock listeners, else uds_<port>
+	vsockRouter *vsockRouter // the device's Dialer: ListenVsock listeners, else uds_<port>
+	nets        []*virtionet.Device
 	closers     []func() error // device teardown, run in reverse
 
 	stopOnce sync.Once

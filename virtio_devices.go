@@ -65,8 +65,17 @@ func (m *Machine) addVirtio(dev virtio.Device) error {
 	return nil
 }
 
-// setupVirtio creates the configured virtio devices.
+// setupVirtio creates the configured virtio devices: vsock, then the
+// network devices (docs/machine.md: device order).
 func (m *Machine) setupVirtio() error {
+	if err := m.setupVsock(); err != nil {
+		return err
+	}
+	return m.setupNets()
+}
+
+// setupVsock creates the vsock device and its host socket.
+func (m *Machine) setupVsock() error {
 	vc := m.cfg.Vsock
 	if vc == nil {
 		return nil

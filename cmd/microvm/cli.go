@@ -115,7 +115,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--log-level LEVEL]",
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--net tap=NAME[,mac=M]]... [--log-level LEVEL]",
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
@@ -127,7 +127,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), logFlag()),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag(), netFlag())...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
@@ -178,6 +178,9 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 	}
 	if h := c.String("cpu-hide"); h != "" {
 		cfg.HideCPUFeatures = strings.Split(h, ",")
+	}
+	if cfg.Nets, err = readNets(c); err != nil {
+		return cfg, err
 	}
 	if c.IsSet("vsock-opt") && !c.IsSet("vsock-cid") {
 		return cfg, usagef("--vsock-opt needs a vsock device (--vsock-cid and --vsock-uds)")

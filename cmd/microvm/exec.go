@@ -42,13 +42,14 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] [--net tap=NAME[,mac=M]]... -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),
 			[]cli.Flag{
 				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
 				&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
+				netFlag(),
 			},
 			guestCmdFlags(),
 			[]cli.Flag{
@@ -87,6 +88,7 @@ type execOpts struct {
 	cpus        int
 	memory      uint64
 	bootTimeout time.Duration
+	nets        []microvm.NetConfig
 	log         logrus.FieldLogger
 }
 
@@ -109,6 +111,9 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		return nil, usagef("--boot-timeout %v: want a positive duration", o.bootTimeout)
 	}
 	if o.image, err = readImageFlags(c); err != nil {
+		return nil, err
+	}
+	if o.nets, err = readNets(c); err != nil {
 		return nil, err
 	}
 	o.kernel = c.String("kernel")
@@ -147,6 +152,7 @@ func runExec(o *execOpts) error {
 		Cmdline: "console=ttyS0 reboot=k panic=-1 quiet",
 		Console: console, Log: o.log,
 		Vsock: &microvm.VsockConfig{CID: execCID, UDSPath: uds},
+		Nets:  o.nets,
 	})
 	if err != nil {
 		return err
