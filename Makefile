@@ -32,7 +32,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
 	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
-	test-start box-test test-summary bench-linux-boot bench-exec examples
+	build/nettest test-start box-test test-summary bench-linux-boot bench-exec examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
 
@@ -49,6 +49,12 @@ bin/microvm-agent:
 examples:
 	@mkdir -p build/examples
 	CGO_ENABLED=0 $(GO) build -o build/examples/ ./examples/cijob ./examples/rpcservice/host ./examples/rpcservice/greeterd
+
+# The static guest-side network test helper (guest/nettest): TestNetLinux
+# puts it in its guest image. Built here so nothing is built in the box.
+build/nettest:
+	@mkdir -p build
+	CGO_ENABLED=0 $(GO) build -o $@ ./guest/nettest
 
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
@@ -68,9 +74,10 @@ RECORD      := $(CURDIR)/build/test-record
 # Prebuilt artefacts for the tests, so nothing is built inside the box.
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
-	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples
+	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
+	MICROVM_NETTEST=$(CURDIR)/build/nettest
 
-test: test-start all examples kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	guest-test box-test test-summary
 
 test-start:
@@ -102,7 +109,7 @@ go-test: bin/testguest
 # The tests go-test and conformance queued because this host's KVM cannot
 # run them (Linux, guest interrupts; everything without /dev/kvm), run in the
 # nested-KVM box (scripts/box-test, docs/testing.md).
-box-test: all initramfs
+box-test: all initramfs build/nettest
 	$(TEST_ENV) scripts/box-test $(RECORD)
 
 # One line: which layer ran where. Under CI=true a layer that ran nowhere fails.
