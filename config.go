@@ -47,6 +47,16 @@ type Config struct {
 	ConsoleInput io.Reader
 	// Vsock, when set, adds a virtio-vsock device.
 	Vsock *VsockConfig
+	// Disks adds a virtio-blk device per image, /dev/vda first.
+	Disks []DiskConfig
+	// Root, when set ("/dev/vda", ...), names the disk the kernel mounts as
+	// its root file system: "root=<Root> rw" ("ro" for a read-only disk) is
+	// added to the command line. Without it the guest runs from its
+	// initramfs (and may mount the disks itself). An initramfs with an
+	// /init still wins over root=, as always with Linux.
+	Root string
+	// RNG, when set, adds a virtio-rng device (/dev/hwrng in the guest).
+	RNG *RNGConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
@@ -105,6 +115,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if err := cfg.Vsock.validate(); err != nil {
 			return cfg, err
 		}
+	}
+	if err := cfg.validateDisks(); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }
