@@ -47,8 +47,18 @@ type Config struct {
 	ConsoleInput io.Reader
 	// Vsock, when set, adds a virtio-vsock device.
 	Vsock *VsockConfig
+	// Disks adds a virtio-blk device per image, /dev/vda first.
+	Disks []DiskConfig
+	// Root, when set ("/dev/vda", ...), names the disk the kernel mounts as
+	// its root file system: "root=<Root> rw" ("ro" for a read-only disk) is
+	// added to the command line. Without it the guest runs from its
+	// initramfs (and may mount the disks itself). An initramfs with an
+	// /init still wins over root=, as always with Linux.
+	Root string
+	// RNG, when set, adds a virtio-rng device (/dev/hwrng in the guest).
+	RNG *RNGConfig
 	// Nets adds a virtio-net device on a host TAP per entry, in order
-	// (eth0, eth1, ... in a Linux guest), after the vsock device.
+	// (eth0, eth1, ... in a Linux guest), after the vsock, rng and disk devices.
 	Nets []NetConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
@@ -122,6 +132,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if err := cfg.Nets[i].validate(); err != nil {
 			return cfg, err
 		}
+	}
+	if err := cfg.validateDisks(); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }

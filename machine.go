@@ -10,11 +10,13 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
@@ -82,6 +84,8 @@ type Machine struct {
 	uds         *vsock.UDS
 	vsockRouter *vsockRouter // the device's Dialer: ListenVsock listeners, else uds_<port>
 	nets        []*virtionet.Device
+	rng         *rng.Device
+	disks       []*blk.Device  // Config.Disks, in order
 	closers     []func() error // device teardown, run in reverse
 
 	stopOnce sync.Once
@@ -340,10 +344,15 @@ func (m *Machine) setupDevices() error {
 	return m.setupVirtio()
 }
 
-// cmdline is the configured command line plus the virtio-mmio device entries.
+// cmdline is the configured command line plus the root disk and the
+// virtio-mmio device entries.
 func (m *Machine) cmdline() string {
 	s := m.cfg.Cmdline
-	for _, d := range m.virtioCmdline() {
+	extra := m.virtioCmdline()
+	if r := m.cfg.rootCmdline(); r != "" {
+		extra = append([]string{r}, extra...)
+	}
+	for _, d := range extra {
 		if s != "" {
 			s += " "
 		}

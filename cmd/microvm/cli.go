@@ -60,7 +60,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "microvm",
-		Usage:     "a KVM micro-VM monitor with a built-in virtio-vsock device",
+		Usage:     "a KVM micro-VM monitor with built-in virtio-vsock, virtio-blk and virtio-rng devices",
 		Version:   Version,
 		Writer:    stdout,
 		ErrWriter: stderr,
@@ -72,6 +72,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			execCommand(stdin, stdout, stderr),
 			agentCommand(stdin, stdout, stderr),
 			initramfsCommand(),
+			mkfsCommand(),
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			{
@@ -115,8 +116,8 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--net tap=NAME[,mac=M]]... [--log-level LEVEL]",
-		Flags: append(append([]cli.Flag{
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--log-level LEVEL]",
+		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
 			&cli.StringFlag{Name: "cmdline", Usage: "kernel command line"},
@@ -127,7 +128,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag(), netFlag())...), logFlag()),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
@@ -179,7 +180,7 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 	if h := c.String("cpu-hide"); h != "" {
 		cfg.HideCPUFeatures = strings.Split(h, ",")
 	}
-	if cfg.Nets, err = readNets(c); err != nil {
+	if err := readDeviceFlags(c, &cfg); err != nil {
 		return cfg, err
 	}
 	if c.IsSet("vsock-opt") && !c.IsSet("vsock-cid") {
