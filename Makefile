@@ -8,6 +8,8 @@
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
 #   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
 #   make kvmbox       the nested-KVM box's L1 kernel and init (build/kvmbox; 7 min once)
+#   make debian-kernel build/debian: Debian's cloud kernel (apt-get download, once) and
+#                     an initramfs with the Go /init and its virtio/vsock modules
 #   make conformance  the vhost-user conformance suite: Linux under QEMU (docs/vhost-user.md)
 #   make bench        every benchmark (make bench-boot: boot time against QEMU;
 #                     make bench-linux-boot: Linux to /init, microvm and QEMU;
@@ -29,8 +31,8 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
-	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox \
-	test-start box-test test-summary bench-linux-boot bench-exec examples
+	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	build/nettest test-start box-test test-summary bench-linux-boot bench-exec examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
 
@@ -47,6 +49,12 @@ bin/microvm-agent:
 examples:
 	@mkdir -p build/examples
 	CGO_ENABLED=0 $(GO) build -o build/examples/ ./examples/cijob ./examples/rpcservice/host ./examples/rpcservice/greeterd
+
+# The static guest-side network test helper (guest/nettest): TestNetLinux
+# puts it in its guest image. Built here so nothing is built in the box.
+build/nettest:
+	@mkdir -p build
+	CGO_ENABLED=0 $(GO) build -o $@ ./guest/nettest
 
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
@@ -66,9 +74,10 @@ RECORD      := $(CURDIR)/build/test-record
 # Prebuilt artefacts for the tests, so nothing is built inside the box.
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
-	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples
+	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
+	MICROVM_NETTEST=$(CURDIR)/build/nettest
 
-test: test-start all examples kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	guest-test box-test test-summary
 
 test-start:
@@ -100,7 +109,7 @@ go-test: bin/testguest
 # The tests go-test and conformance queued because this host's KVM cannot
 # run them (Linux, guest interrupts; everything without /dev/kvm), run in the
 # nested-KVM box (scripts/box-test, docs/testing.md).
-box-test: all initramfs
+box-test: all initramfs build/nettest
 	$(TEST_ENV) scripts/box-test $(RECORD)
 
 # One line: which layer ran where. Under CI=true a layer that ran nowhere fails.
@@ -112,6 +121,10 @@ guest-test: bin/testguest bin/microvm
 
 kernel:
 	guest/kernel/build.sh build/kernel
+
+# Debian's linux-image-cloud-amd64 and an initramfs for it (TestDebianCloudKernel).
+debian-kernel:
+	GO=$(GO) scripts/debian-kernel build/debian
 
 # The Linux test guest's initramfs: the static Go /init (guest/init).
 initramfs:

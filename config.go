@@ -47,8 +47,27 @@ type Config struct {
 	ConsoleInput io.Reader
 	// Vsock, when set, adds a virtio-vsock device.
 	Vsock *VsockConfig
+	// Disks adds a virtio-blk device per image, /dev/vda first.
+	Disks []DiskConfig
+	// Root, when set ("/dev/vda", ...), names the disk the kernel mounts as
+	// its root file system: "root=<Root> rw" ("ro" for a read-only disk) is
+	// added to the command line. Without it the guest runs from its
+	// initramfs (and may mount the disks itself). An initramfs with an
+	// /init still wins over root=, as always with Linux.
+	Root string
+	// RNG, when set, adds a virtio-rng device (/dev/hwrng in the guest).
+	RNG *RNGConfig
+	// Nets adds a virtio-net device on a host TAP per entry, in order
+	// (eth0, eth1, ... in a Linux guest), after the vsock, rng and disk devices.
+	Nets []NetConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
+	// NoACPI leaves out the ACPI tables and the power control registers
+	// (CLI --acpi=off): the guest sees the machine of before ACPI, CPUs
+	// in the MP table only, and a Linux guest's poweroff halts instead of
+	// ending the machine. By default (false) the machine has ACPI
+	// (docs/machine.md): poweroff ends Run with ExitPowerOff.
+	NoACPI bool
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
 	// Any logrus.FieldLogger works: a *logrus.Logger, or an *logrus.Entry
 	// carrying the caller's fields (a job ID, say).
@@ -105,6 +124,17 @@ func (c *Config) withDefaults() (Config, error) {
 		if err := cfg.Vsock.validate(); err != nil {
 			return cfg, err
 		}
+	}
+	if len(cfg.Nets) > MaxNets {
+		return cfg, fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(cfg.Nets), MaxNets)
+	}
+	for i := range cfg.Nets {
+		if err := cfg.Nets[i].validate(); err != nil {
+			return cfg, err
+		}
+	}
+	if err := cfg.validateDisks(); err != nil {
+		return cfg, err
 	}
 	return cfg, nil
 }

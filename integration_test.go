@@ -278,14 +278,18 @@ func TestGarbageKernels(t *testing.T) {
 }
 
 // linuxCmdline boots the Linux test kernel with no crutch for its clock or
-// timers: reboot=k makes /init's final restart pulse the i8042 reset line,
-// which ends the run with ExitReset.
+// timers. With ACPI (the default) /init ends by powering off (ExitPowerOff);
+// with NoACPI it restarts, and reboot=k makes that pulse the i8042 reset
+// line, which ends the run with ExitReset.
 const linuxCmdline = "console=ttyS0 reboot=k panic=-1"
 
 // TestLinuxBoot boots the Linux test kernel (make kernel) with the Go /init
 // (make initramfs) to userspace, for each image format, irqchip model and
 // 1 or 2 vCPUs: /init must print "init: ready" (it runs), then "init: done
-// ok" and restart the machine, which ends Run with a reset. Timer or
+// ok" and power the machine off through ACPI (Linux's reboot(POWER_OFF),
+// as poweroff -f makes it: S5 in the FADT's sleep control register), which
+// ends Run with ExitPowerOff; and once with NoACPI, where /init restarts
+// the machine instead and Run ends with a reset. Timer or
 // interrupt trouble (a missing TSC-deadline bit, a lost IOAPIC route) shows
 // up as a hang before /init, bounded here. It needs a KVM that can run
 // Linux: hardware KVM, natively or in the nested-KVM box.
@@ -296,33 +300,56 @@ func TestLinuxBoot(t *testing.T) {
 		{"bzImage", testenv.BzImage(t)},
 	}
 	initrd := testenv.Initrd(t)
+	type boot struct {
+		kernel struct{ name, path string }
+		chip   IRQChip
+		cpus   int
+		noACPI bool
+	}
+	var boots []boot
 	for _, k := range kernels {
 		for _, chip := range []IRQChip{IRQChipSplit, IRQChipKernel} {
 			for _, cpus := range []int{1, 2} {
-				t.Run(fmt.Sprintf("%s/%s/cpus=%d", k.name, chip, cpus), func(t *testing.T) {
-					start := time.Now()
-					log, logged := logBuffer()
-					log.SetLevel(logrus.WarnLevel)
-					res, out, err := runGuest(t, Config{
-						Kernel: k.path, Initrd: initrd, Cmdline: linuxCmdline,
-						CPUs: cpus, IRQChip: chip, MemoryBytes: 256 << 20, Log: log,
-					}, 3*time.Minute)
-					if err != nil || res.Kind != ExitReset {
-						t.Fatalf("run ended with %v status %d, err %v; want a reset from /init; log:\n%s\nconsole:\n%s", res.Kind, res.Status, err, logged, out)
-					}
-					for _, want := range []string{"init: ready", "init: done ok"} {
-						if !strings.Contains(out, want) {
-							t.Errorf("console lacks %q:\n%s", want, out)
-						}
-					}
-					// Every vCPU came up (Linux counts them from the MP table).
-					if want := fmt.Sprintf("smp: Brought up 1 node, %d CPU", cpus); !strings.Contains(out, want) {
-						t.Errorf("console lacks %q:\n%s", want, out)
-					}
-					t.Logf("/init ran and restarted the machine %v after New", time.Since(start).Round(time.Millisecond))
-				})
+				boots = append(boots, boot{k, chip, cpus, false})
 			}
 		}
+	}
+	boots = append(boots, boot{kernels[0], IRQChipSplit, 2, true})
+	for _, b := range boots {
+		k, chip, cpus := b.kernel, b.chip, b.cpus
+		name := fmt.Sprintf("%s/%s/cpus=%d", k.name, chip, cpus)
+		wantKind, wantLine := ExitPowerOff, "reboot: Power down"
+		if b.noACPI {
+			name += "/acpi=off"
+			wantKind, wantLine = ExitReset, "reboot: Restarting system"
+		}
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			log, logged := logBuffer()
+			log.SetLevel(logrus.WarnLevel)
+			res, out, err := runGuest(t, Config{
+				Kernel: k.path, Initrd: initrd, Cmdline: linuxCmdline,
+				CPUs: cpus, IRQChip: chip, MemoryBytes: 256 << 20, NoACPI: b.noACPI, Log: log,
+			}, 3*time.Minute)
+			if err != nil || res.Kind != wantKind || res.Status != StatusOK {
+				t.Fatalf("run ended with %v status %d, err %v; want %v from /init; log:\n%s\nconsole:\n%s", res.Kind, res.Status, err, wantKind, logged, out)
+			}
+			for _, want := range []string{"init: ready", "init: done ok", wantLine} {
+				if !strings.Contains(out, want) {
+					t.Errorf("console lacks %q:\n%s", want, out)
+				}
+			}
+			if !b.noACPI {
+				// Without tables an ACPI kernel rightly says it found no RSDP.
+				checkACPIQuiet(t, out)
+			}
+			// Every vCPU came up (Linux counts them from the MADT, or without
+			// ACPI from the MP table).
+			if want := fmt.Sprintf("smp: Brought up 1 node, %d CPU", cpus); !strings.Contains(out, want) {
+				t.Errorf("console lacks %q:\n%s", want, out)
+			}
+			t.Logf("/init ran and ended the machine (%v) %v after New", res.Kind, time.Since(start).Round(time.Millisecond))
+		})
 	}
 }
 

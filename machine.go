@@ -10,11 +10,14 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -32,8 +35,8 @@ type ExitKind int
 // Exit kinds.
 const (
 	ExitDebugPort   ExitKind = iota + 1 // the guest wrote its status to port 0xf4
-	ExitReset                           // the guest reset the machine (i8042, KVM system event)
-	ExitPowerOff                        // the guest powered off (KVM system event)
+	ExitReset                           // the guest reset the machine (i8042, ACPI reset register, KVM system event)
+	ExitPowerOff                        // the guest powered off (ACPI S5, KVM system event)
 	ExitTripleFault                     // KVM_EXIT_SHUTDOWN
 	ExitCanceled                        // the Run context was canceled (a signal in the CLI)
 	ExitError                           // the VMM failed
@@ -79,7 +82,10 @@ type Machine struct {
 	virtio      []*virtioSlot
 	vsock       *vsock.Device
 	uds         *vsock.UDS
-	vsockRouter *vsockRouter   // the device's Dialer: ListenVsock listeners, else uds_<port>
+	vsockRouter *vsockRouter // the device's Dialer: ListenVsock listeners, else uds_<port>
+	nets        []*virtionet.Device
+	rng         *rng.Device
+	disks       []*blk.Device  // Config.Disks, in order
 	closers     []func() error // device teardown, run in reverse
 
 	stopOnce sync.Once
@@ -165,12 +171,17 @@ func (m *Machine) build() error {
 	if err := m.setupDevices(); err != nil {
 		return err
 	}
+	rsdp, err := m.setupACPI()
+	if err != nil {
+		return err
+	}
 
 	m.boot, err = loader.Load(m.mem, loader.Config{
 		Kernel:  kimg,
 		Initrd:  iimg,
 		Cmdline: m.cmdline(),
 		CPUs:    m.cfg.CPUs,
+		RSDP:    rsdp,
 	})
 	if err != nil {
 		return err
@@ -333,10 +344,15 @@ func (m *Machine) setupDevices() error {
 	return m.setupVirtio()
 }
 
-// cmdline is the configured command line plus the virtio-mmio device entries.
+// cmdline is the configured command line plus the root disk and the
+// virtio-mmio device entries.
 func (m *Machine) cmdline() string {
 	s := m.cfg.Cmdline
-	for _, d := range m.virtioCmdline() {
+	extra := m.virtioCmdline()
+	if r := m.cfg.rootCmdline(); r != "" {
+		extra = append([]string{r}, extra...)
+	}
+	for _, d := range extra {
 		if s != "" {
 			s += " "
 		}

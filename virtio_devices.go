@@ -3,8 +3,10 @@ package microvm
 import (
 	"fmt"
 
+	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/vsock"
 )
@@ -65,8 +67,40 @@ func (m *Machine) addVirtio(dev virtio.Device) error {
 	return nil
 }
 
-// setupVirtio creates the configured virtio devices.
+// setupVirtio creates the configured virtio devices, in slot order: vsock,
+// rng, the disks, then the network devices (docs/machine.md).
 func (m *Machine) setupVirtio() error {
+	if err := m.setupVsock(); err != nil {
+		return err
+	}
+	if rc := m.cfg.RNG; rc != nil {
+		dev, err := rng.New(rng.Config{Rate: rc.Rate, Log: m.log.WithField("device", "rng")})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		m.rng = dev
+		m.closers = append(m.closers, func() error { dev.Close(); return nil })
+		if err := m.addVirtio(dev); err != nil {
+			return err
+		}
+	}
+	for i, dc := range m.cfg.Disks {
+		dev, err := blk.Open(blk.Config{Path: dc.Path, ReadOnly: dc.ReadOnly, Serial: dc.Serial,
+			Log: m.log.WithField("device", diskName(i))})
+		if err != nil {
+			return err
+		}
+		m.disks = append(m.disks, dev)
+		m.closers = append(m.closers, dev.Close)
+		if err := m.addVirtio(dev); err != nil {
+			return err
+		}
+	}
+	return m.setupNets()
+}
+
+// setupVsock creates the vsock device and its host socket, if configured.
+func (m *Machine) setupVsock() error {
 	vc := m.cfg.Vsock
 	if vc == nil {
 		return nil
@@ -135,4 +169,21 @@ func (m *Machine) VsockStats() vsock.Stats {
 		return vsock.Stats{}
 	}
 	return m.vsock.Stats()
+}
+
+// DiskStats returns the counters of disk i (Config.Disks[i]); zero when
+// there is no such disk.
+func (m *Machine) DiskStats(i int) blk.Stats {
+	if i < 0 || i >= len(m.disks) {
+		return blk.Stats{}
+	}
+	return m.disks[i].Stats()
+}
+
+// RNGStats returns the rng device's counters (zero without one).
+func (m *Machine) RNGStats() rng.Stats {
+	if m.rng == nil {
+		return rng.Stats{}
+	}
+	return m.rng.Stats()
 }

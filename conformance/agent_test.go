@@ -353,6 +353,6 @@ func TestAgentMicrovm(t *testing.T) {
 	m.art.initrd, big = agentImage(t, a, m.dir)
 	v := m.boot(t, nil)
 	agentChecks(t, a, v, m.uds(), big)
-	v.waitLog(t, `msg="guest stopped" reason=reset status=0`, 1)
+	v.waitLog(t, `msg="guest stopped" reason=power-off status=0`, 1)
 	v.checkClean(t)
 }

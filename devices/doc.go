@@ -13,7 +13,9 @@
 // work" port for polling guests), and, for KVM's split irqchip, IOAPIC (an
 // MMIO device whose redirection entries become MSI routes: the machine
 // installs them as KVM GSI routes, so device irqfds still inject in the
-// kernel) and PortB (port 0x61 without an i8254: only the refresh toggle).
+// kernel), PortB (port 0x61 without an i8254: only the refresh toggle) and,
+// with ACPI, PowerControl (the FADT's sleep control, sleep status and reset
+// registers: S5 powers off, the reset value restarts).
 //
 // Concurrency: buses are built before the vCPUs start and are immutable
 // afterwards, so dispatch takes no lock. Several vCPUs can reach one device at
@@ -22,7 +24,8 @@
 // that Serial may take its output writer's lock while holding its own, and
 // that IOAPIC calls its Update callback (the machine's KVM_SET_GSI_ROUTING)
 // with its mutex held, so callbacks must take no device lock. Callbacks
-// given to devices (I8042's reset, DebugExit's exit, Serial's irq) run on
+// given to devices (I8042's reset, DebugExit's exit, PowerControl's power-off
+// and reset, Serial's irq) run on
 // the goroutine that made the access (a vCPU; for Serial's irq also the
 // console input pump calling Input) and must not block. The only goroutine
 // a device starts is Serial's line-flush timer (time.AfterFunc), which just

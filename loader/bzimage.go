@@ -15,6 +15,7 @@ const (
 	offExtRamdiskImage = 0x0c0
 	offExtRamdiskSize  = 0x0c4
 	offExtCmdLinePtr   = 0x0c8
+	offACPIRSDPAddr    = 0x070 // boot_params.acpi_rsdp_addr (protocol 2.14)
 	offE820Entries     = 0x1e8
 	offSetupHeader     = 0x1f1 // setup_sects, first field of struct setup_header
 	offVidMode         = 0x1fa
@@ -146,6 +147,7 @@ type zeroPage struct {
 	cmdlineMax uint32 // written to cmdline_size when hdr is nil
 	initrd     uint64
 	initrdSize uint64
+	rsdp       uint64 // ACPI RSDP address; 0: none
 	e820       []E820Entry
 }
 
@@ -154,10 +156,11 @@ type zeroPage struct {
 // no header to copy (ELF64, as Firecracker does); vid_mode 0xffff ("normal");
 // type_of_loader 0xff; cmd_line_ptr and ramdisk_image/size with their high
 // halves in ext_cmd_line_ptr and ext_ramdisk_image/size; e820_entries and
-// e820_table. CAN_USE_HEAP is cleared and heap_end_ptr left 0: the heap
-// belongs to the 16-bit setup code, which the 64-bit entry skips. Everything
-// else is zero, including acpi_rsdp_addr (no ACPI: the kernel finds the MP
-// table) and the sentinel byte at 0x1ef.
+// e820_table; acpi_rsdp_addr (0 without ACPI tables: the kernel then scans
+// for an RSDP and finds none, and uses the MP table). CAN_USE_HEAP is
+// cleared and heap_end_ptr left 0: the heap belongs to the 16-bit setup
+// code, which the 64-bit entry skips. Everything else is zero, including
+// the sentinel byte at 0x1ef.
 func (z *zeroPage) encode() ([]byte, error) {
 	if len(z.e820) > MaxE820 {
 		return nil, bad(ErrTooBig, "memory map has %d entries; boot_params holds %d", len(z.e820), MaxE820)
@@ -185,6 +188,7 @@ func (z *zeroPage) encode() ([]byte, error) {
 	le.PutUint32(b[offExtRamdiskImage:], uint32(z.initrd>>32))
 	le.PutUint32(b[offRamdiskSize:], uint32(z.initrdSize))
 	le.PutUint32(b[offExtRamdiskSize:], uint32(z.initrdSize>>32))
+	le.PutUint64(b[offACPIRSDPAddr:], z.rsdp)
 	b[offE820Entries] = uint8(len(z.e820))
 	for i, e := range z.e820 {
 		putE820(b[offE820Table+i*e820EntrySize:], e)

@@ -116,6 +116,7 @@ func TestBootParamsOffsets(t *testing.T) {
 		{"ext_ramdisk_image", offExtRamdiskImage, 0x0c0},
 		{"ext_ramdisk_size", offExtRamdiskSize, 0x0c4},
 		{"ext_cmd_line_ptr", offExtCmdLinePtr, 0x0c8},
+		{"acpi_rsdp_addr", offACPIRSDPAddr, 0x070},
 		{"e820_entries", offE820Entries, 0x1e8},
 		{"hdr", offSetupHeader, 0x1f1},
 		{"e820_table", offE820Table, 0x2d0},
@@ -148,6 +149,7 @@ func TestZeroPageEncoding(t *testing.T) {
 		{"bzImage", zeroPage{hdr: hdr, cmdline: CmdlineAddr, initrd: 0x3ff0000, initrdSize: 0x12345, e820: e820}},
 		{"high parts", zeroPage{hdr: hdr, cmdline: 0x1_2345_6000, initrd: 0x2_0000_1000, initrdSize: 0x1_0000_0002, e820: e820}},
 		{"ELF64 without header", zeroPage{cmdline: CmdlineAddr, cmdlineMax: 4095, e820: e820[:1]}},
+		{"with ACPI", zeroPage{hdr: hdr, cmdline: CmdlineAddr, rsdp: 0xe0000, e820: e820}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -176,6 +178,7 @@ func TestZeroPageEncoding(t *testing.T) {
 			check("ramdisk_size", u32(0x21c)|u32(0x0c4)<<32, tc.zp.initrdSize)
 			check("e820_entries", uint64(b[0x1e8]), uint64(len(tc.zp.e820)))
 			check("sentinel", uint64(b[0x1ef]), 0)
+			check("acpi_rsdp_addr", le.Uint64(b[0x70:]), tc.zp.rsdp)
 			for i, e := range tc.zp.e820 {
 				p := b[0x2d0+20*i:]
 				check("e820 addr", le.Uint64(p), e.Addr)
@@ -193,7 +196,7 @@ func TestZeroPageEncoding(t *testing.T) {
 			}
 			// Nothing outside the known fields is written.
 			for off := range b {
-				known := off == 0x1e8 || (off >= 0xc0 && off < 0xcc) || (off >= 0x1f1 && off < 0x290) ||
+				known := off == 0x1e8 || (off >= 0x70 && off < 0x78) || (off >= 0xc0 && off < 0xcc) || (off >= 0x1f1 && off < 0x290) ||
 					(off >= 0x2d0 && off < 0x2d0+20*len(tc.zp.e820))
 				if !known && b[off] != 0 {
 					t.Fatalf("byte %#x = %#x, want 0", off, b[off])

@@ -64,8 +64,14 @@
 // IRQ i routed to I/O APIC pin i for i < 24 (conforming: edge, active high,
 // which the virtio-mmio devices' IRQs 5+ are), ExtINT to LINT0 and NMI to
 // LINT1. That is 44 + 20*n + 28*8 bytes after the 16-byte pointer, so at most
-// MaxCPUs = 37 vCPUs fit; more is ErrTooManyCPUs. No ACPI tables are written
-// (rsdp_paddr and acpi_rsdp_addr are 0).
+// MaxCPUs = 37 vCPUs fit; more is ErrTooManyCPUs.
+//
+// # ACPI
+//
+// The loader writes no ACPI tables (package acpi builds them, the machine
+// copies them to 0xe0000); when Config.RSDP is set it passes the RSDP's
+// address in boot_params.acpi_rsdp_addr (offset 0x70, boot protocol 2.14)
+// and in hvm_start_info.rsdp_paddr. Otherwise both are 0.
 //
 // # Setup header decoding
 //

@@ -49,6 +49,10 @@ type Config struct {
 	E820 []E820Entry
 	// CPUs is the number of vCPUs the MP table announces (1..MaxCPUs).
 	CPUs int
+	// RSDP, when not 0, is the guest-physical address of the ACPI RSDP
+	// the caller wrote: it goes into boot_params.acpi_rsdp_addr and the
+	// PVH hvm_start_info's rsdp_paddr. The MP table is written either way.
+	RSDP uint64
 }
 
 // Boot is the result of Load: the state vCPU 0 must start in, and where
@@ -388,7 +392,7 @@ func (p *plan) writeBootStructures() error {
 		if err := p.mem.Write(PageTableAddr, pageTables()); err != nil {
 			return fail("page tables", err)
 		}
-		zp := zeroPage{cmdline: b.Cmdline.GPA, cmdlineMax: uint32(p.cmdlineMax), initrd: b.Initrd.GPA, initrdSize: b.Initrd.Size, e820: p.e820}
+		zp := zeroPage{cmdline: b.Cmdline.GPA, cmdlineMax: uint32(p.cmdlineMax), initrd: b.Initrd.GPA, initrdSize: b.Initrd.Size, rsdp: p.cfg.RSDP, e820: p.e820}
 		if p.setup != nil {
 			zp.hdr = p.setup.raw
 		}
@@ -400,7 +404,7 @@ func (p *plan) writeBootStructures() error {
 			return fail("boot_params", err)
 		}
 	case Protected32:
-		si := startInfo{cmdline: b.Cmdline.GPA, initrd: b.Initrd.GPA, initrdSize: b.Initrd.Size, memmap: p.e820}
+		si := startInfo{cmdline: b.Cmdline.GPA, initrd: b.Initrd.GPA, initrdSize: b.Initrd.Size, rsdp: p.cfg.RSDP, memmap: p.e820}
 		sb, err := si.encode()
 		if err != nil {
 			return err

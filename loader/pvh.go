@@ -18,12 +18,13 @@ type startInfo struct {
 	cmdline    uint64
 	initrd     uint64 // 0 with initrdSize 0: no module
 	initrdSize uint64
+	rsdp       uint64 // ACPI RSDP address; 0: none
 	memmap     []E820Entry
 }
 
 // encode lays out, from StartInfoAddr: struct hvm_start_info (magic, version
-// 1, flags 0, nr_modules, modlist_paddr, cmdline_paddr, rsdp_paddr 0 (no
-// ACPI), memmap_paddr, memmap_entries), then the module list (the initrd as
+// 1, flags 0, nr_modules, modlist_paddr, cmdline_paddr, rsdp_paddr (0 without
+// ACPI tables), memmap_paddr, memmap_entries), then the module list (the initrd as
 // the only module, with no command line), then the memory map. Address
 // fields that are 0 mean "not present", as the header specifies.
 func (s *startInfo) encode() ([]byte, error) {
@@ -47,7 +48,7 @@ func (s *startInfo) encode() ([]byte, error) {
 		le.PutUint64(b[16:], modlist)
 	}
 	le.PutUint64(b[24:], s.cmdline)
-	le.PutUint64(b[32:], 0) // rsdp_paddr
+	le.PutUint64(b[32:], s.rsdp) // rsdp_paddr
 	if len(s.memmap) > 0 {
 		le.PutUint64(b[40:], memmap)
 	}

@@ -27,6 +27,7 @@ func TestStartInfoEncoding(t *testing.T) {
 		{"initrd and map", startInfo{cmdline: CmdlineAddr, initrd: 0x3f00000, initrdSize: 0x12345, memmap: e820}},
 		{"no initrd", startInfo{cmdline: CmdlineAddr, memmap: e820}},
 		{"no map", startInfo{cmdline: CmdlineAddr}},
+		{"with ACPI", startInfo{cmdline: CmdlineAddr, rsdp: 0xe0000, memmap: e820}},
 		{"full map", startInfo{cmdline: CmdlineAddr, initrd: 0x1000, initrdSize: 1, memmap: make([]E820Entry, MaxE820)}},
 	}
 	for _, tc := range tests {
@@ -55,7 +56,7 @@ func TestStartInfoEncoding(t *testing.T) {
 			check("flags", u32(8), 0)
 			check("nr_modules", u32(12), uint64(nmod))
 			check("cmdline_paddr", u64(24), CmdlineAddr)
-			check("rsdp_paddr", u64(32), 0)
+			check("rsdp_paddr", u64(32), tc.si.rsdp)
 			check("memmap_entries", u32(48), uint64(len(tc.si.memmap)))
 			check("reserved", u32(52), 0)
 			if nmod == 1 {

@@ -60,7 +60,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:      "microvm",
-		Usage:     "a KVM micro-VM monitor with a built-in virtio-vsock device",
+		Usage:     "a KVM micro-VM monitor with built-in virtio-vsock, virtio-blk and virtio-rng devices",
 		Version:   Version,
 		Writer:    stdout,
 		ErrWriter: stderr,
@@ -72,6 +72,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			execCommand(stdin, stdout, stderr),
 			agentCommand(stdin, stdout, stderr),
 			initramfsCommand(),
+			mkfsCommand(),
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			{
@@ -115,8 +116,8 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--log-level LEVEL]",
-		Flags: append(append([]cli.Flag{
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--log-level LEVEL]",
+		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
 			&cli.StringFlag{Name: "cmdline", Usage: "kernel command line"},
@@ -124,9 +125,10 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM: a number with an optional K/M/G/T suffix; a bare number means MiB (8M..1T, a multiple of 2M)"},
 			&cli.StringFlag{Name: "cpu-hide", Usage: "comma-separated CPUID features to hide from the guest (e.g. cx16,xsave)"},
 			&cli.StringFlag{Name: "irqchip", Value: string(microvm.IRQChipSplit), Usage: "interrupt controllers: split (LAPIC in KVM, IOAPIC in microvm, no PIC/PIT) or kernel (KVM's PIC, IOAPIC and PIT)"},
+			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), logFlag()),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
@@ -158,7 +160,16 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 	if n := c.Int("cpus"); n < 1 || n > microvm.MaxCPUs {
 		return microvm.Config{}, usagef("--cpus %d: want 1..%d", n, microvm.MaxCPUs)
 	}
+	var noACPI bool
+	switch a := c.String("acpi"); a {
+	case "on":
+	case "off":
+		noACPI = true
+	default:
+		return microvm.Config{}, usagef("--acpi %q: want on or off", a)
+	}
 	cfg := microvm.Config{
+		NoACPI:      noACPI,
 		Kernel:      c.String("kernel"),
 		Initrd:      c.String("initrd"),
 		Cmdline:     c.String("cmdline"),
@@ -168,6 +179,9 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 	}
 	if h := c.String("cpu-hide"); h != "" {
 		cfg.HideCPUFeatures = strings.Split(h, ",")
+	}
+	if err := readDeviceFlags(c, &cfg); err != nil {
+		return cfg, err
 	}
 	if c.IsSet("vsock-opt") && !c.IsSet("vsock-cid") {
 		return cfg, usagef("--vsock-opt needs a vsock device (--vsock-cid and --vsock-uds)")

@@ -42,7 +42,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),
@@ -51,6 +51,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
 			},
 			guestCmdFlags(),
+			deviceFlags(),
 			[]cli.Flag{
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
 				logFlag(),
@@ -87,7 +88,9 @@ type execOpts struct {
 	cpus        int
 	memory      uint64
 	bootTimeout time.Duration
-	log         logrus.FieldLogger
+	// devices holds the disks, the root disk, the rng and the network devices.
+	devices microvm.Config
+	log     logrus.FieldLogger
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
@@ -110,6 +113,12 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	}
 	if o.image, err = readImageFlags(c); err != nil {
 		return nil, err
+	}
+	if err := readDeviceFlags(c, &o.devices); err != nil {
+		return nil, err
+	}
+	if o.devices.Root != "" && c.IsSet("add") {
+		return nil, usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
 	}
 	o.kernel = c.String("kernel")
 	if o.kernel == "" {
@@ -136,17 +145,26 @@ func runExec(o *execOpts) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	initrd := filepath.Join(dir, "initramfs.cpio")
-	if err := writeImage(initrd, o.image); err != nil {
-		return fmt.Errorf("exec: guest image: %w", err)
+	// With --root the guest boots from the disk, whose /init must be
+	// the agent; otherwise from the agent's initramfs.
+	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
+	initrd := ""
+	if o.devices.Root != "" {
+		cmdline += " init=/init"
+	} else {
+		initrd = filepath.Join(dir, "initramfs.cpio")
+		if err := writeImage(initrd, o.image); err != nil {
+			return fmt.Errorf("exec: guest image: %w", err)
+		}
 	}
 	uds := filepath.Join(dir, "v.sock")
 	console := &tailBuffer{max: consoleKeep}
 	m, err := microvm.New(microvm.Config{
 		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
-		Cmdline: "console=ttyS0 reboot=k panic=-1 quiet",
+		Cmdline: cmdline,
 		Console: console, Log: o.log,
 		Vsock: &microvm.VsockConfig{CID: execCID, UDSPath: uds},
+		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
 	})
 	if err != nil {
 		return err

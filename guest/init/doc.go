@@ -5,7 +5,10 @@
 //
 // # Life cycle (as PID 1)
 //
-//  1. Mount /proc, /sys and devtmpfs on /dev; print "init: ready".
+//  1. Mount /proc, /sys and devtmpfs on /dev; load the kernel modules that
+//     /lib/modules/load.order lists, if any ("init: module PATH loaded"),
+//     as an image for a distribution kernel has them (mkinitramfs -kmod);
+//     print "init: ready".
 //
 //  2. Ask /dev/vsock for the local CID: "init: vsock cid=N", or
 //     "init: vsock unavailable: REASON" (then every vsock scenario fails at
@@ -19,10 +22,12 @@
 //     init: scenario NAME ok KEY=VALUE ...
 //     init: scenario NAME FAIL REASON
 //
-//  4. Print "init: done ok" or "init: done fail", sync, and
-//     reboot(LINUX_REBOOT_CMD_RESTART). With reboot=k the kernel resets
-//     through the i8042 (microvm exits); without an i8042 (QEMU -M microvm)
-//     it falls back to a triple fault, and QEMU -no-reboot exits.
+//  4. Print "init: done ok" or "init: done fail", sync, and end the
+//     machine: with ACPI power-off (microvm's tables) reboot(POWER_OFF),
+//     and microvm exits; else reboot(LINUX_REBOOT_CMD_RESTART): with
+//     reboot=k the kernel resets through the i8042 (microvm exits); without
+//     an i8042 (QEMU -M microvm) it falls back to a triple fault, and QEMU
+//     -no-reboot exits.
 //
 // A host should match results with ^init: scenario (\S+) (ok|FAIL)( .*)?$
 // and the end with ^init: done (ok|fail)$. Every line is written in a single

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/microvm/microvm/guest/pid1"
 )
 
 const (
@@ -25,6 +27,7 @@ func main() {
 		}
 	}()
 	setupSystem()
+	pid1.LoadModules(pid1.ModuleOrder, func(format string, args ...any) { fmt.Printf("init: "+format+"\n", args...) })
 	fmt.Println("init: ready")
 	cmdline, err := readCmdline()
 	if err != nil {

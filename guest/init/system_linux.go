@@ -34,9 +34,10 @@ func readCmdline() (string, error) {
 	return string(b), err
 }
 
-// endVM ends the machine (pid1.End): the test kernel has no ACPI, so it
-// restarts, which microvm (reboot=k) and QEMU (-no-reboot) take as the end.
-// It never returns: PID 1 must not exit.
+// endVM ends the machine (pid1.End): with ACPI (microvm's default) it
+// powers off; without (--acpi=off, QEMU's -M microvm,acpi=off) it restarts,
+// which microvm (reboot=k) and QEMU (-no-reboot) take as the end. It never
+// returns: PID 1 must not exit.
 func endVM() {
 	pid1.End(func(format string, args ...any) { fmt.Printf("init: "+format+"\n", args...) })
 }

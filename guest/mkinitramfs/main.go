@@ -8,6 +8,16 @@
 //
 // Extra files can be added with -file GUESTPATH=HOSTPATH (repeatable); their
 // parent directories are created as needed. See docs/guest-linux.md.
+//
+// For a distribution kernel whose drivers are modules, -kmods DIR (its
+// /lib/modules/VERSION) and -kmod NAME (repeatable) add the named modules
+// and, from each one's .modinfo depends=, everything they need, as
+// /lib/modules/NAME.ko, and list them in load order in
+// /lib/modules/load.order, which the Go /init and the agent load at start
+// (pid1.LoadModules):
+//
+//	go run ./guest/mkinitramfs -o OUT -init INIT -kmods ROOT/lib/modules/6.1.0-57-cloud-amd64 \
+//		-kmod virtio_mmio -kmod vmw_vsock_virtio_transport
 package main
 
 import (
@@ -29,21 +39,68 @@ func (f *fileFlags) Set(v string) error { *f = append(*f, v); return nil }
 func main() {
 	out := flag.String("o", "", "output archive (gzip-compressed when it ends in .gz)")
 	initPath := flag.String("init", "", "static binary to install as /init")
-	var extra fileFlags
+	var extra, kmods fileFlags
 	flag.Var(&extra, "file", "add GUESTPATH=HOSTPATH (repeatable)")
+	kmodDir := flag.String("kmods", "", "a kernel's /lib/modules/VERSION directory, for -kmod")
+	flag.Var(&kmods, "kmod", "add kernel module NAME and its dependencies, loaded at boot in order (repeatable; needs -kmods)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: mkinitramfs -o OUT -init BINARY [-file GUEST=HOST]...\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if *out == "" || *initPath == "" || flag.NArg() != 0 {
+	if *out == "" || *initPath == "" || flag.NArg() != 0 || (len(kmods) > 0) != (*kmodDir != "") {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*out, *initPath, extra); err != nil {
+	cleanup := func() {}
+	if len(kmods) > 0 {
+		more, c, err := moduleFiles(*kmodDir, kmods)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mkinitramfs: %v\n", err)
+			os.Exit(1)
+		}
+		extra, cleanup = append(extra, more...), c
+	}
+	err := run(*out, *initPath, extra)
+	cleanup()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "mkinitramfs: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// moduleFiles resolves the named modules under dir and returns -file specs
+// for them and for the load order list (written to a temporary file, which
+// cleanup removes).
+func moduleFiles(dir string, names []string) (specs []string, cleanup func(), err error) {
+	idx, err := indexModules(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	order, err := idx.loadOrder(names)
+	if err != nil {
+		return nil, nil, err
+	}
+	var list strings.Builder
+	for _, p := range order {
+		g := "/lib/modules/" + modName(filepath.Base(p)) + ".ko"
+		specs = append(specs, g+"="+p)
+		list.WriteString(g + "\n")
+	}
+	f, err := os.CreateTemp("", "load.order-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup = func() { os.Remove(f.Name()) }
+	_, err = f.WriteString(list.String())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return append(specs, "/lib/modules/load.order="+f.Name()), cleanup, nil
 }
 
 func run(out, initPath string, extra []string) error {

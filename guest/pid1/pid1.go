@@ -3,12 +3,16 @@
 // Package pid1 holds what a guest's PID 1 does before its real work, shared
 // by the test /init (guest/init) and the agent (guest/agent): mounting the
 // kernel's file systems (the kernel mounts nothing for an initramfs root,
-// not even devtmpfs) and restarting the machine at the end.
+// not even devtmpfs), loading the kernel modules an image lists (for
+// distribution kernels, whose virtio drivers are modules) and ending the
+// machine: powering off where ACPI can, else restarting.
 package pid1
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,11 +48,12 @@ func MountAll(ms []Mount, logf func(format string, args ...any)) {
 }
 
 // End syncs and ends the machine; it never returns (PID 1 must not exit).
-// With ACPI (/sys/firmware/acpi) it powers off. Without it Linux cannot
-// power off (it halts for ever), so it restarts: with reboot=k microvm sees
-// the i8042 reset and exits 0; where there is no i8042 (QEMU's -M microvm)
-// Linux falls back to a triple fault, which QEMU run with -no-reboot turns
-// into an exit. Either way it tries the other when the first fails.
+// Where ACPI can power off (CanPowerOff) it powers off: microvm exits 0.
+// Otherwise Linux would only halt for ever, so it restarts: with reboot=k
+// microvm sees the i8042 reset and exits 0; where there is no i8042 (QEMU's
+// -M microvm) Linux falls back to a triple fault, which QEMU run with
+// -no-reboot turns into an exit. Either way it tries the other when the
+// first fails.
 func End(logf func(format string, args ...any)) {
 	// What PID 1 wrote to the console may still sit in the tty's buffer:
 	// reboot does not wait for it, and the last lines would be lost.
@@ -57,7 +62,7 @@ func End(logf func(format string, args ...any)) {
 	}
 	unix.Sync()
 	cmds := []int{unix.LINUX_REBOOT_CMD_RESTART, unix.LINUX_REBOOT_CMD_POWER_OFF}
-	if _, err := os.Stat("/sys/firmware/acpi"); err == nil {
+	if CanPowerOff() {
 		cmds[0], cmds[1] = cmds[1], cmds[0]
 	}
 	for _, c := range cmds {
@@ -67,4 +72,62 @@ func End(logf func(format string, args ...any)) {
 	for {
 		time.Sleep(time.Hour)
 	}
+}
+
+// DSDTPath is where Linux shows the firmware's DSDT.
+const DSDTPath = "/sys/firmware/acpi/tables/DSDT"
+
+// CanPowerOff says whether the kernel can power the machine off: it runs
+// with ACPI and the DSDT defines the \_S5 sleep state, which is what Linux
+// needs to install its ACPI power-off handler. Without that,
+// reboot(LINUX_REBOOT_CMD_POWER_OFF) halts for ever ("reboot: System
+// halted") and never returns.
+func CanPowerOff() bool {
+	b, err := os.ReadFile(DSDTPath)
+	return err == nil && HasS5(b)
+}
+
+// HasS5 says whether AML (a DSDT) names \_S5: the NameSeg "_S5_" appears
+// in any definition of it.
+func HasS5(aml []byte) bool { return bytes.Contains(aml, []byte("_S5_")) }
+
+// ModuleOrder is the file that lists, one path a line in load order, the
+// kernel modules PID 1 loads before anything else (LoadModules). An image
+// for a kernel with built-in drivers has none.
+const ModuleOrder = "/lib/modules/load.order"
+
+// LoadModules loads each module listed in the file at path (ModuleOrder),
+// in order, with finit_module and no parameters; a module already loaded
+// (EEXIST) counts as loaded. A missing file means there is nothing to load.
+// Failures go to logf and the rest are still tried; it returns how many
+// loaded.
+func LoadModules(path string, logf func(format string, args ...any)) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			logf("modules: %v", err)
+		}
+		return 0
+	}
+	n := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		p := strings.TrimSpace(line)
+		if p == "" || strings.HasPrefix(p, "#") {
+			continue
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			logf("module %s: %v", p, err)
+			continue
+		}
+		err = unix.FinitModule(int(f.Fd()), "", 0)
+		f.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			logf("module %s: finit_module: %v", p, err)
+			continue
+		}
+		logf("module %s loaded", p)
+		n++
+	}
+	return n
 }

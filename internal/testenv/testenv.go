@@ -174,6 +174,12 @@ func (p Program) Reset() Program {
 	return append(p, 0xb0, 0xfe, 0xe6, 0x64) // mov al, 0xfe; out 0x64, al
 }
 
+// Out writes byte v to I/O port port.
+func (p Program) Out(port uint16, v byte) Program {
+	// mov dx, port; mov al, v; out dx, al
+	return append(p, 0x66, 0xba, byte(port), byte(port>>8), 0xb0, v, 0xee)
+}
+
 // Halt halts forever (interrupts are off): only the VMM can end the guest.
 func (p Program) Halt() Program {
 	return append(p, 0xf4, 0xeb, 0xfd) // 1: hlt; jmp 1b
@@ -245,6 +251,10 @@ const (
 	// EnvExamples names the directory of the built examples (make
 	// examples: build/examples).
 	EnvExamples = "MICROVM_EXAMPLES"
+	// EnvDebian names a directory holding Debian's cloud kernel as
+	// vmlinuz and its initramfs as initramfs.cpio.gz (make debian-kernel:
+	// build/debian).
+	EnvDebian = "MICROVM_DEBIAN"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -283,6 +293,42 @@ func Example(tb testing.TB, name string) string {
 func Initrd(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvInitrd, "build/linux/initramfs.cpio.gz", "initramfs")
+}
+
+// DebianKernel returns Debian's linux-image-cloud-amd64 kernel and an
+// initramfs with guest/init and its virtio and vsock modules: the files in
+// $MICROVM_DEBIAN, else in build/debian after `make debian-kernel` (which
+// downloads the packages once with apt-get; scripts/debian-kernel). Inside
+// the nested-KVM box, which has no network and builds slowly, it only
+// uses what the host made. Missing when they cannot be had. Call it before
+// RequireKVM, so that the host fetches what a queued test needs in the box.
+func DebianKernel(tb testing.TB) (kernel, initrd string) {
+	tb.Helper()
+	dir := os.Getenv(EnvDebian)
+	if dir == "" {
+		r, err := Root()
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		dir = filepath.Join(r, "build", "debian")
+		if !InBox() {
+			buildMu.Lock()
+			err := makeLocked(r, "debian-kernel")
+			buildMu.Unlock()
+			if err != nil {
+				Missing(tb, "no Debian cloud kernel: %v", err)
+				return "", ""
+			}
+		}
+	}
+	kernel, initrd = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs.cpio.gz")
+	for _, p := range []string{kernel, initrd} {
+		if _, err := os.Stat(p); err != nil {
+			Missing(tb, "no Debian cloud kernel: %v (run `make debian-kernel`, or set $%s)", err, EnvDebian)
+			return "", ""
+		}
+	}
+	return kernel, initrd
 }
 
 // BzImage returns the Linux test kernel's bzImage (build/kernel/bzImage,

@@ -23,6 +23,7 @@ var mounts = append(append([]pid1.Mount(nil), pid1.Basic...), []pid1.Mount{
 // logged, not fatal: an Exec that needs nothing missing still works.
 func setupSystem() {
 	pid1.MountAll(mounts, log.Printf)
+	pid1.LoadModules(pid1.ModuleOrder, log.Printf) // a distribution kernel's virtio modules
 	// Programs open /dev/ptmx; with devpts mounted, point it at its ptmx.
 	if _, err := os.Lstat("/dev/ptmx"); err != nil {
 		os.Symlink("pts/ptmx", "/dev/ptmx")

@@ -1,0 +1,54 @@
+package microvm
+
+import (
+	"fmt"
+
+	"github.com/microvm/microvm/acpi"
+	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/virtio"
+)
+
+// setupACPI adds the power control registers to the port bus, writes the
+// ACPI tables describing the machine (docs/machine.md, "ACPI") at
+// acpi.TablesAddr and returns the RSDP's address for the loader. With
+// Config.NoACPI it does nothing and returns 0. It runs after the devices
+// exist (the DSDT lists the virtio-mmio slots).
+func (m *Machine) setupACPI() (uint64, error) {
+	if m.cfg.NoACPI {
+		return 0, nil
+	}
+	pc := &devices.PowerControl{
+		PowerOff: func() { m.stop(Result{Kind: ExitPowerOff, Status: StatusOK}) },
+		Reset:    func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) },
+	}
+	if err := m.pio.Register(devices.PowerControlPort, devices.PowerControlPorts, "acpi-power", pc); err != nil {
+		return 0, err
+	}
+	d := acpi.Machine{
+		CPUs:             m.cfg.CPUs,
+		LAPICAddr:        loader.LAPICAddr,
+		IOAPICAddr:       loader.IOAPICAddr,
+		IOAPICID:         uint8(m.cfg.CPUs), // as the MP table says
+		PCAT:             m.cfg.IRQChip == IRQChipKernel,
+		SleepControlPort: devices.PowerControlPort + devices.SleepControlReg,
+		SleepStatusPort:  devices.PowerControlPort + devices.SleepStatusReg,
+		ResetPort:        devices.PowerControlPort + devices.ResetReg,
+		ResetValue:       devices.ResetValue,
+	}
+	d.Serial.Port, d.Serial.IRQ = devices.COM1Port, devices.COM1IRQ
+	for _, s := range m.virtio {
+		d.Virtio = append(d.Virtio, acpi.MMIODevice{Base: uint32(s.base), Size: virtio.MMIOSize, GSI: s.irq})
+	}
+	t, err := acpi.Build(acpi.TablesAddr, d)
+	if err != nil {
+		return 0, err
+	}
+	if uint64(len(t.Bytes)) > acpi.TablesEnd-acpi.TablesAddr {
+		return 0, fmt.Errorf("acpi: %d bytes of tables do not fit in %#x-%#x", len(t.Bytes), acpi.TablesAddr, acpi.TablesEnd)
+	}
+	if err := m.mem.Write(t.Base, t.Bytes); err != nil {
+		return 0, fmt.Errorf("acpi: writing the tables: %w", err)
+	}
+	return t.RSDP, nil
+}

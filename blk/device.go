@@ -1,0 +1,291 @@
+package blk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/virtio"
+)
+
+// Feature bits (virtio 1.2, 5.2.3).
+const (
+	FeatureSegMax      = 1 << 2  // VIRTIO_BLK_F_SEG_MAX
+	FeatureRO          = 1 << 5  // VIRTIO_BLK_F_RO
+	FeatureBlkSize     = 1 << 6  // VIRTIO_BLK_F_BLK_SIZE
+	FeatureFlush       = 1 << 9  // VIRTIO_BLK_F_FLUSH
+	FeatureDiscard     = 1 << 13 // VIRTIO_BLK_F_DISCARD
+	FeatureWriteZeroes = 1 << 14 // VIRTIO_BLK_F_WRITE_ZEROES
+)
+
+// Defaults for Config.
+const (
+	// DefaultQueueSize is the size offered for the request queue.
+	DefaultQueueSize = 256
+	// DefaultInFlight is how many requests are served at once.
+	DefaultInFlight = 4
+	// MaxInFlight bounds Config.InFlight.
+	MaxInFlight = 64
+	// MaxSerial is the longest serial (VIRTIO_BLK_ID_BYTES).
+	MaxSerial = idLen
+)
+
+// Config configures a virtio-blk device.
+type Config struct {
+	// Path is the raw image: a regular file (or block device) whose size
+	// is a multiple of 512 bytes.
+	Path string
+	// ReadOnly opens the image read-only, takes a shared lock on it, and
+	// offers VIRTIO_BLK_F_RO.
+	ReadOnly bool
+	// Serial is what GET_ID returns (at most 20 bytes).
+	Serial string
+	// QueueSize is the request queue's maximum size (default
+	// DefaultQueueSize).
+	QueueSize uint16
+	// InFlight is how many requests the device serves at once (default
+	// DefaultInFlight, at most MaxInFlight).
+	InFlight int
+	// Log receives guest and host errors (nil: logrus.StandardLogger()).
+	Log logrus.FieldLogger
+}
+
+// Stats are the device's counters.
+type Stats struct {
+	Reads, Writes, Flushes  uint64 // requests completed OK, by type
+	Discards, WriteZeroes   uint64
+	GetIDs                  uint64
+	BytesRead, BytesWritten uint64
+	Refused                 uint64 // requests answered IOERR or UNSUPP because of what the guest asked
+	HostErrors              uint64 // requests answered IOERR because the host file failed
+	GuestErrors             uint64 // malformed chains and queue errors (the device then needs a reset)
+	Kicks                   uint64 // queue notifications observed
+	Interrupts              uint64 // used-buffer notifications sent
+	MaxInFlight             uint64 // most requests seen in flight at once
+}
+
+type counters struct {
+	reads, writes, flushes, discards, writeZeroes, getIDs, bytesRead, bytesWritten,
+	refused, hostErrors, guestErrors, kicks, interrupts, maxInFlight atomic.Uint64
+}
+
+// Device is a virtio-blk device (virtio 1.2, 5.2) over a raw image.
+type Device struct {
+	cfg     Config
+	log     logrus.FieldLogger
+	file    *os.File
+	fd      int
+	sectors uint64
+	config  [configSize]byte
+	id      [idLen]byte
+	ctr     counters
+
+	mu     sync.Mutex // guards sess and closed
+	sess   *session
+	closed bool
+}
+
+// Configuration space layout (5.2.4), as far as the offered features use it.
+const (
+	cfgCapacity            = 0  // le64
+	cfgSegMax              = 12 // le32
+	cfgBlkSize             = 20 // le32
+	cfgMaxDiscardSectors   = 36 // le32
+	cfgMaxDiscardSeg       = 40 // le32
+	cfgDiscardAlignment    = 44 // le32
+	cfgMaxWriteZeroSectors = 48 // le32
+	cfgMaxWriteZeroSeg     = 52 // le32
+	cfgWriteZeroesMayUnmap = 56 // u8
+	configSize             = 60
+)
+
+// Open opens and locks the image and returns a device for it. The image is
+// locked (flock: exclusive, or shared when read-only) until Close, so a
+// second microvm, or anything else that honours flock, cannot write it at
+// the same time.
+func Open(cfg Config) (*Device, error) {
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.QueueSize < 4 || cfg.QueueSize&(cfg.QueueSize-1) != 0 {
+		return nil, fmt.Errorf("blk: queue size %d is not a power of two of at least 4", cfg.QueueSize)
+	}
+	if cfg.InFlight == 0 {
+		cfg.InFlight = DefaultInFlight
+	}
+	if cfg.InFlight < 1 || cfg.InFlight > MaxInFlight {
+		return nil, fmt.Errorf("blk: %d requests in flight; want 1..%d", cfg.InFlight, MaxInFlight)
+	}
+	if len(cfg.Serial) > MaxSerial {
+		return nil, fmt.Errorf("disk %s: serial %q is longer than %d bytes", cfg.Path, cfg.Serial, MaxSerial)
+	}
+	if cfg.Log == nil {
+		cfg.Log = logrus.StandardLogger()
+	}
+	f, sectors, err := openImage(cfg.Path, cfg.ReadOnly)
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{cfg: cfg, log: cfg.Log, file: f, fd: int(f.Fd()), sectors: sectors}
+	copy(d.id[:], cfg.Serial)
+	c := d.config[:]
+	binary.LittleEndian.PutUint64(c[cfgCapacity:], sectors)
+	// Two descriptors of each chain are the header and the status.
+	binary.LittleEndian.PutUint32(c[cfgSegMax:], uint32(cfg.QueueSize)-2)
+	binary.LittleEndian.PutUint32(c[cfgBlkSize:], SectorSize)
+	binary.LittleEndian.PutUint32(c[cfgMaxDiscardSectors:], maxSegSectors)
+	binary.LittleEndian.PutUint32(c[cfgMaxDiscardSeg:], maxSegments)
+	binary.LittleEndian.PutUint32(c[cfgDiscardAlignment:], 4096/SectorSize)
+	binary.LittleEndian.PutUint32(c[cfgMaxWriteZeroSectors:], maxSegSectors)
+	binary.LittleEndian.PutUint32(c[cfgMaxWriteZeroSeg:], maxSegments)
+	c[cfgWriteZeroesMayUnmap] = 1
+	return d, nil
+}
+
+// openImage opens path, checks its size and locks it.
+func openImage(path string, readOnly bool) (*os.File, uint64, error) {
+	flag, lock, mode := os.O_RDWR, unix.LOCK_EX, "read-write"
+	if readOnly {
+		flag, lock, mode = os.O_RDONLY, unix.LOCK_SH, "read-only"
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("disk %s: %w", path, unwrapPath(err))
+	}
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("disk %s: size: %w", path, err)
+	}
+	switch {
+	case size == 0:
+		f.Close()
+		return nil, 0, fmt.Errorf("disk %s is empty", path)
+	case size%SectorSize != 0:
+		f.Close()
+		return nil, 0, fmt.Errorf("disk %s: its size, %d bytes, is not a multiple of %d (pad it, e.g. truncate -s %%%d %s)",
+			path, size, SectorSize, SectorSize, path)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), lock|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err == unix.EWOULDBLOCK {
+		f.Close()
+		return nil, 0, fmt.Errorf("disk %s is locked by another process (a microvm using it?); cannot open it %s", path, mode)
+	}
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("disk %s: lock: %w", path, err)
+	}
+	return f, uint64(size) / SectorSize, nil
+}
+
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// Sectors is the capacity in 512-byte sectors.
+func (d *Device) Sectors() uint64 { return d.sectors }
+
+// Type implements virtio.Device.
+func (d *Device) Type() uint32 { return virtio.DeviceBlock }
+
+// Features implements virtio.Device: SEG_MAX, BLK_SIZE and FLUSH always; RO
+// for a read-only image, DISCARD and WRITE_ZEROES for a writable one.
+func (d *Device) Features() uint64 {
+	f := uint64(FeatureSegMax | FeatureBlkSize | FeatureFlush)
+	if d.cfg.ReadOnly {
+		return f | FeatureRO
+	}
+	return f | FeatureDiscard | FeatureWriteZeroes
+}
+
+// QueueSizes implements virtio.Device: one request queue.
+func (d *Device) QueueSizes() []uint16 { return []uint16{d.cfg.QueueSize} }
+
+// ReadConfig implements virtio.Device.
+func (d *Device) ReadConfig(offset uint64, p []byte) {
+	clear(p)
+	if offset < configSize {
+		copy(p, d.config[offset:])
+	}
+}
+
+// WriteConfig implements virtio.Device: nothing is writable (no
+// VIRTIO_BLK_F_CONFIG_WCE).
+func (d *Device) WriteConfig(uint64, []byte) {}
+
+// Stats returns a snapshot of the counters.
+func (d *Device) Stats() Stats {
+	c := &d.ctr
+	return Stats{
+		Reads: c.reads.Load(), Writes: c.writes.Load(), Flushes: c.flushes.Load(),
+		Discards: c.discards.Load(), WriteZeroes: c.writeZeroes.Load(), GetIDs: c.getIDs.Load(),
+		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(),
+		Refused: c.refused.Load(), HostErrors: c.hostErrors.Load(), GuestErrors: c.guestErrors.Load(),
+		Kicks: c.kicks.Load(), Interrupts: c.interrupts.Load(), MaxInFlight: c.maxInFlight.Load(),
+	}
+}
+
+// Activate implements virtio.Device: it starts the dispatcher and the
+// request workers on the request queue.
+func (d *Device) Activate(a virtio.Activation) error {
+	if len(a.Queues) < 1 || a.Queues[0] == nil {
+		return fmt.Errorf("%w: virtio-blk needs its request queue", virtio.ErrGuest)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errors.New("blk: device closed")
+	}
+	if d.sess != nil {
+		return errors.New("blk: activated twice without a reset")
+	}
+	s, err := newSession(d, a)
+	if err != nil {
+		return err
+	}
+	d.sess = s
+	s.start()
+	return nil
+}
+
+// Reset implements virtio.Device: it stops taking requests, waits for those
+// in flight to finish (their I/O completes and they are returned to the
+// ring, as QEMU drains on reset), and forgets the queue.
+func (d *Device) Reset() {
+	d.mu.Lock()
+	s := d.sess
+	d.sess = nil
+	d.mu.Unlock()
+	if s != nil {
+		s.shutdown()
+	}
+}
+
+// Close resets the device, then unlocks and closes the image.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	d.Reset()
+	return d.file.Close() // releases the flock
+}

@@ -1,0 +1,72 @@
+// Package blk is microvm's block device, virtio-blk (virtio 1.2, 5.2), over
+// a raw image file: reads and writes go straight between guest memory and
+// the file with preadv/pwritev (no bounce buffers), flushes are fdatasync,
+// discard and write-zeroes are fallocate (punch hole, zero range).
+//
+// Offered features: SEG_MAX, BLK_SIZE (512), FLUSH, RO for a read-only
+// image, DISCARD and WRITE_ZEROES for a writable one; the transport adds
+// VERSION_1, INDIRECT_DESC and EVENT_IDX. GET_ID returns Config.Serial.
+//
+// # Data path
+//
+// The driver puts a request on the request queue (5.2.6): a readable
+// 16-byte header (type, sector), the data (readable for OUT, writable for
+// IN), and a writable status byte last. It kicks the queue; under KVM that
+// is an ioeventfd and wakes the dispatcher goroutine, which waits for a
+// free slot (there are Config.InFlight of them), pops the chain into it
+// (virtio.Queue.Pop: the walker bounds every descriptor), copies the header
+// out once and checks it (parseRequest: chain shape, type, feature, read-
+// only, length a multiple of 512, sector range without overflow), and hands
+// the slot to a worker. The worker takes views of the data with the
+// virtio.Reader/Writer cursors and runs one preadv/pwritev on them (at most
+// 1024 buffers a call, resuming after short transfers), or fdatasync, or
+// fallocate per segment, writes the status byte, and under the queue lock
+// pushes the used entry and asks the queue whether the guest wants an
+// interrupt (used_event with EVENT_IDX); if so it signals the irqfd. Up to
+// InFlight requests run at once, so a slow read does not hold back the
+// others; the guest completes them in any order, as the spec allows.
+// Once the ring is empty the dispatcher re-enables kicks (which with
+// EVENT_IDX writes avail_event) and re-checks the ring before sleeping.
+//
+// # Untrusted guest
+//
+// A chain without room for the header or the status byte, a read with
+// readable data or a write with writable data is malformed: the device
+// cannot answer it, so it reports it through Activation.Fail (the
+// transport sets DEVICE_NEEDS_RESET), counts it in Stats.GuestErrors and
+// stops taking requests until the driver resets it; broken rings are
+// handled the same way. A well-formed request the device will not do is
+// answered: IOERR for sectors beyond the capacity (sector+count checked
+// without overflow), lengths that are not whole sectors, writes to a
+// read-only disk, bad segment counts or lengths; UNSUPP for unknown types,
+// a type whose feature was not negotiated, and reserved segment flags.
+// Those count in Stats.Refused. Discard and write-zeroes segments are
+// copied out of guest memory once and all checked before any is acted on.
+// Nothing on the guest's side panics the device.
+//
+// # The image
+//
+// Open takes flock(LOCK_EX|LOCK_NB) on the image (LOCK_SH when read-only),
+// so a second microvm on the same image is refused with a clear error
+// instead of corrupting it, and refuses images that are empty or whose
+// size is not a multiple of 512. The lock goes with Close.
+//
+// # Goroutines and locks
+//
+// Per activation: one dispatcher (owns popping and the kick eventfd) and
+// InFlight workers (own the slot they hold). A slot moves dispatcher ->
+// work channel -> worker -> free channel, so one goroutine at a time
+// touches its chain. Session.qmu guards the queue: the dispatcher holds it
+// to pop and to re-enable kicks, a worker to push and decide on an
+// interrupt; nothing else is taken under it except the transport's
+// interrupt lock inside ActiveQueue.Interrupt, which is called after
+// qmu is released. Device.mu guards the active session and is taken only
+// by Activate, Reset and Close (the MMIO transport calls the first two
+// with its mu held: MMIO.mu -> Device.mu -> nothing). Reset closes the
+// quit channel and signals the stop eventfd: the dispatcher stops popping
+// and closes the work channel, the workers finish the I/O of the requests
+// they hold (as QEMU drains in-flight requests on reset) but publish
+// nothing, since the driver is tearing its rings down, and return; Reset waits for all of
+// them, so no goroutine touches guest memory after it returns. Counters
+// are atomics.
+package blk

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm"
+)
+
+func TestParseDisk(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want microvm.DiskConfig
+		bad  bool
+	}{
+		{in: "path=a.img", want: microvm.DiskConfig{Path: "a.img"}},
+		{in: "path=/x/a.img,readonly,serial=disk0", want: microvm.DiskConfig{Path: "/x/a.img", ReadOnly: true, Serial: "disk0"}},
+		{in: "serial=,path=a", want: microvm.DiskConfig{Path: "a"}},
+		{in: "a.img", bad: true},
+		{in: "path=", bad: true},
+		{in: "readonly", bad: true},
+		{in: "path=a,readonly=yes", bad: true},
+		{in: "path=a,cache=none", bad: true},
+	} {
+		got, err := parseDisk(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("parseDisk(%q) = %+v; want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseDisk(%q): %v", tc.in, err)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("parseDisk(%q) (-want +got):\n%s", tc.in, diff)
+		}
+	}
+}
+
+func TestDeviceFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		disks int
+		root  string
+		rng   *microvm.RNGConfig
+		usage bool
+	}{
+		{args: nil, rng: &microvm.RNGConfig{}},
+		{args: []string{"--rng=off"}},
+		{args: []string{"--rng", "--rng-rate", "64K/s"}, rng: &microvm.RNGConfig{Rate: 64 << 10}},
+		{args: []string{"--rng-rate", "100"}, rng: &microvm.RNGConfig{Rate: 100}},
+		{args: []string{"--disk", "path=a", "--disk", "path=b,readonly", "--root", "/dev/vdb"}, disks: 2, root: "/dev/vdb", rng: &microvm.RNGConfig{}},
+		{args: []string{"--root", "/dev/vda"}, usage: true},
+		{args: []string{"--rng=off", "--rng-rate", "1K"}, usage: true},
+		{args: []string{"--rng-rate", "2G"}, usage: true},
+		{args: []string{"--rng-rate", "fast"}, usage: true},
+	} {
+		var cfg microvm.Config
+		var got error
+		app := newApp(nil, nil, nil)
+		app.Commands[0].Action = func(c *cli.Context) error {
+			got = readDeviceFlags(c, &cfg)
+			return nil
+		}
+		if err := app.Run(append([]string{"microvm", "run"}, tc.args...)); err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		if tc.usage {
+			var ue usageError
+			if !errors.As(got, &ue) {
+				t.Errorf("%v: %v; want a usage error", tc.args, got)
+			}
+			continue
+		}
+		if got != nil {
+			t.Errorf("%v: %v", tc.args, got)
+			continue
+		}
+		if len(cfg.Disks) != tc.disks || cfg.Root != tc.root || !cmp.Equal(cfg.RNG, tc.rng) {
+			t.Errorf("%v: disks %v root %q rng %+v; want %d disks, root %q, rng %+v", tc.args, cfg.Disks, cfg.Root, cfg.RNG, tc.disks, tc.root, tc.rng)
+		}
+	}
+}
