@@ -532,6 +532,10 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	if err := wantFDs(fds, len(regs)); err != nil {
 		return err
 	}
+	if err := checkOverlap(regs); err != nil {
+		closeAll(fds)
+		return protoErr("%v", err)
+	}
 	for i, r := range regs {
 		if err := checkRegionFile(fds[i], r); err != nil {
 			closeAll(fds)
@@ -592,6 +596,34 @@ func checkRegionFile(fd int, r memRegion) error {
 	}
 	if end := r.Offset + r.Size; end < r.Offset || end > uint64(st.Size) {
 		return fmt.Errorf("%d bytes at offset %d run past the end of the %d-byte file", r.Size, r.Offset, st.Size)
+	}
+	return nil
+}
+
+// checkOverlap rejects a memory table whose regions overlap in guest-physical
+// or in front-end virtual addresses, or whose ranges wrap: either would make
+// an address translate two ways (TranslateUser picks the first region that
+// holds it), so the device could read a ring or a buffer through a region the
+// front-end did not mean.
+func checkOverlap(regs []memRegion) error {
+	for i, a := range regs {
+		if a.Size == 0 {
+			return fmt.Errorf("region %d is empty", i)
+		}
+		if a.GPA+a.Size < a.GPA {
+			return fmt.Errorf("region %d: guest range %#x+%#x wraps", i, a.GPA, a.Size)
+		}
+		if a.UserAddr+a.Size < a.UserAddr {
+			return fmt.Errorf("region %d: front-end range %#x+%#x wraps", i, a.UserAddr, a.Size)
+		}
+		for j, b := range regs[:i] {
+			if a.GPA < b.GPA+b.Size && b.GPA < a.GPA+a.Size {
+				return fmt.Errorf("regions %d and %d overlap in guest addresses (%#x+%#x, %#x+%#x)", j, i, b.GPA, b.Size, a.GPA, a.Size)
+			}
+			if a.UserAddr < b.UserAddr+b.Size && b.UserAddr < a.UserAddr+a.Size {
+				return fmt.Errorf("regions %d and %d overlap in front-end addresses (%#x+%#x, %#x+%#x)", j, i, b.UserAddr, b.Size, a.UserAddr, a.Size)
+			}
+		}
 	}
 	return nil
 }

@@ -9,8 +9,8 @@
 // Data flow: the front-end negotiates features (GET/SET_FEATURES, the
 // protocol features MQ, REPLY_ACK and CONFIG), hands over guest RAM with
 // SET_MEM_TABLE (file descriptors, each a memfd sealed with F_SEAL_SHRINK,
-// each region checked to lie inside its file, mapped shared through
-// guestmem.MapFiles),
+// each region checked to lie inside its file, no two regions overlapping in
+// guest or front-end addresses, mapped shared through guestmem.MapFiles),
 // and configures
 // each ring it drives (SET_VRING_NUM, _ADDR, _BASE, _KICK, _CALL, _ERR and,
 // with protocol features, _ENABLE). Once every such ring is configured,
@@ -38,7 +38,8 @@
 // whose descriptor is not a memfd carrying F_SEAL_SHRINK is refused with a
 // logged error and the front-end dropped. QEMU's memory-backend-memfd seals
 // so by default (seal=on); memory-backend-file and unsealed memfds are not
-// served.
+// served. Overlapping regions (guest or front-end addresses) are refused
+// the same way, since an address in two regions translates two ways.
 //
 // Goroutines and locks: Serve runs the accept loop and serves one front-end
 // at a time on its own goroutine, which owns all connection and ring state

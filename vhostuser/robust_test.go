@@ -458,6 +458,26 @@ func TestMalformedFrontEnd(t *testing.T) {
 			f.negotiate()
 			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), int(file.Fd()))
 		}, "guest memory is not a memfd"},
+		{"regions overlap in guest addresses", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: memSize - 0x1000, Size: memSize, UserAddr: memUser + memSize}), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 0 and 1 overlap in guest addresses"},
+		{"regions overlap in front-end addresses", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: memSize, Size: memSize, UserAddr: memUser + 0x1000}), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 0 and 1 overlap in front-end addresses"},
+		{"one region inside another (third of three)", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: 4 * memSize, Size: memSize, UserAddr: memUser + 4*memSize},
+				memRegion{GPA: 4*memSize + 0x1000, Size: 0x1000, UserAddr: memUser + 8*memSize}), memfd(t, memSize), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 1 and 2 overlap in guest addresses"},
+		{"front-end range that wraps", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: ^uint64(0) - 0x1000}), memfd(t, memSize))
+		}, "front-end range 0xffffffffffffefff+0x100000 wraps"},
 		{"kick for a missing ring", func(t *testing.T, f *frontEnd) {
 			f.negotiate()
 			f.msg(SetVringKick, u64(2), newEventFD(t))
