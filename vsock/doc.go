@@ -88,6 +88,28 @@
 // A connection without credit leaves the list until a guest packet brings
 // credit; with no RX buffers the worker re-enables RX kicks and sleeps.
 //
+// # Half-close (SHUTDOWN, 5.10.6.6)
+//
+// Guest SHUTDOWN(SEND) ("will not send"): once the host socket has taken
+// everything the guest sent before it, the device calls shutdown(SHUT_WR)
+// on it, so the host reads EOF and may go on writing.
+//
+// Guest SHUTDOWN(RCV) ("will not receive"): the device calls
+// shutdown(SHUT_RD) on the host socket at once. On a Unix stream or
+// SEQPACKET socket that also shuts the peer's sending side, so the host's
+// next write fails with EPIPE (SIGPIPE without MSG_NOSIGNAL), exactly what
+// a Linux vsock application sees when its peer shuts down receiving
+// (vsock_connectible_sendmsg checks the peer's RCV_SHUTDOWN). Host data the
+// guest has not been given yet is dropped, never delivered, even if the
+// guest later grants credit: the CONNECT prefix, a SEQPACKET record in
+// flight, and whatever waits unread in the socket (the kernel frees it with
+// the socket). No RST is sent: the guest can still send, and the host still
+// reads. Since the device never reads the socket again, the host's close is
+// learnt from EPOLLHUP alone, and the guest is then told SHUTDOWN(BOTH).
+//
+// Both flags (at once or one after the other): the device forwards what the
+// guest sent, then answers RST and closes the host socket.
+//
 // # Optimisations (Options, each measurable on and off)
 //
 // KickSuppress (guest kicks stay off across the host write, with a final

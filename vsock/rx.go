@@ -111,7 +111,15 @@ func (s *session) hostEvent(fd int, events uint32) {
 	}
 	if events&unix.EPOLLHUP != 0 && !c.hostHup {
 		c.hostHup = true
-		if c.hostEOF && c.shutFlags != ShutdownBoth {
+		if c.guestShut&ShutdownRcv != 0 && !c.hostEOF {
+			// The device no longer reads this socket (the guest shut
+			// down receiving), so no read will see the host's EOF: the
+			// hang-up is all the news there is, and the host neither
+			// sends nor receives any more.
+			c.hostEOF = true
+			c.shutFlags = ShutdownBoth
+			c.pend |= pendShutdown
+		} else if c.hostEOF && c.shutFlags != ShutdownBoth {
 			// We told the guest the host stopped sending; now it has
 			// stopped receiving too.
 			c.shutFlags = ShutdownBoth

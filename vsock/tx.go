@@ -427,6 +427,9 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 		s.resetConnLocked(c)
 		return
 	}
+	if flags&ShutdownRcv != 0 && c.guestShut&ShutdownRcv == 0 {
+		s.hostReadShutLocked(c)
+	}
 	c.guestShut |= flags & ShutdownBoth
 	if c.guestShut&ShutdownSend != 0 && len(c.msg) > 0 {
 		// The rest of this message will never come: no record for it.
@@ -442,6 +445,23 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 		return
 	}
 	s.afterFlushLocked(c)
+}
+
+// hostReadShutLocked applies the guest's SHUTDOWN(RCV) ("will not receive")
+// to the host socket: shutdown(SHUT_RD), which on a Unix stream or SEQPACKET
+// socket also shuts the peer's sending side, so the host's further writes
+// fail with EPIPE, as a Linux vsock socket's do once its peer shut down
+// receiving. Host data not yet given to the guest (the CONNECT prefix, a
+// SEQPACKET record in flight, what waits in the socket) is dropped: the
+// device never reads the socket again, and the kernel frees what it holds
+// when the connection closes. Called with c.mu held.
+func (s *session) hostReadShutLocked(c *conn) {
+	if c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_RD)
+	}
+	c.hostReadable = false
+	c.prefix = nil
+	c.rec, c.recOff, c.seqNeed = nil, 0, 0
 }
 
 // afterFlushLocked applies the guest's shutdown once the host has all of the
