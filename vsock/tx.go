@@ -343,7 +343,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.queueRst(rst)
 		return
 	}
-	c := newConn(key, h.Type, s.d.cfg.ConnBuffer)
+	c := newConn(key, h.Type)
 	c.state = stateGuestConnecting
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
@@ -417,6 +417,11 @@ func (s *session) guestResponse(c *conn) {
 		return
 	}
 	c.state = stateEstablished
+	if c.bufAlloc < s.d.cfg.ConnBuffer {
+		// The REQUEST went out while the budget was short: the guest
+		// gets the rest of its window as soon as there is budget.
+		c.pend |= pendCredit
+	}
 }
 
 // guestShutdown handles SHUTDOWN: the guest will receive (RCV) or send
@@ -497,9 +502,11 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		return
 	}
 	n := h.Len
-	if c.fromGuest+n-c.fwdCnt > c.bufAlloc {
-		s.guestError("connection %d<->%d: guest overran its credit (%d bytes buffered, %d more, window %d)",
-			c.key.hostPort, c.key.guestPort, c.fromGuest-c.fwdCnt, n, c.bufAlloc)
+	// Against the credit granted (grantFwd, not fwdCnt): what the guest
+	// was told is at most that, and the device-wide budget counts on it.
+	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
+		s.guestError("connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
+			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
 		s.resetConnLocked(c)
 		return
 	}
@@ -567,7 +574,7 @@ func (s *session) writeRunLocked(st *txState, c *conn) {
 		s.resetConnLocked(c)
 		return
 	}
-	c.fwdCnt += uint32(w)
+	s.forwardedLocked(c, uint32(w))
 	if w < total {
 		s.d.ctr.hostWriteStalls.Add(1)
 		s.appendTx(c, st.runViews, uint64(w))
@@ -629,7 +636,7 @@ func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
 			return
 		}
 		if ok {
-			c.fwdCnt += uint32(n)
+			s.forwardedLocked(c, uint32(n))
 			s.d.ctr.seqToHost.Add(1)
 			s.resetMsg(c)
 			return
@@ -684,7 +691,7 @@ func (s *session) flushSeqLocked(c *conn) {
 		}
 		c.toHost.Consume(n)
 		c.recs.pop()
-		c.fwdCnt += uint32(n)
+		s.forwardedLocked(c, uint32(n))
 		s.d.ctr.seqToHost.Add(1)
 	}
 	s.afterFlushLocked(c)
@@ -705,7 +712,7 @@ func (s *session) flushLocked(c *conn) {
 		s.resetConnLocked(c)
 		return
 	}
-	c.fwdCnt += uint32(w)
+	s.forwardedLocked(c, uint32(w))
 	if w < c.toHost.Len() {
 		s.d.ctr.hostWriteStalls.Add(1)
 	}
