@@ -117,6 +117,7 @@ func (m *Machine) setupVsock() error {
 		CID:            vc.CID,
 		MaxConns:       vc.MaxConnections,
 		ConnBuffer:     uint32(vc.ConnBuffer),
+		MaxBuffered:    vc.BufferTotal,
 		ConnectTimeout: vc.ConnectTimeout,
 		Dialer:         router,
 		Options:        vc.Options,

@@ -20,6 +20,9 @@ type VsockConfig struct {
 	// ConnBuffer is the per-connection buffer in bytes (default 256 KiB, at
 	// most MaxVsockConnBuffer).
 	ConnBuffer int
+	// BufferTotal bounds the guest->host bytes all connections together
+	// may make the device buffer (vsock.Config.MaxBuffered; 0: 64 MiB).
+	BufferTotal uint64
 	// ConnectTimeout bounds the CONNECT handshake (default 2 s).
 	ConnectTimeout time.Duration
 	// Options selects data-path optimisations (nil: vsock.DefaultOptions).

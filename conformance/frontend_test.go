@@ -114,15 +114,26 @@ func ringAddr(i uint32) []byte {
 	return append(le32(i, 0), le64(base, base+0x2000, base+0x1000, 0)...)
 }
 
-func testMemfd(t *testing.T, size int64) int {
+// testMemfd is a memfd of size bytes sealed against shrinking, as QEMU's
+// memory-backend-memfd makes it (seal=on).
+func testMemfd(t *testing.T, size int64) int { return newMemfd(t, size, true) }
+
+// newMemfd is a memfd of size bytes, sealed or not (the back-end refuses an
+// unsealed one).
+func newMemfd(t *testing.T, size int64, sealed bool) int {
 	t.Helper()
-	fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	if err := unix.Ftruncate(fd, size); err != nil {
 		t.Fatal(err)
+	}
+	if sealed {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return fd
 }
@@ -181,6 +192,10 @@ func TestMalformedFrontEnd(t *testing.T) {
 				f.send(vuSetVringKick, vuVersion1, le64(uint64(i)), testEventFD(t))
 			}
 		}, "past the end of the 4096-byte file"},
+		{"SET_MEM_TABLE with an unsealed memfd", func(t *testing.T, f *badFrontEnd) {
+			// Shrinking it later would raise SIGBUS in the back-end.
+			f.send(vuSetMemTable, vuVersion1, memTableMsg(1<<20), newMemfd(t, 1<<20, false))
+		}, "memfd not sealed against shrinking"},
 		{"kick for a missing ring", func(t *testing.T, f *badFrontEnd) {
 			f.send(vuSetVringKick, vuVersion1, le64(2), testEventFD(t)) // the event queue: QEMU keeps it
 		}, "ring 2 does not exist"},

@@ -532,6 +532,10 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	if err := wantFDs(fds, len(regs)); err != nil {
 		return err
 	}
+	if err := checkOverlap(regs); err != nil {
+		closeAll(fds)
+		return protoErr("%v", err)
+	}
 	for i, r := range regs {
 		if err := checkRegionFile(fds[i], r); err != nil {
 			closeAll(fds)
@@ -560,20 +564,66 @@ func (f *frontend) setMemTable(p []byte, fds []int) error {
 	return nil
 }
 
-// checkRegionFile checks that a memory region lies inside its file. A shared
-// mapping past the end of a file maps, but touching it raises SIGBUS, which
-// would kill the back-end. QEMU's shareable memory backends (memfd, file on
-// hugetlbfs or tmpfs, shm) all hand over regular files.
+// checkRegionFile checks that a memory region lies inside its file and that
+// the file can never shrink under the mapping. A shared mapping past the end
+// of a file maps, but touching it raises SIGBUS, which would kill the
+// back-end; a file that is shrunk after SET_MEM_TABLE turns the device's next
+// touch of guest memory into the same SIGBUS. So every region's descriptor
+// must be a memfd sealed with F_SEAL_SHRINK: QEMU's memory-backend-memfd
+// seals its file that way by default (seal=on: F_SEAL_GROW|F_SEAL_SHRINK|
+// F_SEAL_SEAL). A seal, once set, is never removed, so checking it before the
+// size makes the size check hold for the life of the mapping. Files that
+// cannot carry seals (memory-backend-file on tmpfs or hugetlbfs, shm) are
+// refused: the back-end could not survive their truncation.
 func checkRegionFile(fd int, r memRegion) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("fstat: %w", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("descriptor is not a regular file (mode %#o); want a memfd or a memory file", st.Mode)
+		return fmt.Errorf("descriptor is not a regular file (mode %#o); want a sealed memfd", st.Mode)
+	}
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("guest memory is not a memfd (F_GET_SEALS: %v); want a memfd sealed with F_SEAL_SHRINK (QEMU: memory-backend-memfd, seal=on)", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return fmt.Errorf("memfd not sealed against shrinking (seals %#x); want F_SEAL_SHRINK (QEMU: memory-backend-memfd with seal=on, its default)", seals)
+	}
+	// Sealed: the size read now can only grow.
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
 	}
 	if end := r.Offset + r.Size; end < r.Offset || end > uint64(st.Size) {
 		return fmt.Errorf("%d bytes at offset %d run past the end of the %d-byte file", r.Size, r.Offset, st.Size)
+	}
+	return nil
+}
+
+// checkOverlap rejects a memory table whose regions overlap in guest-physical
+// or in front-end virtual addresses, or whose ranges wrap: either would make
+// an address translate two ways (TranslateUser picks the first region that
+// holds it), so the device could read a ring or a buffer through a region the
+// front-end did not mean.
+func checkOverlap(regs []memRegion) error {
+	for i, a := range regs {
+		if a.Size == 0 {
+			return fmt.Errorf("region %d is empty", i)
+		}
+		if a.GPA+a.Size < a.GPA {
+			return fmt.Errorf("region %d: guest range %#x+%#x wraps", i, a.GPA, a.Size)
+		}
+		if a.UserAddr+a.Size < a.UserAddr {
+			return fmt.Errorf("region %d: front-end range %#x+%#x wraps", i, a.UserAddr, a.Size)
+		}
+		for j, b := range regs[:i] {
+			if a.GPA < b.GPA+b.Size && b.GPA < a.GPA+a.Size {
+				return fmt.Errorf("regions %d and %d overlap in guest addresses (%#x+%#x, %#x+%#x)", j, i, b.GPA, b.Size, a.GPA, a.Size)
+			}
+			if a.UserAddr < b.UserAddr+b.Size && b.UserAddr < a.UserAddr+a.Size {
+				return fmt.Errorf("regions %d and %d overlap in front-end addresses (%#x+%#x, %#x+%#x)", j, i, b.UserAddr, b.Size, a.UserAddr, a.Size)
+			}
+		}
 	}
 	return nil
 }

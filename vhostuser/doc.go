@@ -8,8 +8,10 @@
 //
 // Data flow: the front-end negotiates features (GET/SET_FEATURES, the
 // protocol features MQ, REPLY_ACK and CONFIG), hands over guest RAM with
-// SET_MEM_TABLE (file descriptors, each region checked to lie inside its
-// regular file and mapped shared through guestmem.MapFiles), and configures
+// SET_MEM_TABLE (file descriptors, each a memfd sealed with F_SEAL_SHRINK,
+// each region checked to lie inside its file, no two regions overlapping in
+// guest or front-end addresses, mapped shared through guestmem.MapFiles),
+// and configures
 // each ring it drives (SET_VRING_NUM, _ADDR, _BASE, _KICK, _CALL, _ERR and,
 // with protocol features, _ENABLE). Once every such ring is configured,
 // started and enabled and memory is mapped, the device is activated
@@ -28,7 +30,16 @@
 // rings' error eventfds; the device stays stopped until the front-end
 // restarts the rings. A malformed or out-of-order message (errProtocol) is
 // logged and drops the connection: the device is reset and Serve waits for
-// the next front-end. Nothing a front-end sends stops the back-end.
+// the next front-end. Nothing a front-end sends stops the back-end: every
+// message is bounded and checked before it is acted on, and the one thing a
+// front-end could do behind the back-end's back that would kill it, shrinking
+// a memory file under the mapping (SIGBUS on the next touch), is ruled out
+// by accepting only memory the kernel guarantees cannot shrink: a region
+// whose descriptor is not a memfd carrying F_SEAL_SHRINK is refused with a
+// logged error and the front-end dropped. QEMU's memory-backend-memfd seals
+// so by default (seal=on); memory-backend-file and unsealed memfds are not
+// served. Overlapping regions (guest or front-end addresses) are refused
+// the same way, since an address in two regions translates two ways.
 //
 // Goroutines and locks: Serve runs the accept loop and serves one front-end
 // at a time on its own goroutine, which owns all connection and ring state

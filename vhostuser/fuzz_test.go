@@ -171,11 +171,16 @@ func fzDescriptors(t *testing.T, spec byte) []int {
 	t.Helper()
 	var fds []int
 	if spec&fzMemFD != 0 {
-		fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC)
+		// Sealed as QEMU seals it, or SET_MEM_TABLE never gets past the
+		// seal check.
+		fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := unix.Ftruncate(fd, memSize); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
 			t.Fatal(err)
 		}
 		fds = append(fds, fd)

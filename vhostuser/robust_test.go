@@ -209,10 +209,23 @@ func memTable(regions ...memRegion) []byte {
 	return b
 }
 
-// memfd returns a memfd of size bytes, closed at the end of the test.
+// memfd returns a memfd of size bytes sealed against shrinking and growing,
+// as QEMU's memory-backend-memfd hands it over (seal=on), closed at the end
+// of the test.
 func memfd(t *testing.T, size int64) int {
 	t.Helper()
-	fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC)
+	fd := unsealedMemfd(t, size, unix.MFD_ALLOW_SEALING)
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// unsealedMemfd returns a memfd of size bytes without seals (flags may allow
+// them), closed at the end of the test.
+func unsealedMemfd(t *testing.T, size int64, flags int) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("guest", unix.MFD_CLOEXEC|flags)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,6 +434,50 @@ func TestMalformedFrontEnd(t *testing.T) {
 			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), memfd(t, 0x1000))
 			f.startRings(false)
 		}, "past the end of"},
+		// Regression: a front-end that shrank its memfd after
+		// SET_MEM_TABLE killed the back-end with SIGBUS at the device's
+		// next touch of guest memory. Only memory sealed against
+		// shrinking is accepted now.
+		{"memfd not sealed against shrinking", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), unsealedMemfd(t, memSize, 0))
+		}, "memfd not sealed against shrinking"},
+		{"memfd that allows sealing but is not sealed", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), unsealedMemfd(t, memSize, unix.MFD_ALLOW_SEALING))
+		}, "memfd not sealed against shrinking (seals 0x0)"},
+		{"guest memory in a plain file", func(t *testing.T, f *frontEnd) {
+			file, err := os.CreateTemp(t.TempDir(), "mem")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { file.Close() })
+			if err := file.Truncate(memSize); err != nil {
+				t.Fatal(err)
+			}
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser}), int(file.Fd()))
+		}, "guest memory is not a memfd"},
+		{"regions overlap in guest addresses", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: memSize - 0x1000, Size: memSize, UserAddr: memUser + memSize}), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 0 and 1 overlap in guest addresses"},
+		{"regions overlap in front-end addresses", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: memSize, Size: memSize, UserAddr: memUser + 0x1000}), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 0 and 1 overlap in front-end addresses"},
+		{"one region inside another (third of three)", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: memUser},
+				memRegion{GPA: 4 * memSize, Size: memSize, UserAddr: memUser + 4*memSize},
+				memRegion{GPA: 4*memSize + 0x1000, Size: 0x1000, UserAddr: memUser + 8*memSize}), memfd(t, memSize), memfd(t, memSize), memfd(t, memSize))
+		}, "regions 1 and 2 overlap in guest addresses"},
+		{"front-end range that wraps", func(t *testing.T, f *frontEnd) {
+			f.negotiate()
+			f.msg(SetMemTable, memTable(memRegion{GPA: 0, Size: memSize, UserAddr: ^uint64(0) - 0x1000}), memfd(t, memSize))
+		}, "front-end range 0xffffffffffffefff+0x100000 wraps"},
 		{"kick for a missing ring", func(t *testing.T, f *frontEnd) {
 			f.negotiate()
 			f.msg(SetVringKick, u64(2), newEventFD(t))
@@ -552,5 +609,31 @@ func TestRegressionReplacedVringFDsLeak(t *testing.T) {
 	activated()
 	if after := openFDs(t); after > before+2 {
 		t.Errorf("%d descriptors open before replacing ring descriptors 205 times, %d after", before, after)
+	}
+}
+
+// TestSealedMemoryServes checks the other side of the seal requirement: a
+// front-end with sealed memory in two adjacent regions (guest and front-end
+// addresses touching, not overlapping) gets its rings started, and its memfd
+// can no longer be shrunk under the back-end.
+func TestSealedMemoryServes(t *testing.T) {
+	b := startTestBackend(t)
+	f := b.dial(t)
+	f.negotiate()
+	half := int64(memSize / 2)
+	fd := memfd(t, half)
+	f.acked(SetMemTable, memTable(memRegion{GPA: 0, Size: uint64(half), UserAddr: memUser},
+		memRegion{GPA: uint64(half), Size: uint64(half), UserAddr: memUser + uint64(half)}), fd, memfd(t, half))
+	f.startRings(true)
+	select {
+	case <-b.dev.activated:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("device not activated; log:\n%s", entries(b.hook))
+	}
+	if err := unix.Ftruncate(fd, 0); !errors.Is(err, unix.EPERM) {
+		t.Errorf("shrinking the sealed memfd: %v, want EPERM", err)
+	}
+	if _, proto, _ := b.Stats(); proto != 0 {
+		t.Errorf("%d protocol errors; log:\n%s", proto, entries(b.hook))
 	}
 }

@@ -73,16 +73,20 @@ type conn struct {
 
 	// Guest -> host. Fields are named for the direction the bytes move
 	// (fromGuest, toHost), or by the spec's name for our receive side
-	// (bufAlloc: what we advertise; fwdCnt: bytes written to the host
-	// socket; lastFwd: the fwd_cnt we last told the guest). fromGuest
+	// (bufAlloc: what we advertise, granted from the device's budget and
+	// only ever grown; fwdCnt: bytes written to the host socket; grantFwd:
+	// the fwd_cnt the budget lets us advertise, at most fwdCnt; lastFwd and
+	// lastBufAlloc: what we last told the guest). fromGuest
 	// counts payload bytes the guest sent; toHost holds those the host
 	// socket has not taken yet, which the guest's credit keeps below
 	// bufAlloc.
-	bufAlloc  uint32
-	fromGuest uint32
-	fwdCnt    uint32
-	lastFwd   uint32
-	toHost    byteQueue
+	bufAlloc     uint32
+	fromGuest    uint32
+	fwdCnt       uint32
+	grantFwd     uint32
+	lastFwd      uint32
+	lastBufAlloc uint32
+	toHost       byteQueue
 
 	// Host -> guest: the guest's receive window (peer*: the guest's own
 	// buf_alloc and fwd_cnt) and toGuest, the payload bytes sent to it.
@@ -131,6 +135,7 @@ type conn struct {
 	timer *time.Timer // connect or close timeout
 
 	inReady bool // guarded by session.rxMu
+	starved bool // on the budget's starved list; guarded by budget.mu
 }
 
 // peerCredit is how many more payload bytes the guest can take.

@@ -27,6 +27,9 @@ const (
 	DefaultMaxConns       = 1023      // Config.MaxConns
 	DefaultConnBuffer     = 256 << 10 // Config.ConnBuffer: Linux's own default, Firecracker's buffer
 	DefaultConnectTimeout = 2 * time.Second
+	// DefaultMaxBuffered is Config.MaxBuffered: 256 connections' worth of
+	// the default buffer.
+	DefaultMaxBuffered = 64 << 20
 	// MaxConnBuffer bounds Config.ConnBuffer.
 	MaxConnBuffer = 1 << 30 // Config.ConnectTimeout
 	// hostPortBase..hostPortLimit is where host-initiated connections get
@@ -83,9 +86,15 @@ type SeqpacketDialer interface {
 
 // Config configures a vsock device.
 type Config struct {
-	CID            uint64             // the guest's context id (3 .. 2^32-2)
-	MaxConns       int                // default DefaultMaxConns
-	ConnBuffer     uint32             // per-connection buffer, default DefaultConnBuffer
+	CID        uint64 // the guest's context id (3 .. 2^32-2)
+	MaxConns   int    // default DefaultMaxConns
+	ConnBuffer uint32 // per-connection buffer, default DefaultConnBuffer
+	// MaxBuffered bounds the guest->host bytes the whole device may have
+	// to buffer (default DefaultMaxBuffered): the credit granted to all
+	// connections together. When it is spent the device grants less
+	// credit (a smaller buf_alloc, a fwd_cnt held back) instead of
+	// resetting anyone; see the package comment.
+	MaxBuffered    uint64
 	ConnectTimeout time.Duration      // connect and close timeouts, default DefaultConnectTimeout
 	QueueSize      uint16             // default DefaultQueueSize
 	Options        *Options           // nil: DefaultOptions
@@ -120,6 +129,11 @@ type Stats struct {
 	LateRWDropped        uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
 	SeqToHost            uint64 // SEQPACKET messages written to host sockets, one record each
 	SeqToGuest           uint64 // SEQPACKET records from host sockets sent to the guest, one message each
+	// BufferGranted is the guest->host buffer space granted to open
+	// connections now (at most Config.MaxBuffered); CreditStalls counts
+	// the grants Config.MaxBuffered cut short.
+	BufferGranted uint64
+	CreditStalls  uint64
 
 	// One counter per optimisation switch, zero when it is off, so a
 	// switch that is silently ignored shows.
@@ -139,7 +153,7 @@ type Stats struct {
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
-	kickSuppressions, batchedPackets, seqToHost, seqToGuest,
+	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks atomic.Uint64
 	connsOpen atomic.Int64
@@ -178,6 +192,9 @@ func New(cfg Config) (*Device, error) {
 		// The credit arithmetic is u32: a window near 2^32 would let the
 		// buffered-bytes check wrap.
 		return nil, fmt.Errorf("vsock: per-connection buffer of %d bytes; at most %d", cfg.ConnBuffer, MaxConnBuffer)
+	}
+	if cfg.MaxBuffered == 0 {
+		cfg.MaxBuffered = DefaultMaxBuffered
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout
@@ -271,7 +288,7 @@ func (d *Device) CID() uint64 { return d.cfg.CID }
 // Stats returns a snapshot of the counters.
 func (d *Device) Stats() Stats {
 	c := &d.ctr
-	return Stats{
+	st := Stats{
 		TxPackets: c.txPackets.Load(), RxPackets: c.rxPackets.Load(),
 		TxBytes: c.txBytes.Load(), RxBytes: c.rxBytes.Load(),
 		ConnsOpened: c.connsOpened.Load(), ConnsOpen: c.connsOpen.Load(),
@@ -285,7 +302,14 @@ func (d *Device) Stats() Stats {
 		DgramTxDropped: c.dgramTxDropped.Load(), DgramRxDropped: c.dgramRxDropped.Load(),
 		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
 		SeqToHost: c.seqToHost.Load(), SeqToGuest: c.seqToGuest.Load(),
+		CreditStalls: c.creditStalls.Load(),
 	}
+	d.mu.Lock()
+	if d.sess != nil {
+		st.BufferGranted = d.sess.budget.used.Load()
+	}
+	d.mu.Unlock()
+	return st
 }
 
 // Activate implements virtio.Device: it starts the TX and RX workers on the

@@ -56,7 +56,8 @@
 // table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
 // buffered data and host descriptor); rxMu guards the RX queue, the ready
 // list and the RST queue. Lock order: conn.mu -> connMu and conn.mu ->
-// rxMu. connMu and rxMu are leaves, never held together: code that finds a
+// rxMu. connMu and rxMu are leaves, never held together (budget.mu, the
+// starved list's lock, is a leaf below conn.mu and rxMu): code that finds a
 // connection under connMu (lookup, hostEvent, shutdown) or pops it from the
 // ready list under rxMu releases that lock before taking conn.mu. Nobody
 // holds two conn.mu at once (the TX worker ends its run before touching
@@ -87,6 +88,28 @@
 // back in order -> one interrupt per pass.
 // A connection without credit leaves the list until a guest packet brings
 // credit; with no RX buffers the worker re-enables RX kicks and sleeps.
+//
+// # Half-close (SHUTDOWN, 5.10.6.6)
+//
+// Guest SHUTDOWN(SEND) ("will not send"): once the host socket has taken
+// everything the guest sent before it, the device calls shutdown(SHUT_WR)
+// on it, so the host reads EOF and may go on writing.
+//
+// Guest SHUTDOWN(RCV) ("will not receive"): the device calls
+// shutdown(SHUT_RD) on the host socket at once. On a Unix stream or
+// SEQPACKET socket that also shuts the peer's sending side, so the host's
+// next write fails with EPIPE (SIGPIPE without MSG_NOSIGNAL), exactly what
+// a Linux vsock application sees when its peer shuts down receiving
+// (vsock_connectible_sendmsg checks the peer's RCV_SHUTDOWN). Host data the
+// guest has not been given yet is dropped, never delivered, even if the
+// guest later grants credit: the CONNECT prefix, a SEQPACKET record in
+// flight, and whatever waits unread in the socket (the kernel frees it with
+// the socket). No RST is sent: the guest can still send, and the host still
+// reads. Since the device never reads the socket again, the host's close is
+// learnt from EPOLLHUP alone, and the guest is then told SHUTDOWN(BOTH).
+//
+// Both flags (at once or one after the other): the device forwards what the
+// guest sent, then answers RST and closes the host socket.
 //
 // # Optimisations (Options, each measurable on and off)
 //
@@ -187,13 +210,36 @@
 // per pass, then publish and one interrupt. The guest's RX kicks are never
 // needed and stay off.
 //
+// # The device-wide buffer bound (Config.MaxBuffered, budget.go)
+//
+// Each connection may make the device buffer at most its exposure,
+// bufAlloc - (fwdCnt - grantFwd): the window it was granted, less what the
+// host took since the fwd_cnt it may be told. The session's budget holds
+// the sum, and never lets it pass MaxBuffered (64 MiB by default; 1023
+// connections of 1 GiB would otherwise be a terabyte). Credit is only ever
+// granted, never withdrawn: the buf_alloc a connection is told only grows
+// (from 0, up to ConnBuffer) and its fwd_cnt only moves forward. Before
+// every packet to the guest, a connection tops its exposure up to its
+// share, min(ConnBuffer, MaxBuffered / open connections, at least 4 KiB),
+// as far as the budget allows; when it is spent the connection is told a
+// smaller buf_alloc or a fwd_cnt behind what its host took (CreditStalls
+// counts these) and waits on the starved list. SEQPACKET connections aim
+// for the full ConnBuffer (a message holds its window until its last
+// fragment). Bytes a host socket takes
+// and connections that close give budget back; the RX worker then sends
+// each starved connection a CREDIT_UPDATE. A guest that sends past what it
+// was granted is reset as before (an overrun), so the bound holds against
+// a hostile guest too. Stats.BufferGranted is the budget in use.
+//
 // # Untrusted guest
 //
 // Ring and descriptor errors stop the device (Activation.Fail ->
 // DEVICE_NEEDS_RESET). Packet-level errors (bad length, credit overrun,
 // unknown op, wrong state, a packet of the connection's other type) are
-// counted and reset the connection. Memory per connection is bounded by the
-// advertised buffer (SEQPACKET: plus 4 bytes per queued message, and one
-// host record in flight to the guest, which the guest's credit bounds);
+// counted and reset the connection. Guest data buffered for all
+// connections together is bounded by MaxBuffered (above), and per
+// connection by the advertised buffer (SEQPACKET: plus 4 bytes per queued
+// message, and one host record in flight to the guest, which the guest's
+// credit bounds);
 // connections by MaxConns; queued RSTs by MaxConns+256.
 package vsock

@@ -35,7 +35,7 @@ func (s *session) rxLoop() {
 			s.rxPass(st)
 		}
 		s.rxSleeping.Store(true)
-		if !s.failed.Load() && s.rxHasWork() {
+		if !s.failed.Load() && (s.budget.freed.Load() || s.rxHasWork()) {
 			s.rxSleeping.Store(false)
 			continue
 		}
@@ -111,7 +111,15 @@ func (s *session) hostEvent(fd int, events uint32) {
 	}
 	if events&unix.EPOLLHUP != 0 && !c.hostHup {
 		c.hostHup = true
-		if c.hostEOF && c.shutFlags != ShutdownBoth {
+		if c.guestShut&ShutdownRcv != 0 && !c.hostEOF {
+			// The device no longer reads this socket (the guest shut
+			// down receiving), so no read will see the host's EOF: the
+			// hang-up is all the news there is, and the host neither
+			// sends nor receives any more.
+			c.hostEOF = true
+			c.shutFlags = ShutdownBoth
+			c.pend |= pendShutdown
+		} else if c.hostEOF && c.shutFlags != ShutdownBoth {
 			// We told the guest the host stopped sending; now it has
 			// stopped receiving too.
 			c.shutFlags = ShutdownBoth
@@ -130,6 +138,7 @@ func (s *session) hostEvent(fd int, events uint32) {
 // rxPass sends the guest what is pending, while it has RX buffers: RSTs for
 // vanished connections first, then each ready connection in turn.
 func (s *session) rxPass(st *rxState) {
+	s.feedStarved()
 	for !s.failed.Load() {
 		s.rxMu.Lock()
 		if len(s.rsts) > 0 {
@@ -239,12 +248,13 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ}
 	ctl := func(op Op, flags uint32) bool {
 		h.Op, h.Flags, h.Len = op, flags, 0
-		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.fwdCnt
+		s.grantLocked(c)
+		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 		s.rxMu.Lock()
 		ok := s.emitLocked(&h)
 		s.rxMu.Unlock()
 		if ok {
-			c.lastFwd = c.fwdCnt
+			c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
 		}
 		return ok
 	}
@@ -275,7 +285,8 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		}
 	}
 	if c.pend&pendCredit != 0 {
-		if c.lastFwd != c.fwdCnt || c.pend&pendCreditForced != 0 {
+		s.grantLocked(c)
+		if c.lastFwd != c.grantFwd || c.lastBufAlloc != c.bufAlloc || c.pend&pendCreditForced != 0 {
 			if !ctl(OpCreditUpdate, 0) {
 				return false
 			}
@@ -401,7 +412,9 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	// packet and the ones left empty go back to the ring.
 	filled := 0
 	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
-		Type: TypeStream, Op: OpRW, BufAlloc: c.bufAlloc, FwdCnt: c.fwdCnt}
+		Type: TypeStream, Op: OpRW}
+	s.grantLocked(c)
+	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 	var hb [HeaderSize]byte
 	for left := uint64(got); left > 0; filled++ {
 		ch := &s.rxChains[filled]
@@ -421,7 +434,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	}
 	undo(popped - filled)
 	s.rxPushed = true
-	c.lastFwd = c.fwdCnt
+	c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
 	return emitSent
 }
 
@@ -452,7 +465,9 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
 	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
-		Type: TypeSeqpacket, Op: OpRW, BufAlloc: c.bufAlloc, FwdCnt: c.fwdCnt}
+		Type: TypeSeqpacket, Op: OpRW}
+	s.grantLocked(c)
+	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 	var hb [HeaderSize]byte
 	ch := &s.rxChain
 	for c.recOff < len(c.rec) {
@@ -483,7 +498,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 			return emitNoBuffers
 		}
 		s.rxPushed = true
-		c.lastFwd = c.fwdCnt
+		c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
 		c.recOff += k
 		c.toGuest += uint32(k)
 		s.d.ctr.rxPackets.Add(1)

@@ -56,6 +56,7 @@ type session struct {
 	rxSleeping atomic.Bool
 	failed     atomic.Bool
 	dials      atomic.Int64 // dial goroutines in flight (bounded by MaxConns)
+	budget     budget       // the device-wide bound on buffered guest->host bytes
 	wg         sync.WaitGroup
 }
 
@@ -71,6 +72,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
 		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
 		seqpacket: a.Features&FeatureSeqpacket != 0,
+		budget:    budget{limit: d.cfg.MaxBuffered},
 	}
 	var err error
 	cleanup := func() {
@@ -217,8 +219,11 @@ func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
 	return 0, false
 }
 
-func newConn(k connKey, typ uint16, bufAlloc uint32) *conn {
-	return &conn{key: k, typ: typ, fd: -1, bufAlloc: bufAlloc}
+// newConn returns a connection with no credit granted yet: its first
+// packet to the guest (REQUEST or RESPONSE) takes its window from the
+// budget (grantLocked).
+func newConn(k connKey, typ uint16) *conn {
+	return &conn{key: k, typ: typ, fd: -1}
 }
 
 // registerFDLocked hands a connected host socket to the connection and the epoll
@@ -264,6 +269,12 @@ func (s *session) closeConnLocked(c *conn) {
 		c.fd = -1
 	}
 	c.state = stateClosed
+	// Whatever the connection could still have made us buffer goes back
+	// to the device's budget.
+	if s.budget.release(c.exposureLocked()) {
+		s.wakeRX()
+	}
+	c.bufAlloc, c.grantFwd = 0, c.fwdCnt
 	c.toHost.Reset()
 	c.prefix = nil
 	c.msg, c.rec, c.recOff, c.seqNeed = nil, nil, 0, 0
@@ -345,7 +356,7 @@ func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte
 		closeFD(fd)
 		return fmt.Errorf("vsock: no free host port")
 	}
-	c := newConn(connKey{hostPort, port}, typ, s.d.cfg.ConnBuffer)
+	c := newConn(connKey{hostPort, port}, typ)
 	c.state = stateHostConnecting
 	c.prefix = append([]byte(nil), prefix...)
 	// Hold c.mu before c is in the table: a reset (or a guest packet for

@@ -1,8 +1,10 @@
 package vsock_test
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -299,5 +301,75 @@ func TestRegressionCloseTimeout(t *testing.T) {
 	c.WaitRst()
 	if s := e.dev.Stats(); s.ConnsOpen != 0 {
 		t.Errorf("%d connections open after the close timeout", s.ConnsOpen)
+	}
+}
+
+// Guest SHUTDOWN(RCV) ("will not receive") reaches the host socket as
+// shutdown(SHUT_RD): the host's further writes fail with EPIPE (as a Linux
+// vsock socket's do once its peer shut down receiving), host data not yet
+// delivered is dropped even when the guest later grants credit, the guest
+// can still send, and the host's close is reported as SHUTDOWN(BOTH).
+func TestGuestShutdownRcv(t *testing.T) {
+	for _, kind := range []string{"guest-initiated", "host-initiated", "seqpacket"} {
+		t.Run(kind, func(t *testing.T) {
+			// A small guest buffer, so that most of what the host writes
+			// is still undelivered when the guest shuts down receiving.
+			e := newEnv(t, envOpts{guest: vsocktest.Options{GuestBuf: 4096, Seqpacket: kind == "seqpacket"}})
+			var c *vsocktest.Conn
+			var h *net.UnixConn
+			switch kind {
+			case "guest-initiated":
+				var hc *vsocktest.HostConn
+				c, hc = e.connectGuest(720, 1720)
+				h = hc.UnixConn
+			case "host-initiated":
+				c, h = e.connectHost(721, nil)
+			case "seqpacket":
+				var hc *vsocktest.HostConn
+				c, hc = e.connectSeq(722, 1722)
+				h = hc.UnixConn
+			}
+			if kind == "seqpacket" {
+				// Two records: the first fits the guest's buffer, the
+				// second waits for credit.
+				hostWrite(t, h, vsocktest.Pattern(1, 4096))
+				hostWrite(t, h, vsocktest.Pattern(2, 4096))
+			} else {
+				hostWrite(t, h, vsocktest.Pattern(1, 16<<10))
+			}
+			e.g.WaitFor("the first 4096 bytes", func() bool { return c.RxCnt == 4096 })
+			c.Shutdown(vsock.ShutdownRcv)
+			e.g.Sync()
+			// More credit than everything the host wrote: the device must
+			// still send nothing.
+			c.BufAlloc = 1 << 20
+			c.CreditUpdate()
+			e.g.Sync()
+			e.g.Quiet(quietFor, "data after the guest's SHUTDOWN(RCV)", func() bool { return c.RxCnt != 4096 })
+
+			_ = h.SetWriteDeadline(time.Now().Add(waitTimeout))
+			if _, err := h.Write([]byte("more")); !errors.Is(err, syscall.EPIPE) {
+				t.Fatalf("host write after the guest's SHUTDOWN(RCV): %v, want EPIPE", err)
+			}
+			// The other direction still works.
+			back := vsocktest.Pattern(3, 1000)
+			if kind == "seqpacket" {
+				c.WriteMsg(back, true)
+				hostRecord(t, h, back)
+			} else {
+				c.Write(back)
+				hostRead(t, h, back)
+			}
+			if c.Shut != 0 || c.Rst {
+				t.Fatalf("device sent SHUTDOWN(%d) rst=%v before the host closed", c.Shut, c.Rst)
+			}
+			// The device no longer reads the socket, so only the hang-up
+			// tells it the host is gone.
+			h.Close()
+			c.WaitShutdown(vsock.ShutdownBoth)
+			c.Reset()
+			e.g.Sync()
+			e.g.WaitFor("the connection to close", func() bool { return e.dev.Stats().ConnsOpen == 0 })
+		})
 	}
 }

@@ -343,7 +343,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.queueRst(rst)
 		return
 	}
-	c := newConn(key, h.Type, s.d.cfg.ConnBuffer)
+	c := newConn(key, h.Type)
 	c.state = stateGuestConnecting
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
@@ -417,6 +417,11 @@ func (s *session) guestResponse(c *conn) {
 		return
 	}
 	c.state = stateEstablished
+	if c.bufAlloc < s.d.cfg.ConnBuffer {
+		// The REQUEST went out while the budget was short: the guest
+		// gets the rest of its window as soon as there is budget.
+		c.pend |= pendCredit
+	}
 }
 
 // guestShutdown handles SHUTDOWN: the guest will receive (RCV) or send
@@ -426,6 +431,9 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 	if c.state != stateEstablished && c.state != stateClosing {
 		s.resetConnLocked(c)
 		return
+	}
+	if flags&ShutdownRcv != 0 && c.guestShut&ShutdownRcv == 0 {
+		s.hostReadShutLocked(c)
 	}
 	c.guestShut |= flags & ShutdownBoth
 	if c.guestShut&ShutdownSend != 0 && len(c.msg) > 0 {
@@ -442,6 +450,23 @@ func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
 		return
 	}
 	s.afterFlushLocked(c)
+}
+
+// hostReadShutLocked applies the guest's SHUTDOWN(RCV) ("will not receive")
+// to the host socket: shutdown(SHUT_RD), which on a Unix stream or SEQPACKET
+// socket also shuts the peer's sending side, so the host's further writes
+// fail with EPIPE, as a Linux vsock socket's do once its peer shut down
+// receiving. Host data not yet given to the guest (the CONNECT prefix, a
+// SEQPACKET record in flight, what waits in the socket) is dropped: the
+// device never reads the socket again, and the kernel frees what it holds
+// when the connection closes. Called with c.mu held.
+func (s *session) hostReadShutLocked(c *conn) {
+	if c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_RD)
+	}
+	c.hostReadable = false
+	c.prefix = nil
+	c.rec, c.recOff, c.seqNeed = nil, 0, 0
 }
 
 // afterFlushLocked applies the guest's shutdown once the host has all of the
@@ -477,9 +502,11 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		return
 	}
 	n := h.Len
-	if c.fromGuest+n-c.fwdCnt > c.bufAlloc {
-		s.guestError("connection %d<->%d: guest overran its credit (%d bytes buffered, %d more, window %d)",
-			c.key.hostPort, c.key.guestPort, c.fromGuest-c.fwdCnt, n, c.bufAlloc)
+	// Against the credit granted (grantFwd, not fwdCnt): what the guest
+	// was told is at most that, and the device-wide budget counts on it.
+	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
+		s.guestError("connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
+			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
 		s.resetConnLocked(c)
 		return
 	}
@@ -547,7 +574,7 @@ func (s *session) writeRunLocked(st *txState, c *conn) {
 		s.resetConnLocked(c)
 		return
 	}
-	c.fwdCnt += uint32(w)
+	s.forwardedLocked(c, uint32(w))
 	if w < total {
 		s.d.ctr.hostWriteStalls.Add(1)
 		s.appendTx(c, st.runViews, uint64(w))
@@ -609,7 +636,7 @@ func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
 			return
 		}
 		if ok {
-			c.fwdCnt += uint32(n)
+			s.forwardedLocked(c, uint32(n))
 			s.d.ctr.seqToHost.Add(1)
 			s.resetMsg(c)
 			return
@@ -664,7 +691,7 @@ func (s *session) flushSeqLocked(c *conn) {
 		}
 		c.toHost.Consume(n)
 		c.recs.pop()
-		c.fwdCnt += uint32(n)
+		s.forwardedLocked(c, uint32(n))
 		s.d.ctr.seqToHost.Add(1)
 	}
 	s.afterFlushLocked(c)
@@ -685,7 +712,7 @@ func (s *session) flushLocked(c *conn) {
 		s.resetConnLocked(c)
 		return
 	}
-	c.fwdCnt += uint32(w)
+	s.forwardedLocked(c, uint32(w))
 	if w < c.toHost.Len() {
 		s.d.ctr.hostWriteStalls.Add(1)
 	}

@@ -203,6 +203,7 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 			UDSPath:        c.String("vsock-uds"),
 			MaxConnections: lim.maxConns,
 			ConnBuffer:     int(lim.connBuffer),
+			BufferTotal:    lim.bufferTotal,
 			ConnectTimeout: lim.connectTimeout,
 			Options:        &opts.Options,
 			Dgram:          opts.Dgram,
@@ -213,11 +214,13 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 
 // vsockLimitFlags are the vsock device's limit flags, shared by `run`
 // (prefix "vsock-") and `vhost-user-vsock` (no prefix, the names
-// vhost-device-vsock uses): max-conns, conn-buffer, connect-timeout.
+// vhost-device-vsock uses): max-conns, conn-buffer, buffer-total,
+// connect-timeout.
 func vsockLimitFlags(prefix string) []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: prefix + "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
 		&cli.StringFlag{Name: prefix + "conn-buffer", Value: "256K", Usage: "per-connection vsock buffer, up to 1G (SIZE; a bare number means bytes)"},
+		&cli.StringFlag{Name: prefix + "buffer-total", Value: "64M", Usage: "guest->host bytes all vsock connections together may make the device buffer; past it the guest gets less credit, nobody is reset (SIZE)"},
 		&cli.DurationFlag{Name: prefix + "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
 	}
 }
@@ -226,6 +229,7 @@ func vsockLimitFlags(prefix string) []cli.Flag {
 type vsockLimits struct {
 	maxConns       int
 	connBuffer     uint32
+	bufferTotal    uint64
 	connectTimeout time.Duration
 }
 
@@ -240,6 +244,11 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 		return lim, usagef("--%sconn-buffer %q: want a size between 1 byte and 1G", prefix, c.String(prefix+"conn-buffer"))
 	}
 	lim.connBuffer = uint32(buf)
+	total, err := parseBytes(c.String(prefix + "buffer-total"))
+	if err != nil || total == 0 {
+		return lim, usagef("--%sbuffer-total %q: want a size of at least 1 byte", prefix, c.String(prefix+"buffer-total"))
+	}
+	lim.bufferTotal = total
 	if lim.connectTimeout <= 0 {
 		return lim, usagef("--%sconnect-timeout %v: want a positive duration", prefix, lim.connectTimeout)
 	}

@@ -65,6 +65,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				CID:            cid,
 				MaxConns:       lim.maxConns,
 				ConnBuffer:     lim.connBuffer,
+				MaxBuffered:    lim.bufferTotal,
 				ConnectTimeout: lim.connectTimeout,
 				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
 				Dialer:         vsock.UDSDialer{Path: uds},
