@@ -243,7 +243,16 @@ func fmtNum(n benchenv.Num) string {
 	if math.IsNaN(float64(n)) {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f", float64(n))
+	return fmtVal(float64(n))
+}
+
+// fmtVal keeps three significant figures for small values (4 KiB MB/s in
+// the box are below 1).
+func fmtVal(v float64) string {
+	if math.Abs(v) < 10 {
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func fmtRatio(n benchenv.Num) string {
@@ -257,5 +266,5 @@ func fmtRange(s stat) string {
 	if s.N == 0 {
 		return ""
 	}
-	return fmt.Sprintf("(%.1f-%.1f)", float64(s.Min), float64(s.Max))
+	return "(" + fmtVal(float64(s.Min)) + "-" + fmtVal(float64(s.Max)) + ")"
 }
