@@ -7,8 +7,8 @@
 //
 //	CGO_ENABLED=0 go build -o build/bench/iobench-guest ./bench/iobench/guest
 //	go build -o build/bench/iobench ./bench/iobench
-//	build/bench/iobench blk [-n 3] [-seconds 2] [-json build/bench/blk.json]
-//	build/bench/iobench net [-n 3] [-seconds 3] [-json build/bench/net.json]
+//	build/bench/iobench blk [-n 5] [-seconds 2] [-json build/bench/blk.json]
+//	build/bench/iobench net [-n 5] [-seconds 3] [-json build/bench/net.json]
 //
 // The guest is one static Go program as the whole initramfs
 // (bench/iobench/guest): it reads what to run from iobench.* kernel
@@ -98,7 +98,7 @@ func main() {
 	if cfg.mode == ioproto.ModeNet {
 		defSeconds = 3
 	}
-	fs.IntVar(&cfg.n, "n", 3, "runs of each VMM, interleaved")
+	fs.IntVar(&cfg.n, "n", 5, "runs of each VMM, interleaved")
 	fs.Float64Var(&cfg.seconds, "seconds", defSeconds, "how long each measurement in the guest runs")
 	fs.IntVar(&cfg.cpus, "cpus", 1, "guest vCPUs for both VMMs")
 	fs.StringVar(&cfg.memory, "memory", "256M", "guest memory for both VMMs")
@@ -107,7 +107,7 @@ func main() {
 	fs.StringVar(&cfg.kernel, "kernel", "build/kernel/bzImage", "guest kernel for both VMMs")
 	fs.StringVar(&cfg.guest, "guest", "build/bench/iobench-guest", "the static guest program (bench/iobench/guest), the guest's /init")
 	fs.StringVar(&cfg.acpi, "acpi", "off", "microvm --acpi (QEMU's machine always runs with acpi=off, as in bench/linuxboot)")
-	fs.StringVar(&diskSize, "disk-size", "64M", "blk: size of the raw image (K, M, G)")
+	fs.StringVar(&diskSize, "disk-size", "64M", "blk: size of the raw image (K, M, G; a bare number is MiB)")
 	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "a VM running longer is killed and its run fails")
 	fs.StringVar(&cfg.jsonOut, "json", "build/bench/"+cfg.mode+".json", "write the results here as JSON (empty: don't)")
 	hostCheck := fs.Bool("host-check", false, "only say whether Linux guests can boot on this host's KVM: exit 0 if so, 1 if not")
