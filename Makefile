@@ -14,7 +14,9 @@
 #   make bench        every benchmark (make bench-boot: boot time against QEMU;
 #                     make bench-linux-boot: Linux to /init, microvm and QEMU;
 #                     make bench-exec: agent boot, exec latency, stdout MB/s;
-#                     make bench-device: the vsock device through vhost-user, no KVM)
+#                     make bench-device: the vsock device through vhost-user, no KVM;
+#                     make bench-blk, bench-net: virtio-blk MB/s and IOPS, TCP
+#                     Mbit/s over a TAP, microvm and QEMU)
 #   make clean        remove bin/ and the test guest's objects (keeps the kernel cache)
 #   make distclean    also remove build/ (kernel cache, tools)
 #
@@ -32,7 +34,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
 	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
-	build/nettest test-start box-test test-summary bench-linux-boot bench-exec examples
+	build/nettest test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
 
@@ -146,7 +148,7 @@ conformance: kernel initramfs bin/microvm
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net
 
 bench-boot: all
 	$(GO) run ./bench/boot -n $(BENCH_RUNS) -microvm bin/microvm -guest bin/testguest -json build/bench/boot.json
@@ -181,6 +183,28 @@ bench-exec: all kernel
 	else \
 		echo "bench-exec: this host's KVM cannot boot Linux; running in the nested-KVM box"; \
 		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/exec-bench $(EXEC_BENCH_ARGS); \
+	fi
+
+# virtio-blk (sequential 1 MiB and 4 KiB MB/s, random 4 KiB IOPS, O_DIRECT on
+# a raw image) and virtio-net (TCP Mbit/s each way over a TAP in a private
+# network namespace; needs root) under microvm and under QEMU's own
+# virtio-blk-device and virtio-net-device, same kernel and guest
+# (docs/benchmarks.md). In the nested-KVM box: TCG/nested figures, a
+# functional comparison, not performance. A few minutes each in the box.
+IOBENCH_FLAGS ?=
+IOBENCH_ARGS = -microvm $(CURDIR)/bin/microvm -kernel $(CURDIR)/build/kernel/bzImage \
+	-guest $(CURDIR)/build/bench/iobench-guest $(IOBENCH_FLAGS)
+build/bench/iobench:
+	CGO_ENABLED=0 $(GO) build -o build/bench/iobench-guest ./bench/iobench/guest
+	CGO_ENABLED=0 $(GO) build -o build/bench/iobench ./bench/iobench
+.PHONY: build/bench/iobench
+bench-blk bench-net: bench-%: bin/microvm kernel build/bench/iobench
+	@if build/bench/iobench $* -host-check; then \
+		build/bench/iobench $* $(IOBENCH_ARGS) -json $(CURDIR)/build/bench/$*.json; \
+	else \
+		echo "bench-$*: this host's KVM cannot boot Linux; running in the nested-KVM box"; \
+		scripts/kvmbox --timeout 20m -- $(CURDIR)/build/bench/iobench $* $(IOBENCH_ARGS) \
+			-json $(CURDIR)/build/bench/$*.json; \
 	fi
 
 # vsock throughput and CPU time through the test guest vs an AF_UNIX pair
