@@ -34,7 +34,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
 	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
-	build/nettest test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples
+	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples
 
 all: bin/microvm bin/microvm-agent bin/testguest
 
@@ -113,6 +113,15 @@ go-test: bin/testguest
 # nested-KVM box (scripts/box-test, docs/testing.md).
 box-test: all initramfs build/nettest
 	$(TEST_ENV) scripts/box-test $(RECORD)
+
+# TestNetLinux alone (docs/net.md): Linux's virtio-net driver over a TAP in
+# a private network namespace; in the nested-KVM box where this host's KVM
+# cannot run Linux. Not in make test while a stall seen in the box is open.
+NET_RECORD := $(CURDIR)/build/test-record-net
+test-net: all build/nettest kernel
+	@rm -rf $(NET_RECORD) && mkdir -p $(NET_RECORD)
+	MICROVM_NET_LINUX=1 $(TEST_ENV) MICROVM_TEST_RECORD=$(NET_RECORD) $(GO) test -count=1 -timeout 20m -run '^TestNetLinux$$' -v .
+	MICROVM_NET_LINUX=1 $(TEST_ENV) MICROVM_TEST_RECORD=$(NET_RECORD) scripts/box-test $(NET_RECORD)
 
 # One line: which layer ran where. Under CI=true a layer that ran nowhere fails.
 test-summary:

@@ -50,7 +50,17 @@ const (
 // each way with matching SHA-256 (busybox nc in the guest), and 1000 UDP
 // datagrams each way with none lost. It needs root (the namespace and the
 // TAP) and a KVM that runs Linux: in the nested-KVM box on other hosts.
+//
+// It is not part of make test yet: once in the nested-KVM box (2026-11-30)
+// its namespaced child stalled, hit its 14-minute timeout and then never
+// exited, which held the box until its 45-minute timeout, while the same
+// test alone in the box passed in 2.5 minutes (and in another run in
+// 3.3). Until that is understood it runs with MICROVM_NET_LINUX=1 (make
+// test-net); docs/net.md says how.
 func TestNetLinux(t *testing.T) {
+	if os.Getenv("MICROVM_NET_LINUX") != "1" {
+		t.Skip("MICROVM_NET_LINUX=1 runs it (make test-net): not in make test while a stall in the nested-KVM box is open (docs/net.md)")
+	}
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	if os.Getenv(envNetNS) != "1" {
 		if os.Geteuid() != 0 {
