@@ -106,7 +106,7 @@ func main() {
 	fs.StringVar(&cfg.qemu, "qemu", "qemu-system-x86_64", "QEMU binary (its rows are skipped when not found)")
 	fs.StringVar(&cfg.kernel, "kernel", "build/kernel/bzImage", "guest kernel for both VMMs")
 	fs.StringVar(&cfg.guest, "guest", "build/bench/iobench-guest", "the static guest program (bench/iobench/guest), the guest's /init")
-	fs.StringVar(&cfg.acpi, "acpi", "off", "microvm --acpi (QEMU's machine always runs with acpi=off, as in bench/linuxboot)")
+	fs.StringVar(&cfg.acpi, "acpi", "on", "microvm --acpi, its default (QEMU's machine always runs with acpi=off, as in bench/linuxboot)")
 	fs.StringVar(&diskSize, "disk-size", "64M", "blk: size of the raw image (K, M, G; a bare number is MiB)")
 	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "a VM running longer is killed and its run fails")
 	fs.StringVar(&cfg.jsonOut, "json", "build/bench/"+cfg.mode+".json", "write the results here as JSON (empty: don't)")
