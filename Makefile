@@ -3,6 +3,7 @@
 #   make              bin/microvm (static) and bin/testguest
 #   make run          the demo: the test guest, then Linux with the guest agent
 #                     (commands and a gRPC call over vsock)
+#   make test-net     TestNetLinux, not yet in make test (docs/net.md)
 #   make test         everything CI runs: vet, gofmt, staticcheck, go test -race,
 #                     the test guest's host and QEMU tests, the Linux test kernel
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
