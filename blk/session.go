@@ -96,19 +96,12 @@ func (s *session) dispatch() {
 		if !s.failed.Load() && !s.drain() {
 			return
 		}
-		for {
-			fds[0].Revents, fds[1].Revents = 0, 0
-			_, err := unix.Poll(fds, -1)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				s.d.log.WithError(err).Error("blk: poll")
-				return
-			}
-			break
+		stopped, err := eventfd.PollStop(fds, -1)
+		if err != nil {
+			s.d.log.WithError(err).Error("blk: poll")
+			return
 		}
-		if fds[1].Revents != 0 {
+		if stopped {
 			return
 		}
 		if n, _ := s.q.Kick.Wait(); n > 0 {

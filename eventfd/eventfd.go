@@ -91,3 +91,23 @@ func (e *EventFD) Close() error {
 	e.once.Do(func() { err = unix.Close(e.fd) })
 	return err
 }
+
+// PollStop is the device workers' wait: it clears the Revents of fds,
+// polls them (timeoutMs < 0: no timeout), retrying on EINTR, and reports
+// whether the last one, by convention the worker's stop eventfd, fired.
+// The caller reads the other Revents itself.
+func PollStop(fds []unix.PollFd, timeoutMs int) (stopped bool, err error) {
+	for i := range fds {
+		fds[i].Revents = 0
+	}
+	for {
+		_, err := unix.Poll(fds, timeoutMs)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("eventfd: poll: %w", err)
+		}
+		return fds[len(fds)-1].Revents != 0, nil
+	}
+}

@@ -186,19 +186,12 @@ func (w *worker) run() {
 				timeout = int((wait + time.Millisecond - 1) / time.Millisecond)
 			}
 		}
-		for {
-			fds[0].Revents, fds[1].Revents = 0, 0
-			_, err := unix.Poll(fds, timeout)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				w.d.log.WithError(err).Error("rng: poll")
-				return
-			}
-			break
+		stopped, err := eventfd.PollStop(fds, timeout)
+		if err != nil {
+			w.d.log.WithError(err).Error("rng: poll")
+			return
 		}
-		if fds[1].Revents != 0 {
+		if stopped {
 			return
 		}
 		if n, _ := w.q.Kick.Wait(); n > 0 {

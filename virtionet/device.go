@@ -310,23 +310,6 @@ func (s *session) notify(q *virtio.ActiveQueue) error {
 	return nil
 }
 
-// wait polls fds (the stop eventfd last) and reports whether stop fired.
-func wait(fds []unix.PollFd) (bool, error) {
-	for i := range fds {
-		fds[i].Revents = 0
-	}
-	for {
-		_, err := unix.Poll(fds, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return false, err
-		}
-		return fds[len(fds)-1].Revents != 0, nil
-	}
-}
-
 func virtioGuestErr(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{virtio.ErrGuest}, args...)...)
 }

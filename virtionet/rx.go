@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -53,7 +54,7 @@ func (s *session) rxLoop() {
 		case starved:
 			fds = []unix.PollFd{kick, stop}
 		}
-		stopped, err := wait(fds)
+		stopped, err := eventfd.PollStop(fds, -1)
 		if err != nil {
 			s.d.log.WithError(err).Error("virtio-net: rx poll")
 			return

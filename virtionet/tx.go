@@ -3,6 +3,7 @@ package virtionet
 import (
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -39,7 +40,7 @@ func (s *session) txLoop() {
 		case blocked:
 			fds = []unix.PollFd{out, stop}
 		}
-		stopped, err := wait(fds)
+		stopped, err := eventfd.PollStop(fds, -1)
 		if err != nil {
 			s.d.log.WithError(err).Error("virtio-net: tx poll")
 			return

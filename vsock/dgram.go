@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/virtio"
 )
@@ -143,21 +144,12 @@ func (s *session) dgramLoop() {
 			s.dgramTX(st)
 			s.dgramRX(st)
 		}
-		for {
-			for i := range fds {
-				fds[i].Revents = 0
-			}
-			_, err := unix.Poll(fds, -1)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				s.d.log.WithError(err).Error("vsock: datagram poll")
-				return
-			}
-			break
+		stopped, err := eventfd.PollStop(fds, -1)
+		if err != nil {
+			s.d.log.WithError(err).Error("vsock: datagram poll")
+			return
 		}
-		if fds[2].Revents != 0 {
+		if stopped {
 			return
 		}
 		if fds[0].Revents != 0 {

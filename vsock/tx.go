@@ -5,6 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -58,19 +59,12 @@ func (s *session) txLoop() {
 		if !s.failed.Load() {
 			s.processTX(st)
 		}
-		for {
-			fds[0].Revents, fds[1].Revents = 0, 0
-			_, err := unix.Poll(fds, -1)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				s.d.log.WithError(err).Error("vsock: tx poll")
-				return
-			}
-			break
+		stopped, err := eventfd.PollStop(fds, -1)
+		if err != nil {
+			s.d.log.WithError(err).Error("vsock: tx poll")
+			return
 		}
-		if fds[1].Revents != 0 {
+		if stopped {
 			return
 		}
 		if n, _ := s.tx.Kick.Wait(); n > 0 {
