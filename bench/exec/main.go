@@ -87,22 +87,7 @@ func main() {
 		fatalf("unexpected argument %q", flag.Arg(0))
 	}
 
-	host := testenv.Host()
-	if *hostCheck {
-		if host != testenv.KVMHardware {
-			fmt.Printf("%s: no: this host's KVM is %q; Linux guests need hardware KVM\n", prog, host)
-			os.Exit(1)
-		}
-		fmt.Printf("%s: yes: /dev/kvm can boot Linux guests\n", prog)
-		os.Exit(0)
-	}
-	if host != testenv.KVMHardware && !*force {
-		fmt.Fprintf(os.Stderr, "%s: this host's KVM is %q, which cannot boot Linux guests\n", prog, host)
-		fmt.Fprintf(os.Stderr, "%s: run it in the nested-KVM box instead (QEMU TCG speed: the times are not figures to quote):\n", prog)
-		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", benchenv.BoxCommand())
-		fmt.Fprintf(os.Stderr, "%s: or pass -force to try here anyway\n", prog)
-		os.Exit(2)
-	}
+	benchenv.GateLinuxKVM(prog, *hostCheck, *force, "the times are not figures to quote")
 	var err error
 	if cfg.memory, err = microvm.ParseSize(memory); err != nil {
 		fatalf("-memory: %v", err)
@@ -127,7 +112,7 @@ func main() {
 		os.RemoveAll(dir)
 		fatalf("%v", err)
 	}
-	rep := newReport(&cfg, host.String(), testenv.InBox())
+	rep := newReport(&cfg, testenv.Host().String(), testenv.InBox())
 	run(ctx, &cfg, rep, dir, initrd)
 	os.RemoveAll(dir)
 

@@ -65,7 +65,6 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/bench/internal/benchenv"
 	"github.com/microvm/microvm/bench/internal/ioproto"
-	"github.com/microvm/microvm/internal/testenv"
 )
 
 const prog = "iobench"
@@ -117,22 +116,7 @@ func main() {
 		fatalf("unexpected argument %q", fs.Arg(0))
 	}
 
-	host := testenv.Host()
-	if *hostCheck {
-		if host != testenv.KVMHardware {
-			fmt.Printf("%s: no: this host's KVM is %q; Linux guests need hardware KVM\n", prog, host)
-			os.Exit(1)
-		}
-		fmt.Printf("%s: yes: /dev/kvm can boot Linux guests\n", prog)
-		os.Exit(0)
-	}
-	if host != testenv.KVMHardware && !*force {
-		fmt.Fprintf(os.Stderr, "%s: this host's KVM is %q, which cannot boot Linux guests\n", prog, host)
-		fmt.Fprintf(os.Stderr, "%s: run it in the nested-KVM box instead (QEMU TCG speed: a functional comparison, not performance):\n", prog)
-		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", benchenv.BoxCommand())
-		fmt.Fprintf(os.Stderr, "%s: or pass -force to try here anyway\n", prog)
-		os.Exit(2)
-	}
+	benchenv.GateLinuxKVM(prog, *hostCheck, *force, "a functional comparison, not performance")
 	size, err := microvm.ParseSize(diskSize)
 	if err != nil {
 		fatalf("-disk-size: %v", err)

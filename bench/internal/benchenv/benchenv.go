@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // HostInfo describes the machine: OS, architecture, CPU count and model,
@@ -76,4 +78,28 @@ func BoxCommand() string {
 		}
 	}
 	return strings.Join(argv, " ")
+}
+
+// GateLinuxKVM is the -host-check and -force handling of a benchmark that
+// boots Linux guests, which needs hardware KVM (testenv.Host). With
+// hostCheck it answers and exits (0: yes, 1: no). Otherwise, on a host that
+// cannot boot Linux and without force, it says how to run prog in the
+// nested-KVM box (what the figures mean there: boxNote) and exits 2.
+func GateLinuxKVM(prog string, hostCheck, force bool, boxNote string) {
+	host := testenv.Host()
+	if hostCheck {
+		if host != testenv.KVMHardware {
+			fmt.Printf("%s: no: this host's KVM is %q; Linux guests need hardware KVM\n", prog, host)
+			os.Exit(1)
+		}
+		fmt.Printf("%s: yes: /dev/kvm can boot Linux guests\n", prog)
+		os.Exit(0)
+	}
+	if host != testenv.KVMHardware && !force {
+		fmt.Fprintf(os.Stderr, "%s: this host's KVM is %q, which cannot boot Linux guests\n", prog, host)
+		fmt.Fprintf(os.Stderr, "%s: run it in the nested-KVM box instead (QEMU TCG speed: %s):\n", prog, boxNote)
+		fmt.Fprintf(os.Stderr, "  scripts/kvmbox --timeout 30m -- %s\n", BoxCommand())
+		fmt.Fprintf(os.Stderr, "%s: or pass -force to try here anyway\n", prog)
+		os.Exit(2)
+	}
 }
