@@ -61,6 +61,9 @@ type Options struct {
 	// CPUs and MemoryMiB size the box (defaults: 2 and 3072).
 	CPUs      int
 	MemoryMiB int
+	// TCGThread is QEMU's TCG threading: "multi" (one host thread per
+	// vCPU, the default) or "single" (all vCPUs on one host thread).
+	TCGThread string
 	// Timeout bounds the whole run (0: none).
 	Timeout time.Duration
 	// Env is the command's environment; nil means PassEnv(os.Environ()).
@@ -324,6 +327,13 @@ func (o *Options) defaults() error {
 	if o.MemoryMiB == 0 {
 		o.MemoryMiB = 3072
 	}
+	switch o.TCGThread {
+	case "":
+		o.TCGThread = "multi"
+	case "multi", "single":
+	default:
+		return fmt.Errorf("kvmbox: --tcg-thread %q: multi or single", o.TCGThread)
+	}
 	if o.CPUs < 1 || o.CPUs > 8 {
 		return fmt.Errorf("kvmbox: --cpus %d: 1..8", o.CPUs)
 	}
@@ -351,7 +361,7 @@ func qemuArgs(o Options, initrd, status string, khz int) []string {
 		fmt.Sprintf("tsc_early_khz=%d", khz), "tsc=reliable",
 	}, " ")
 	return []string{
-		"-M", "microvm,acpi=off", "-accel", "tcg,thread=multi",
+		"-M", "microvm,acpi=off", "-accel", "tcg,thread=" + o.TCGThread,
 		"-cpu", "EPYC-v1,+svm,+npt",
 		"-smp", strconv.Itoa(o.CPUs), "-m", fmt.Sprintf("%dM", o.MemoryMiB),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",

@@ -1,0 +1,290 @@
+// Package boxtest runs in the nested-KVM box the Go tests that could not run
+// on this host: testenv.RequireKVM queued them in RECORD/queue.txt as
+// "PACKAGE_DIR TestName" lines. make test runs it through scripts/box-test
+// (docs/testing.md).
+//
+// Data flow:
+//
+//	queue.txt ──▶ ReadQueue ──▶ per package: go test -c on the host (TCG is slow)
+//	  round 0..Reruns: per package with tests left, one fresh box:
+//	    scripts/kvmbox --timeout BoxTimeout -- sh -c 'cd PKG && BIN -test.run ^(T1|T2)$ -test.v -test.timeout TestTimeout'
+//	    stdout+stderr ──▶ Out and RECORD/box-PKG[.rerunN].log ──▶ ParseLog ──▶ Judge
+//	    Judge: passed | real failure (final) | rerun (box artefact, RECORD/reruns.txt)
+//
+// One box a package keeps a dead box from taking every package's tests with
+// it; BoxTimeout bounds a box whose L1 kernel stops answering, TestTimeout
+// (shorter) makes a hung test panic with its goroutines while the box still
+// reports, and Budget bounds the whole stage: no box starts after it.
+//
+// Everything runs on the caller's goroutine, one box at a time.
+package boxtest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Package is one package's queued tests.
+type Package struct {
+	Dir   string // relative to the repository root
+	Tests []string
+}
+
+// ReadQueue reads queue.txt: "PACKAGE_DIR TestName" lines, duplicates
+// allowed (a test queues itself once per run).
+func ReadQueue(r io.Reader) ([]Package, error) {
+	byDir := map[string]map[string]bool{}
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) != 2 || !testName.MatchString(f[1]) || filepath.IsAbs(f[0]) || strings.Contains(f[0], "..") {
+			return nil, fmt.Errorf("queue line %d: %q: want \"PACKAGE_DIR TestName\"", n, sc.Text())
+		}
+		if byDir[f[0]] == nil {
+			byDir[f[0]] = map[string]bool{}
+		}
+		byDir[f[0]][f[1]] = true
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	var pkgs []Package
+	for dir, tests := range byDir {
+		p := Package{Dir: dir}
+		for t := range tests {
+			p.Tests = append(p.Tests, t)
+		}
+		sort.Strings(p.Tests)
+		pkgs = append(pkgs, p)
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].Dir < pkgs[j].Dir })
+	return pkgs, nil
+}
+
+// Config is one box-test stage.
+type Config struct {
+	Root   string // the repository
+	Record string // the record directory (inside Root: the box writes there)
+	// Kvmbox is the box's command line before "--" (scripts/kvmbox).
+	Kvmbox []string
+	// BoxTimeout bounds one box; TestTimeout is the test binary's
+	// -test.timeout inside it; Budget bounds the stage.
+	BoxTimeout, TestTimeout, Budget time.Duration
+	// Reruns is how many more rounds the box's artefacts get.
+	Reruns int
+	Out    io.Writer
+	// Build makes pkg's test binary at bin (nil: go test -c).
+	Build func(ctx context.Context, pkg, bin string) error
+}
+
+func (c Config) build(ctx context.Context, pkg, bin string) error {
+	if c.Build != nil {
+		return c.Build(ctx, pkg, bin)
+	}
+	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, "./"+pkg)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = c.Root, c.Out, c.Out
+	return cmd.Run()
+}
+
+// ExitBoxFailure is scripts/kvmbox's status when the box itself failed.
+const ExitBoxFailure = 125
+
+// Run runs the queued tests and returns nil when every one passed (or
+// skipped) in the box.
+func Run(ctx context.Context, c Config, pkgs []Package) error {
+	start := time.Now()
+	bindir := filepath.Join(c.Root, "build", "boxtest")
+	if err := os.RemoveAll(bindir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(bindir, 0o755); err != nil {
+		return err
+	}
+	bins := map[string]string{}
+	total := 0
+	for _, p := range pkgs {
+		bin := filepath.Join(bindir, fileName(p.Dir)+".test")
+		if err := c.build(ctx, p.Dir, bin); err != nil {
+			return fmt.Errorf("box-test: go test -c ./%s: %w", p.Dir, err)
+		}
+		bins[p.Dir] = bin
+		total += len(p.Tests)
+		fmt.Fprintf(c.Out, "box-test: %s: %d test(s): %s\n", p.Dir, len(p.Tests), strings.Join(p.Tests, " "))
+	}
+	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d package(s), one fresh box each (box timeout %v, test timeout %v, stage budget %v)\n",
+		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.Budget)
+
+	failed := map[string]string{} // "pkg Test" -> why
+	pending := pkgs
+	for round := 0; round <= c.Reruns && len(pending) > 0; round++ {
+		var next []Package
+		for i, p := range pending {
+			if elapsed := time.Since(start); round > 0 && elapsed+c.BoxTimeout > c.Budget || elapsed > c.Budget {
+				for _, q := range pending[i:] {
+					for _, t := range q.Tests {
+						failed[q.Dir+" "+t] = fmt.Sprintf("not run: the box stage's budget (%v) ran out after %v", c.Budget, elapsed.Round(time.Second))
+					}
+				}
+				break
+			}
+			v, err := c.runBox(ctx, p, bins[p.Dir], round)
+			if err != nil {
+				return err
+			}
+			for t, why := range v.Failed {
+				failed[p.Dir+" "+t] = why
+			}
+			if len(v.Rerun) == 0 {
+				continue
+			}
+			q := Package{Dir: p.Dir}
+			for _, t := range p.Tests {
+				if r, ok := v.Rerun[t]; ok {
+					q.Tests = append(q.Tests, t)
+					if err := appendLine(filepath.Join(c.Record, "reruns.txt"), fmt.Sprintf("%s %s %s", p.Dir, t, r)); err != nil {
+						return err
+					}
+					fmt.Fprintf(c.Out, "box-test: %s %s: %s\n", p.Dir, t, r)
+				}
+			}
+			next = append(next, q)
+		}
+		if round == c.Reruns {
+			for _, q := range next {
+				for _, t := range q.Tests {
+					failed[q.Dir+" "+t] = fmt.Sprintf("still failing after %d rerun(s) in a fresh box", c.Reruns)
+				}
+			}
+		} else if len(next) > 0 {
+			fmt.Fprintf(c.Out, "box-test: rerun %d of %d in fresh boxes: %s\n", round+1, c.Reruns, names(next))
+		}
+		pending = next
+	}
+	fmt.Fprintf(c.Out, "box-test: done in %v\n", time.Since(start).Round(time.Second))
+	if len(failed) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(failed))
+	for k := range failed {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\n  %s: %s", k, failed[k])
+	}
+	return fmt.Errorf("box-test: %d test(s) failed in the box:%s", len(keys), b.String())
+}
+
+// runBox runs p's tests in one fresh box and judges them.
+func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (Verdict, error) {
+	name := fileName(p.Dir)
+	if round > 0 {
+		name += fmt.Sprintf(".rerun%d", round)
+	}
+	logPath := filepath.Join(c.Record, "box-"+name+".log")
+	console := filepath.Join(c.Record, "console-"+name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return Verdict{}, err
+	}
+	defer logf.Close()
+	// ReadQueue let only \w names through: safe in a regexp and a shell word.
+	re := "^(" + strings.Join(p.Tests, "|") + ")$"
+	script := fmt.Sprintf("cd %s && exec %s -test.run '%s' -test.v -test.timeout %s",
+		shellQuote(filepath.Join(c.Root, p.Dir)), shellQuote(bin), re, c.TestTimeout)
+	args := append(slices.Clone(c.Kvmbox[1:]), "--timeout", c.BoxTimeout.String(), "--console-log", console, "--", "sh", "-c", script)
+	cmd := exec.CommandContext(ctx, c.Kvmbox[0], args...)
+	cmd.Dir = c.Root
+	w := io.MultiWriter(c.Out, logf)
+	cmd.Stdout, cmd.Stderr = w, w
+	fmt.Fprintf(c.Out, "box-test: %s: box for %s\n", p.Dir, strings.Join(p.Tests, " "))
+	begin := time.Now()
+	err = cmd.Run()
+	status := 0
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee) && ee.Exited():
+		status = ee.ExitCode()
+	default:
+		return Verdict{}, fmt.Errorf("box-test: %s: %w", p.Dir, err)
+	}
+	boxFailed := status == ExitBoxFailure
+	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.Dir,
+		time.Since(begin).Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
+	if boxFailed {
+		c.printConsoleTail(console, 40)
+	}
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return Verdict{}, err
+	}
+	return Judge(p.Tests, ParseLog(b), status, boxFailed), nil
+}
+
+// printConsoleTail shows the end of the L1 kernel's console, which is what
+// tells why a box died.
+func (c Config) printConsoleTail(path string, n int) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(c.Out, "box-test: no L1 console log: %v\n", err)
+		return
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	fmt.Fprintf(c.Out, "box-test: the last %d lines of the L1 console (%s):\n", len(lines), path)
+	for _, l := range lines {
+		fmt.Fprintf(c.Out, "  | %s\n", l)
+	}
+}
+
+func names(pkgs []Package) string {
+	var s []string
+	for _, p := range pkgs {
+		for _, t := range p.Tests {
+			s = append(s, p.Dir+"/"+t)
+		}
+	}
+	return strings.Join(s, " ")
+}
+
+// fileName turns a package directory into a file name ("." is the root).
+func fileName(dir string) string {
+	return strings.NewReplacer("/", "_", ".", "_").Replace(dir)
+}
+
+// testName is what ReadQueue accepts as a test's name.
+var testName = regexp.MustCompile(`^Test\w*$`)
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func appendLine(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(f, line)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

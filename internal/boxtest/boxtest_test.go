@@ -1,0 +1,214 @@
+package boxtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const tfLine = `        time="21:17:22.767" level=error msg="guest triple fault (KVM_EXIT_SHUTDOWN): vCPU 0 rip=0xfff0 (these are the processor's reset values, not the faulting state)"`
+
+func TestParseLogAndJudge(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		tests     []string
+		log       string
+		status    int
+		boxFailed bool
+		want      Verdict
+	}{{
+		name:  "all pass",
+		tests: []string{"TestA", "TestB"},
+		log: "=== RUN   TestA\n--- PASS: TestA (1.00s)\n=== RUN   TestB\n=== RUN   TestB/x\n" +
+			"--- PASS: TestB (2.00s)\n    --- PASS: TestB/x (1.00s)\nPASS\n",
+		want: Verdict{Passed: []string{"TestA", "TestB"}},
+	}, {
+		name: "triple fault in one test, a real failure in another",
+		log: "=== RUN   TestA\n=== RUN   TestA/write\n    disk_test.go:146: status 1\n" + tfLine + "\n" +
+			"--- FAIL: TestA (41.54s)\n    --- FAIL: TestA/write (27.63s)\n" +
+			"=== RUN   TestB\n    x_test.go:1: wrong answer\n--- FAIL: TestB (1.00s)\n" +
+			"=== RUN   TestC\n--- PASS: TestC (1.00s)\nFAIL\n",
+		status: 1,
+		want: Verdict{Passed: []string{"TestC"}, Rerun: map[string]Reason{"TestA": ReasonTripleFault},
+			Failed: map[string]string{"TestB": "failed"}},
+	}, {
+		// The triple fault of one test does not excuse another's failure.
+		name:  "triple fault output belongs to its test",
+		tests: []string{"TestA", "TestB"},
+		log: "=== RUN   TestA\n" + tfLine + "\n--- PASS: TestA (1.00s)\n" +
+			"=== RUN   TestB\n--- FAIL: TestB (1.00s)\nFAIL\n",
+		status: 1,
+		want:   Verdict{Passed: []string{"TestA"}, Failed: map[string]string{"TestB": "failed"}},
+	}, {
+		name: "test timeout",
+		log: "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\n=== RUN   TestB/sub\n" +
+			"panic: test timed out after 1s\n\trunning tests:\n\t\tTestB (1s)\n\t\tTestB/sub (1s)\n\n" +
+			"goroutine 5 [running]:\ntesting.(*M).startAlarm.func1()\n",
+		status: 2,
+		want: Verdict{Passed: []string{"TestA"},
+			Rerun: map[string]Reason{"TestB": ReasonTimedOut, "TestC": ReasonNotRun}},
+	}, {
+		name:      "box died",
+		log:       "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\n=== RUN   TestB/kill_-9\nkvmbox: timed out after 45m0s\n",
+		status:    ExitBoxFailure,
+		boxFailed: true,
+		want: Verdict{Passed: []string{"TestA"},
+			Rerun: map[string]Reason{"TestB": ReasonBoxFailed, "TestC": ReasonNotRun}},
+	}, {
+		name:   "binary crashed",
+		log:    "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\nfatal error: concurrent map writes\n",
+		status: 2,
+		want: Verdict{Passed: []string{"TestA"}, Failed: map[string]string{
+			"TestB": "the test binary ended while it ran (a crash?)",
+			"TestC": "did not run: the test binary failed before it started"}},
+	}, {
+		name:   "binary passed without running a test",
+		log:    "testing: warning: no tests to run\nPASS\n",
+		status: 0,
+		want: Verdict{Failed: map[string]string{
+			"TestA": "did not run, though the binary passed", "TestB": "did not run, though the binary passed",
+			"TestC": "did not run, though the binary passed"}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tests := tc.tests
+			if tests == nil {
+				tests = []string{"TestA", "TestB", "TestC"}
+			}
+			got := Judge(tests, ParseLog([]byte(tc.log)), tc.status, tc.boxFailed)
+			if tc.want.Rerun == nil {
+				tc.want.Rerun = map[string]Reason{}
+			}
+			if tc.want.Failed == nil {
+				tc.want.Failed = map[string]string{}
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("Judge:\n got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadQueue(t *testing.T) {
+	pkgs, err := ReadQueue(strings.NewReader("cmd/microvm TestExec\n. TestLinuxBoot\ncmd/microvm TestDiskRoot\ncmd/microvm TestExec\n\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Package{{Dir: ".", Tests: []string{"TestLinuxBoot"}}, {Dir: "cmd/microvm", Tests: []string{"TestDiskRoot", "TestExec"}}}
+	if !reflect.DeepEqual(pkgs, want) {
+		t.Errorf("got %+v, want %+v", pkgs, want)
+	}
+	for _, bad := range []string{"cmd TestA extra", "cmd Test-A", "/abs TestA", "../up TestA", "cmd notATest", "cmd Test'$(x)"} {
+		if _, err := ReadQueue(strings.NewReader(bad + "\n")); err == nil {
+			t.Errorf("ReadQueue(%q) took it", bad)
+		}
+	}
+}
+
+// fakeBox writes a stand-in for scripts/kvmbox: it runs the command on the
+// host, and a test "binary" that prints a go test log from a script file
+// per round, so Run's rounds can be driven without a box.
+func fakeBox(t *testing.T, dir string) string {
+	t.Helper()
+	box := filepath.Join(dir, "fakebox")
+	// --timeout D --console-log F -- sh -c SCRIPT: exit 125 when the
+	// command prints BOXDIE (a box that died under it).
+	script := `#!/bin/sh
+while [ "$1" != "--" ]; do
+	[ "$1" = --console-log ] && echo "L1 console of a fake box" >"$2"
+	shift
+done
+shift
+out=$("$@" 2>&1); st=$?
+printf '%s\n' "$out"
+case "$out" in *BOXDIE*) echo "kvmbox: timed out after 1s"; exit 125;; esac
+exit $st
+`
+	if err := os.WriteFile(box, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return box
+}
+
+// fakeBuild makes test binaries whose nth run (counted in a file) prints
+// logs[n] and exits with the status in its last line ("exit N").
+func fakeBuild(t *testing.T, dir string, logs map[string][]string) func(context.Context, string, string) error {
+	return func(_ context.Context, pkg, bin string) error {
+		var b strings.Builder
+		fmt.Fprintf(&b, "#!/bin/sh\nn=$(cat %q 2>/dev/null || echo 0); echo $((n+1)) >%q\ncase $n in\n", bin+".count", bin+".count")
+		for i, l := range logs[pkg] {
+			body, status, _ := strings.Cut(l, "\nexit ")
+			fmt.Fprintf(&b, "%d) cat <<'EOF'\n%s\nEOF\nexit %s;;\n", i, body, status)
+		}
+		b.WriteString("esac\nexit 99\n")
+		return os.WriteFile(bin, []byte(b.String()), 0o755)
+	}
+}
+
+func TestRunReruns(t *testing.T) {
+	root := t.TempDir()
+	rec := filepath.Join(root, "build", "rec")
+	if err := os.MkdirAll(rec, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"a", "b"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logs := map[string][]string{
+		// Package a: a triple fault, then a pass on the rerun.
+		"a": {"=== RUN   TestX\n" + tfLine + "\n--- FAIL: TestX (1.00s)\n=== RUN   TestY\n--- PASS: TestY (1.00s)\nFAIL\nexit 1",
+			"=== RUN   TestX\n--- PASS: TestX (1.00s)\nPASS\nexit 0"},
+		// Package b: the box dies in TestP twice, then TestP fails for
+		// real on the last rerun.
+		"b": {"=== RUN   TestP\nBOXDIE\nexit 0",
+			"=== RUN   TestP\nBOXDIE\nexit 0",
+			"=== RUN   TestP\n    p_test.go:1: broken\n--- FAIL: TestP (1.00s)\n=== RUN   TestQ\n--- PASS: TestQ (1.00s)\nFAIL\nexit 1"},
+	}
+	var out bytes.Buffer
+	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Minute,
+		TestTimeout: 30 * time.Second, Budget: time.Hour, Reruns: 2, Out: &out, Build: fakeBuild(t, root, logs)}
+	err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX", "TestY"}}, {Dir: "b", Tests: []string{"TestP", "TestQ"}}})
+	if err == nil || !strings.Contains(err.Error(), "b TestP: failed") || strings.Contains(err.Error(), "TestX") {
+		t.Errorf("Run: %v; want only b TestP failed\n%s", err, out.String())
+	}
+	reruns, _ := os.ReadFile(filepath.Join(rec, "reruns.txt"))
+	want := "a TestX triple-fault\nb TestP box-failed\nb TestQ not-run\nb TestP box-failed\nb TestQ not-run\n"
+	if string(reruns) != want {
+		t.Errorf("reruns.txt:\n%s\nwant:\n%s", reruns, want)
+	}
+	if !strings.Contains(out.String(), "L1 console of a fake box") {
+		t.Errorf("a dead box's console was not shown:\n%s", out.String())
+	}
+	for _, f := range []string{"box-a.log", "box-a.rerun1.log", "box-b.rerun2.log"} {
+		if _, err := os.Stat(filepath.Join(rec, f)); err != nil {
+			t.Errorf("no %s: %v", f, err)
+		}
+	}
+}
+
+func TestRunBudget(t *testing.T) {
+	root := t.TempDir()
+	rec := filepath.Join(root, "rec")
+	if err := os.MkdirAll(filepath.Join(root, "a"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(rec, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := map[string][]string{"a": {"=== RUN   TestX\nBOXDIE\nexit 0", "=== RUN   TestX\n--- PASS: TestX (1.00s)\nexit 0"}}
+	var out bytes.Buffer
+	// A rerun needs a whole box timeout left in the budget: none is.
+	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Hour,
+		TestTimeout: time.Minute, Budget: time.Hour, Reruns: 2, Out: &out, Build: fakeBuild(t, root, logs)}
+	err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX"}}})
+	if err == nil || !strings.Contains(err.Error(), "budget") {
+		t.Errorf("Run: %v; want the budget to stop the rerun\n%s", err, out.String())
+	}
+}

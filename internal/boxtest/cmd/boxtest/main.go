@@ -1,0 +1,106 @@
+// Command boxtest runs, in the nested-KVM box, the tests testenv queued in
+// RECORD_DIR/queue.txt (package boxtest). scripts/box-test builds and runs
+// it:
+//
+//	scripts/box-test RECORD_DIR
+//
+// Environment: BOX_TIMEOUT (one box, default 12m), BOX_TEST_TIMEOUT (the
+// test binary's -test.timeout in the box, default 8m), BOX_BUDGET (no box
+// starts after this long, default 40m), BOX_RERUNS (default 2).
+// Exit status: 0 when every queued test passed in the box, 1 when one
+// failed, 2 on bad usage.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/microvm/microvm/internal/boxtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:])
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string) int {
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(os.Stderr, "box-test: "+format+"\n", a...)
+		return code
+	}
+	if len(args) != 2 {
+		return fail(2, "usage: boxtest REPOSITORY RECORD_DIR")
+	}
+	root, err := filepath.Abs(args[0])
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	rec, err := filepath.Abs(args[1])
+	if err != nil {
+		return fail(2, "%v", err)
+	}
+	if !strings.HasPrefix(rec+"/", root+"/") {
+		// Only the repository is shared read-write with the box.
+		return fail(2, "%s is outside the repository %s: the box could not write there", rec, root)
+	}
+	c := boxtest.Config{Root: root, Record: rec, Kvmbox: []string{filepath.Join(root, "scripts", "kvmbox")}, Out: os.Stdout}
+	for _, d := range []struct {
+		env string
+		dst *time.Duration
+		def time.Duration
+	}{
+		{"BOX_TIMEOUT", &c.BoxTimeout, 12 * time.Minute},
+		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 8 * time.Minute},
+		{"BOX_BUDGET", &c.Budget, 40 * time.Minute},
+	} {
+		*d.dst = d.def
+		if s := os.Getenv(d.env); s != "" {
+			v, err := time.ParseDuration(s)
+			if err != nil || v <= 0 {
+				return fail(2, "%s=%q: want a positive duration like 10m", d.env, s)
+			}
+			*d.dst = v
+		}
+	}
+	if c.TestTimeout >= c.BoxTimeout {
+		return fail(2, "BOX_TEST_TIMEOUT %v must be shorter than BOX_TIMEOUT %v: a hung test should panic while the box still reports", c.TestTimeout, c.BoxTimeout)
+	}
+	c.Reruns = 2
+	if s := os.Getenv("BOX_RERUNS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 || n > 5 {
+			return fail(2, "BOX_RERUNS=%q: want 0..5", s)
+		}
+		c.Reruns = n
+	}
+	f, err := os.Open(filepath.Join(rec, "queue.txt"))
+	if os.IsNotExist(err) {
+		fmt.Println("box-test: no test needs the box on this host")
+		return 0
+	}
+	if err != nil {
+		return fail(1, "%v", err)
+	}
+	pkgs, err := boxtest.ReadQueue(f)
+	f.Close()
+	if err != nil {
+		return fail(1, "%s: %v", f.Name(), err)
+	}
+	if len(pkgs) == 0 {
+		fmt.Println("box-test: no test needs the box on this host")
+		return 0
+	}
+	if err := boxtest.Run(ctx, c, pkgs); err != nil {
+		return fail(1, "%v", err)
+	}
+	return 0
+}

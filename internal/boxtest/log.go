@@ -1,0 +1,169 @@
+package boxtest
+
+import (
+	"bufio"
+	"bytes"
+	"regexp"
+)
+
+// State is what a package's log says of one top-level test.
+type State int
+
+const (
+	// NotStarted: no "=== RUN" line for the test.
+	NotStarted State = iota
+	// Running: started, with no result line (the binary or the box ended
+	// first).
+	Running
+	Passed
+	Failed
+	Skipped
+)
+
+func (s State) String() string {
+	return [...]string{"not started", "running", "passed", "failed", "skipped"}[s]
+}
+
+// TestLog is one top-level test's part of a go test -test.v log.
+type TestLog struct {
+	State State
+	// Output is every line from its "=== RUN" to its result line, its
+	// subtests' included (tests in the box run one after the other).
+	Output []byte
+	// TimedOut: the binary's -test.timeout panic named it as running.
+	TimedOut bool
+}
+
+// Log is a parsed go test -test.v log.
+type Log struct {
+	Tests map[string]*TestLog
+	// TimedOut: the binary panicked on -test.timeout.
+	TimedOut bool
+}
+
+var (
+	runLine    = regexp.MustCompile(`^=== RUN\s+([^/\s]+)$`)
+	resultLine = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): ([^/\s]+) \(`)
+	// The panic that -test.timeout raises, and its list of running
+	// tests ("\t\tTestX (10m0s)" after "\trunning tests:", Go 1.21 and
+	// later).
+	timeoutPanic = regexp.MustCompile(`^panic: test timed out after `)
+	runningHead  = regexp.MustCompile(`^\s*running tests:$`)
+	runningEntry = regexp.MustCompile(`^\s+([^/\s]+)(/\S*)? \(\d`)
+)
+
+// ParseLog reads a go test -test.v log of tests run one after the other.
+func ParseLog(b []byte) *Log {
+	l := &Log{Tests: map[string]*TestLog{}}
+	var cur *TestLog
+	inRunning := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := runLine.FindStringSubmatch(line); m != nil {
+			t := l.Tests[m[1]]
+			if t == nil {
+				t = &TestLog{}
+				l.Tests[m[1]] = t
+			}
+			t.State = Running
+			cur = t
+		}
+		if cur != nil {
+			cur.Output = append(append(cur.Output, line...), '\n')
+		}
+		if m := resultLine.FindStringSubmatch(line); m != nil {
+			if t := l.Tests[m[2]]; t != nil {
+				t.State = map[string]State{"PASS": Passed, "FAIL": Failed, "SKIP": Skipped}[m[1]]
+				if t == cur {
+					cur = nil
+				}
+			}
+		}
+		switch {
+		case timeoutPanic.MatchString(line):
+			l.TimedOut = true
+		case l.TimedOut && runningHead.MatchString(line):
+			inRunning = true
+		case inRunning:
+			m := runningEntry.FindStringSubmatch(line)
+			if m == nil {
+				inRunning = false
+				break
+			}
+			if t := l.Tests[m[1]]; t != nil {
+				t.TimedOut = true
+			}
+		}
+	}
+	return l
+}
+
+// TripleFault is the signature of the box's known artefact
+// (docs/testing.md): microvm's log line for an L2 guest's shutdown exit,
+// whose registers are the reset values AMD SVM leaves.
+var TripleFault = regexp.MustCompile(`guest triple fault \(KVM_EXIT_SHUTDOWN\).*these are the processor.s reset values`)
+
+// Reason says why a test is run again in a fresh box.
+type Reason string
+
+const (
+	// ReasonTripleFault: it failed, and its output has TripleFault.
+	ReasonTripleFault Reason = "triple-fault"
+	// ReasonTimedOut: it was running when -test.timeout ended the binary.
+	ReasonTimedOut Reason = "timed-out"
+	// ReasonBoxFailed: the box itself failed (its timeout, or the L1
+	// kernel gave no status) before the test passed.
+	ReasonBoxFailed Reason = "box-failed"
+	// ReasonNotRun: an earlier test's timeout or the box's failure ended
+	// the run before this test started.
+	ReasonNotRun Reason = "not-run"
+)
+
+// Verdict sorts one package run's queued tests.
+type Verdict struct {
+	Passed []string
+	// Rerun are the tests to run again, with why.
+	Rerun map[string]Reason
+	// Failed are real failures, with a one-line why.
+	Failed map[string]string
+}
+
+// Judge sorts tests after a package's run: status is the test binary's
+// exit status, boxFailed says the box itself failed (status is then
+// meaningless). Only the box's artefacts are rerun: a triple fault in a
+// failed test's output, a test -test.timeout caught running, a box that
+// died under the tests, and the tests those kept from running.
+func Judge(tests []string, l *Log, status int, boxFailed bool) Verdict {
+	v := Verdict{Rerun: map[string]Reason{}, Failed: map[string]string{}}
+	for _, name := range tests {
+		t := l.Tests[name]
+		if t == nil {
+			t = &TestLog{}
+		}
+		switch {
+		case t.State == Passed || t.State == Skipped:
+			// A test that skips in the box is test-summary's to judge:
+			// it finds no record of it there.
+			v.Passed = append(v.Passed, name)
+		case t.State == Failed && TripleFault.Match(t.Output):
+			v.Rerun[name] = ReasonTripleFault
+		case t.State == Failed:
+			v.Failed[name] = "failed"
+		case t.TimedOut || (t.State == Running && l.TimedOut):
+			v.Rerun[name] = ReasonTimedOut
+		case t.State == Running && boxFailed:
+			v.Rerun[name] = ReasonBoxFailed
+		case t.State == NotStarted && (boxFailed || l.TimedOut):
+			v.Rerun[name] = ReasonNotRun
+		case t.State == Running:
+			v.Failed[name] = "the test binary ended while it ran (a crash?)"
+		case status == 0:
+			v.Failed[name] = "did not run, though the binary passed"
+		default:
+			v.Failed[name] = "did not run: the test binary failed before it started"
+		}
+	}
+	return v
+}
