@@ -125,8 +125,10 @@ func TestDiskRoot(t *testing.T) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
 		start := time.Now()
+		// --timeout bounds a guest that hangs: microvm stops the VM
+		// unresponsiveGrace after it.
 		status := Main([]string{"microvm", "exec", "--kernel", kernel, "--disk", disk, "--root", "/dev/vda",
-			"--memory", "256M", "--", "sh", "-c", script}, strings.NewReader(""), &stdout, &stderr)
+			"--memory", "256M", "--timeout", "4m", "--", "sh", "-c", script}, strings.NewReader(""), &stdout, &stderr)
 		t.Logf("exec took %v", time.Since(start).Round(time.Millisecond))
 		return status, stdout.String(), stderr.String()
 	}

@@ -210,7 +210,21 @@ func runExec(o *execOpts) error {
 		case <-execCtx.Done():
 		}
 	}()
+	// --timeout is the guest's to enforce; a guest that cannot (its
+	// kernel hung or panicked without a reboot) would leave exec
+	// waiting for ever, so the host gives it unresponsiveGrace more and
+	// then stops the VM.
+	if o.cmd.timeout > 0 {
+		limit := o.cmd.timeout + unresponsiveGrace
+		t := time.AfterFunc(limit, func() { cancelExec(errGuestUnresponsive{limit}) })
+		defer t.Stop()
+	}
 	err = runInGuest(execCtx, cc, "exec", o.cmd, o.log)
+	var gu errGuestUnresponsive
+	if errors.As(context.Cause(execCtx), &gu) {
+		return fmt.Errorf("exec: %s: %w; the VM was stopped; guest console:\n%s",
+			o.cmd.argv[0], gu, strings.TrimRight(console.String(), "\n"))
+	}
 	var se statusError
 	if err != nil && !errors.As(err, &se) && !errors.Is(context.Cause(execCtx), errVMEnded) {
 		// The call may fail first (the guest reset its connections on
@@ -231,6 +245,19 @@ func runExec(o *execOpts) error {
 
 // errVMEnded: the VM stopped before the command's exit status came.
 var errVMEnded = errors.New("the VM ended")
+
+// errGuestUnresponsive: the guest did not report the command's end within
+// --timeout plus unresponsiveGrace.
+type errGuestUnresponsive struct{ after time.Duration }
+
+func (e errGuestUnresponsive) Error() string {
+	return fmt.Sprintf("the guest did not report the command's end within --timeout plus %v (%v)", unresponsiveGrace, e.after)
+}
+
+// unresponsiveGrace is how long past --timeout exec waits for the guest's
+// report (the agent's kill, its output drain and TCG speed in the
+// nested-KVM box fit well inside). A variable for tests.
+var unresponsiveGrace = 30 * time.Second
 
 // vmEndGrace is how long a failed call waits to see whether the VM is
 // ending, to report that rather than the broken connection.

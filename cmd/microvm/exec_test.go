@@ -96,6 +96,21 @@ func TestExec(t *testing.T) {
 			t.Errorf("status %d stderr %q; want 137 and the timeout named", status, stderr)
 		}
 	})
+	t.Run("hung guest stopped", func(t *testing.T) {
+		// The guest kernel panics on an OOM (three dd's with 100 MiB
+		// buffers in 128 MiB) and, with panic=0, halts for ever: no agent is left to enforce --timeout, so the host
+		// stops the VM unresponsiveGrace after it.
+		defer func(g time.Duration) { unresponsiveGrace = g }(unresponsiveGrace)
+		unresponsiveGrace = 5 * time.Second
+		status, _, stderr, took := run(t, nil, "--memory", "128M", "--timeout", "20s", "--", "sh", "-c",
+			"echo 0 >/proc/sys/kernel/panic && echo 1 >/proc/sys/vm/panic_on_oom && "+
+				"for i in 1 2 3; do dd if=/dev/zero of=/dev/null bs=100M count=1 & done; wait")
+		if status != 1 || !strings.Contains(stderr, "the guest did not report the command's end within --timeout plus 5s") ||
+			!strings.Contains(stderr, "Out of memory") {
+			t.Errorf("status %d stderr %q; want 1, the unresponsive guest named and its panic on the console", status, stderr)
+		}
+		t.Logf("took %v", took.Round(time.Millisecond))
+	})
 }
 
 // TestTailBuffer: the buffer keeps exactly the last max bytes, whatever
