@@ -63,11 +63,16 @@ type config struct {
 	memory                 uint64
 	timeout                time.Duration
 	jsonOut                string
+	// plain turns every vsock data-path optimisation off
+	// (vsock.Options{}), to tell the device's fast paths apart from the
+	// rest when something goes wrong.
+	plain bool
 }
 
 func main() {
 	var cfg config
 	var memory, streamSize string
+	flag.BoolVar(&cfg.plain, "vsock-plain", false, "turn the vsock device's data-path optimisations off (kick suppression, direct enqueue, batching)")
 	flag.StringVar(&cfg.kernel, "kernel", "build/kernel/bzImage", "guest kernel")
 	flag.StringVar(&cfg.agent, "agent", "bin/microvm-agent", "static guest agent, the guest's /init")
 	flag.StringVar(&cfg.busybox, "busybox", "/bin/busybox", "static busybox for the guest")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/vsock"
 )
 
 const (
@@ -67,10 +68,14 @@ type vm struct {
 func bootVM(ctx context.Context, cfg *config, initrd, uds string, log logrus.FieldLogger) (*vm, error) {
 	v := &vm{console: &tailBuffer{max: 4 << 10}, done: make(chan struct{})}
 	start := time.Now()
+	vc := &microvm.VsockConfig{CID: guestCID, UDSPath: uds}
+	if cfg.plain {
+		vc.Options = &vsock.Options{}
+	}
 	m, err := microvm.New(microvm.Config{
 		Kernel: cfg.kernel, Initrd: initrd, CPUs: cfg.cpus, MemoryBytes: cfg.memory,
 		Cmdline: cmdline, Console: v.console, Log: log,
-		Vsock: &microvm.VsockConfig{CID: guestCID, UDSPath: uds},
+		Vsock: vc,
 	})
 	if err != nil {
 		return nil, err

@@ -37,6 +37,7 @@ func Main(args []string, stderr io.Writer) int {
 	var o kvmbox.Options
 	fs.IntVar(&o.CPUs, "cpus", 2, "vCPUs of the box (1..8)")
 	mem := fs.String("memory", "3G", "memory of the box: a number of MiB, or with an M or G suffix")
+	fs.StringVar(&o.QEMU, "qemu", os.Getenv("KVMBOX_QEMU"), "the qemu-system-x86_64 to run (default $KVMBOX_QEMU, else the one in PATH)")
 	fs.StringVar(&o.TCGThread, "tcg-thread", "multi", "QEMU's TCG threading: multi (a host thread per vCPU) or single")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "end the box after this long (0: no limit)")
 	fs.StringVar(&o.Kernel, "kernel", "", "the L1 bzImage (scripts/kvmbox passes build/kvmbox/bzImage)")
