@@ -68,6 +68,13 @@ type Config struct {
 	// ending the machine. By default (false) the machine has ACPI
 	// (docs/machine.md): poweroff ends Run with ExitPowerOff.
 	NoACPI bool
+	// MetricsSocket, when set, is a Unix socket path on which New starts
+	// an HTTP server of the machine's metrics: GET /metrics returns
+	// Machine.Metrics in the Prometheus text format (docs/metrics.md).
+	// The socket is created 0600; a stale socket file is replaced, a live
+	// one or any other file is refused. Close stops the server and
+	// removes the socket.
+	MetricsSocket string
 	// Log receives the VMM's diagnostics (nil: logrus.StandardLogger()).
 	// Any logrus.FieldLogger works: a *logrus.Logger, or an *logrus.Entry
 	// carrying the caller's fields (a job ID, say).
@@ -124,6 +131,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if err := cfg.Vsock.validate(); err != nil {
 			return cfg, err
 		}
+	}
+	if err := CheckMetricsSocket(cfg.MetricsSocket); err != nil {
+		return cfg, err
 	}
 	if len(cfg.Nets) > MaxNets {
 		return cfg, fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(cfg.Nets), MaxNets)

@@ -34,6 +34,19 @@
 // devices first (the vsock device before its Unix socket listener), then
 // vCPUs, VM, guest memory and /dev/kvm.
 //
+// Metrics (metrics.go, docs/metrics.md): Machine.Metrics snapshots the
+// counters, atomics bumped on the data paths: per vCPU, one add per exit
+// in its goroutine (by KVM exit reason) and the thread's CPU time, read
+// from the thread's CPU clock at snapshot time and frozen when the vCPU
+// goroutine ends (its OS thread is never unlocked, so the clock is the
+// vCPU's alone); per virtio device, its transport's virtio.TransportStats
+// and the device's own Stats. With Config.MetricsSocket, New starts the
+// metrics server as its last step (metrics_server.go: net/http's accept
+// goroutine and one goroutine per client connection, each serving
+// Machine.MetricsHandler); Close stops it first and waits for its
+// goroutines, so no handler outlives Close. The server's mutex (guarding
+// its closed flag) is a leaf.
+//
 // In-process vsock (vsockapi.go): DialVsock hands one end of a socket pair
 // to the vsock device on a short-lived goroutine of its own (it ends by the
 // attempt's deadline, or when the device closes) and waits for the OK line

@@ -17,6 +17,7 @@ import (
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
 	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
@@ -87,6 +88,14 @@ type Machine struct {
 	rng         *rng.Device
 	disks       []*blk.Device  // Config.Disks, in order
 	closers     []func() error // device teardown, run in reverse
+
+	// Counters (metrics.go): each device's transport, and one set per
+	// vCPU. Set by New and never changed, so Metrics may read them from
+	// any goroutine, even after Close.
+	vsockMMIO, rngMMIO *virtio.MMIO
+	diskMMIO, netMMIO  []*virtio.MMIO
+	vcpuCtrs           []*vcpuCounters
+	metricsSrv         *metricsServer // Config.MetricsSocket; nil without
 
 	stopOnce sync.Once
 	result   Result
@@ -207,6 +216,7 @@ func (m *Machine) build() error {
 			return err
 		}
 		m.vcpus = append(m.vcpus, v)
+		m.vcpuCtrs = append(m.vcpuCtrs, &vcpuCounters{})
 		if i == 0 {
 			// Announce the TSC frequency (timing leaf 0x40000010) so a
 			// guest can keep time without calibrating against a timer.
@@ -215,6 +225,13 @@ func (m *Machine) build() error {
 			}
 		}
 		if err := m.setupVCPU(v, cpuid.ForVCPU(i, m.cfg.CPUs)); err != nil {
+			return err
+		}
+	}
+	// Last, once nothing else can fail: the metrics server reads what
+	// the steps above built.
+	if p := m.cfg.MetricsSocket; p != "" {
+		if m.metricsSrv, err = startMetricsServer(p, m.MetricsHandler(), m.log); err != nil {
 			return err
 		}
 	}
@@ -402,11 +419,11 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 	}
 	m.startDevices()
 	var wg sync.WaitGroup
-	for _, v := range m.vcpus {
+	for i, v := range m.vcpus {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m.runVCPU(v)
+			m.runVCPU(v, m.vcpuCtrs[i])
 		}()
 	}
 	select {
@@ -452,11 +469,15 @@ func (m *Machine) pumpConsoleInput() {
 	}
 }
 
-// runVCPU is the body of a vCPU goroutine.
-func (m *Machine) runVCPU(v *kvm.VCPU) {
+// runVCPU is the body of a vCPU goroutine. Its OS thread is never
+// unlocked: it ends with the goroutine, so the thread's CPU time, which
+// ctr reports, is this vCPU's alone (no other goroutine runs on it
+// before or after).
+func (m *Machine) runVCPU(v *kvm.VCPU, ctr *vcpuCounters) {
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	v.BindThread()
+	ctr.bind()
+	defer ctr.unbind()
 	for {
 		select {
 		case <-m.stopped:
@@ -468,6 +489,7 @@ func (m *Machine) runVCPU(v *kvm.VCPU) {
 			m.stop(Result{Kind: ExitError, Status: StatusError, Err: err})
 			return
 		}
+		ctr.exit(reason)
 		if err := m.handleExit(v, reason); err != nil {
 			m.stop(Result{Kind: ExitError, Status: StatusError, Err: err})
 			return
@@ -479,6 +501,11 @@ func (m *Machine) runVCPU(v *kvm.VCPU) {
 // not be running.
 func (m *Machine) Close() error {
 	var errs []error
+	if m.metricsSrv != nil {
+		// First: a scrape in flight finishes before anything goes away.
+		errs = append(errs, m.metricsSrv.close())
+		m.metricsSrv = nil
+	}
 	for i := len(m.closers) - 1; i >= 0; i-- {
 		errs = append(errs, m.closers[i]())
 	}

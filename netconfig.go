@@ -49,9 +49,11 @@ func (m *Machine) setupNets() error {
 		}
 		m.nets = append(m.nets, dev)
 		m.closers = append(m.closers, dev.Close)
-		if err := m.addVirtio(dev); err != nil {
+		t, err := m.addVirtio(dev)
+		if err != nil {
 			return err
 		}
+		m.netMMIO = append(m.netMMIO, t)
 	}
 	return nil
 }

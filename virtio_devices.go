@@ -28,20 +28,20 @@ type virtioSlot struct {
 // addVirtio puts dev in the next virtio-mmio slot: register window on the
 // MMIO bus, an irqfd for its interrupt, and one ioeventfd per queue on
 // QueueNotify (datamatch = queue index) so a kick never exits to a vCPU
-// goroutine.
-func (m *Machine) addVirtio(dev virtio.Device) error {
+// goroutine. It returns the device's transport (for its counters).
+func (m *Machine) addVirtio(dev virtio.Device) (*virtio.MMIO, error) {
 	n := len(m.virtio)
 	if n >= virtioMaxSlots {
-		return fmt.Errorf("too many virtio devices (at most %d)", virtioMaxSlots)
+		return nil, fmt.Errorf("too many virtio devices (at most %d)", virtioMaxSlots)
 	}
 	slot := &virtioSlot{base: virtioMMIOBase + uint64(n)*virtio.MMIOSize, irq: uint32(virtioFirstIRQ + n)}
 	irq, err := eventfd.New()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.closers = append(m.closers, irq.Close)
 	if err := m.vm.RegisterIRQFD(irq.FD(), slot.irq); err != nil {
-		return err
+		return nil, err
 	}
 	raise := func() {
 		_ = irq.Signal()
@@ -50,21 +50,21 @@ func (m *Machine) addVirtio(dev virtio.Device) error {
 	log := m.log.WithField("device", fmt.Sprintf("virtio-mmio@%#x", slot.base))
 	t, err := virtio.NewMMIO(dev, m.mem, raise, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.closers = append(m.closers, t.Close)
 	for i, k := range t.KickFDs() {
 		dm := uint64(i)
 		e := kvm.IOEventFD{FD: k.FD(), Addr: slot.base + virtio.RegQueueNotify, Len: 4, Datamatch: &dm}
 		if err := m.vm.RegisterIOEventFD(e); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := m.mmio.Register(slot.base, virtio.MMIOSize, "virtio-mmio", t); err != nil {
-		return err
+		return nil, err
 	}
 	m.virtio = append(m.virtio, slot)
-	return nil
+	return t, nil
 }
 
 // setupVirtio creates the configured virtio devices, in slot order: vsock,
@@ -80,7 +80,7 @@ func (m *Machine) setupVirtio() error {
 		}
 		m.rng = dev
 		m.closers = append(m.closers, func() error { dev.Close(); return nil })
-		if err := m.addVirtio(dev); err != nil {
+		if m.rngMMIO, err = m.addVirtio(dev); err != nil {
 			return err
 		}
 	}
@@ -92,9 +92,11 @@ func (m *Machine) setupVirtio() error {
 		}
 		m.disks = append(m.disks, dev)
 		m.closers = append(m.closers, dev.Close)
-		if err := m.addVirtio(dev); err != nil {
+		t, err := m.addVirtio(dev)
+		if err != nil {
 			return err
 		}
+		m.diskMMIO = append(m.diskMMIO, t)
 	}
 	return m.setupNets()
 }
@@ -130,7 +132,7 @@ func (m *Machine) setupVsock() error {
 	}
 	m.vsock = dev
 	m.closers = append(m.closers, func() error { dev.Close(); return nil })
-	if err := m.addVirtio(dev); err != nil {
+	if m.vsockMMIO, err = m.addVirtio(dev); err != nil {
 		return err
 	}
 	uds, err := vsock.ListenUDS(vc.UDSPath, dev, vc.ConnectTimeout, m.log.WithField("device", "vsock-uds"))

@@ -26,6 +26,15 @@
 // status moves and register misuse are counted the same way. Nothing the guest
 // writes is trusted as an index, length or address before it is checked.
 //
+// Counters: MMIO.Stats counts guest errors by kind (GuestErrorKind:
+// register, features, queue, status, device), the interrupts raised
+// (used-buffer and configuration-change), activations and driver resets.
+// They are atomics bumped next to work that already takes a lock or makes
+// a system call (an irqfd signal), so they cost nothing measurable; any
+// goroutine may read them. Kicks are counted by the devices, whose
+// workers are the ones that see them (the ioeventfd bypasses the
+// transport).
+//
 // Concurrency: a Queue has one owner goroutine at a time (the device worker,
 // or whoever holds the lock the device documents for it). The MMIO transport
 // is called from vCPU goroutines and serialises register accesses with its

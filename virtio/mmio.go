@@ -89,7 +89,80 @@ type MMIO struct {
 	irqMu       sync.Mutex    // guards intStatus
 	intStatus   uint32
 
-	guestErrors atomic.Uint64
+	// Counters (TransportStats), atomics bumped by whichever goroutine
+	// sees the event: vCPU goroutines for register accesses, device
+	// workers for interrupts and Fail.
+	guestErrors             [NumGuestErrorKinds]atomic.Uint64
+	usedIRQs, configIRQs    atomic.Uint64
+	activated, driverResets atomic.Uint64
+}
+
+// GuestErrorKind says which rule of the transport a driver broke
+// (TransportStats.GuestErrors).
+type GuestErrorKind int
+
+// Kinds of transport guest errors.
+const (
+	// GuestErrRegister: an access of the wrong width or alignment, a write
+	// to a read-only or reserved register, a notify of a queue that does
+	// not exist (4.2.2).
+	GuestErrRegister GuestErrorKind = iota
+	// GuestErrFeatures: features written outside negotiation, a feature
+	// word that does not exist, bits not offered, no VIRTIO_F_VERSION_1.
+	GuestErrFeatures
+	// GuestErrQueue: queue configuration out of order (no such queue, the
+	// wrong status, while ready, disabled while running), a bad size, or
+	// rings outside guest memory (4.2.3.2).
+	GuestErrQueue
+	// GuestErrStatus: a device status move the table forbids (2.1.1).
+	GuestErrStatus
+	// GuestErrDevice: the device failed (Activation.Fail: a broken ring
+	// or descriptor chain) or refused activation; the transport set
+	// DEVICE_NEEDS_RESET.
+	GuestErrDevice
+	// NumGuestErrorKinds is the number of kinds.
+	NumGuestErrorKinds
+)
+
+// String is the kind's name as metrics label it.
+func (k GuestErrorKind) String() string {
+	switch k {
+	case GuestErrRegister:
+		return "register"
+	case GuestErrFeatures:
+		return "features"
+	case GuestErrQueue:
+		return "queue"
+	case GuestErrStatus:
+		return "status"
+	case GuestErrDevice:
+		return "device"
+	}
+	return fmt.Sprintf("kind-%d", int(k))
+}
+
+// TransportStats are the transport's counters for its device: what every
+// virtio-mmio device has, whatever its type.
+type TransportStats struct {
+	// UsedBufferInterrupts and ConfigInterrupts count the interrupts the
+	// transport raised (used-buffer notifications from the device's
+	// queues; configuration changes, which microvm sends only with
+	// DEVICE_NEEDS_RESET). Each is one irqfd signal.
+	UsedBufferInterrupts, ConfigInterrupts uint64
+	// GuestErrors counts driver errors by kind; each was logged.
+	GuestErrors [NumGuestErrorKinds]uint64
+	// Activations counts DRIVER_OK moves that started the device;
+	// DriverResets the driver's writes of 0 to the status register.
+	Activations, DriverResets uint64
+}
+
+// GuestErrorsTotal is the sum of GuestErrors.
+func (s TransportStats) GuestErrorsTotal() uint64 {
+	var n uint64
+	for _, v := range s.GuestErrors {
+		n += v
+	}
+	return n
 }
 
 // NewMMIO returns the transport for dev over guest memory mem. raise pulses
@@ -129,8 +202,22 @@ func (t *MMIO) Close() error {
 	return errors.Join(errs...)
 }
 
-// GuestErrors counts driver errors seen by the transport and the device.
-func (t *MMIO) GuestErrors() uint64 { return t.guestErrors.Load() }
+// GuestErrors counts driver errors seen by the transport and the device
+// (all kinds).
+func (t *MMIO) GuestErrors() uint64 { return t.Stats().GuestErrorsTotal() }
+
+// Stats returns a snapshot of the transport's counters. Safe from any
+// goroutine.
+func (t *MMIO) Stats() TransportStats {
+	s := TransportStats{
+		UsedBufferInterrupts: t.usedIRQs.Load(), ConfigInterrupts: t.configIRQs.Load(),
+		Activations: t.activated.Load(), DriverResets: t.driverResets.Load(),
+	}
+	for i := range s.GuestErrors {
+		s.GuestErrors[i] = t.guestErrors[i].Load()
+	}
+	return s
+}
 
 // Status returns the device status byte as the driver would read it.
 func (t *MMIO) Status() uint32 {
@@ -149,9 +236,12 @@ func (t *MMIO) statusLocked() uint32 {
 
 // Fail records a guest error: counted, logged, and the device is marked
 // DEVICE_NEEDS_RESET with a configuration-change interrupt (2.1.2). Safe
-// from any goroutine; it does not take mu.
-func (t *MMIO) Fail(err error) {
-	t.guestErrors.Add(1)
+// from any goroutine; it does not take mu. It counts as GuestErrDevice.
+func (t *MMIO) Fail(err error) { t.fail(GuestErrDevice, err) }
+
+// fail is Fail for an error of the given kind.
+func (t *MMIO) fail(kind GuestErrorKind, err error) {
+	t.guestErrors[kind].Add(1)
 	t.log.WithError(err).Warn("virtio: guest error, device needs reset")
 	if t.needsReset.Swap(true) {
 		return
@@ -161,12 +251,18 @@ func (t *MMIO) Fail(err error) {
 
 // guestError counts and logs a register misuse that does not stop the
 // device.
-func (t *MMIO) guestError(format string, args ...any) {
-	t.guestErrors.Add(1)
+func (t *MMIO) guestError(kind GuestErrorKind, format string, args ...any) {
+	t.guestErrors[kind].Add(1)
 	t.log.Warnf("virtio-mmio: "+format, args...)
 }
 
 func (t *MMIO) interrupt(bits uint32) {
+	if bits&IntUsedBuffer != 0 {
+		t.usedIRQs.Add(1)
+	}
+	if bits&IntConfigChange != 0 {
+		t.configIRQs.Add(1)
+	}
 	t.irqMu.Lock()
 	t.intStatus |= bits
 	t.irqMu.Unlock()
@@ -183,7 +279,7 @@ func (t *MMIO) Read(offset uint64, data []byte) {
 		return
 	}
 	if len(data) != 4 || offset%4 != 0 {
-		t.guestError("%d-byte read at register offset %#x", len(data), offset)
+		t.guestError(GuestErrRegister, "%d-byte read at register offset %#x", len(data), offset)
 		return
 	}
 	t.mu.Lock()
@@ -252,7 +348,7 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 		return
 	}
 	if len(data) != 4 || offset%4 != 0 {
-		t.guestError("%d-byte write at register offset %#x", len(data), offset)
+		t.guestError(GuestErrRegister, "%d-byte write at register offset %#x", len(data), offset)
 		return
 	}
 	v := binary.LittleEndian.Uint32(data)
@@ -262,7 +358,7 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 		if int(v) < len(t.kicks) {
 			_ = t.kicks[v].Signal()
 		} else {
-			t.guestError("notify of queue %d; the device has %d", v, len(t.kicks))
+			t.guestError(GuestErrRegister, "notify of queue %d; the device has %d", v, len(t.kicks))
 		}
 		return
 	}
@@ -281,7 +377,7 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 		t.drvFeatSel = v
 	case RegDriverFeatures:
 		if t.status != StatusAcknowledge|StatusDriver {
-			t.guestError("driver features written in status %s", StatusString(t.status))
+			t.guestError(GuestErrFeatures, "driver features written in status %s", StatusString(t.status))
 			return
 		}
 		switch t.drvFeatSel {
@@ -291,7 +387,7 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 			t.drvFeat = t.drvFeat&0xffffffff | uint64(v)<<32
 		default:
 			if v != 0 {
-				t.guestError("driver features word %d = %#x; only words 0 and 1 exist", t.drvFeatSel, v)
+				t.guestError(GuestErrFeatures, "driver features word %d = %#x; only words 0 and 1 exist", t.drvFeatSel, v)
 			}
 		}
 	case RegQueueSel:
@@ -304,7 +400,7 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 	case RegStatus:
 		t.writeStatus(v)
 	default:
-		t.guestError("write of %#x to read-only or reserved register %#x", v, offset)
+		t.guestError(GuestErrRegister, "write of %#x to read-only or reserved register %#x", v, offset)
 	}
 }
 
@@ -315,13 +411,13 @@ func (t *MMIO) queueConfigurable() (int, bool) {
 	q := t.selected()
 	switch {
 	case q < 0:
-		t.guestError("queue %d selected; the device has %d", t.queueSel, len(t.queues))
+		t.guestError(GuestErrQueue, "queue %d selected; the device has %d", t.queueSel, len(t.queues))
 		return q, false
 	case t.status != StatusAcknowledge|StatusDriver|StatusFeaturesOK:
-		t.guestError("queue %d configured in status %s", q, StatusString(t.status))
+		t.guestError(GuestErrQueue, "queue %d configured in status %s", q, StatusString(t.status))
 		return q, false
 	case t.queues[q].ready:
-		t.guestError("queue %d configured while ready", q)
+		t.guestError(GuestErrQueue, "queue %d configured while ready", q)
 		return q, false
 	}
 	return q, true
@@ -338,7 +434,7 @@ func (t *MMIO) writeQueueReg(offset uint64, v uint32) {
 	switch offset {
 	case RegQueueNum:
 		if v == 0 || v > uint32(t.dev.QueueSizes()[q]) || v&(v-1) != 0 {
-			t.guestError("queue %d size %d: want a power of two up to %d", q, v, t.dev.QueueSizes()[q])
+			t.guestError(GuestErrQueue, "queue %d size %d: want a power of two up to %d", q, v, t.dev.QueueSizes()[q])
 			return
 		}
 		r.size = uint16(v)
@@ -365,7 +461,7 @@ func (t *MMIO) writeQueueReady(v uint32) {
 			t.queues[q].ready = false
 			return
 		}
-		t.guestError("queue %d disabled while the device runs", t.queueSel)
+		t.guestError(GuestErrQueue, "queue %d disabled while the device runs", t.queueSel)
 		return
 	}
 	q, ok := t.queueConfigurable()
@@ -378,7 +474,7 @@ func (t *MMIO) writeQueueReady(v uint32) {
 	}
 	cfg := QueueConfig{Size: r.size, Desc: r.desc, Avail: r.avail, Used: r.used}
 	if err := cfg.Validate(t.mem, t.dev.QueueSizes()[q]); err != nil {
-		t.Fail(fmt.Errorf("queue %d: %w", q, err))
+		t.fail(GuestErrQueue, fmt.Errorf("queue %d: %w", q, err))
 		return
 	}
 	r.ready = true
@@ -386,6 +482,7 @@ func (t *MMIO) writeQueueReady(v uint32) {
 
 func (t *MMIO) writeStatus(v uint32) {
 	if v == 0 {
+		t.driverResets.Add(1)
 		t.reset()
 		return
 	}
@@ -405,18 +502,18 @@ func (t *MMIO) writeStatus(v uint32) {
 	}
 	step, ok := lookupStep(cur, v)
 	if !ok {
-		t.Fail(fmt.Errorf("%w: illegal status move %s -> %s", ErrGuest, StatusString(cur), StatusString(v)))
+		t.fail(GuestErrStatus, fmt.Errorf("%w: illegal status move %s -> %s", ErrGuest, StatusString(cur), StatusString(v)))
 		return
 	}
 	switch step.action {
 	case actNegotiate:
 		offered := t.dev.Features() | QueueFeatures
 		if t.drvFeat&^offered != 0 {
-			t.guestError("driver accepted features %#x that were not offered", t.drvFeat&^offered)
+			t.guestError(GuestErrFeatures, "driver accepted features %#x that were not offered", t.drvFeat&^offered)
 			return // FEATURES_OK does not stick (3.1.1 step 6)
 		}
 		if t.drvFeat&FeatureVersion1 == 0 {
-			t.guestError("driver did not accept VIRTIO_F_VERSION_1 (legacy drivers are not supported)")
+			t.guestError(GuestErrFeatures, "driver did not accept VIRTIO_F_VERSION_1 (legacy drivers are not supported)")
 			return
 		}
 	case actActivate:
@@ -455,6 +552,7 @@ func (t *MMIO) activate() error {
 		return fmt.Errorf("activate %s device: %w", deviceName(t.dev.Type()), err)
 	}
 	t.active = true
+	t.activated.Add(1)
 	t.log.WithField("features", fmt.Sprintf("%#x", t.drvFeat)).Debug("virtio-mmio: device activated")
 	return nil
 }

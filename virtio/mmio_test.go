@@ -661,3 +661,57 @@ func TestMMIOStaleFailAfterReset(t *testing.T) {
 		t.Fatalf("the current activation's Fail did not set NEEDS_RESET: status %s", virtio.StatusString(s))
 	}
 }
+
+// TestMMIOStats: each kind of guest error lands in its own counter, the
+// interrupts are counted by kind, and activations and driver resets too.
+func TestMMIOStats(t *testing.T) {
+	dev := newFakeDevice()
+	e := newMEnv(t, dev)
+	// register: a 2-byte read, a write to a read-only register, a notify
+	// of a queue that does not exist.
+	e.m.Read(virtio.RegMagic, make([]byte, 2))
+	e.w(virtio.RegDeviceID, 1)
+	e.w(virtio.RegQueueNotify, 7)
+	// features: written before DRIVER.
+	e.addStatus(virtio.StatusAcknowledge)
+	e.w(virtio.RegDriverFeatures, 1)
+	// status: an illegal move (ACKNOWLEDGE -> ACKNOWLEDGE|DRIVER_OK), then
+	// the driver resets.
+	e.w(virtio.RegStatus, virtio.StatusAcknowledge|virtio.StatusDriverOK)
+	e.w(virtio.RegStatus, 0)
+	// queue: configured before FEATURES_OK.
+	e.addStatus(virtio.StatusAcknowledge)
+	e.addStatus(virtio.StatusDriver)
+	e.w(virtio.RegQueueSel, 0)
+	e.w(virtio.RegQueueNum, 8)
+	e.w(virtio.RegStatus, 0)
+	// A clean start, two used-buffer interrupts, then the device fails.
+	a := e.start(t, allQueueFeatures, e.driverQueues(true, 8))
+	a.Queues[0].Interrupt()
+	a.Queues[0].Interrupt()
+	a.Fail(errors.New("bad ring"))
+
+	var want virtio.TransportStats
+	want.GuestErrors[virtio.GuestErrRegister] = 3
+	want.GuestErrors[virtio.GuestErrFeatures] = 1
+	want.GuestErrors[virtio.GuestErrStatus] = 1
+	want.GuestErrors[virtio.GuestErrQueue] = 1
+	want.GuestErrors[virtio.GuestErrDevice] = 1
+	want.UsedBufferInterrupts = 2
+	want.ConfigInterrupts = 2 // the illegal move and the failure
+	want.Activations = 1
+	want.DriverResets = 3 // two above, one in start
+	if diff := cmp.Diff(want, e.m.Stats()); diff != "" {
+		t.Errorf("Stats (-want +got):\n%s", diff)
+	}
+	if got := e.m.GuestErrors(); got != 7 {
+		t.Errorf("GuestErrors = %d, want the sum of the kinds, 7", got)
+	}
+	var names []string
+	for k := virtio.GuestErrorKind(0); k < virtio.NumGuestErrorKinds; k++ {
+		names = append(names, k.String())
+	}
+	if diff := cmp.Diff([]string{"register", "features", "queue", "status", "device"}, names); diff != "" {
+		t.Errorf("kind names (-want +got):\n%s", diff)
+	}
+}

@@ -118,17 +118,35 @@ type Stats struct {
 	TxBytes, RxBytes     uint64 // payload bytes
 	ConnsOpened          uint64 // connections ever added to the table
 	ConnsOpen            int64  // connections not yet closed
-	RstSent              uint64 // RSTs sent to the guest (resets, and packets for no connection)
-	GuestErrors          uint64 // malformed packets and protocol violations
-	DroppedRsts          uint64 // RSTs dropped because the queue was full
-	DirectEnqueues       uint64 // control packets a producer put in the RX ring itself
-	TxKicks, RxKicks     uint64 // queue notifications observed by the workers
-	Interrupts           uint64 // RX interrupts sent (TX ones are not counted)
-	HostWriteStalls      uint64 // host writes the socket took only in part (writev or buffer flush)
-	CreditUpdatesSent    uint64 // CREDIT_UPDATE packets sent
-	LateRWDropped        uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
-	SeqToHost            uint64 // SEQPACKET messages written to host sockets, one record each
-	SeqToGuest           uint64 // SEQPACKET records from host sockets sent to the guest, one message each
+	// ConnsEstablished counts connections that reached the established
+	// state, either way. ConnsRefused counts connection attempts that
+	// never did: guest REQUESTs the host side refused (no listener, a
+	// dial error, a limit, a socket type it cannot serve), host CONNECTs
+	// the guest refused (RST) or left unanswered past the connect
+	// timeout, and host CONNECTs the device could not start. ConnsReset
+	// counts established connections that ended by an RST rather than
+	// the orderly SHUTDOWN(BOTH) then RST: the guest's, or the device's
+	// (a guest error on the connection, a host socket error, a guest that
+	// did not finish closing in time).
+	ConnsEstablished, ConnsRefused, ConnsReset uint64
+	RstSent                                    uint64 // RSTs sent to the guest (resets, and packets for no connection)
+	// GuestErrors counts malformed packets and protocol violations (the
+	// sum of GuestErrorsByKind).
+	GuestErrors       uint64
+	GuestErrorsByKind [NumGuestErrorKinds]uint64
+	DroppedRsts       uint64 // RSTs dropped because the queue was full
+	// RxQueueFull counts the RX worker's passes that stopped with packets
+	// still to send because the guest had no free RX buffer (the worker
+	// then waits for an RX kick).
+	RxQueueFull       uint64
+	DirectEnqueues    uint64 // control packets a producer put in the RX ring itself
+	TxKicks, RxKicks  uint64 // queue notifications observed by the workers
+	Interrupts        uint64 // RX interrupts sent (TX ones are not counted)
+	HostWriteStalls   uint64 // host writes the socket took only in part (writev or buffer flush)
+	CreditUpdatesSent uint64 // CREDIT_UPDATE packets sent
+	LateRWDropped     uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
+	SeqToHost         uint64 // SEQPACKET messages written to host sockets, one record each
+	SeqToGuest        uint64 // SEQPACKET records from host sockets sent to the guest, one message each
 	// BufferGranted is the guest->host buffer space granted to open
 	// connections now (at most Config.MaxBuffered); CreditStalls counts
 	// the grants Config.MaxBuffered cut short.
@@ -150,13 +168,68 @@ type Stats struct {
 	DgramKicks                 uint64 // datagram TX queue notifications observed
 }
 
+// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind).
+type GuestErrorKind int
+
+// Kinds of guest errors. All but GuestErrQueue reset the connection
+// involved (or drop the datagram); GuestErrQueue stops the device until
+// the driver resets it.
+const (
+	// GuestErrHeader: a TX or datagram chain too short for a packet
+	// header.
+	GuestErrHeader GuestErrorKind = iota
+	// GuestErrAddress: CIDs other than the guest's and the host's, or a
+	// datagram port of VMADDR_PORT_ANY.
+	GuestErrAddress
+	// GuestErrType: a socket type not negotiated, other than the
+	// connection's, or not a datagram RW on the datagram queue.
+	GuestErrType
+	// GuestErrLength: a payload length beyond the chain or the maximum.
+	GuestErrLength
+	// GuestErrOp: an operation the connection's state does not allow
+	// (REQUEST for an existing connection, RESPONSE or RW out of turn) or
+	// an unknown one.
+	GuestErrOp
+	// GuestErrCredit: data past the credit the device granted.
+	GuestErrCredit
+	// GuestErrQueue: a broken ring, descriptor chain or RX buffer; the
+	// device stops (the transport sets DEVICE_NEEDS_RESET).
+	GuestErrQueue
+	// NumGuestErrorKinds is the number of kinds.
+	NumGuestErrorKinds
+)
+
+// String is the kind's name as metrics label it.
+func (k GuestErrorKind) String() string {
+	switch k {
+	case GuestErrHeader:
+		return "header"
+	case GuestErrAddress:
+		return "address"
+	case GuestErrType:
+		return "type"
+	case GuestErrLength:
+		return "length"
+	case GuestErrOp:
+		return "op"
+	case GuestErrCredit:
+		return "credit"
+	case GuestErrQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("kind-%d", int(k))
+}
+
+// counters are the device's Stats, each an atomic bumped by the goroutine
+// that sees the event: no lock, no map on the data path.
 type counters struct {
-	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, guestErrors, droppedRsts,
+	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, droppedRsts,
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
-	dgramKicks atomic.Uint64
-	connsOpen atomic.Int64
+	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull atomic.Uint64
+	guestErrors [NumGuestErrorKinds]atomic.Uint64
+	connsOpen   atomic.Int64
 }
 
 // Device is a virtio-vsock device (virtio 1.2, 5.10) with stream sockets
@@ -292,7 +365,9 @@ func (d *Device) Stats() Stats {
 		TxPackets: c.txPackets.Load(), RxPackets: c.rxPackets.Load(),
 		TxBytes: c.txBytes.Load(), RxBytes: c.rxBytes.Load(),
 		ConnsOpened: c.connsOpened.Load(), ConnsOpen: c.connsOpen.Load(),
-		RstSent: c.rstSent.Load(), GuestErrors: c.guestErrors.Load(), DroppedRsts: c.droppedRsts.Load(),
+		ConnsEstablished: c.connsEstablished.Load(), ConnsRefused: c.connsRefused.Load(),
+		ConnsReset: c.connsReset.Load(), RxQueueFull: c.rxQueueFull.Load(),
+		RstSent: c.rstSent.Load(), DroppedRsts: c.droppedRsts.Load(),
 		DirectEnqueues: c.directEnqueues.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
@@ -303,6 +378,10 @@ func (d *Device) Stats() Stats {
 		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
 		SeqToHost: c.seqToHost.Load(), SeqToGuest: c.seqToGuest.Load(),
 		CreditStalls: c.creditStalls.Load(),
+	}
+	for k := range st.GuestErrorsByKind {
+		st.GuestErrorsByKind[k] = c.guestErrors[k].Load()
+		st.GuestErrors += st.GuestErrorsByKind[k]
 	}
 	d.mu.Lock()
 	if d.sess != nil {
@@ -411,6 +490,7 @@ func (d *Device) ConnectFromHost(fd int, port uint32, prefix []byte, deadline ti
 	s, err := d.session(deadline)
 	if err != nil {
 		closeFD(fd)
+		d.ctr.connsRefused.Add(1)
 		return err
 	}
 	return s.connectFromHost(fd, TypeStream, port, prefix, deadline)
@@ -427,6 +507,7 @@ func (d *Device) ConnectSeqpacketFromHost(fd int, port uint32, deadline time.Tim
 	s, err := d.session(deadline)
 	if err != nil {
 		closeFD(fd)
+		d.ctr.connsRefused.Add(1)
 		return err
 	}
 	return s.connectFromHost(fd, TypeSeqpacket, port, nil, deadline)

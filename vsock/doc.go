@@ -231,12 +231,26 @@
 // was granted is reset as before (an overrun), so the bound holds against
 // a hostile guest too. Stats.BufferGranted is the budget in use.
 //
+// # Counters (Stats)
+//
+// Every counter is an atomic in Device.ctr, bumped by the goroutine that
+// sees the event, with no lock and no map on the data path; Stats reads
+// them from any goroutine (and takes Device.mu only to read the budget in
+// use). Connection outcomes are counted where a connection ends:
+// ConnsEstablished when it reaches stateEstablished, ConnsRefused for an
+// attempt that ends before (or never gets a table entry), ConnsReset for
+// an established connection ended by an RST other than the one that
+// answers SHUTDOWN(BOTH) (countAbortLocked). RxQueueFull counts RX passes
+// cut short because the guest had no RX buffer posted.
+//
 // # Untrusted guest
 //
 // Ring and descriptor errors stop the device (Activation.Fail ->
 // DEVICE_NEEDS_RESET). Packet-level errors (bad length, credit overrun,
 // unknown op, wrong state, a packet of the connection's other type) are
-// counted and reset the connection. Guest data buffered for all
+// counted and reset the connection. Each guest error is counted under its
+// GuestErrorKind (Stats.GuestErrorsByKind: header, address, type, length,
+// op, credit, queue). Guest data buffered for all
 // connections together is bounded by MaxBuffered (above), and per
 // connection by the advertised buffer (SEQPACKET: plus 4 bytes per queued
 // message, and one host record in flight to the guest, which the guest's

@@ -152,6 +152,7 @@ func (s *session) rxPass(st *rxState) {
 			}
 			s.rxMu.Unlock()
 			if !ok {
+				s.countQueueFull()
 				break
 			}
 			continue
@@ -176,10 +177,19 @@ func (s *session) rxPass(st *rxState) {
 		}
 		c.mu.Unlock()
 		if out {
+			s.countQueueFull()
 			break
 		}
 	}
 	s.publishRX()
+}
+
+// countQueueFull counts an RX pass cut short for want of guest RX buffers
+// (Stats.RxQueueFull); a device that failed does not count.
+func (s *session) countQueueFull() {
+	if !s.failed.Load() {
+		s.d.ctr.rxQueueFull.Add(1)
+	}
 }
 
 // publishRX makes the used RX entries visible and interrupts the guest once.

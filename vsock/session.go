@@ -160,8 +160,8 @@ func (s *session) shutdown() {
 
 // guestError counts a protocol violation by the guest that does not stop the
 // device (the connection involved is reset).
-func (s *session) guestError(format string, args ...any) {
-	s.d.ctr.guestErrors.Add(1)
+func (s *session) guestError(kind GuestErrorKind, format string, args ...any) {
+	s.d.ctr.guestErrors[kind].Add(1)
 	s.d.log.Warnf("vsock: guest error: "+format, args...)
 }
 
@@ -171,7 +171,7 @@ func (s *session) failDevice(err error) {
 	if s.failed.Swap(true) {
 		return
 	}
-	s.d.ctr.guestErrors.Add(1)
+	s.d.ctr.guestErrors[GuestErrQueue].Add(1)
 	s.fail(err)
 }
 
@@ -293,8 +293,46 @@ func (s *session) removeConnLocked(c *conn) {
 	s.connMu.Unlock()
 }
 
-// resetConnLocked closes c and sends the guest an RST for it.
+// resetConnLocked closes c and sends the guest an RST for it: the device
+// gives up on the connection (a refusal or a timeout before it was
+// established, a reset after), and counts it so.
 func (s *session) resetConnLocked(c *conn) {
+	s.countAbortLocked(c, false)
+	s.closeWithRstLocked(c)
+}
+
+// countAbortLocked counts a connection that ends by an RST, the device's
+// (guestRst false) or the guest's, by its state: an attempt never
+// established was refused (Stats.ConnsRefused), an established connection
+// reset (ConnsReset). The RST that answers a SHUTDOWN(BOTH) is the orderly
+// end and is not counted: the guest's arrives in stateClosing, the
+// device's goes through closeWithRstLocked. The device resetting a
+// connection in stateClosing (the guest did not answer in time, or broke
+// the protocol meanwhile) is a reset. Called with c.mu held, before the
+// connection closes.
+func (s *session) countAbortLocked(c *conn, guestRst bool) {
+	switch c.state {
+	case stateGuestConnecting, stateHostConnecting:
+		s.d.ctr.connsRefused.Add(1)
+	case stateEstablished:
+		s.d.ctr.connsReset.Add(1)
+	case stateClosing:
+		if !guestRst {
+			s.d.ctr.connsReset.Add(1)
+		}
+	}
+}
+
+// refuseGuest answers a guest REQUEST that gets no connection with an RST
+// (Stats.ConnsRefused).
+func (s *session) refuseGuest(rst Header) {
+	s.d.ctr.connsRefused.Add(1)
+	s.queueRst(rst)
+}
+
+// closeWithRstLocked closes c and sends the guest an RST for it, counting
+// nothing. Called with c.mu held.
+func (s *session) closeWithRstLocked(c *conn) {
 	if c.state == stateClosed {
 		return
 	}
@@ -347,6 +385,7 @@ func (s *session) wakeRX() {
 func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
 	if typ == TypeSeqpacket && !s.seqpacket {
 		closeFD(fd)
+		s.d.ctr.connsRefused.Add(1)
 		return fmt.Errorf("vsock: the guest driver did not negotiate SEQPACKET")
 	}
 	s.connMu.Lock()
@@ -354,6 +393,7 @@ func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte
 	s.connMu.Unlock()
 	if !ok {
 		closeFD(fd)
+		s.d.ctr.connsRefused.Add(1)
 		return fmt.Errorf("vsock: no free host port")
 	}
 	c := newConn(connKey{hostPort, port}, typ)
@@ -365,6 +405,7 @@ func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte
 	defer c.mu.Unlock()
 	if err := s.addConn(c); err != nil {
 		closeFD(fd)
+		s.d.ctr.connsRefused.Add(1)
 		return err
 	}
 	c.fd = fd // registered with epoll once the guest accepts

@@ -167,7 +167,7 @@ func (s *session) handleBatch(st *txState, n int) {
 func (s *session) handlePacket(st *txState, p *txPacket) {
 	if !p.ok {
 		s.endRun(st)
-		s.guestError("TX chain %d of %d bytes cannot hold a packet header", p.chain.Head, p.chain.ReadableLen())
+		s.guestError(GuestErrHeader, "TX chain %d of %d bytes cannot hold a packet header", p.chain.Head, p.chain.ReadableLen())
 		return
 	}
 	h := &p.hdr
@@ -176,27 +176,33 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		// Not ours to answer: a guest cannot speak for another CID, and
 		// only the host is reachable through this device.
 		s.endRun(st)
-		s.guestError("packet %v: bad CIDs (guest is %d)", h, s.d.cfg.CID)
+		s.guestError(GuestErrAddress, "packet %v: bad CIDs (guest is %d)", h, s.d.cfg.CID)
 		return
 	}
 	key := connKey{hostPort: h.DstPort, guestPort: h.SrcPort}
 	if h.Type != TypeStream && (h.Type != TypeSeqpacket || !s.seqpacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
-			s.guestError("packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
+			s.guestError(GuestErrType, "packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
+			if h.Op == OpRequest {
+				s.d.ctr.connsRefused.Add(1)
+			}
 			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
 	if uint64(h.Len) > p.body.Len() || h.Len > MaxPacketPayload {
 		s.endRun(st)
-		s.guestError("packet %v: len %d but the chain holds %d payload bytes (max %d)",
+		s.guestError(GuestErrLength, "packet %v: len %d but the chain holds %d payload bytes (max %d)",
 			h, h.Len, p.body.Len(), MaxPacketPayload)
 		if c := s.lookup(key); c != nil {
 			c.mu.Lock()
 			s.resetConnLocked(c)
 			c.mu.Unlock()
 		} else if h.Op != OpRst {
+			if h.Op == OpRequest {
+				s.d.ctr.connsRefused.Add(1)
+			}
 			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
@@ -220,8 +226,9 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	if h.Type != c.typ {
 		// A connection keeps the type it was made with (Linux resets a
 		// socket on a packet of another type too).
-		s.guestError("packet %v on a connection of type %d", h, c.typ)
+		s.guestError(GuestErrType, "packet %v on a connection of type %d", h, c.typ)
 		if h.Op == OpRst {
+			s.countAbortLocked(c, true)
 			s.closeConnLocked(c) // never answer an RST with one
 			s.removeConnLocked(c)
 		} else {
@@ -235,6 +242,9 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	case OpResponse:
 		s.guestResponse(c)
 	case OpRst:
+		// After the device's SHUTDOWN(BOTH) (stateClosing) this is the
+		// orderly end; before, the guest refused or reset the connection.
+		s.countAbortLocked(c, true)
 		s.closeConnLocked(c)
 		s.removeConnLocked(c)
 	case OpShutdown:
@@ -247,7 +257,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	case OpCreditRequest:
 		c.pend |= pendCredit | pendCreditForced
 	default:
-		s.guestError("packet %v: unknown operation", h)
+		s.guestError(GuestErrOp, "packet %v: unknown operation", h)
 		s.resetConnLocked(c)
 	}
 	if c.hasRxWork() {
@@ -316,25 +326,25 @@ func (s *session) guestRequest(h *Header, key connKey) {
 	rst := Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type}
 	if old := s.lookup(key); old != nil {
 		old.mu.Lock()
-		s.guestError("REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
+		s.guestError(GuestErrOp, "REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
 		s.resetConnLocked(old)
 		old.mu.Unlock()
 		return
 	}
 	if s.d.cfg.Dialer == nil {
-		s.queueRst(rst)
+		s.refuseGuest(rst)
 		return
 	}
 	if _, ok := s.d.cfg.Dialer.(SeqpacketDialer); h.Type == TypeSeqpacket && !ok {
 		s.d.log.WithField("port", key.hostPort).Debug("vsock: SEQPACKET connection refused: the dialer makes stream sockets only")
-		s.queueRst(rst)
+		s.refuseGuest(rst)
 		return
 	}
 	// A guest that sends REQUEST then RST in a loop frees its table slot
 	// at once while the dial goes on; the dials themselves are bounded too.
 	if s.dials.Load() >= int64(s.d.cfg.MaxConns) {
 		s.d.log.Debug("vsock: too many guest connection attempts in flight")
-		s.queueRst(rst)
+		s.refuseGuest(rst)
 		return
 	}
 	c := newConn(key, h.Type)
@@ -342,7 +352,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
 		s.d.log.WithError(err).Debug("vsock: guest connection refused")
-		s.queueRst(rst)
+		s.refuseGuest(rst)
 		return
 	}
 	s.dials.Add(1)
@@ -380,6 +390,7 @@ func (s *session) dial(c *conn) {
 		return
 	}
 	c.state = stateEstablished
+	s.d.ctr.connsEstablished.Add(1)
 	c.pend |= pendResponse
 	s.emitOrQueueLocked(c, nil)
 }
@@ -389,7 +400,7 @@ func (s *session) dial(c *conn) {
 // flow (this worker is the only writer of the socket).
 func (s *session) guestResponse(c *conn) {
 	if c.state != stateHostConnecting {
-		s.guestError("RESPONSE on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
+		s.guestError(GuestErrOp, "RESPONSE on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
 		s.resetConnLocked(c)
 		return
 	}
@@ -411,6 +422,7 @@ func (s *session) guestResponse(c *conn) {
 		return
 	}
 	c.state = stateEstablished
+	s.d.ctr.connsEstablished.Add(1)
 	if c.bufAlloc < s.d.cfg.ConnBuffer {
 		// The REQUEST went out while the budget was short: the guest
 		// gets the rest of its window as soon as there is budget.
@@ -475,7 +487,7 @@ func (s *session) afterFlushLocked(c *conn) {
 		c.hostWriteShut = true
 	}
 	if c.guestShut == ShutdownBoth {
-		s.resetConnLocked(c)
+		s.closeWithRstLocked(c) // the orderly end: not counted as a reset
 	}
 }
 
@@ -491,7 +503,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 		return
 	}
 	if c.state != stateEstablished || c.guestShut&ShutdownSend != 0 {
-		s.guestError("RW on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
+		s.guestError(GuestErrOp, "RW on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
 		s.resetConnLocked(c)
 		return
 	}
@@ -499,7 +511,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	// Against the credit granted (grantFwd, not fwdCnt): what the guest
 	// was told is at most that, and the device-wide budget counts on it.
 	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
-		s.guestError("connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
+		s.guestError(GuestErrCredit, "connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
 			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
 		s.resetConnLocked(c)
 		return

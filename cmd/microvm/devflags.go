@@ -83,13 +83,21 @@ func deviceFlags() []cli.Flag {
 		&cli.GenericFlag{Name: "rng", Value: &onOff{on: true}, DefaultText: "on", Usage: "virtio-rng entropy device fed from getrandom (--rng=off leaves it out)"},
 		&cli.StringFlag{Name: "rng-rate", Usage: "limit the rng device to this many bytes per second (SIZE[/s]; a bare number means bytes; default no limit)"},
 		netFlag(),
+		&cli.StringFlag{Name: "metrics-socket", Usage: "serve the VM's metrics (Prometheus text format, GET /metrics) over HTTP on this Unix socket (docs/metrics.md)"},
 	}
 }
 
 // readDeviceFlags adds the disks, the root, the rng and the network
-// devices to cfg.
+// devices, and the metrics socket, to cfg.
 func readDeviceFlags(c *cli.Context, cfg *microvm.Config) error {
 	var err error
+	cfg.MetricsSocket = c.String("metrics-socket")
+	if c.IsSet("metrics-socket") && cfg.MetricsSocket == "" {
+		return usagef("--metrics-socket needs a path")
+	}
+	if err := microvm.CheckMetricsSocket(cfg.MetricsSocket); err != nil {
+		return err // an ErrConfig: a usage error
+	}
 	if cfg.Nets, err = readNets(c); err != nil {
 		return err
 	}

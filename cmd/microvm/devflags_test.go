@@ -44,11 +44,12 @@ func TestParseDisk(t *testing.T) {
 
 func TestDeviceFlags(t *testing.T) {
 	for _, tc := range []struct {
-		args  []string
-		disks int
-		root  string
-		rng   *microvm.RNGConfig
-		usage bool
+		args    []string
+		disks   int
+		root    string
+		rng     *microvm.RNGConfig
+		metrics string
+		usage   bool
 	}{
 		{args: nil, rng: &microvm.RNGConfig{}},
 		{args: []string{"--rng=off"}},
@@ -59,6 +60,8 @@ func TestDeviceFlags(t *testing.T) {
 		{args: []string{"--rng=off", "--rng-rate", "1K"}, usage: true},
 		{args: []string{"--rng-rate", "2G"}, usage: true},
 		{args: []string{"--rng-rate", "fast"}, usage: true},
+		{args: []string{"--metrics-socket", "/run/m.sock"}, rng: &microvm.RNGConfig{}, metrics: "/run/m.sock"},
+		{args: []string{"--metrics-socket="}, usage: true},
 	} {
 		var cfg microvm.Config
 		var got error
@@ -82,8 +85,9 @@ func TestDeviceFlags(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, got)
 			continue
 		}
-		if len(cfg.Disks) != tc.disks || cfg.Root != tc.root || !cmp.Equal(cfg.RNG, tc.rng) {
-			t.Errorf("%v: disks %v root %q rng %+v; want %d disks, root %q, rng %+v", tc.args, cfg.Disks, cfg.Root, cfg.RNG, tc.disks, tc.root, tc.rng)
+		if len(cfg.Disks) != tc.disks || cfg.Root != tc.root || !cmp.Equal(cfg.RNG, tc.rng) || cfg.MetricsSocket != tc.metrics {
+			t.Errorf("%v: disks %v root %q rng %+v metrics %q; want %d disks, root %q, rng %+v, metrics %q",
+				tc.args, cfg.Disks, cfg.Root, cfg.RNG, cfg.MetricsSocket, tc.disks, tc.root, tc.rng, tc.metrics)
 		}
 	}
 }

@@ -42,7 +42,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),
@@ -165,6 +165,7 @@ func runExec(o *execOpts) error {
 		Console: console, Log: o.log,
 		Vsock: &microvm.VsockConfig{CID: execCID, UDSPath: uds},
 		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
+		MetricsSocket: o.devices.MetricsSocket,
 	})
 	if err != nil {
 		return err

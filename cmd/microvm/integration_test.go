@@ -3,11 +3,17 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -266,5 +272,69 @@ func TestLinuxToInit(t *testing.T) {
 	}
 	if c.stderr.Len() != 0 {
 		t.Errorf("stderr = %q, want nothing at the default log level", c.stderr.String())
+	}
+}
+
+// TestMetricsSocket: `microvm run --metrics-socket PATH` serves GET
+// /metrics on PATH while the guest runs (an HTTP client on the Unix socket,
+// as curl --unix-socket), removes the socket when it exits, and a path it
+// cannot listen on fails the run with one line and status 1.
+func TestMetricsSocket(t *testing.T) {
+	testenv.RequireKVM(t)
+	kernel := testenv.TinyGuest(t, testenv.Program{}.Print("running\n").Halt())
+	dir, err := os.MkdirTemp("", "mvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "m.sock")
+
+	t.Run("serves while running", func(t *testing.T) {
+		c := startCLI(t, "--kernel", kernel, "--memory", "16M", "--metrics-socket", sock)
+		c.waitLine(t, "running", 30*time.Second)
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", sock)
+			}}}
+		resp, err := client.Get("http://localhost/metrics")
+		if err != nil {
+			t.Fatalf("GET /metrics: %v; stderr:\n%s", err, c.stderr.String())
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /metrics: %s, %v", resp.Status, err)
+		}
+		// "running\n" is 8 console bytes, 8 port writes.
+		m := regexp.MustCompile(`(?m)^microvm_vcpu_exits_total\{vcpu="0",reason="io"\} (\d+)$`).FindSubmatch(body)
+		if m == nil {
+			t.Fatalf("no io exit counter for vCPU 0 in:\n%s", body)
+		}
+		if n, _ := strconv.Atoi(string(m[1])); n < 8 {
+			t.Errorf("%d io exits, want at least the 8 console bytes", n)
+		}
+		client.CloseIdleConnections()
+		if status, _ := c.stopWith(t, syscall.SIGTERM); status != 143 {
+			t.Errorf("exit status %d, want 143; stderr:\n%s", status, c.stderr.String())
+		}
+		if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("metrics socket after exit: %v, want it removed", err)
+		}
+	})
+
+	live := filepath.Join(dir, "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct{ name, path, want string }{
+		{"missing directory", filepath.Join(dir, "nope", "m.sock"), "metrics socket " + filepath.Join(dir, "nope", "m.sock") + ": directory " + filepath.Join(dir, "nope") + ": no such file or directory"},
+		{"live socket", live, "metrics socket: " + live + " is in use by another process"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantError(t, 1, []string{"run", "--kernel", kernel, "--memory", "16M", "--metrics-socket", tc.path}, tc.want)
+		})
 	}
 }

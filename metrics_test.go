@@ -1,0 +1,585 @@
+package microvm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/internal/promtext"
+	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/virtio"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/metrics.golden")
+
+// exposition is a parsed Prometheus text exposition: each series (name and
+// labels as written) with its value, and each family's type.
+type exposition struct {
+	values map[string]float64
+	types  map[string]string
+	order  []string // families in order
+}
+
+var (
+	helpRE   = regexp.MustCompile(`^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)$`)
+	typeRE   = regexp.MustCompile(`^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$`)
+	sampleRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")*)?\})? (\S+)$`)
+)
+
+// parseExposition checks text against the format, version 0.0.4, as
+// strictly as microvm writes it: every family is HELP then TYPE then at
+// least one sample of that family, families and series appear once,
+// counters end in _total and gauges do not, and every value parses.
+func parseExposition(tb testing.TB, text string) exposition {
+	tb.Helper()
+	e := exposition{values: map[string]float64{}, types: map[string]string{}}
+	if !strings.HasSuffix(text, "\n") {
+		tb.Fatalf("exposition does not end with a newline")
+	}
+	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+	family, samples := "", 0
+	for i := 0; i < len(lines); i++ {
+		l := lines[i]
+		if m := helpRE.FindStringSubmatch(l); m != nil {
+			if family != "" && samples == 0 {
+				tb.Errorf("family %s has no samples", family)
+			}
+			family, samples = m[1], 0
+			if _, dup := e.types[family]; dup {
+				tb.Errorf("family %s appears twice", family)
+			}
+			if i+1 >= len(lines) {
+				tb.Fatalf("line %d: HELP without TYPE", i+1)
+			}
+			i++
+			t := typeRE.FindStringSubmatch(lines[i])
+			if t == nil || t[1] != family {
+				tb.Fatalf("line %d: %q: want the TYPE line of %s", i+1, lines[i], family)
+			}
+			e.types[family] = t[2]
+			e.order = append(e.order, family)
+			if (t[2] == "counter") != strings.HasSuffix(family, "_total") {
+				tb.Errorf("family %s of type %s: counters and only counters end in _total", family, t[2])
+			}
+			continue
+		}
+		m := sampleRE.FindStringSubmatch(l)
+		if m == nil {
+			tb.Fatalf("line %d: %q is neither HELP, TYPE nor a sample", i+1, l)
+		}
+		if m[1] != family {
+			tb.Fatalf("line %d: sample of %s inside family %q", i+1, m[1], family)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			tb.Fatalf("line %d: value %q: %v", i+1, m[3], err)
+		}
+		key := m[1] + m[2]
+		if _, dup := e.values[key]; dup {
+			tb.Errorf("series %s appears twice", key)
+		}
+		e.values[key] = v
+		samples++
+	}
+	if family != "" && samples == 0 {
+		tb.Errorf("family %s has no samples", family)
+	}
+	return e
+}
+
+// get returns a series' value, failing the test if it is absent.
+func (e exposition) get(tb testing.TB, series string) float64 {
+	tb.Helper()
+	v, ok := e.values[series]
+	if !ok {
+		tb.Fatalf("series %s not in the exposition", series)
+	}
+	return v
+}
+
+// fill sets every integer field of the struct at p (recursively, arrays
+// included) to distinct values from next, and returns them by path.
+func fill(p any, next *uint64) map[string]uint64 {
+	got := map[string]uint64{}
+	var walk func(v reflect.Value, path string)
+	walk = func(v reflect.Value, path string) {
+		switch v.Kind() {
+		case reflect.Struct:
+			for i := 0; i < v.NumField(); i++ {
+				if v.Type().Field(i).IsExported() {
+					walk(v.Field(i), path+"."+v.Type().Field(i).Name)
+				}
+			}
+		case reflect.Array:
+			for i := 0; i < v.Len(); i++ {
+				walk(v.Index(i), fmt.Sprintf("%s[%d]", path, i))
+			}
+		case reflect.Uint64, reflect.Int64:
+			*next += 7
+			if v.Kind() == reflect.Uint64 {
+				v.SetUint(*next)
+			} else {
+				v.SetInt(int64(*next))
+			}
+			got[path] = *next
+		}
+	}
+	walk(reflect.ValueOf(p).Elem(), reflect.TypeOf(p).Elem().Name())
+	return got
+}
+
+// sampleMetrics is a machine's worth of metrics with every device type,
+// each counter a distinct value.
+func sampleMetrics() (Metrics, map[string]uint64) {
+	var next uint64 = 1000
+	fields := map[string]uint64{}
+	add := func(m map[string]uint64, prefix string) {
+		for k, v := range m {
+			fields[prefix+k] = v
+		}
+	}
+	m := Metrics{
+		VCPUs: []VCPUMetrics{
+			{ID: 0, CPUTime: 1500 * time.Millisecond, Exits: map[kvm.ExitReason]uint64{kvm.ExitIO: 12, kvm.ExitMMIO: 3, kvm.ExitIntr: 2}},
+			{ID: 1, CPUTime: 250 * time.Microsecond, Exits: map[kvm.ExitReason]uint64{kvm.ExitHLT: 1, kvm.ExitIOAPICEOI: 4, exitSlots - 1: 5}},
+		},
+		PIOUnclaimed: 9, MMIOUnclaimed: 8, PVWaits: 7, PVWakeups: 6,
+		Vsock: &VsockMetrics{Name: "vsock0", Dgram: true},
+		RNG:   &RNGMetrics{Name: "rng0"},
+		Disks: []DiskMetrics{{Name: "vda", Path: "/img/a"}, {Name: "vdb", Path: "/img/b"}},
+		Nets:  []NetMetrics{{Name: "eth0", TAP: "tap0"}},
+	}
+	add(fill(&m.Vsock.Stats, &next), "vsock0/")
+	add(fill(&m.Vsock.Transport, &next), "vsock0/")
+	add(fill(&m.RNG.Stats, &next), "rng0/")
+	add(fill(&m.RNG.Transport, &next), "rng0/")
+	for i := range m.Disks {
+		add(fill(&m.Disks[i].Stats, &next), m.Disks[i].Name+"/")
+		add(fill(&m.Disks[i].Transport, &next), m.Disks[i].Name+"/")
+	}
+	add(fill(&m.Nets[0].Stats, &next), "eth0/")
+	add(fill(&m.Nets[0].Transport, &next), "eth0/")
+	// GuestErrors is the sum of the kinds in a real snapshot.
+	m.Vsock.GuestErrors = 0
+	for _, n := range m.Vsock.GuestErrorsByKind {
+		m.Vsock.GuestErrors += n
+	}
+	delete(fields, "vsock0/Stats.GuestErrors")
+	return m, fields
+}
+
+// notExported says which device counters the exposition leaves out on
+// purpose: the devices' own interrupt counts (vsock's counts RX only), as
+// the transport counts every interrupt (microvm_virtio_interrupts_total).
+// vsock's GuestErrors, the sum of its kinds, is left out of the fields.
+func notExported(path string) bool { return strings.HasSuffix(path, "/Stats.Interrupts") }
+
+// TestPrometheusGolden: the exposition of a machine with every device type
+// is exactly testdata/metrics.golden (go test -run TestPrometheusGolden
+// -update rewrites it), well-formed, and shows every counter the devices
+// keep, each once: a field left out, or shown in another's place, fails.
+func TestPrometheusGolden(t *testing.T) {
+	m, fields := sampleMetrics()
+	var b bytes.Buffer
+	if err := m.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "metrics.golden")
+	if *update {
+		if err := os.WriteFile(golden, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (go test -run TestPrometheusGolden -update writes it)", err)
+	}
+	if diff := cmp.Diff(string(want), b.String()); diff != "" {
+		t.Errorf("exposition (-%s +got):\n%s", golden, diff)
+	}
+	e := parseExposition(t, b.String())
+	seen := map[uint64]int{}
+	for _, v := range e.values {
+		seen[uint64(v)]++
+	}
+	for path, v := range fields {
+		if notExported(path) {
+			if seen[v] != 0 {
+				t.Errorf("%s (%d) is exported, but notExported says it is not", path, v)
+			}
+			continue
+		}
+		if seen[v] != 1 {
+			t.Errorf("%s (%d) appears %d times in the exposition, want once", path, v, seen[v])
+		}
+	}
+	// Spot checks of the mapping, by name.
+	for series, want := range map[string]uint64{
+		`microvm_vsock_tx_bytes_total{device="vsock0"}`:                                m.Vsock.TxBytes,
+		`microvm_vsock_rx_bytes_total{device="vsock0"}`:                                m.Vsock.RxBytes,
+		`microvm_vsock_connections_refused_total{device="vsock0"}`:                     m.Vsock.ConnsRefused,
+		`microvm_vsock_guest_errors_total{device="vsock0",kind="credit"}`:              m.Vsock.GuestErrorsByKind[5],
+		`microvm_virtio_kicks_total{device="vsock0",queue="tx"}`:                       m.Vsock.TxKicks,
+		`microvm_virtio_interrupts_total{device="vda",kind="used_buffer"}`:             m.Disks[0].Transport.UsedBufferInterrupts,
+		`microvm_virtio_guest_errors_total{device="eth0",kind="status"}`:               m.Nets[0].Transport.GuestErrors[virtio.GuestErrStatus],
+		`microvm_virtio_queue_full_total{device="eth0",queue="rx"}`:                    m.Nets[0].RxStalls,
+		`microvm_blk_requests_total{device="vdb",op="write_zeroes"}`:                   m.Disks[1].WriteZeroes,
+		`microvm_net_rx_bytes_total{device="eth0"}`:                                    m.Nets[0].RxBytes,
+		`microvm_rng_bytes_total{device="rng0"}`:                                       m.RNG.Bytes,
+		`microvm_vcpu_exits_total{vcpu="1",reason="other"}`:                            5,
+		`microvm_vcpu_exits_total{vcpu="1",reason="ioapic_eoi"}`:                       4,
+		`microvm_vcpu_exits_total{vcpu="1",reason="io"}`:                               0,
+		`microvm_bus_unclaimed_accesses_total{bus="mmio"}`:                             8,
+		`microvm_vsock_seqpacket_messages_total{device="vsock0",direction="to_guest"}`: m.Vsock.SeqToGuest,
+	} {
+		got, ok := e.values[series]
+		if !ok || uint64(got) != want {
+			t.Errorf("%s = %v (present %v), want %d", series, got, ok, want)
+		}
+	}
+	if got := e.get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != 1.5 {
+		t.Errorf("vCPU 0 CPU seconds %v, want 1.5", got)
+	}
+}
+
+// TestPrometheusMinimal: a machine without devices writes the VM families
+// only, and no family without samples.
+func TestPrometheusMinimal(t *testing.T) {
+	m := Metrics{VCPUs: []VCPUMetrics{{ID: 0, Exits: map[kvm.ExitReason]uint64{}}}}
+	var b bytes.Buffer
+	if err := m.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	e := parseExposition(t, b.String())
+	want := []string{"microvm_vcpu_exits_total", "microvm_vcpu_cpu_seconds_total", "microvm_bus_unclaimed_accesses_total",
+		"microvm_pvwait_waits_total", "microvm_pvwait_wakeups_total"}
+	if diff := cmp.Diff(want, e.order); diff != "" {
+		t.Errorf("families (-want +got):\n%s", diff)
+	}
+	if got := e.get(t, `microvm_vcpu_exits_total{vcpu="0",reason="hlt"}`); got != 0 {
+		t.Errorf("hlt exits %v, want a zero sample", got)
+	}
+}
+
+// TestParseExpositionRejects: the checker the KVM tests rely on fails on
+// malformed text.
+func TestParseExpositionRejects(t *testing.T) {
+	for name, text := range map[string]string{
+		"no TYPE":          "# HELP a_total x\na_total 1\n",
+		"sample elsewhere": "# HELP a_total x\n# TYPE a_total counter\nb_total 1\n",
+		"bad escape":       "# HELP a_total x\n# TYPE a_total counter\na_total{l=\"\\t\"} 1\n",
+		"unquoted":         "# HELP a_total x\n# TYPE a_total counter\na_total{l=x} 1\n",
+		"counter suffix":   "# HELP a x\n# TYPE a counter\na 1\n",
+		"bad value":        "# HELP a_total x\n# TYPE a_total counter\na_total one\n",
+		"no newline":       "# HELP a_total x\n# TYPE a_total counter\na_total 1",
+		"empty family":     "# HELP a_total x\n# TYPE a_total counter\n# HELP b_total x\n# TYPE b_total counter\nb_total 1\n",
+		"duplicate series": "# HELP a_total x\n# TYPE a_total counter\na_total 1\na_total 2\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ft := &fakeTB{}
+			func() {
+				defer func() { _ = recover() }()
+				parseExposition(ft, text)
+			}()
+			if !ft.failed {
+				t.Errorf("accepted %q", text)
+			}
+		})
+	}
+}
+
+// fakeTB records failures; Fatalf ends the check with a panic.
+type fakeTB struct {
+	testing.TB
+	failed bool
+}
+
+func (f *fakeTB) Helper()               {}
+func (f *fakeTB) Errorf(string, ...any) { f.failed = true }
+func (f *fakeTB) Fatalf(string, ...any) { f.failed = true; panic("fatal") }
+
+// bareMachine is a Machine with the parts Metrics reads and nothing else:
+// no KVM.
+func bareMachine() *Machine {
+	m := &Machine{pio: devices.NewBus("pio"), mmio: devices.NewBus("mmio"), pvwait: devices.NewPVWait()}
+	m.vcpuCtrs = []*vcpuCounters{{}}
+	return m
+}
+
+// TestVCPUCounters: exits land in their reason's slot (reasons past the
+// table in the last one), and the CPU time is the thread's, frozen when
+// the vCPU's goroutine ends.
+func TestVCPUCounters(t *testing.T) {
+	m := bareMachine()
+	c := m.vcpuCtrs[0]
+	if got := m.Metrics().VCPUs[0]; got.CPUTime != 0 || len(got.Exits) != 0 {
+		t.Errorf("before the vCPU started: %+v, want zero", got)
+	}
+	done, stop := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		// As runVCPU: the thread is locked, and never unlocked, so its
+		// clock counts this goroutine alone and ends with it.
+		runtime.LockOSThread()
+		c.bind()
+		defer c.unbind()
+		for _, r := range []kvm.ExitReason{kvm.ExitIO, kvm.ExitIO, kvm.ExitMMIO, 200, exitSlots - 1} {
+			c.exit(r)
+		}
+		// Burn CPU until told to stop, so the thread's clock moves.
+		for x := 0; ; x++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if x%1000 == 0 {
+				time.Sleep(0) // stay preemptible
+			}
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	var running time.Duration
+	for running < 20*time.Millisecond && time.Now().Before(deadline) {
+		running = m.Metrics().VCPUs[0].CPUTime
+		time.Sleep(5 * time.Millisecond)
+	}
+	if running < 20*time.Millisecond {
+		t.Fatalf("the busy thread's CPU time read %v after 10 s", running)
+	}
+	close(stop)
+	<-done
+	final := m.Metrics().VCPUs[0]
+	if final.CPUTime < running {
+		t.Errorf("CPU time went down from %v to %v when the goroutine ended", running, final.CPUTime)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if again := m.Metrics().VCPUs[0].CPUTime; again != final.CPUTime {
+		t.Errorf("CPU time moved from %v to %v after the goroutine ended", final.CPUTime, again)
+	}
+	want := map[kvm.ExitReason]uint64{kvm.ExitIO: 2, kvm.ExitMMIO: 1, exitSlots - 1: 2}
+	if diff := cmp.Diff(want, final.Exits); diff != "" {
+		t.Errorf("exits (-want +got):\n%s", diff)
+	}
+}
+
+// unixClient is an HTTP client whose every request goes to the Unix socket
+// path, as curl --unix-socket does.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+// scrape GETs /metrics from the server at path.
+func scrape(tb testing.TB, path string) (string, *http.Response) {
+	tb.Helper()
+	c := unixClient(path)
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://microvm/metrics")
+	if err != nil {
+		tb.Fatalf("GET /metrics on %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return string(b), resp
+}
+
+// shortDir is a fresh directory with a short path (sun_path holds 107
+// bytes; t.TempDir() names can be longer).
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mvm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// TestMetricsServer: the server answers GET and HEAD at /metrics with the
+// format's content type, refuses other methods and paths, and close waits
+// for a request in flight, then removes the socket.
+func TestMetricsServer(t *testing.T) {
+	m := bareMachine()
+	path := filepath.Join(shortDir(t), "m.sock")
+	entered, release := make(chan struct{}), make(chan struct{})
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has("slow") {
+			close(entered)
+			<-release
+		}
+		m.MetricsHandler().ServeHTTP(w, r)
+	})
+	s, err := startMetricsServer(path, slow, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			s.close()
+		}
+	})
+	if fi, err := os.Stat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %s: %v, %v; want a socket with mode 0600", path, fi, err)
+	}
+	text, resp := scrape(t, path)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != promtext.ContentType {
+		t.Errorf("GET: %s, Content-Type %q", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	parseExposition(t, text)
+
+	c := unixClient(path)
+	defer c.CloseIdleConnections()
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		body         bool
+	}{
+		{http.MethodHead, "/metrics", http.StatusOK, false},
+		{http.MethodPost, "/metrics", http.StatusMethodNotAllowed, true},
+		{http.MethodGet, "/", http.StatusNotFound, true},
+		{http.MethodGet, "/metricsx", http.StatusNotFound, true},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://microvm"+tc.path, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", tc.method, tc.path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || (len(b) > 0) != tc.body {
+			t.Errorf("%s %s: %s with %d body bytes, want %d", tc.method, tc.path, resp.Status, len(b), tc.status)
+		}
+	}
+
+	// A request in flight holds close until it finishes.
+	got := make(chan error, 1)
+	go func() {
+		resp, err := c.Get("http://microvm/metrics?slow=1")
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		got <- err
+	}()
+	<-entered
+	closeDone := make(chan error, 1)
+	go func() { closeDone <- s.close() }()
+	closed = true
+	select {
+	case err := <-closeDone:
+		t.Fatalf("close returned (%v) while a handler was still running", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-closeDone; err != nil {
+		t.Errorf("close: %v", err)
+	}
+	<-got // the client's result does not matter: its connection was closed
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket file after close: %v", err)
+	}
+	if _, err := net.Dial("unix", path); err == nil {
+		t.Error("dial after close succeeded")
+	}
+}
+
+// TestMetricsSocketErrors: paths the server cannot use are refused with a
+// message naming the path and what is wrong, and nothing is left behind.
+func TestMetricsSocketErrors(t *testing.T) {
+	dir := shortDir(t)
+	file := filepath.Join(dir, "regular")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(dir, "live.sock")
+	ln, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"missing directory", filepath.Join(dir, "nope", "m.sock"), "directory " + filepath.Join(dir, "nope") + ": no such file or directory"},
+		{"directory is a file", filepath.Join(file, "m.sock"), file + " is not a directory"},
+		{"a regular file", file, "exists and is not a socket"},
+		{"a live socket", live, "in use by another process"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := startMetricsServer(tc.path, bareMachine().MetricsHandler(), quietLog())
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "metrics socket") {
+				t.Errorf("startMetricsServer(%s): %v, want an error containing %q", tc.path, err, tc.want)
+			}
+		})
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("%d entries left in %s, want the 2 the test made", len(entries), dir)
+	}
+	long := "/tmp/" + strings.Repeat("x", maxSunPath)
+	_, err = (&Config{Kernel: "k", MetricsSocket: long}).withDefaults()
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "metrics socket path") {
+		t.Errorf("a %d-byte path: %v, want an ErrConfig naming the metrics socket", len(long), err)
+	}
+	if _, err := (&Config{Kernel: "k", MetricsSocket: "/tmp/" + strings.Repeat("x", maxSunPath-5)}).withDefaults(); err != nil {
+		t.Errorf("a %d-byte path: %v", maxSunPath, err)
+	}
+}
+
+// TestMetricsDocs: docs/metrics.md's tables list every family microvm
+// writes, and no other.
+func TestMetricsDocs(t *testing.T) {
+	m, _ := sampleMetrics()
+	var b bytes.Buffer
+	if err := m.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	e := parseExposition(t, b.String())
+	doc, err := os.ReadFile(filepath.Join("docs", "metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(doc))
+	name := regexp.MustCompile("^\\| `(microvm_[a-z0-9_]+)`")
+	for sc.Scan() {
+		if m := name.FindStringSubmatch(sc.Text()); m != nil {
+			documented[m[1]] = true
+		}
+	}
+	for _, f := range e.order {
+		if !documented[f] {
+			t.Errorf("family %s is not in docs/metrics.md's tables", f)
+		}
+		delete(documented, f)
+	}
+	for f := range documented {
+		t.Errorf("docs/metrics.md lists %s, which microvm does not write", f)
+	}
+}
