@@ -8,6 +8,7 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -102,10 +103,12 @@ func execTrue(ctx context.Context, c *agentapi.Client, warmup, n int, timeout ti
 
 // counter is an io.Writer that counts what it is given and keeps none of
 // it.
-type counter struct{ n int64 }
+// counter counts what is written to it (atomically: a failed Exec may
+// return while its output copier still runs).
+type counter struct{ n atomic.Int64 }
 
 func (c *counter) Write(p []byte) (int, error) {
-	c.n += int64(len(p))
+	c.n.Add(int64(len(p)))
 	return len(p), nil
 }
 
@@ -133,11 +136,11 @@ func stream(ctx context.Context, c *agentapi.Client, n int64, reps int, timeout 
 		if err == nil {
 			err = checkExit(argv[0], st, stderr.Bytes())
 		}
-		if err == nil && out.n != n {
-			err = fmt.Errorf("%d bytes on stdout, want %d", out.n, n)
+		if err == nil && out.n.Load() != n {
+			err = fmt.Errorf("%d bytes on stdout, want %d", out.n.Load(), n)
 		}
 		if err != nil {
-			return rates, fmt.Errorf("run %d of %d: %w", i+1, reps, err)
+			return rates, fmt.Errorf("run %d of %d (%d of %d bytes came): %w", i+1, reps, out.n.Load(), n, err)
 		}
 		rates = append(rates, float64(n)/d.Seconds()/1e6)
 	}

@@ -115,7 +115,31 @@ func (v *vm) describe(err error) error {
 	if con := strings.TrimSpace(v.console.String()); con != "" {
 		err = fmt.Errorf("%w; console: %q", err, con)
 	}
+	if !v.ended() {
+		// A stall: do the device's counters and the vCPUs still move?
+		a := v.m.Metrics()
+		time.Sleep(2 * time.Second)
+		b := v.m.Metrics()
+		err = fmt.Errorf("%w; state (2 s apart): %s | %s", err, stallState(a), stallState(b))
+	}
 	return err
+}
+
+// stallState is what tells a stuck device from a stuck guest.
+func stallState(m microvm.Metrics) string {
+	var exits uint64
+	for _, c := range m.VCPUs {
+		for _, n := range c.Exits {
+			exits += n
+		}
+	}
+	s := fmt.Sprintf("exits %d", exits)
+	if v := m.Vsock; v != nil {
+		s += fmt.Sprintf(" vsock tx %d pkts/%d B rx %d pkts/%d B kicks tx %d rx %d irqs %d credit-upd %d hostWriteStalls %d granted %d creditStalls %d open %d",
+			v.TxPackets, v.TxBytes, v.RxPackets, v.RxBytes, v.TxKicks, v.RxKicks, v.Interrupts,
+			v.CreditUpdatesSent, v.HostWriteStalls, v.BufferGranted, v.CreditStalls, v.ConnsOpen)
+	}
+	return s
 }
 
 // fail describes err and shuts the machine down.
