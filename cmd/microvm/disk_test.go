@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -194,7 +195,16 @@ func TestDiskRoot(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }()
+		defer func() {
+			_ = cmd.Process.Kill()
+			select {
+			case <-exited:
+			case <-time.After(time.Minute):
+				// Reported below where it matters; never block the test.
+			}
+		}()
 		line := make(chan string, 1)
 		go func() {
 			b := make([]byte, 4096)
@@ -224,7 +234,14 @@ func TestDiskRoot(t *testing.T) {
 		if err := cmd.Process.Signal(os.Kill); err != nil {
 			t.Fatal(err)
 		}
-		_ = cmd.Wait()
+		select {
+		case <-exited:
+		case <-time.After(time.Minute):
+			// A process whose threads cannot leave the kernel's KVM
+			// (seen once in the nested-KVM box, where it took the box
+			// down): say where they are instead of waiting for ever.
+			t.Fatalf("microvm had not exited a minute after SIGKILL; its threads:\n%s", threadStates(cmd.Process.Pid))
+		}
 		if got := imageFileSHA(t, img, "/k"); got != sum {
 			t.Errorf("after kill -9 the image's /k has SHA-256 %s; the guest fsync'ed %s", got, sum)
 		}
@@ -234,4 +251,21 @@ func TestDiskRoot(t *testing.T) {
 			t.Errorf("reboot after kill -9: status %d, stdout %q, stderr %q", status, o, e)
 		}
 	})
+}
+
+// threadStates reads, for each thread of process pid, its state line, the
+// kernel function it waits in and its kernel stack (root only), from /proc.
+func threadStates(pid int) string {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		return fmt.Sprintf("(no /proc/%d/task: %v)", pid, err)
+	}
+	var b strings.Builder
+	for _, task := range tasks {
+		stat, _ := os.ReadFile(filepath.Join(task, "stat"))
+		wchan, _ := os.ReadFile(filepath.Join(task, "wchan"))
+		stack, _ := os.ReadFile(filepath.Join(task, "stack"))
+		fmt.Fprintf(&b, "%s: %s wchan=%s\n%s", filepath.Base(task), strings.TrimSpace(string(stat)), wchan, stack)
+	}
+	return b.String()
 }
