@@ -3,6 +3,7 @@ package seccomp
 import (
 	"fmt"
 	"strconv"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +23,10 @@ const (
 // sigsysLines is the handler's table (see above).
 var sigsysLines [sigsysEntries + 2][sigsysLineSize]byte
 
+// sigsysReporting is set (XCHG) by the first thread in the handler: the
+// one that reports. Only the handler touches it.
+var sigsysReporting uint32
+
 // sigsysHandlerPC returns the address of the handler, an assembly function
 // the kernel calls with the C calling convention (sigsys_amd64.s).
 func sigsysHandlerPC() uintptr
@@ -32,6 +37,7 @@ func installHandler(o Options) error {
 	if err := prepareReport(o); err != nil {
 		return err
 	}
+	atomic.StoreUint32(&sigsysReporting, 0) // nobody is reporting yet
 	act := kernelSigaction{
 		Handler:  sigsysHandlerPC(),
 		Flags:    saSiginfo | saOnstack | saRestorer,

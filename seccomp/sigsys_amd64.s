@@ -13,10 +13,23 @@ TEXT ·sigsysHandlerPC(SB), NOSPLIT, $0-8
 // convention: DI = signal number, SI = *siginfo_t, DX = *ucontext_t. It
 // touches no Go state (no g, no stack of its own, no allocation): it picks
 // the line for siginfo's system call number from sigsysLines, writes it to
-// descriptor 2 and ends the process with exit_group(ExitStatus). It never
-// returns. The offsets into siginfo_t (include/uapi/asm-generic/siginfo.h)
-// are sigaction.go's, checked in layout_unsafe_test.go.
+// descriptor 2 and ends the process with exit_group(ExitStatus); threads
+// that come after the first wait for that. It never returns. The offsets
+// into siginfo_t (include/uapi/asm-generic/siginfo.h) are sigaction.go's,
+// checked in layout_unsafe_test.go.
 TEXT sigsysHandler<>(SB), NOSPLIT|NOFRAME, $0
+	// The first thread here reports; any other yields until the
+	// first one's exit_group ends it.
+	MOVL	$1, AX
+	XCHGL	AX, ·sigsysReporting(SB)
+	TESTL	AX, AX
+	JZ	first
+wait:
+	MOVQ	$24, AX		// SYS_sched_yield
+	SYSCALL
+	JMP	wait
+
+first:
 	MOVL	$const_sigsysNotFilter, AX
 	CMPL	const_offSiginfoCode(SI), $const_siCodeSeccomp
 	JNE	report
