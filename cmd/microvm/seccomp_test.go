@@ -179,3 +179,66 @@ func TestSeccompForbiddenCall(t *testing.T) {
 		t.Errorf("--seccomp=off: exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
 	}
 }
+
+// TestRunAsUser: --uid/--gid take effect on every thread once the machine
+// is set up (as root here: /dev/kvm, the kernel and the vsock socket were
+// opened before), with no supplementary groups and the filter on; the VM
+// keeps running and serving its socket.
+func TestRunAsUser(t *testing.T) {
+	testenv.RequireKVM(t)
+	if os.Geteuid() != 0 {
+		t.Skip("changing user needs root")
+	}
+	guest := testenv.TestGuest(t)
+	uds := filepath.Join(t.TempDir(), "v.sock")
+	c := startCLI(t, "--kernel", guest, "--memory", "64M", "--cpus", "2", "--vsock-cid", "3", "--vsock-uds", uds,
+		"--uid", "65534", "--gid", "65533", "--cmdline", "testguest.mode=echo testguest.port=1234 testguest.conns=1")
+	c.waitLine(t, "testguest: listening 1234", 30*time.Second)
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", c.cmd.Process.Pid))
+	if err != nil || len(tasks) < 2 {
+		t.Fatalf("threads: %v, %v", tasks, err)
+	}
+	for _, st := range tasks {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"\nUid:\t65534\t65534\t65534\t65534\n", "\nGid:\t65533\t65533\t65533\t65533\n", "\nGroups:\t \n", "\nSeccomp:\t2\n"} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("%s lacks %q", st, strings.TrimSpace(want))
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := hybridvsock.Dial(ctx, uds, 1234)
+	if err != nil {
+		t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
+	}
+	msg := []byte("as nobody")
+	_, _ = conn.Write(msg)
+	_ = conn.CloseWrite()
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Errorf("echo %q, %v; want %q", got, err, msg)
+	}
+	if s := c.waitExit(t, 30*time.Second); s != 0 {
+		t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
+	}
+}
+
+// TestPrivilegeFlagErrors: --uid and --gid are checked before any VM is
+// created.
+func TestPrivilegeFlagErrors(t *testing.T) {
+	kernel := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(kernel, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, 2, []string{"run", "--kernel", kernel, "--uid", "1000"}, "--uid and --gid go together")
+	wantError(t, 2, []string{"run", "--kernel", kernel, "--gid", "1000"}, "--uid and --gid go together")
+	wantError(t, 2, []string{"run", "--kernel", kernel, "--uid", "-1", "--gid", "0"}, "want ids from 0 to 4294967294")
+	wantError(t, 2, []string{"run", "--kernel", kernel, "--uid", "0", "--gid", "4294967295"}, "want ids from 0 to 4294967294")
+	wantError(t, 2, []string{"run", "--kernel", kernel, "--seccomp=maybe"}, `"maybe": want on or off`)
+}
