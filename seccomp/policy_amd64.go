@@ -96,6 +96,7 @@ func unixSockets() []rule {
 	return []rule{
 		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX)),
 		allow(unix.SYS_CONNECT, "vsock: guest connections to <uds>_<port>"),
+		allowIf(unix.SYS_SOCKETPAIR, "vsock: Machine.DialVsock and ListenVsock (Go API)", argIn(0, unix.AF_UNIX)),
 		allow(unix.SYS_ACCEPT4, "vsock: host clients on <uds>"),
 		allow(unix.SYS_GETSOCKNAME, "net: accepted and dialled connections"),
 		allow(unix.SYS_GETPEERNAME, "net: dialled connections"),
