@@ -10,8 +10,8 @@ import (
 
 // The SIGSYS handler (sigsys_amd64.s) reports a forbidden call from this
 // table: one line per system call number, prepared by prepareReport before
-// the filter is installed and only read after. Each entry is a length byte
-// and the line's text.
+// the filter is installed and only read after (about 90 KiB). Each entry is
+// a length byte and the line's text.
 const (
 	sigsysLineSize  = 192
 	sigsysEntries   = len(syscallNames) // numbers 0..sigsysEntries-1 have their own line
@@ -24,7 +24,8 @@ const (
 var sigsysLines [sigsysEntries + 2][sigsysLineSize]byte
 
 // sigsysReporting is set (XCHG) by the first thread in the handler: the
-// one that reports. Only the handler touches it.
+// one that reports. installHandler clears it; after that only the handler
+// touches it.
 var sigsysReporting uint32
 
 // sigsysHandlerPC returns the address of the handler, an assembly function
@@ -57,10 +58,11 @@ func prepareReport(o Options) error {
 	if o.Hint != "" {
 		end = "; stopped (" + o.Hint + ")\n"
 	}
-	start := o.Prefix + ": seccomp: forbidden system call "
-	if o.Prefix == "" {
-		start = "seccomp: forbidden system call "
+	head := "seccomp: "
+	if o.Prefix != "" {
+		head = o.Prefix + ": seccomp: "
 	}
+	start := head + "forbidden system call "
 	set := func(i int, s string) error {
 		if len(s) >= sigsysLineSize {
 			return fmt.Errorf("seccomp: report line %q longer than %d bytes (shorten Options.Prefix or Hint)", s, sigsysLineSize-1)
@@ -77,5 +79,5 @@ func prepareReport(o Options) error {
 	if err := set(sigsysUnknown, start+"outside the x86-64 table (an x32 or another architecture's call)"+end); err != nil {
 		return err
 	}
-	return set(sigsysNotFilter, o.Prefix+": seccomp: SIGSYS sent by another process"+end)
+	return set(sigsysNotFilter, head+"SIGSYS sent by another process"+end)
 }
