@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -9,8 +10,10 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -241,4 +244,41 @@ func TestPrivilegeFlagErrors(t *testing.T) {
 	wantError(t, 2, []string{"run", "--kernel", kernel, "--uid", "-1", "--gid", "0"}, "want ids from 0 to 4294967294")
 	wantError(t, 2, []string{"run", "--kernel", kernel, "--uid", "0", "--gid", "4294967295"}, "want ids from 0 to 4294967294")
 	wantError(t, 2, []string{"run", "--kernel", kernel, "--seccomp=maybe"}, `"maybe": want on or off`)
+}
+
+// TestSeccompVhostUser: vhost-user-vsock installs its filter (the
+// VhostUserVsock list) before it says it is listening, and still stops
+// cleanly on SIGTERM. The conformance suite runs QEMU's Linux guests
+// against it.
+func TestSeccompVhostUser(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct{ flag, mode string }{{"--seccomp=on", "2"}, {"--seccomp=off", "0"}} {
+		cmd := exec.Command(exe, "vhost-user-vsock", "--socket", filepath.Join(dir, "vhu.sock"),
+			"--uds-path", filepath.Join(dir, "v.sock"), tc.flag)
+		cmd.Env = append(os.Environ(), envAsCLI+"=1", "GORACE=atexit_sleep_ms=50")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(stderr).ReadString('\n')
+		if err != nil || !strings.Contains(line, "vhost-user-vsock listening on") {
+			_ = cmd.Process.Kill()
+			t.Fatalf("%s: first line %q, %v", tc.flag, line, err)
+		}
+		if mode, err := seccompMode(cmd.Process.Pid); err != nil || mode != tc.mode {
+			t.Errorf("%s: Seccomp %q, %v; want %s on every thread", tc.flag, mode, err, tc.mode)
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		rest, _ := io.ReadAll(stderr)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%s: after SIGTERM: %v; stderr:\n%s", tc.flag, err, rest)
+		}
+	}
 }
