@@ -168,3 +168,14 @@ const irqfdFlagDeassign = 1 << 0
 
 // PIT flags (KVM_PIT_SPEAKER_DUMMY).
 const pitSpeakerDummy = 1
+
+// RuntimeIoctls are the KVM requests a machine issues once it runs, after
+// setup: KVM_RUN on every vCPU exit, KVM_SET_GSI_ROUTING when the guest
+// reprograms the split irqchip's IOAPIC, and KVM_GET_REGS / KVM_GET_SREGS
+// when a stopped vCPU's registers are logged. Everything else (creating the
+// VM, its memory, irqchip, irqfds, ioeventfds and vCPUs, CPUID, MSRs) is
+// done by then. Package seccomp allows ioctl only with these requests (and a
+// few non-KVM ones), so a new request issued at run time belongs here.
+func RuntimeIoctls() []uint32 {
+	return []uint32{kvmRun, kvmSetGSIRouting, kvmGetRegs, kvmGetSregs}
+}

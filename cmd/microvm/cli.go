@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/seccomp"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -116,7 +117,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--log-level LEVEL]",
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--uid N --gid N] [--seccomp=off] [--log-level LEVEL]",
 		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
@@ -128,7 +129,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), logFlag()),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(privilegeFlags(), seccompFlag(), logFlag())...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
@@ -141,10 +142,19 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			ids, err := readPrivilegeFlags(c)
+			if err != nil {
+				return err
+			}
 			cfg.Log = log
 			cfg.Console = stdout
 			cfg.ConsoleInput = stdin
-			return runMachine(cfg, log)
+			return runMachine(cfg, log, func() error {
+				if err := dropPrivileges(ids, log); err != nil {
+					return err
+				}
+				return confine(c, seccomp.VMM(), log)
+			})
 		},
 	}
 }
@@ -266,8 +276,9 @@ func parseBytes(s string) (uint64, error) {
 
 // runMachine boots the guest and turns its end into an exit status: the
 // status the guest chose, 0 for a reset or power-off, 125 for a triple fault,
-// 128+signal when a SIGINT or SIGTERM stopped it.
-func runMachine(cfg microvm.Config, log *logrus.Logger) error {
+// 128+signal when a SIGINT or SIGTERM stopped it. confine runs between
+// setting the machine up and running it.
+func runMachine(cfg microvm.Config, log *logrus.Logger, confine func() error) error {
 	m, err := microvm.New(cfg)
 	if err != nil {
 		return err
@@ -276,6 +287,9 @@ func runMachine(cfg microvm.Config, log *logrus.Logger) error {
 
 	ctx, stop := interruptible(context.Background())
 	defer stop()
+	if err := confine(); err != nil {
+		return err
+	}
 	res, err := m.Run(ctx)
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/seccomp"
 )
 
 // Exec's fixed choices: the agent's vsock port (also agent's default
@@ -42,7 +43,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--seccomp=off] -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),
@@ -54,6 +55,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			deviceFlags(),
 			[]cli.Flag{
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
+				seccompFlag(),
 				logFlag(),
 			}),
 		Action: func(c *cli.Context) error {
@@ -66,6 +68,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
+			o.confine = func() error { return confine(c, seccomp.VMM(), log) }
 			return runExec(o)
 		},
 	}
@@ -91,6 +94,8 @@ type execOpts struct {
 	// devices holds the disks, the root disk, the rng and the network devices.
 	devices microvm.Config
 	log     logrus.FieldLogger
+	// confine installs the seccomp filter, between New and Run.
+	confine func() error
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
@@ -171,9 +176,22 @@ func runExec(o *execOpts) error {
 		return err
 	}
 	defer m.Close()
+	if initrd != "" {
+		// Loaded into guest memory by New. Removed now, the
+		// directory holds only the vsock sockets, which Close
+		// removes: RemoveAll then has an empty directory to remove,
+		// which the seccomp filter allows (unlinkat), where listing
+		// one (openat) is not.
+		if err := os.Remove(initrd); err != nil {
+			return fmt.Errorf("exec: %w", err)
+		}
+	}
 
 	sigCtx, stop := interruptible(context.Background())
 	defer stop()
+	if err := o.confine(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 	vmDone := make(chan struct{})

@@ -71,13 +71,19 @@ type child struct {
 
 func startCLI(t *testing.T, args ...string) *child {
 	t.Helper()
+	return startCLIEnv(t, nil, args...)
+}
+
+// startCLIEnv is startCLI with env added to the child's environment.
+func startCLIEnv(t *testing.T, env []string, args ...string) *child {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &child{cmd: exec.Command(exe, append([]string{"run"}, args...)...), lines: make(chan string, 1024)}
 	// GORACE: a race-enabled child would otherwise sleep 1 s before exiting.
-	c.cmd.Env = append(os.Environ(), envAsCLI+"=1", "GORACE=atexit_sleep_ms=50")
+	c.cmd.Env = append(append(os.Environ(), envAsCLI+"=1", "GORACE=atexit_sleep_ms=50"), env...)
 	c.cmd.Stderr = &c.stderr
 	out, err := c.cmd.StdoutPipe()
 	if err != nil {

@@ -7,5 +7,6 @@ import (
 )
 
 func main() {
+	ownsProcess = true
 	os.Exit(Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,8 +16,18 @@ import (
 // building bin/microvm first.
 const envAsCLI = "MICROVM_TEST_AS_CLI"
 
+// envSeccompForbidden makes the child acting as the CLI make a forbidden
+// system call right after installing the seccomp filter
+// (TestSeccompForbiddenCall).
+const envSeccompForbidden = "MICROVM_TEST_SECCOMP_FORBIDDEN"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(envAsCLI) == "1" {
+		ownsProcess = true // the child is the process: --seccomp applies
+		if os.Getenv(envSeccompForbidden) == "1" {
+			// A compromised VMM phoning home: socket(AF_INET).
+			afterConfine = func() { _, _ = net.Dial("tcp", "127.0.0.1:9") }
+		}
 		os.Exit(Main(os.Args, os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/microvm/microvm/seccomp"
 	"github.com/microvm/microvm/vhostuser"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/vsock"
@@ -22,13 +23,13 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
 		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
-		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST]",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--seccomp=off]",
 		OnUsageError: onUsageError,
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
-		}, append(vsockLimitFlags(""), vsockOptFlag())...), logFlag()),
+		}, append(vsockLimitFlags(""), vsockOptFlag())...), seccompFlag(), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -84,7 +85,6 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			defer hs.Close()
-			go hs.Serve()
 			be, err := vhostuser.Listen(sock, vhostuser.Config{Device: dev, Rings: dev.BackendQueues, Log: log})
 			if err != nil {
 				return err
@@ -92,6 +92,11 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sigs)
+			if err := confine(c, seccomp.VhostUserVsock(), log); err != nil {
+				be.Close()
+				return err
+			}
+			go hs.Serve()
 			done := make(chan error, 1)
 			go func() { done <- be.Serve() }()
 			fmt.Fprintf(stderr, "microvm: vhost-user-vsock listening on %s (guest CID %d, host sockets %s)\n", sock, cid, uds)

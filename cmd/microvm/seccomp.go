@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/seccomp"
+)
+
+// ownsProcess says that Main runs as the process's own program (main, or
+// the test binary acting as the CLI), so it may confine the whole process.
+// Main called from inside another program (the package's in-process tests)
+// never installs the filter: it would stay on that program for the rest
+// of its life.
+var ownsProcess bool
+
+// afterConfine, when set (only by tests), runs right after the filter is
+// installed: TestSeccompForbiddenCall makes a forbidden call there.
+var afterConfine func()
+
+// seccompHint ends the report of a forbidden call.
+const seccompHint = "--seccomp=off runs without the filter; docs/security.md"
+
+// seccompFlag is --seccomp, on by default, for the commands that run a
+// device: run, exec, vhost-user-vsock.
+func seccompFlag() cli.Flag {
+	return &cli.GenericFlag{Name: "seccomp", Value: &onOff{on: true}, DefaultText: "on",
+		Usage: "confine microvm to the system calls it needs once the VM is set up; a forbidden call ends it with one line naming the call, status 159 (--seccomp=off to debug; docs/security.md)"}
+}
+
+// confine installs policy's seccomp filter on the whole process unless
+// --seccomp=off says not to. It is called once the machine (or back-end)
+// is set up and before it runs guest-driven code. A kernel without seccomp
+// filters is an error that names the way out.
+func confine(c *cli.Context, policy seccomp.Policy, log logrus.FieldLogger) error {
+	if o, ok := c.Generic("seccomp").(*onOff); ok && !o.on {
+		log.Info("seccomp: filter off (--seccomp=off)")
+		return nil
+	}
+	if !ownsProcess {
+		log.Debug("seccomp: filter not installed: Main runs inside another program")
+		return nil
+	}
+	if err := seccomp.Install(policy, seccomp.Options{Prefix: "microvm", Hint: seccompHint}); err != nil {
+		if errors.Is(err, seccomp.ErrUnsupported) {
+			return fmt.Errorf("%w (run with --seccomp=off to go without it)", err)
+		}
+		return err
+	}
+	log.WithField("policy", policy.Name()).Debug("seccomp: filter installed")
+	if afterConfine != nil {
+		afterConfine()
+	}
+	return nil
+}
+
+// privilegeFlags are run's --uid and --gid: the identity microvm takes
+// once the machine is set up.
+func privilegeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.Int64Flag{Name: "uid", Usage: "once the VM is set up, run as this user (with --gid; needs the privilege to change user)"},
+		&cli.Int64Flag{Name: "gid", Usage: "once the VM is set up, run as this group, with no supplementary groups (with --uid)"},
+	}
+}
+
+// identity is a checked --uid/--gid pair; set is false when neither was
+// given.
+type identity struct {
+	set      bool
+	uid, gid int
+}
+
+func readPrivilegeFlags(c *cli.Context) (identity, error) {
+	if !c.IsSet("uid") && !c.IsSet("gid") {
+		return identity{}, nil
+	}
+	if !c.IsSet("uid") || !c.IsSet("gid") {
+		return identity{}, usagef("--uid and --gid go together")
+	}
+	uid, gid := c.Int64("uid"), c.Int64("gid")
+	// (uid_t)-1 means "unchanged" to setresuid; refuse it with the rest.
+	if uid < 0 || uid >= 1<<32-1 || gid < 0 || gid >= 1<<32-1 {
+		return identity{}, usagef("--uid %d --gid %d: want ids from 0 to 4294967294", uid, gid)
+	}
+	return identity{set: true, uid: int(uid), gid: int(gid)}, nil
+}
+
+// dropPrivileges makes every thread of the process id's user and group,
+// with no supplementary groups (Go applies setuid and friends to all
+// threads), after the machine is set up: /dev/kvm, the images, TAPs and
+// the vsock sockets are open by then and stay so. Like the filter, only
+// when Main owns the process.
+func dropPrivileges(id identity, log logrus.FieldLogger) error {
+	if !id.set {
+		return nil
+	}
+	if !ownsProcess {
+		log.Debug("--uid/--gid not applied: Main runs inside another program")
+		return nil
+	}
+	if err := syscall.Setgroups(nil); err != nil {
+		return fmt.Errorf("--uid/--gid: setgroups: %w", err)
+	}
+	if err := syscall.Setgid(id.gid); err != nil {
+		return fmt.Errorf("--gid %d: %w", id.gid, err)
+	}
+	if err := syscall.Setuid(id.uid); err != nil {
+		return fmt.Errorf("--uid %d: %w", id.uid, err)
+	}
+	log.WithField("uid", id.uid).WithField("gid", id.gid).Debug("privileges dropped")
+	return nil
+}

@@ -1,0 +1,169 @@
+package seccomp
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/kvm"
+)
+
+// The policies below were found by reading what each part calls (the Go
+// runtime's sys_linux_amd64.s and internal/runtime/syscall, x/sys/unix and
+// net calls in microvm's packages) and checked by running microvm under
+// strace -f with the test guest moving vsock data both ways, a disk and
+// the rng device (docs/security.md). Each rule says who needs it. One
+// allow-list covers every thread of the process: Go does not pin a
+// goroutine to a thread (a vCPU's goroutine is locked to its thread, but
+// device workers, the netpoller and the runtime's own threads move
+// between threads freely), so a per-thread-kind list would not be simple
+// to keep right.
+
+// threadCloneFlags are the flags the Go runtime creates every thread with
+// (runtime.cloneFlags plus the CLONE_SETTLS its clone adds), and
+// glibcThreadCloneFlags those of glibc's pthread_create, which creates the
+// threads of a cgo build (it tries clone3 first, and falls back to clone
+// on ENOSYS). clone with anything else, a fork or vfork among them, is
+// forbidden.
+const (
+	threadCloneFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
+		unix.CLONE_SYSVSEM | unix.CLONE_THREAD | unix.CLONE_SETTLS
+	glibcThreadCloneFlags = threadCloneFlags | unix.CLONE_PARENT_SETTID | unix.CLONE_CHILD_CLEARTID
+)
+
+// prSetVMA and prSetVMAAnonName: the one prctl the Go runtime makes at run
+// time (Go 1.25+ names its anonymous mappings).
+const (
+	prSetVMA         = 0x53564d41 // PR_SET_VMA
+	prSetVMAAnonName = 0          // PR_SET_VMA_ANON_NAME
+)
+
+// goRuntime is what the Go runtime and standard library call on their own:
+// threads, signals, memory, the scheduler's sleeps and wake-ups, the
+// netpoller, timers, GOMAXPROCS updates. pid is the process's own: signals
+// go only to its own threads.
+func goRuntime(pid int) []rule {
+	self := uint32(pid)
+	rules := []rule{
+		allow(unix.SYS_FUTEX, "runtime: locks, sleeping Ms, notes"),
+		allow(unix.SYS_EPOLL_PWAIT, "runtime netpoller"),
+		allow(unix.SYS_EPOLL_PWAIT2, "runtime netpoller (newer runtimes)"),
+		allow(unix.SYS_EPOLL_WAIT, "x/sys/unix EpollWait"),
+		allow(unix.SYS_EPOLL_CTL, "netpoller: registering descriptors"),
+		allow(unix.SYS_EPOLL_CREATE1, "eventfd.PollStop and new pollers"),
+		allow(unix.SYS_EVENTFD2, "device workers' stop eventfds, netpoll wake-up"),
+		allow(unix.SYS_NANOSLEEP, "runtime usleep (sysmon, spinning)"),
+		allow(unix.SYS_CLOCK_NANOSLEEP, "sleeps"),
+		allow(unix.SYS_CLOCK_GETTIME, "vDSO fallback"),
+		allow(unix.SYS_SCHED_YIELD, "runtime osyield"),
+		allow(unix.SYS_SCHED_GETAFFINITY, "runtime: GOMAXPROCS updates"),
+		allow(unix.SYS_READ, "every descriptor read"),
+		allow(unix.SYS_WRITE, "every descriptor written, console, eventfd signals"),
+		allow(unix.SYS_CLOSE, "closing descriptors"),
+		allow(unix.SYS_FCNTL, "net and os: descriptor flags, F_DUPFD_CLOEXEC"),
+		allow(unix.SYS_PREAD64, "runtime: cgroup CPU limit re-read for GOMAXPROCS; disks"),
+		allowIf(unix.SYS_MMAP, "runtime heap and stacks; never executable", argClear(2, unix.PROT_EXEC)),
+		allowIf(unix.SYS_MPROTECT, "runtime sysFault; never executable", argClear(2, unix.PROT_EXEC)),
+		allow(unix.SYS_MUNMAP, "runtime, guest memory at teardown"),
+		allow(unix.SYS_MADVISE, "runtime scavenger"),
+		allowIf(unix.SYS_PRCTL, "runtime: naming anonymous mappings",
+			argIn(0, prSetVMA), argIn(1, prSetVMAAnonName)),
+		allow(unix.SYS_GETRANDOM, "runtime, crypto/rand, the rng device"),
+		allow(unix.SYS_RT_SIGACTION, "runtime and os/signal"),
+		allow(unix.SYS_RT_SIGPROCMASK, "runtime: thread creation, signal masks"),
+		allow(unix.SYS_RT_SIGRETURN, "return from every signal handler"),
+		allow(unix.SYS_SIGALTSTACK, "runtime: each new thread's signal stack"),
+		allow(unix.SYS_RESTART_SYSCALL, "the kernel restarting a sleep a signal interrupted"),
+		allowIf(unix.SYS_CLONE, "new threads (the Go runtime's; glibc's in cgo builds), and nothing else",
+			arg64In(0, append([]uint32{threadCloneFlags}, cgoThreadFlags...)...)...),
+		fail(unix.SYS_CLONE3, unix.ENOSYS, "its flags are in memory, out of a filter's reach; ENOSYS makes glibc fall back to clone, which the rule above judges"),
+		allow(unix.SYS_GETTID, "runtime, vCPU Kick"),
+		allow(unix.SYS_GETPID, "runtime, vCPU Kick"),
+		allowIf(unix.SYS_TGKILL, "runtime preemption, vCPU Kick: own threads only", argIn(0, self)),
+		allowIf(unix.SYS_KILL, "runtime: raising a fatal signal on itself", argIn(0, self)),
+		allow(unix.SYS_UNAME, "runtime and internal/syscall/unix kernel version checks"),
+		allow(unix.SYS_EXIT, "a thread ending"),
+		allow(unix.SYS_EXIT_GROUP, "the process ending"),
+	}
+	return append(rules, cgoRules()...)
+}
+
+// unixSockets are the host's vsock side at run time: accepting host
+// clients on the device's sockets, connecting guest-initiated connections
+// to <uds>_<port> (socket and connect, Unix domain only), the byte streams
+// and records themselves, and removing the socket files at teardown.
+func unixSockets() []rule {
+	return []rule{
+		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX)),
+		allow(unix.SYS_CONNECT, "vsock: guest connections to <uds>_<port>"),
+		allowIf(unix.SYS_SOCKETPAIR, "vsock: Machine.DialVsock and ListenVsock (Go API)", argIn(0, unix.AF_UNIX)),
+		allow(unix.SYS_ACCEPT4, "vsock: host clients on <uds>"),
+		allow(unix.SYS_GETSOCKNAME, "net: accepted and dialled connections"),
+		allow(unix.SYS_GETPEERNAME, "net: dialled connections"),
+		allow(unix.SYS_GETSOCKOPT, "net: SO_ERROR after a non-blocking connect"),
+		allow(unix.SYS_READV, "vsock RX: host socket into guest buffers"),
+		allow(unix.SYS_WRITEV, "vsock, net TX: guest buffers to host"),
+		allow(unix.SYS_SENDMSG, "vsock SEQPACKET and datagrams"),
+		allow(unix.SYS_RECVMSG, "vsock SEQPACKET and datagrams"),
+		allow(unix.SYS_SENDTO, "datagrams"),
+		allow(unix.SYS_RECVFROM, "datagrams"),
+		allow(unix.SYS_SHUTDOWN, "vsock half-close"),
+		allow(unix.SYS_POLL, "device workers"),
+		allow(unix.SYS_PPOLL, "device workers (x/sys/unix Poll)"),
+		allow(unix.SYS_UNLINKAT, "removing <uds> and <uds>.seqpacket at teardown"),
+	}
+}
+
+// ioctls allows ioctl with the given requests only.
+func ioctls(why string, requests ...uint32) rule {
+	return allowIf(unix.SYS_IOCTL, why, argIn(1, requests...))
+}
+
+// Non-KVM ioctl requests made at run time.
+const (
+	reqFIONREAD   = unix.SIOCINQ       // vsock: is a SEQPACKET peer's queue empty (hostSeqEOF)
+	reqTCGETS     = unix.TCGETS        // logrus: is stderr a terminal (its first message)
+	reqTUNOffload = unix.TUNSETOFFLOAD // virtio-net: the guest's offloads, at activation
+)
+
+// VMM is the allow-list of `microvm run` and `microvm exec` once the
+// machine is built: the Go runtime, KVM_RUN and the few other KVM requests
+// a running machine makes (kvm.RuntimeIoctls), the devices' I/O on
+// descriptors they already hold (disk images, TAPs, eventfds), and Unix
+// sockets for vsock. It allows no open, no exec, no fork, no new network
+// sockets, no bind or listen, no file creation or permission change, no
+// ptrace, no mount: a guest that took over the VMM process gets none of
+// those. Building the machine (opening /dev/kvm, files, TAPs, binding the
+// vsock sockets) is done before Install.
+func VMM() Policy {
+	req := append(kvm.RuntimeIoctls(), reqFIONREAD, reqTCGETS, reqTUNOffload)
+	rules := []rule{ioctls("KVM_RUN first: it is the hottest call", req...)}
+	rules = append(rules, goRuntime(os.Getpid())...)
+	rules = append(rules, unixSockets()...)
+	rules = append(rules,
+		allow(unix.SYS_PWRITE64, "disks"),
+		allow(unix.SYS_PREADV, "disks: reads into guest buffers"),
+		allow(unix.SYS_PWRITEV, "disks: writes from guest buffers"),
+		allow(unix.SYS_FDATASYNC, "disks: the guest's flush"),
+		allow(unix.SYS_FALLOCATE, "disks: discard and write-zeroes punch holes"),
+	)
+	return Policy{name: "microvm", rules: rules}
+}
+
+// VhostUserVsock is the allow-list of `microvm vhost-user-vsock` once its
+// sockets are listening: the Go runtime, the vsock device's Unix sockets,
+// and what serving a front-end takes: accepting it again after it
+// reconnects, receiving its memory and eventfds (recvmsg), checking and
+// mapping each memory region (fstat, F_GET_SEALS, mmap MAP_SHARED), and
+// telling an eventfd from other descriptors (readlink of /proc/self/fd/N,
+// so /proc must be mounted). No KVM requests.
+func VhostUserVsock() Policy {
+	rules := []rule{ioctls("vsock, logrus", reqFIONREAD, reqTCGETS)}
+	rules = append(rules, goRuntime(os.Getpid())...)
+	rules = append(rules, unixSockets()...)
+	rules = append(rules,
+		allow(unix.SYS_FSTAT, "vhost-user: checking a memory region's file"),
+		allow(unix.SYS_READLINKAT, "vhost-user: /proc/self/fd/N of a kick or call descriptor"),
+	)
+	return Policy{name: "microvm vhost-user-vsock", rules: rules}
+}
