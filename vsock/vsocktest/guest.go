@@ -65,6 +65,9 @@ type Options struct {
 	Timeout   time.Duration // bound on every wait; default DefaultTimeout
 	// NoEventQueue activates without the event queue (as vhost-user may).
 	NoEventQueue bool
+	// EventBuffers is how many event buffers are posted at activation: 0
+	// DefaultEventBuffers (as Linux), negative none (event.go).
+	EventBuffers int
 	// GuestBuf is the receive buffer new connections advertise (default
 	// DefaultGuestBuf).
 	GuestBuf uint32
@@ -152,6 +155,7 @@ type Guest struct {
 	DRX, DTX         *virtiotest.Queue
 	DRXKick, DTXKick *eventfd.EventFD
 	dg               dgramDriver
+	ev               eventDriver
 
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
@@ -271,6 +275,7 @@ func (g *Guest) Activate() {
 		nbuf = 0
 	}
 	g.PostRX(nbuf)
+	g.postEventsInitial()
 	if g.Opts.Dgram {
 		g.postDgramInitial()
 	}
@@ -506,9 +511,22 @@ func (g *Guest) Poll() bool {
 	if g.DRX != nil && g.reapDgrams() {
 		got = true
 	}
+	// RX before events: what the device put in the RX ring before a
+	// TRANSPORT_RESET still reaches its connection.
+	if g.reapRX() {
+		got = true
+	}
+	if g.reapEvents() {
+		got = true
+	}
+	return got
+}
+
+// reapRX takes the used RX buffers, routes their packets and reposts.
+func (g *Guest) reapRX() bool {
 	used := g.RX.Reap()
 	if len(used) == 0 {
-		return got
+		return false
 	}
 	repost := 0
 	for _, u := range used {
