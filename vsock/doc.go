@@ -119,8 +119,9 @@
 // Device.ResetTransport is the host side of the transport restarting under
 // a live guest driver (microvm: Machine.ResetVsockTransport; there is no
 // snapshot or migration to trigger it). It drops every connection, closing
-// the host sockets, answers guest connection attempts still being dialled
-// with RST, and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET pending; the RX
+// the host sockets, queues an RST for each (for guest sockets the event does
+// not reach: Linux resets only connected ones, and may read a RESPONSE
+// after the event), and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET pending; the RX
 // worker writes it (le32 id 0, used length 4, which is what a Linux driver
 // checks) into the next event buffer and interrupts the guest, which resets
 // every connected socket (ECONNRESET) and re-reads the CID. Without an event
@@ -128,7 +129,7 @@
 // driver posts one; resets meanwhile make one event. The queues keep
 // running and new connections may start at once. Without an event queue
 // (vhost-user: QEMU keeps it and sends the event itself after a migration)
-// each connection gets an RST instead. A device reset (the driver writing
+// the RSTs are all the guest gets. A device reset (the driver writing
 // status 0) needs no event: the driver's queues and sockets go with it.
 // An event buffer too small for the event stops the device like a broken
 // RX buffer.

@@ -32,13 +32,21 @@ var ErrNotActive = errors.New("vsock: the guest driver is not using the device")
 //
 //  1. every connection is dropped and its host socket closed: host clients
 //     read end of stream (without "OK" if the guest had not accepted yet);
-//  2. a guest connection attempt still being dialled gets an RST, since a
-//     Linux driver resets only connected sockets on the event and a socket
-//     in connect() would otherwise wait out its timeout;
+//  2. each gets an RST, queued behind whatever the RX ring already holds
+//     for it;
 //  3. VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (id 0, 4 bytes) is written into the
 //     next event buffer and the guest interrupted. Without an event buffer
 //     the event waits until the driver posts one (resets in the meantime
 //     make one event); Linux keeps eight posted.
+//
+// The event alone is not enough: a Linux driver resets only its connected
+// sockets on it, and handles its event and RX queues on separate work
+// items. A guest socket still in connect() whose RESPONSE the device had
+// not sent, or had sent but the guest had not yet read when it handled the
+// event, would otherwise wait for a peer that is gone, or become connected
+// to nothing. The RSTs close those; on a socket the event already reset
+// they are ignored, and one that reaches a connected socket before the
+// event closes it as a peer's reset does.
 //
 // The queues keep running: packets the guest sent before it saw the event
 // for a dropped connection are answered with RST (a Linux guest ignores
@@ -48,10 +56,9 @@ var ErrNotActive = errors.New("vsock: the guest driver is not using the device")
 //
 // Without an event queue (a driver that did not set one up, or vhost-user,
 // where the front-end keeps it: QEMU itself sends the event after a
-// migration) every connection gets an RST instead, which a Linux guest
-// sees as the peer closing (end of stream), not as ECONNRESET.
+// migration) the RSTs are all the guest gets.
 //
-// A connection the guest opens between step 1 and its handling of the
+// A connection the guest completes between step 1 and its handling of the
 // event is reset by the guest without a packet (Linux resets every
 // connected socket); the device learns of it at the next packet either side
 // sends for it.
@@ -81,14 +88,8 @@ func (s *session) resetTransport() {
 	dropped := 0
 	for _, c := range conns {
 		c.mu.Lock()
-		switch {
-		case c.state == stateClosed:
-		case s.ev == nil || c.state == stateGuestConnecting:
+		if c.state != stateClosed {
 			s.resetConnLocked(c)
-			dropped++
-		default:
-			s.closeConnLocked(c)
-			s.removeConnLocked(c)
 			dropped++
 		}
 		c.mu.Unlock()

@@ -221,3 +221,71 @@ func TestTransportResetShortEventBuffer(t *testing.T) {
 		t.Errorf("events %+v in a 3-byte buffer", e.g.Events())
 	}
 }
+
+// Regression: a transport reset dropped an established connection whose
+// RESPONSE the guest had not received yet without an RST, and a Linux
+// driver resets only connected sockets on the event: the guest's connect()
+// waited for an answer that never came. Here the RESPONSE cannot go out
+// (no RX buffer) when the reset comes.
+func TestRegressionTransportResetBeforeResponse(t *testing.T) {
+	e := newEnv(t, envOpts{guest: vsocktest.Options{RxBuffers: -1}})
+	c := e.g.Dial(5000, 1025)
+	h := e.dial.Accept(waitTimeout)
+	e.g.Sync()
+	if err := e.dev.ResetTransport(); err != nil {
+		t.Fatal(err)
+	}
+	hostClosed(t, h)
+	e.g.PostRX(16)
+	e.g.WaitFor("RST or RESPONSE for the dropped connection", func() bool { return c.Rst || c.Established })
+	if c.Established && !c.Rst {
+		t.Error("the guest got RESPONSE for a connection the device dropped")
+	}
+	e.g.WaitFor("the event", func() bool { return e.g.TransportResets() == 1 })
+}
+
+// Transport resets fired from another goroutine every few milliseconds
+// while the guest opens connections and sends data: every connection
+// attempt is answered (RESPONSE, RST or the event), nothing deadlocks, and
+// the budget is all given back.
+func TestTransportResetStress(t *testing.T) {
+	e := newEnv(t, envOpts{guest: vsocktest.Options{EventIdx: true}})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+			_ = e.dev.ResetTransport()
+		}
+	}()
+	out := vsocktest.Pattern(1, 8<<10)
+	port := uint32(10000)
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); port++ {
+		c := e.g.Dial(100, port)
+		e.g.WaitFor("an answer to the REQUEST", func() bool { return c.Established || c.Rst })
+		if c.Established && !c.Rst && !c.TransportReset {
+			e.dial.Accept(waitTimeout) // held by the dialer, closed at the end
+			c.TryWrite(out)
+			e.g.Within(2*time.Millisecond, func() bool { return c.Rst || c.TransportReset })
+		}
+		if !c.Rst && !c.TransportReset {
+			c.Reset()
+		} else {
+			c.Forget()
+		}
+		e.g.TakePending()
+	}
+	close(stop)
+	<-done
+	e.g.WaitFor("every connection to close", func() bool { e.g.TakePending(); return e.dev.Stats().ConnsOpen == 0 })
+	s := e.dev.Stats()
+	t.Logf("%d connection attempts, %d transport resets, %d events", port-10000, s.TransportResets, s.EventsSent)
+	if s.BufferGranted != 0 {
+		t.Errorf("%d bytes of budget granted with no connection open", s.BufferGranted)
+	}
+}
