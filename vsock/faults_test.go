@@ -173,11 +173,12 @@ const clientEnv = "VSOCK_FAULT_CLIENT"
 const faultChunk = 1 << 20
 
 // TestFaultHostClientProcess is not a test: run by TestFaultHostClientKilled
-// as a separate process with $VSOCK_FAULT_CLIENT = "h2g|g2h uds port", it
-// connects to the device's Unix socket, sends CONNECT, and then either
-// writes the pattern for ever (h2g), printing "sent N" after each write, or
-// reads and checks it (g2h), printing "got N" every 64 KiB and "mismatch at
-// N" (exit 3) if a byte is wrong. It is killed with SIGKILL.
+// as a separate process with $VSOCK_FAULT_CLIENT = "h2g|g2h|pending uds
+// port", it connects to the device's Unix socket, sends CONNECT, and then
+// either writes the pattern for ever (h2g), printing "sent N" after each
+// write, or reads and checks it (g2h), printing "got N" after each read and
+// "mismatch at N" (exit 3) if a byte is wrong, or (pending) waits without
+// reading the device's answer. It is killed with SIGKILL.
 func TestFaultHostClientProcess(t *testing.T) {
 	spec := os.Getenv(clientEnv)
 	if spec == "" {
@@ -188,6 +189,19 @@ func TestFaultHostClientProcess(t *testing.T) {
 	if _, err := fmt.Sscan(spec, &mode, &path, &port); err != nil {
 		fmt.Println("bad spec:", err)
 		os.Exit(2)
+	}
+	if mode == "pending" {
+		// CONNECT, then wait for the kill without reading the answer.
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			_, err = fmt.Fprintf(c, "CONNECT %d\n", port)
+		}
+		if err != nil {
+			fmt.Println("connect:", err)
+			os.Exit(2)
+		}
+		fmt.Println("connected 0")
+		select {}
 	}
 	c, hp, err := testenv.VsockConnect(path, port, waitTimeout)
 	if err != nil {
@@ -292,6 +306,45 @@ func (p *clientProc) kill(t *testing.T) {
 	}
 }
 
+// serveUDS serves the device's Unix socket (in a fresh short directory:
+// sun_path holds 107 bytes) with the given handshake timeout until the end
+// of the test.
+func (e *env) serveUDS(timeout time.Duration) *vsock.UDS {
+	e.tb.Helper()
+	dir, err := os.MkdirTemp("", "vfault")
+	if err != nil {
+		e.tb.Fatal(err)
+	}
+	e.tb.Cleanup(func() { os.RemoveAll(dir) })
+	uds, err := vsock.ListenUDS(filepath.Join(dir, "v.sock"), e.dev, timeout, quietLog())
+	if err != nil {
+		e.tb.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { uds.Serve(); close(served) }()
+	e.tb.Cleanup(func() { uds.Close(); <-served })
+	return uds
+}
+
+// dialUDS connects to uds for guest port port on another goroutine (the
+// guest must answer on this one) and returns a function that waits for the
+// result.
+func dialUDS(uds *vsock.UDS, port uint32) func() (*net.UnixConn, error) {
+	type dialed struct {
+		c   *net.UnixConn
+		err error
+	}
+	dc := make(chan dialed, 1)
+	go func() {
+		h, _, err := testenv.VsockConnect(uds.Path(), port, waitTimeout)
+		dc <- dialed{h, err}
+	}()
+	return func() (*net.UnixConn, error) {
+		d := <-dc
+		return d.c, d.err
+	}
+}
+
 // Row "host client killed mid-transfer": a host client connected through
 // the Unix socket (CONNECT) is a separate process, killed with SIGKILL while
 // 1 MiB or more has moved in one direction. Meanwhile a second connection
@@ -311,18 +364,7 @@ func TestFaultHostClientKilled(t *testing.T) {
 	for _, mode := range []string{"h2g", "g2h"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newEnv(t, envOpts{})
-			dir, err := os.MkdirTemp("", "vfault") // short: sun_path
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			uds, err := vsock.ListenUDS(filepath.Join(dir, "v.sock"), e.dev, waitTimeout, quietLog())
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan struct{})
-			go func() { uds.Serve(); close(served) }()
-			t.Cleanup(func() { uds.Close(); <-served })
+			uds := e.serveUDS(waitTimeout)
 			fds := openFDs(t)
 
 			const port = 4000
@@ -398,21 +440,12 @@ func TestFaultHostClientKilled(t *testing.T) {
 			e.g.Sync()
 			e.g.WaitFor("the killed client's connection to close", func() bool { return e.dev.Stats().ConnsOpen == 1 })
 			// The device still serves the Unix socket.
-			type dialed struct {
-				c   *net.UnixConn
-				err error
-			}
-			dc := make(chan dialed, 1)
-			go func() {
-				h, _, err := testenv.VsockConnect(uds.Path(), port+1, waitTimeout)
-				dc <- dialed{h, err}
-			}()
+			wait := dialUDS(uds, port+1)
 			c2 := e.g.Accept(port + 1)
-			d := <-dc
-			if d.err != nil {
-				t.Fatalf("connect after the kill: %v", d.err)
+			h2, err := wait()
+			if err != nil {
+				t.Fatalf("connect after the kill: %v", err)
 			}
-			h2 := d.c
 			e.transfer(c2, h2, vsocktest.Pattern(3, 256<<10), vsocktest.Pattern(4, 256<<10))
 			if s := e.dev.Stats(); s.GuestErrors != 0 {
 				t.Errorf("%d guest errors", s.GuestErrors)
@@ -427,10 +460,44 @@ func TestFaultHostClientKilled(t *testing.T) {
 	}
 }
 
+// Row "host client killed before the guest accepts": the client process
+// sends CONNECT and is killed with SIGKILL while the REQUEST waits in the
+// guest. When the guest then accepts, the device's "OK" line finds the
+// socket dead: the guest gets RST at once, and a transfer on another
+// connection is unaffected.
+func TestFaultHostClientKilledBeforeAccept(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	uds := e.serveUDS(waitTimeout)
+	fds := openFDs(t)
+	const port = 4000
+	other := e.newTrafficPair(5000, 1025, 1<<20)
+	p := startClient(t, "pending", uds.Path(), port)
+	e.pumpAll("the client's REQUEST", nil, func() bool {
+		other.pump()
+		for _, q := range e.g.Pending() {
+			if q.Hdr.Op == vsock.OpRequest && q.Hdr.DstPort == port {
+				return true
+			}
+		}
+		return false
+	})
+	p.kill(t)
+	c := e.g.Accept(port)
+	e.pumpAll("the RST for the dead client and the other transfer", []*trafficPair{other}, func() bool { return c.Rst })
+	other.check(t)
+	c.Forget()
+	e.g.WaitFor("the dead client's connection to close", func() bool { return e.dev.Stats().ConnsOpen == 1 })
+	other.c.Reset()
+	other.h.Close()
+	e.g.Sync()
+	waitFDs(t, fds)
+}
+
 // trafficPair is a guest connection with host goroutines that send h2g and
 // collect what arrives, for checking that a fault elsewhere loses nothing.
 type trafficPair struct {
 	c        *vsocktest.Conn
+	h        net.Conn // the host end
 	g2h, h2g []byte
 	sent     int
 	got      []byte
@@ -440,18 +507,24 @@ type trafficPair struct {
 func (e *env) newTrafficPair(hostPort, guestPort uint32, size int) *trafficPair {
 	e.tb.Helper()
 	c, h := e.connectGuest(hostPort, guestPort)
-	p := &trafficPair{c: c, g2h: vsocktest.Pattern(uint64(guestPort), size),
+	p := &trafficPair{c: c, h: h, g2h: vsocktest.Pattern(uint64(guestPort), size),
 		h2g: vsocktest.Pattern(uint64(guestPort)+1000, size), hostGot: make(chan []byte, 1)}
+	// The host side gives the whole test time, not one exchange: a test
+	// does other things while the pair moves (-race on a loaded machine
+	// makes that seconds).
 	go func() {
-		b, _ := vsocktest.ReadFull(h, size, waitTimeout)
+		b, _ := vsocktest.ReadFull(h, size, pairTimeout)
 		p.hostGot <- b
 	}()
 	go func() {
-		_ = h.SetWriteDeadline(time.Now().Add(waitTimeout))
+		_ = h.SetWriteDeadline(time.Now().Add(pairTimeout))
 		_, _ = h.Write(p.h2g)
 	}()
 	return p
 }
+
+// pairTimeout bounds a trafficPair's host side.
+const pairTimeout = time.Minute
 
 // pump moves what it can without waiting and reports whether the pair is
 // done both ways.
@@ -500,7 +573,7 @@ func (e *env) pumpAll(what string, ps []*trafficPair, extra func() bool) {
 // check the reset itself on a quiet device.)
 func TestFaultCreditOverrun(t *testing.T) {
 	const buf = 64 << 10
-	e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: buf}})
+	e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: buf}, guest: vsocktest.Options{Timeout: pairTimeout}})
 	e.allowGuestErrs = true
 	var ps []*trafficPair
 	for i := uint32(0); i < 3; i++ {
@@ -509,7 +582,7 @@ func TestFaultCreditOverrun(t *testing.T) {
 	bad, bh := e.connectGuest(5000, 1200)
 	// The host end of bad never reads: everything the guest sends stays
 	// in the device or the socket, and the credit runs out.
-	e.pumpAll("half of each transfer", ps[:0], func() bool {
+	e.pumpAll("half of the first transfer", nil, func() bool {
 		for _, p := range ps {
 			p.pump()
 		}
@@ -680,18 +753,7 @@ func TestFaultConnectFlood(t *testing.T) {
 	)
 	// The guest's waits are bounded by the whole flood, not one exchange.
 	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: maxConns}, guest: vsocktest.Options{Timeout: 3 * time.Minute}})
-	dir, err := os.MkdirTemp("", "vflood")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	uds, err := vsock.ListenUDS(filepath.Join(dir, "v.sock"), e.dev, 500*time.Millisecond, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { uds.Serve(); close(served) }()
-	t.Cleanup(func() { uds.Close(); <-served })
+	uds := e.serveUDS(500 * time.Millisecond)
 	fds0, gs0 := openFDs(t), runtime.NumGoroutine()
 
 	jobs := make(chan int)
@@ -768,22 +830,14 @@ func TestFaultConnectFlood(t *testing.T) {
 	})
 	waitFDs(t, fds0)
 	// The device still serves the socket.
-	type dialed struct {
-		c   *net.UnixConn
-		err error
-	}
-	dc := make(chan dialed, 1)
-	go func() {
-		h, _, err := testenv.VsockConnect(uds.Path(), 8000, waitTimeout)
-		dc <- dialed{h, err}
-	}()
+	wait := dialUDS(uds, 8000)
 	c := e.g.Accept(8000)
-	d := <-dc
-	if d.err != nil {
-		t.Fatalf("connect after the flood: %v", d.err)
+	h, err := wait()
+	if err != nil {
+		t.Fatalf("connect after the flood: %v", err)
 	}
-	defer d.c.Close()
-	e.transfer(c, d.c, vsocktest.Pattern(1, 1<<20), vsocktest.Pattern(2, 1<<20))
+	defer h.Close()
+	e.transfer(c, h, vsocktest.Pattern(1, 1<<20), vsocktest.Pattern(2, 1<<20))
 	if s := e.dev.Stats(); s.GuestErrors != 0 {
 		t.Errorf("%d guest errors", s.GuestErrors)
 	}
