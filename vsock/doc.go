@@ -58,8 +58,10 @@
 // held: MMIO.mu -> Device.mu). In a session: connMu guards the connection
 // table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
 // buffered data and host descriptor); rxMu guards the RX queue, the ready
-// list, the RST queue and the event queue. Lock order: conn.mu -> connMu and conn.mu ->
-// rxMu. connMu and rxMu are leaves, never held together (budget.mu, the
+// list, the RST queue and the event queue. Lock order: conn.mu -> connMu
+// and conn.mu -> rxMu. connMu and rxMu are leaves, never held together
+// (ResetTransport, on the embedder's goroutine, takes each conn.mu in
+// turn, then rxMu, then connMu, one at a time) (budget.mu, the
 // starved list's lock, is a leaf below conn.mu and rxMu): code that finds a
 // connection under connMu (lookup, hostEvent, shutdown) or pops it from the
 // ready list under rxMu releases that lock before taking conn.mu. Nobody
