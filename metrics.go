@@ -364,6 +364,8 @@ func (m Metrics) writeVsock(w *promtext.Writer) {
 	c("microvm_vsock_host_write_stalls_total", "Writes to host sockets that took only part of the data (the rest is buffered).", func(v *VsockMetrics) uint64 { return v.HostWriteStalls })
 	c("microvm_vsock_credit_updates_sent_total", "CREDIT_UPDATE packets sent to the guest.", func(v *VsockMetrics) uint64 { return v.CreditUpdatesSent })
 	c("microvm_vsock_credit_stalls_total", "Credit grants cut short by the device-wide buffer bound (--vsock-buffer-total).", func(v *VsockMetrics) uint64 { return v.CreditStalls })
+	c("microvm_vsock_transport_resets_total", "Host-side transport resets (Machine.ResetVsockTransport): every connection dropped.", func(v *VsockMetrics) uint64 { return v.TransportResets })
+	c("microvm_vsock_transport_reset_events_total", "TRANSPORT_RESET events written to the guest's event queue.", func(v *VsockMetrics) uint64 { return v.EventsSent })
 	w.Family("microvm_vsock_buffer_granted_bytes", promtext.Gauge, "Guest-to-host buffer space granted to open connections now.")
 	w.Uint(s.BufferGranted, "device", s.Name)
 	c("microvm_vsock_late_rw_dropped_total", "Guest data sent after the host had closed, before the guest saw it: dropped.", func(v *VsockMetrics) uint64 { return v.LateRWDropped })

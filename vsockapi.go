@@ -57,6 +57,25 @@ var (
 // cannot be told apart from an orderly close reliably, so no error claims
 // to.
 
+// ResetVsockTransport is a host-side transport reset of the vsock device
+// (vsock.Device.ResetTransport, virtio 1.2 5.10.6.7), for an embedder that
+// restarts the services behind the device under a running guest: every
+// vsock connection is dropped (host clients of the Unix socket, DialVsock
+// and ListenVsock connections alike read end of stream) and the guest gets
+// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET on the event queue, so its connected
+// sockets fail with ECONNRESET at once. Listeners on either side stay, and
+// new connections work as soon as it returns. Errors wrap ErrNoVsock, or
+// vsock.ErrNotActive while the guest's driver is not using the device.
+func (m *Machine) ResetVsockTransport() error {
+	if m.vsock == nil {
+		return fmt.Errorf("microvm: vsock transport reset: %w", ErrNoVsock)
+	}
+	if err := m.vsock.ResetTransport(); err != nil {
+		return fmt.Errorf("microvm: vsock transport reset: %w", err)
+	}
+	return nil
+}
+
 // VsockAddr is a vsock address: a context id and a port. It implements
 // net.Addr with Network "vsock" and String "cid:port".
 type VsockAddr struct {

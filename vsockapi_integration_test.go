@@ -18,6 +18,7 @@ import (
 
 	"github.com/microvm/microvm/hybridvsock"
 	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/vsock"
 )
 
 // vsockPromptly bounds calls that must return at once (the host may be loaded).
@@ -95,6 +96,9 @@ func TestDialVsock(t *testing.T) {
 		if d < timeout-10*time.Millisecond || d > timeout+vsockPromptly {
 			t.Errorf("DialVsock returned after %v, want about %v", d, timeout)
 		}
+		if err := g.m.ResetVsockTransport(); !errors.Is(err, vsock.ErrNotActive) {
+			t.Errorf("ResetVsockTransport before the guest's driver is up: %v, want vsock.ErrNotActive", err)
+		}
 	})
 
 	t.Run("cancel", func(t *testing.T) {
@@ -160,6 +164,9 @@ func TestDialVsock(t *testing.T) {
 		}
 		if _, err := m.ListenVsock(5000); !errors.Is(err, ErrNoVsock) {
 			t.Errorf("ListenVsock: %v, want ErrNoVsock", err)
+		}
+		if err := m.ResetVsockTransport(); !errors.Is(err, ErrNoVsock) {
+			t.Errorf("ResetVsockTransport: %v, want ErrNoVsock", err)
 		}
 	})
 }
@@ -269,4 +276,48 @@ func TestListenVsock(t *testing.T) {
 			t.Errorf("Accept after Machine.Close: %v, want net.ErrClosed", err)
 		}
 	})
+}
+
+// TestResetVsockTransport: a host-side transport reset in the middle of an
+// echo ends that connection on the host (end of stream) and reaches the
+// test guest's driver as a TRANSPORT_RESET event (it drops the connection
+// and logs it); the next connection echoes in full and the guest, having
+// seen both connections close, exits 0.
+func TestResetVsockTransport(t *testing.T) {
+	g := startVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=2", vsockTestPort))
+	g.waitListening(vsockTestPort)
+	c, err := g.connect(vsockTestPort)
+	if err != nil {
+		t.Fatalf("connect: %v; log:\n%s", err, g.log)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("before the reset")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len("before the reset"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "before the reset" {
+		t.Fatalf("echo before the reset: %q, %v", got, err)
+	}
+	if err := g.m.ResetVsockTransport(); err != nil {
+		t.Fatalf("ResetVsockTransport: %v", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(vsockPromptly))
+	if n, err := c.Read(got); err != io.EOF {
+		t.Errorf("host end after the reset: %d bytes, %v; want end of stream", n, err)
+	}
+	if !g.console.waitFor("vsock: transport reset", 20*time.Second, g.done) {
+		t.Fatalf("the guest did not see the event; console:\n%s\nlog:\n%s", g.console, g.log)
+	}
+	c2, err := g.connect(vsockTestPort)
+	if err != nil {
+		t.Fatalf("connect after the reset: %v; log:\n%s", err, g.log)
+	}
+	defer c2.Close()
+	if err := echo(c2, randomBytes(t, 1<<20)); err != nil {
+		t.Fatalf("echo after the reset: %v; console:\n%s", err, g.console)
+	}
+	g.wait(0, 20*time.Second)
+	if s := g.m.VsockStats(); s.TransportResets != 1 || s.EventsSent != 1 || s.GuestErrors != 0 {
+		t.Errorf("device: %d resets, %d events, %d guest errors; want 1, 1, 0", s.TransportResets, s.EventsSent, s.GuestErrors)
+	}
 }

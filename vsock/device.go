@@ -17,7 +17,7 @@ import (
 const (
 	QueueRX    = 0 // device -> guest packets
 	QueueTX    = 1 // guest -> device packets
-	QueueEvent = 2 // transport events (unused so far)
+	QueueEvent = 2 // transport events (event.go)
 	// DefaultQueueSize is the size offered for each queue.
 	DefaultQueueSize = 256
 )
@@ -153,6 +153,13 @@ type Stats struct {
 	BufferGranted uint64
 	CreditStalls  uint64
 
+	// TransportResets counts ResetTransport calls on an active device;
+	// EventsSent the TRANSPORT_RESET events written to the event queue
+	// (fewer when resets came faster than the driver posted buffers, or
+	// without an event queue).
+	TransportResets uint64
+	EventsSent      uint64
+
 	// One counter per optimisation switch, zero when it is off, so a
 	// switch that is silently ignored shows.
 	KickSuppressions uint64 // TX passes run with the guest's kicks disabled across host writes (KickSuppress)
@@ -227,7 +234,7 @@ type counters struct {
 	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
-	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull atomic.Uint64
+	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
 	guestErrors [NumGuestErrorKinds]atomic.Uint64
 	connsOpen   atomic.Int64
 }
@@ -377,7 +384,8 @@ func (d *Device) Stats() Stats {
 		DgramTxDropped: c.dgramTxDropped.Load(), DgramRxDropped: c.dgramRxDropped.Load(),
 		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
 		SeqToHost: c.seqToHost.Load(), SeqToGuest: c.seqToGuest.Load(),
-		CreditStalls: c.creditStalls.Load(),
+		CreditStalls:    c.creditStalls.Load(),
+		TransportResets: c.transportResets.Load(), EventsSent: c.eventsSent.Load(),
 	}
 	for k := range st.GuestErrorsByKind {
 		st.GuestErrorsByKind[k] = c.guestErrors[k].Load()

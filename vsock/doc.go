@@ -8,9 +8,10 @@
 // transport (KVM: kicks arrive through ioeventfds, interrupts leave through
 // an irqfd) and the vhost-user backend (kicks and interrupts are the
 // frontend's eventfds). It only sees virtio.Activation: guest memory, the rx
-// and tx queues (the event queue is unused so far), the datagram queues when
-// negotiated, and a Fail callback. Under vhost-user the front-end keeps the
-// event queue; BackendQueues says which rings it hands over.
+// and tx queues, the event queue (when the driver set it up), the datagram
+// queues when negotiated, and a Fail callback. Under vhost-user the
+// front-end keeps the event queue; BackendQueues says which rings it hands
+// over.
 //
 // # Goroutines and what they own
 //
@@ -22,9 +23,11 @@
 //     per run of packets for a connection), SHUTDOWN/RST close. It returns
 //     the chains and interrupts once per batch.
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
-//     sockets, the RX kick eventfd, a wake eventfd, a stop eventfd). It
-//     fills guest RX buffers: queued RSTs first, then each connection on the
-//     ready list (control packets, then host data read with one readv
+//     sockets, the RX and event queues' kick eventfds, a wake eventfd, a
+//     stop eventfd). It writes a pending TRANSPORT_RESET into the event
+//     queue (event.go), then fills guest RX buffers: queued RSTs first,
+//     then each connection on the ready list (control packets, then host
+//     data read with one readv
 //     straight into up to 16 guest buffers, then credit updates and
 //     shutdowns). One interrupt per pass. Producers on other goroutines
 //     (the TX worker, dial goroutines, ConnectFromHost on a handshake
@@ -55,8 +58,10 @@
 // held: MMIO.mu -> Device.mu). In a session: connMu guards the connection
 // table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
 // buffered data and host descriptor); rxMu guards the RX queue, the ready
-// list and the RST queue. Lock order: conn.mu -> connMu and conn.mu ->
-// rxMu. connMu and rxMu are leaves, never held together (budget.mu, the
+// list, the RST queue and the event queue. Lock order: conn.mu -> connMu
+// and conn.mu -> rxMu. connMu and rxMu are leaves, never held together
+// (ResetTransport, on the embedder's goroutine, takes each conn.mu in
+// turn, then rxMu, then connMu, one at a time) (budget.mu, the
 // starved list's lock, is a leaf below conn.mu and rxMu): code that finds a
 // connection under connMu (lookup, hostEvent, shutdown) or pops it from the
 // ready list under rxMu releases that lock before taking conn.mu. Nobody
@@ -110,6 +115,26 @@
 //
 // Both flags (at once or one after the other): the device forwards what the
 // guest sent, then answers RST and closes the host socket.
+//
+// # Transport reset (the event queue, 5.10.6.7)
+//
+// Device.ResetTransport is the host side of the transport restarting under
+// a live guest driver (microvm: Machine.ResetVsockTransport; there is no
+// snapshot or migration to trigger it). It drops every connection, closing
+// the host sockets, queues an RST for each (for guest sockets the event does
+// not reach: Linux resets only connected ones, and may read a RESPONSE
+// after the event), and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET pending; the RX
+// worker writes it (le32 id 0, used length 4, which is what a Linux driver
+// checks) into the next event buffer and interrupts the guest, which resets
+// every connected socket (ECONNRESET) and re-reads the CID. Without an event
+// buffer the event waits, with the event queue's kicks enabled, until the
+// driver posts one; resets meanwhile make one event. The queues keep
+// running and new connections may start at once. Without an event queue
+// (vhost-user: QEMU keeps it and sends the event itself after a migration)
+// the RSTs are all the guest gets. A device reset (the driver writing
+// status 0) needs no event: the driver's queues and sockets go with it.
+// An event buffer too small for the event stops the device like a broken
+// RX buffer.
 //
 // # Optimisations (Options, each measurable on and off)
 //

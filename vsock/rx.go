@@ -30,6 +30,12 @@ func (s *session) rxLoop() {
 	if err := s.rx.DisableNotification(); err != nil {
 		s.failDevice(err)
 	}
+	// Likewise event buffers matter only while an event waits for one.
+	if s.ev != nil {
+		if err := s.ev.DisableNotification(); err != nil {
+			s.failDevice(err)
+		}
+	}
 	for {
 		if !s.failed.Load() {
 			s.rxPass(st)
@@ -58,6 +64,8 @@ func (s *session) rxLoop() {
 				if k, _ := s.rx.Kick.Wait(); k > 0 {
 					s.d.ctr.rxKicks.Add(1)
 				}
+			case tagEventKick:
+				_, _ = s.ev.Kick.Wait()
 			default:
 				s.hostEvent(int(ev.Fd), ev.Events)
 			}
@@ -71,6 +79,9 @@ func (s *session) rxLoop() {
 func (s *session) rxHasWork() bool {
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
+	if s.ev != nil && s.eventWaitsLocked() {
+		return true
+	}
 	if len(s.ready) == 0 && len(s.rsts) == 0 {
 		return false
 	}
@@ -139,6 +150,11 @@ func (s *session) hostEvent(fd int, events uint32) {
 // vanished connections first, then each ready connection in turn.
 func (s *session) rxPass(st *rxState) {
 	s.feedStarved()
+	if s.ev != nil {
+		s.rxMu.Lock()
+		s.deliverEventLocked()
+		s.rxMu.Unlock()
+	}
 	for !s.failed.Load() {
 		s.rxMu.Lock()
 		if len(s.rsts) > 0 {

@@ -34,6 +34,10 @@ type session struct {
 	drx, dtx *virtio.ActiveQueue
 	// seqpacket: the driver accepted FeatureSeqpacket.
 	seqpacket bool
+	// ev is the event queue (5.10.6.7), nil when the driver did not set it
+	// up or the vhost-user front-end keeps it. Used only under rxMu, by
+	// the RX worker, which also watches its kicks.
+	ev *virtio.ActiveQueue
 
 	connMu   sync.Mutex // guards conns, byFD, nextPort, closed
 	conns    map[connKey]*conn
@@ -41,12 +45,16 @@ type session struct {
 	nextPort uint32
 	closed   bool
 
-	rxMu     sync.Mutex                // guards the RX queue, ready, inReady flags, rsts, rxChain(s)
+	rxMu     sync.Mutex                // guards the RX and event queues, ready, inReady flags, rsts, rxChain(s), evPending
 	ready    []*conn                   // connections with work for the guest, FIFO
 	rsts     []Header                  // RSTs for connections that no longer exist
 	rxChain  virtio.Chain              // a control packet's buffer
 	rxChains [rxReadBatch]virtio.Chain // the buffers one host read fills
 	rxPushed bool                      // used entries published since the last notification
+	// evPending: a TRANSPORT_RESET waits for an event buffer; evChain is
+	// the buffer it goes into.
+	evPending bool
+	evChain   virtio.Chain
 
 	epfd       int
 	wake       *eventfd.EventFD // wakes the RX worker
@@ -62,9 +70,10 @@ type session struct {
 
 // epoll tags for the non-connection descriptors.
 const (
-	tagWake   = -1
-	tagStop   = -2
-	tagRxKick = -3
+	tagWake      = -1
+	tagStop      = -2
+	tagRxKick    = -3
+	tagEventKick = -4
 )
 
 func newSession(d *Device, a virtio.Activation) (*session, error) {
@@ -108,10 +117,18 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		cleanup()
 		return nil, fmt.Errorf("vsock: epoll: %w", err)
 	}
-	for _, r := range []struct {
+	watch := []struct {
 		fd  int
 		tag int32
-	}{{s.wake.FD(), tagWake}, {s.stopRX.FD(), tagStop}, {s.rx.Kick.FD(), tagRxKick}} {
+	}{{s.wake.FD(), tagWake}, {s.stopRX.FD(), tagStop}, {s.rx.Kick.FD(), tagRxKick}}
+	if len(a.Queues) > QueueEvent && a.Queues[QueueEvent] != nil {
+		s.ev = a.Queues[QueueEvent]
+		watch = append(watch, struct {
+			fd  int
+			tag int32
+		}{s.ev.Kick.FD(), tagEventKick})
+	}
+	for _, r := range watch {
 		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: r.tag}
 		if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, r.fd, &ev); err != nil {
 			cleanup()

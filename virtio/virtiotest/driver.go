@@ -34,6 +34,14 @@ func NewMemory(tb testing.TB, size uint64) *Memory {
 	return &Memory{Memory: m, next: 4096, end: size}
 }
 
+// MemoryFrom puts the bump allocator on guest memory the caller mapped
+// (one region at guest-physical 0, such as a memfd a test also hands a
+// vhost-user back-end). As with NewMemory the first page is never
+// allocated.
+func MemoryFrom(m *guestmem.Memory) *Memory {
+	return &Memory{Memory: m, next: 4096, end: m.Size()}
+}
+
 // Alloc returns n bytes of guest memory aligned to align.
 func (m *Memory) Alloc(n, align uint64) uint64 {
 	m.mu.Lock()

@@ -41,7 +41,10 @@ type Conn struct {
 	Shut        uint32
 	Rst         bool
 	Ctl         []vsock.Header
-	closed      bool // forgotten by the guest (reset)
+	// TransportReset: a TRANSPORT_RESET event reset the connection (as
+	// Linux does with ECONNRESET) and the guest forgot it.
+	TransportReset bool
+	closed         bool // forgotten by the guest (reset)
 
 	// SEQPACKET: cur gathers the message being received, msgs holds the
 	// complete ones not read yet.

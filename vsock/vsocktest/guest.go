@@ -65,6 +65,9 @@ type Options struct {
 	Timeout   time.Duration // bound on every wait; default DefaultTimeout
 	// NoEventQueue activates without the event queue (as vhost-user may).
 	NoEventQueue bool
+	// EventBuffers is how many event buffers are posted at activation: 0
+	// DefaultEventBuffers (as Linux), negative none (event.go).
+	EventBuffers int
 	// GuestBuf is the receive buffer new connections advertise (default
 	// DefaultGuestBuf).
 	GuestBuf uint32
@@ -77,6 +80,27 @@ type Options struct {
 	// Seqpacket negotiates vsock.FeatureSeqpacket (when the device
 	// offers it).
 	Seqpacket bool
+	// Transport, when set, activates and resets the device instead of the
+	// Guest calling Device.Activate and Device.Reset itself (transport.go).
+	Transport Transport
+	// NewMemory, when set, provides the guest memory of each activation
+	// instead of a fresh slice of MemSize bytes.
+	NewMemory func(tb testing.TB) *virtiotest.Memory
+}
+
+// Transport stands between a Guest and its device, as virtio-mmio or a
+// vhost-user front-end does in a real VMM.
+type Transport interface {
+	// Activate brings the device up on the guest's queues: a.Features are
+	// the features to negotiate, a.Queues[i].Config() each queue's
+	// addresses and a.Queues[i].Kick the eventfd the guest signals to
+	// kick it (nil entries: queues the device does not get). It returns
+	// the eventfds the guest must signal instead, by queue (shorter, or
+	// nil entries: keep the guest's own).
+	Activate(g *Guest, a virtio.Activation) (kicks []*eventfd.EventFD, err error)
+	// Reset takes the device down (its workers have stopped when it
+	// returns).
+	Reset(g *Guest)
 }
 
 func (o *Options) defaults() {
@@ -152,6 +176,9 @@ type Guest struct {
 	DRX, DTX         *virtiotest.Queue
 	DRXKick, DTXKick *eventfd.EventFD
 	dg               dgramDriver
+	ev               eventDriver
+
+	ownKicks []*eventfd.EventFD // the kick eventfds this Guest made (closed by Reset)
 
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
@@ -205,7 +232,11 @@ func (g *Guest) Activate() {
 	if g.active {
 		tb.Fatal("vsocktest: Activate while active")
 	}
-	g.Mem = virtiotest.NewMemory(tb, g.Opts.MemSize)
+	if g.Opts.NewMemory != nil {
+		g.Mem = g.Opts.NewMemory(tb)
+	} else {
+		g.Mem = virtiotest.NewMemory(tb, g.Opts.MemSize)
+	}
 	g.txAddr, g.rxSpare = g.txAddr[:0], g.rxSpare[:0]
 	for i := 0; i < txSlots; i++ {
 		g.txAddr = append(g.txAddr, g.Mem.Alloc(txSlotLen, 64))
@@ -260,7 +291,30 @@ func (g *Guest) Activate() {
 	g.pending = nil
 	g.conns = map[connKey]*Conn{}
 	g.Activation = virtio.Activation{Mem: g.Mem.Memory, Features: g.Features(), Queues: qs, Fail: g.fail}
-	if err := g.Dev.Activate(g.Activation); err != nil {
+	g.ownKicks = []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick, g.DRXKick, g.DTXKick}
+	if g.Opts.Transport != nil {
+		kicks, err := g.Opts.Transport.Activate(g, g.Activation)
+		if err != nil {
+			tb.Fatalf("vsocktest: transport: activate: %v", err)
+		}
+		for i, k := range kicks {
+			if k == nil {
+				continue
+			}
+			switch i {
+			case vsock.QueueRX:
+				g.RXKick = k
+			case vsock.QueueTX:
+				g.TXKick = k
+			case vsock.QueueEvent:
+				g.EventKick = k
+			case vsock.QueueDgramRX:
+				g.DRXKick = k
+			case vsock.QueueDgramTX:
+				g.DTXKick = k
+			}
+		}
+	} else if err := g.Dev.Activate(g.Activation); err != nil {
 		tb.Fatalf("vsocktest: Activate: %v", err)
 	}
 	g.active = true
@@ -271,6 +325,7 @@ func (g *Guest) Activate() {
 		nbuf = 0
 	}
 	g.PostRX(nbuf)
+	g.postEventsInitial()
 	if g.Opts.Dgram {
 		g.postDgramInitial()
 	}
@@ -280,13 +335,25 @@ func (g *Guest) Activate() {
 // connections. The kick eventfds are closed after the device's workers have
 // stopped.
 func (g *Guest) Reset() {
-	g.Dev.Reset()
+	if g.Opts.Transport != nil {
+		g.Opts.Transport.Reset(g)
+	} else {
+		g.Dev.Reset()
+	}
+	g.Detach()
+}
+
+// Detach forgets the activation's queues and connections without touching
+// the device: for a transport that lost the device by itself (a vhost-user
+// front-end that disconnected). The guest's own kick eventfds are closed.
+func (g *Guest) Detach() {
 	g.active = false
-	for _, e := range []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick, g.DRXKick, g.DTXKick} {
+	for _, e := range g.ownKicks {
 		if e != nil {
 			e.Close()
 		}
 	}
+	g.ownKicks = nil
 	g.DRXKick, g.DTXKick = nil, nil
 	g.rxBufs = nil
 	for _, c := range g.conns {
@@ -506,9 +573,22 @@ func (g *Guest) Poll() bool {
 	if g.DRX != nil && g.reapDgrams() {
 		got = true
 	}
+	// RX before events: what the device put in the RX ring before a
+	// TRANSPORT_RESET still reaches its connection.
+	if g.reapRX() {
+		got = true
+	}
+	if g.reapEvents() {
+		got = true
+	}
+	return got
+}
+
+// reapRX takes the used RX buffers, routes their packets and reposts.
+func (g *Guest) reapRX() bool {
 	used := g.RX.Reap()
 	if len(used) == 0 {
-		return got
+		return false
 	}
 	repost := 0
 	for _, u := range used {
@@ -632,6 +712,14 @@ func (g *Guest) WaitFail() error {
 
 // Pending returns the received packets no connection claimed.
 func (g *Guest) Pending() []Packet { return g.pending }
+
+// TakePending returns the received packets no connection claimed and
+// empties the list.
+func (g *Guest) TakePending() []Packet {
+	p := g.pending
+	g.pending = nil
+	return p
+}
 
 // Expect waits for a packet no connection claimed that matches, removes it
 // from the pending list and returns it.
