@@ -183,3 +183,33 @@ func TestRegressionConnBufferBound(t *testing.T) {
 		t.Fatalf("MaxConnBuffer refused: %v", err)
 	}
 }
+
+// Regression (found by FuzzHostPeer): a guest CREDIT_REQUEST on a
+// connection the device had already closed with SHUTDOWN(BOTH) (the host
+// hung up) was answered with a CREDIT_UPDATE, although a closing
+// connection sends nothing but RST; one before RESPONSE was answered too,
+// on a connection not yet open. Both are now ignored: the guest learns
+// the credit from the RESPONSE, and a closing connection has none to give.
+func TestRegressionCreditUpdateAfterShutdownBoth(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	c, h := e.connectGuest(5000, 1025)
+	h.Close()
+	c.WaitShutdown(vsock.ShutdownBoth)
+	c.CreditRequest()
+	e.g.Sync()
+	e.g.Quiet(quietFor, "CREDIT_UPDATE after SHUTDOWN(BOTH)", func() bool { return c.CountCtl(vsock.OpCreditUpdate) > 0 })
+	c.Reset()
+
+	// Before RESPONSE: the dial is held until the guest has asked.
+	hold := make(chan struct{})
+	e.dial.Script = func(uint32) vsocktest.DialAction { return vsocktest.DialAction{Wait: hold} }
+	d := e.g.Dial(5001, 1026)
+	d.CreditRequest()
+	e.g.Sync()
+	close(hold)
+	e.g.WaitFor("RESPONSE", func() bool { return d.Established || d.Rst })
+	if ctl := d.Ctl; len(ctl) == 0 || ctl[0].Op != vsock.OpResponse {
+		t.Fatalf("the device's first packets on a new connection: %v; want RESPONSE first", ctl)
+	}
+	e.dial.Accept(waitTimeout).Close()
+}

@@ -245,7 +245,13 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	case OpCreditUpdate:
 		// The credit fields are all it carries.
 	case OpCreditRequest:
-		c.pend |= pendCredit | pendCreditForced
+		// Answered only on an open connection: before RESPONSE the
+		// connection is not open yet (and the RESPONSE or REQUEST carries
+		// the credit), and after our SHUTDOWN(BOTH) it sends nothing but
+		// RST. Not a protocol error: the guest may not have seen either.
+		if c.state == stateEstablished {
+			c.pend |= pendCredit | pendCreditForced
+		}
 	default:
 		s.guestError("packet %v: unknown operation", h)
 		s.resetConnLocked(c)
