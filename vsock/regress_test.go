@@ -213,3 +213,29 @@ func TestRegressionCreditUpdateAfterShutdownBoth(t *testing.T) {
 	}
 	e.dial.Accept(waitTimeout).Close()
 }
+
+// Regression (found by FuzzHostPeer): a packet of an unsupported type on
+// the ports of a live connection was answered with an RST but left the
+// connection in the table and its host socket open. The guest, told the
+// connection was reset, could then reuse the ports and have its new
+// REQUEST refused as a duplicate, while the host end waited for ever. Such
+// a packet now resets the connection itself: the RST means it is gone.
+func TestRegressionUnsupportedTypeRstLeavesConnection(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.allowGuestErrs = true
+	c, h := e.connectGuest(5000, 1025)
+	bad := e.g.Header(vsock.OpRW, 1025, 5000)
+	bad.Type = 3 // datagram, not negotiated
+	bad.Len = 1
+	e.g.Send(bad, []byte("x"))
+	c.WaitRst()
+	hostClosed(t, h)
+	if n := e.dev.Stats().ConnsOpen; n != 0 {
+		t.Fatalf("%d connections open after the RST; want 0", n)
+	}
+	c.Forget()
+	if _, err := e.g.Connect(5000, 1025); err != nil {
+		t.Fatalf("the guest reusing the ports after the RST: %v", err)
+	}
+	e.dial.Accept(waitTimeout).Close()
+}

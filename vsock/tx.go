@@ -184,7 +184,15 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
 			s.guestError("packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
+			// The RST tells the guest the ports are free: a connection
+			// on them goes with it, or it would live on unseen.
+			if c := s.lookup(key); c != nil {
+				c.mu.Lock()
+				s.resetConnLocked(c)
+				c.mu.Unlock()
+			} else {
+				s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
+			}
 		}
 		return
 	}
