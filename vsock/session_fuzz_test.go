@@ -60,7 +60,8 @@ import (
 //     exposure (vsock.Probe);
 //   - an honest step (one a Linux guest could take) adds no GuestErrors;
 //   - the device is serving or has called Fail with a virtio.ErrGuest,
-//     and only after a hostile step; it settles within fzSettleTimeout.
+//     and only after a hostile step (a too-small RX buffer may make it
+//     fail later); it settles within fzSettleTimeout.
 //
 // At the end: every connection closed leaves the table empty and the
 // budget at zero; a failed device comes back after a reset; a fresh
@@ -87,12 +88,12 @@ const (
 )
 
 const (
-	fzGuestPort    = 1024
-	fzHostPort     = 5000
-	fzRefusedPort  = fzHostPort + 3
-	fzMaxSteps     = 48
-	fzSettleTimout = 10 * time.Second
-	fzLongTimeout  = time.Hour
+	fzGuestPort     = 1024
+	fzHostPort      = 5000
+	fzRefusedPort   = fzHostPort + 3
+	fzMaxSteps      = 48
+	fzSettleTimeout = 10 * time.Second
+	fzLongTimeout   = time.Hour
 )
 
 // fzKey is a connection as the packets name it: host port, guest port.
@@ -157,7 +158,6 @@ type fzHost struct {
 	sent     uint64  // host -> guest stream offset
 	recs     []fzMsg // SEQPACKET records written, not yet read by the guest
 	recv     uint64  // guest -> host bytes read
-	eof      bool
 }
 
 // fzDialer is the device's Dialer: a socketpair per dial, non-blocking on
@@ -296,7 +296,7 @@ func newFzMachine(t *testing.T, in []byte, hostOps bool) *fzMachine {
 	m.gopts = vsocktest.Options{
 		QueueSize: m.cfg.QueueSize, EventIdx: c[0]&8 != 0, Indirect: c[0]&16 != 0,
 		Seqpacket: c[0]&32 != 0, TxSplit: split, RxSplit: split, GuestBuf: m.guestBuf,
-		Timeout: fzSettleTimout, MemSize: 3 << 20,
+		Timeout: fzSettleTimeout, MemSize: 3 << 20,
 	}
 	if c[1]&128 != 0 {
 		m.gopts.RxBufLen = vsock.HeaderSize + 64
@@ -418,7 +418,7 @@ func fzYield(i int) {
 
 func (m *fzMachine) settle() {
 	m.t.Helper()
-	deadline := time.Now().Add(fzSettleTimout)
+	deadline := time.Now().Add(fzSettleTimeout)
 	quiet := 0
 	for i := 0; ; i++ {
 		if len(m.g.Fails()) > 0 {
@@ -439,7 +439,7 @@ func (m *fzMachine) settle() {
 			quiet = 0
 		}
 		if time.Now().After(deadline) {
-			m.fatalf("the device did not settle within %v: %d TX chains out, probe %+v", fzSettleTimout, m.g.TxInFlight(), m.dev.Probe())
+			m.fatalf("the device did not settle within %v: %d TX chains out, probe %+v", fzSettleTimeout, m.g.TxInFlight(), m.dev.Probe())
 		}
 		fzYield(i)
 	}
@@ -475,13 +475,11 @@ func (m *fzMachine) honest(sel byte) *fzInst {
 
 func (m *fzMachine) run() {
 	t := m.t
-	m.dev = func() *vsock.Device {
-		d, err := vsock.New(m.cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}()
+	dev, err := vsock.New(m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.dev = dev
 	m.g = vsocktest.New(t, m.dev, m.gopts)
 	m.g.Observe = m.observe
 	m.what = "activation"
@@ -930,9 +928,6 @@ func (m *fzMachine) readHost(h *fzHost, n int) {
 		r, err := unix.Read(h.fd, b)
 		if err == unix.EINTR {
 			continue
-		}
-		if r == 0 && err == nil {
-			h.eof = true
 		}
 		if r <= 0 {
 			return
