@@ -1276,6 +1276,7 @@ func fzSeeds(host bool) [][]byte {
 			cat(tight, op(fzDial, 0, 0, 0), op(fzHostWrite, 0, 255, 255), op(fzHostWrite, 0, 255, 255), op(fzConsume, 0, 255, 255), op(fzHostShut, 0, 2, 0), op(fzConsume, 0, 255, 255), op(fzTimers, 0, 0, 0)),
 			cat(plain, op(fzConnect, 0, 1, 0), op(fzConnect, 0, 1<<2, 3), op(fzTimers, 0, 0, 0), op(fzAccept, 0, 0, 0), op(fzAccept, 0, 1, 0)),
 			cat(plain, op(fzDial, 0, 0, 0), op(fzShutdown, 0, 0, 0), op(fzHostWrite, 0, 0, 10), op(fzHostShut, 0, 1, 0), op(fzWrite, 0, 0, 10)),
+			cat(plain, op(fzDial, 0, 0, 0), op(fzReset, 0, 0, 0), op(fzHostWrite, 0, 0, 50), op(fzDial, 0, 0, 0), op(fzHostWrite, 1, 0, 50)),
 		)
 	}
 	return seeds
