@@ -12,6 +12,9 @@
 #   make debian-kernel build/debian: Debian's cloud kernel (apt-get download, once) and
 #                     an initramfs with the Go /init and its virtio/vsock modules
 #   make conformance  the vhost-user conformance suite: Linux under QEMU (docs/vhost-user.md)
+#   make fuzz         every fuzz target for FUZZTIME each (default 30s; FUZZ=regexp
+#                     picks targets); make fuzz-smoke: the same, FUZZ_SMOKE_TIME each
+#                     (default 30s), for CI (docs/reliability.md)
 #   make bench        every benchmark (make bench-boot: boot time against QEMU;
 #                     make bench-linux-boot: Linux to /init, microvm and QEMU;
 #                     make bench-exec: agent boot, exec latency, stdout MB/s;
@@ -33,7 +36,7 @@ STATICCHECK := $(TOOLS)/staticcheck
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance \
+.PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
 	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples
 
@@ -155,6 +158,26 @@ kvmbox:
 # or QEMU fails it.
 conformance: kernel initramfs bin/microvm
 	$(TEST_ENV) $(GO) test -count=1 -timeout 10m ./conformance
+
+# --- fuzzing -------------------------------------------------------------------
+
+# Every fuzz target in the module (scripts/fuzz finds each `func FuzzX` in a
+# test file, so a new one is never left out), FUZZTIME each, one after the
+# other: go test runs one -fuzz target per call. FUZZ keeps the targets
+# whose "package/FuzzName" matches (an extended regexp). Crashers land in
+# <package>/testdata/fuzz/<Target>/; logs in build/fuzz/. The targets and
+# what they check: docs/reliability.md.
+FUZZTIME        ?= 30s
+FUZZ            ?= .
+FUZZ_SMOKE_TIME ?= 30s
+
+fuzz:
+	GO=$(GO) scripts/fuzz $(FUZZTIME) '$(FUZZ)'
+
+# Each target for FUZZ_SMOKE_TIME, as CI runs them: about 8 minutes with
+# the 15 targets of today at 30 s (docs/reliability.md).
+fuzz-smoke:
+	GO=$(GO) scripts/fuzz $(FUZZ_SMOKE_TIME) '$(FUZZ)'
 
 # --- benchmarks ----------------------------------------------------------------
 

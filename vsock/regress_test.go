@@ -183,3 +183,59 @@ func TestRegressionConnBufferBound(t *testing.T) {
 		t.Fatalf("MaxConnBuffer refused: %v", err)
 	}
 }
+
+// Regression (found by FuzzHostPeer): a guest CREDIT_REQUEST on a
+// connection the device had already closed with SHUTDOWN(BOTH) (the host
+// hung up) was answered with a CREDIT_UPDATE, although a closing
+// connection sends nothing but RST; one before RESPONSE was answered too,
+// on a connection not yet open. Both are now ignored: the guest learns
+// the credit from the RESPONSE, and a closing connection has none to give.
+func TestRegressionCreditUpdateAfterShutdownBoth(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	c, h := e.connectGuest(5000, 1025)
+	h.Close()
+	c.WaitShutdown(vsock.ShutdownBoth)
+	c.CreditRequest()
+	e.g.Sync()
+	e.g.Quiet(quietFor, "CREDIT_UPDATE after SHUTDOWN(BOTH)", func() bool { return c.CountCtl(vsock.OpCreditUpdate) > 0 })
+	c.Reset()
+
+	// Before RESPONSE: the dial is held until the guest has asked.
+	hold := make(chan struct{})
+	e.dial.Script = func(uint32) vsocktest.DialAction { return vsocktest.DialAction{Wait: hold} }
+	d := e.g.Dial(5001, 1026)
+	d.CreditRequest()
+	e.g.Sync()
+	close(hold)
+	e.g.WaitFor("RESPONSE", func() bool { return d.Established || d.Rst })
+	if ctl := d.Ctl; len(ctl) == 0 || ctl[0].Op != vsock.OpResponse {
+		t.Fatalf("the device's first packets on a new connection: %v; want RESPONSE first", ctl)
+	}
+	e.dial.Accept(waitTimeout).Close()
+}
+
+// Regression (found by FuzzHostPeer): a packet of an unsupported type on
+// the ports of a live connection was answered with an RST but left the
+// connection in the table and its host socket open. The guest, told the
+// connection was reset, could then reuse the ports and have its new
+// REQUEST refused as a duplicate, while the host end waited for ever. Such
+// a packet now resets the connection itself: the RST means it is gone.
+func TestRegressionUnsupportedTypeRstLeavesConnection(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	e.allowGuestErrs = true
+	c, h := e.connectGuest(5000, 1025)
+	bad := e.g.Header(vsock.OpRW, 1025, 5000)
+	bad.Type = 3 // datagram, not negotiated
+	bad.Len = 1
+	e.g.Send(bad, []byte("x"))
+	c.WaitRst()
+	hostClosed(t, h)
+	if n := e.dev.Stats().ConnsOpen; n != 0 {
+		t.Fatalf("%d connections open after the RST; want 0", n)
+	}
+	c.Forget()
+	if _, err := e.g.Connect(5000, 1025); err != nil {
+		t.Fatalf("the guest reusing the ports after the RST: %v", err)
+	}
+	e.dial.Accept(waitTimeout).Close()
+}

@@ -184,10 +184,18 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
 			s.guestError(GuestErrType, "packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
-			if h.Op == OpRequest {
-				s.d.ctr.connsRefused.Add(1)
+			// The RST tells the guest the ports are free: a connection
+			// on them goes with it, or it would live on unseen.
+			if c := s.lookup(key); c != nil {
+				c.mu.Lock()
+				s.resetConnLocked(c)
+				c.mu.Unlock()
+			} else {
+				if h.Op == OpRequest {
+					s.d.ctr.connsRefused.Add(1)
+				}
+				s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 			}
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
@@ -255,7 +263,13 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	case OpCreditUpdate:
 		// The credit fields are all it carries.
 	case OpCreditRequest:
-		c.pend |= pendCredit | pendCreditForced
+		// Answered only on an open connection: before RESPONSE the
+		// connection is not open yet (and the RESPONSE or REQUEST carries
+		// the credit), and after our SHUTDOWN(BOTH) it sends nothing but
+		// RST. Not a protocol error: the guest may not have seen either.
+		if c.state == stateEstablished {
+			c.pend |= pendCredit | pendCreditForced
+		}
 	default:
 		s.guestError(GuestErrOp, "packet %v: unknown operation", h)
 		s.resetConnLocked(c)

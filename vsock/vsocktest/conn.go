@@ -130,8 +130,17 @@ func (g *Guest) ConnectSeqpacket(hostPort, guestPort uint32) (*Conn, error) {
 // connection takes the REQUEST's type.
 func (g *Guest) Accept(guestPort uint32) *Conn {
 	g.TB.Helper()
-	p := g.WaitRequest(guestPort)
-	c := g.newConn(p.Hdr.SrcPort, guestPort)
+	return g.AcceptPacket(g.WaitRequest(guestPort))
+}
+
+// AcceptPacket answers the device's REQUEST p (already taken from the
+// pending list, e.g. by Expect) with RESPONSE and returns the connection.
+func (g *Guest) AcceptPacket(p Packet) *Conn {
+	g.TB.Helper()
+	if p.Hdr.Op != vsock.OpRequest {
+		g.TB.Fatalf("vsocktest: AcceptPacket(%v): not a REQUEST", p.Hdr)
+	}
+	c := g.newConn(p.Hdr.SrcPort, p.Hdr.DstPort)
 	c.Type = p.Hdr.Type
 	c.PeerBufAlloc, c.PeerFwdCnt = p.Hdr.BufAlloc, p.Hdr.FwdCnt
 	c.Established = true

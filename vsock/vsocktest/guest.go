@@ -182,6 +182,10 @@ type Guest struct {
 
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
+	// Observe, when set, sees every packet the device sends on the RX
+	// queue (after the checks above, before it is routed to a
+	// connection or the pending list): for checkers of the whole stream.
+	Observe func(Packet)
 	// Activation is what the last Activate handed the device.
 	Activation virtio.Activation
 }
@@ -643,6 +647,9 @@ func (g *Guest) receive(addr uint64, n, size uint32) {
 	}
 	g.received++
 	g.rxBytesTotal += uint64(h.Len)
+	if g.Observe != nil {
+		g.Observe(p)
+	}
 	if c := g.conns[connKey{h.SrcPort, h.DstPort}]; c != nil {
 		c.receive(p)
 		return
@@ -719,6 +726,19 @@ func (g *Guest) TakePending() []Packet {
 	p := g.pending
 	g.pending = nil
 	return p
+}
+
+// PrunePending keeps only the pending packets for which keep is true, so
+// that a long run does not accumulate packets nobody will claim.
+func (g *Guest) PrunePending(keep func(*Packet) bool) {
+	out := g.pending[:0]
+	for i := range g.pending {
+		if keep(&g.pending[i]) {
+			out = append(out, g.pending[i])
+		}
+	}
+	clear(g.pending[len(out):])
+	g.pending = out
 }
 
 // Expect waits for a packet no connection claimed that matches, removes it

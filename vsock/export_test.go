@@ -1,0 +1,139 @@
+package vsock
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Probe is a snapshot of the active session's internals for the session
+// fuzz targets (session_fuzz_test.go): what they check after every step
+// (memory bounds, budget accounting) and whether the device has gone quiet.
+type Probe struct {
+	Active bool // a session runs
+	Failed bool // the session called Activation.Fail
+	// Idle: nothing is in flight inside the device: no dial goroutine,
+	// no RX entry pushed but unpublished, the RX worker asleep in
+	// epoll_wait with no event pending and either nothing to send or no
+	// RX buffer to send it in. With the guest's TX ring drained too,
+	// nothing changes until the guest, the host or a timer acts.
+	Idle bool
+
+	Conns         int   // connections in the table
+	ClosedInTable int   // closed connections still in the table (must be 0)
+	ConnsOpenStat int64 // Stats.ConnsOpen
+	Dials         int64 // dial goroutines in flight
+	Rsts          int   // RSTs queued for the guest
+
+	BudgetUsed, BudgetLimit uint64
+	Exposure                uint64 // sum of every connection's exposure
+	Buffered                uint64 // guest bytes the device holds (toHost and unfinished SEQPACKET messages)
+	// Problems are per-connection invariants found broken.
+	Problems []string
+}
+
+// Probe takes a Probe. The table's connections are all locked at once (in
+// table order; the workers never hold two conn.mu, so this cannot deadlock
+// with them) so that the budget and the exposures are read consistently.
+func (d *Device) Probe() Probe {
+	d.mu.Lock()
+	s := d.sess
+	d.mu.Unlock()
+	p := Probe{ConnsOpenStat: d.ctr.connsOpen.Load()}
+	if s == nil {
+		return p
+	}
+	p.Active = true
+	p.Failed = s.failed.Load()
+	s.connMu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connMu.Unlock()
+	p.Conns = len(conns)
+	for _, c := range conns {
+		c.mu.Lock()
+	}
+	for _, c := range conns {
+		if c.state == stateClosed {
+			p.ClosedInTable++
+		}
+		exp := c.exposureLocked()
+		held := uint64(c.toHost.Len() + len(c.msg))
+		p.Exposure += exp
+		p.Buffered += held
+		if held > exp {
+			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): holds %d guest bytes, exposure %d (buf_alloc %d, fwd_cnt %d, granted fwd_cnt %d)",
+				c.key.hostPort, c.key.guestPort, c.state, held, exp, c.bufAlloc, c.fwdCnt, c.grantFwd))
+		}
+		if uint64(c.fromGuest-c.fwdCnt) < held {
+			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): holds %d guest bytes but only %d were taken and not forwarded",
+				c.key.hostPort, c.key.guestPort, c.state, held, c.fromGuest-c.fwdCnt))
+		}
+		if c.bufAlloc > d.cfg.ConnBuffer {
+			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d: buf_alloc %d over ConnBuffer %d",
+				c.key.hostPort, c.key.guestPort, c.bufAlloc, d.cfg.ConnBuffer))
+		}
+	}
+	p.BudgetUsed = s.budget.used.Load()
+	p.BudgetLimit = s.budget.limit
+	for i := len(conns) - 1; i >= 0; i-- {
+		conns[i].mu.Unlock()
+	}
+	p.Dials = s.dials.Load()
+	s.rxMu.Lock()
+	p.Rsts = len(s.rsts)
+	work := len(s.ready) > 0 || len(s.rsts) > 0
+	pushed := s.rxPushed
+	avail := false
+	if work && !p.Failed {
+		avail, _ = s.rx.HasAvailable()
+	}
+	s.rxMu.Unlock()
+	p.Idle = p.Dials == 0 && !pushed && !avail && s.rxSleeping.Load() && !s.budget.freed.Load() && !pollIn(s.epfd)
+	return p
+}
+
+// pollIn reports whether fd (here the epoll set) is readable, without
+// consuming anything.
+func pollIn(fd int) bool {
+	for {
+		p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(p, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err != nil || n > 0
+	}
+}
+
+// FireTimers runs, now, the timeout of every connection that has one armed
+// (the connect timeout of a host-initiated attempt, the close timeout after
+// the device's SHUTDOWN(BOTH)), as if it had expired: the fuzz targets use
+// a connect timeout of hours so that time never decides anything, and fire
+// the timers at a point of the input's choosing instead.
+func (d *Device) FireTimers() {
+	d.mu.Lock()
+	s := d.sess
+	d.mu.Unlock()
+	if s == nil {
+		return
+	}
+	s.connMu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.connMu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		armed := c.timer != nil
+		c.mu.Unlock()
+		if armed {
+			// Each acts only in its own state: at most one does anything.
+			s.connectTimeout(c)
+			s.closeTimeout(c)
+		}
+	}
+}
