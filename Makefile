@@ -5,6 +5,7 @@
 #                     (commands and a gRPC call over vsock)
 #   make test-net     TestNetLinux, not yet in make test (docs/net.md)
 #   make test         everything CI runs: vet, gofmt, staticcheck, go test -race,
+#                     every fuzz target for 30 s (fuzz-smoke),
 #                     the test guest's host and QEMU tests, the Linux test kernel
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
 #   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
@@ -84,7 +85,7 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_NETTEST=$(CURDIR)/build/nettest
 
 test: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
-	guest-test box-test test-summary
+	fuzz-smoke guest-test box-test test-summary
 
 test-start:
 	@rm -rf $(RECORD) && mkdir -p $(RECORD)
