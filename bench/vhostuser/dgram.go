@@ -36,7 +36,9 @@ type dgramSample struct {
 // dgramCell measures one direction and payload on a started guest.
 func (r *runner) dgramCell(g *vhufront.Guest, be *backendProc, dir string, payload int, port uint32) (dgramSample, error) {
 	s := dgramSample{dir: dir, payload: payload, offered: true, seconds: r.dur.Seconds()}
-	const quiet = 50 * time.Millisecond
+	// How long without a datagram ends a receiver: long enough that a
+	// busy host's scheduling does not turn late datagrams into "lost".
+	const quiet = 250 * time.Millisecond
 	switch dir {
 	case g2h:
 		sink, err := vhufront.ListenHostDgram(fmt.Sprintf("%s_%d.dgram", be.uds, port), payload)
