@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/vsocktest"
 )
@@ -301,7 +304,8 @@ func TestTransportResetStress(t *testing.T) {
 // dropped.
 func TestTransportResetFence(t *testing.T) {
 	t.Run("handled", func(t *testing.T) {
-		e := newEnv(t, envOpts{guest: vsocktest.Options{EventBuffers: -1}})
+		log, hook := logtest.NewNullLogger()
+		e := newEnv(t, envOpts{cfg: vsock.Config{Log: log}, guest: vsocktest.Options{EventBuffers: -1}})
 		if err := e.dev.ResetTransport(); err != nil {
 			t.Fatal(err)
 		}
@@ -333,6 +337,12 @@ func TestTransportResetFence(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.transfer(c2, h, vsocktest.Pattern(3, 64<<10), vsocktest.Pattern(4, 64<<10))
+		// The guest's repost lifted the fence, not the timeout.
+		for _, en := range hook.AllEntries() {
+			if en.Level <= logrus.WarnLevel {
+				t.Errorf("device logged %q", en.Message)
+			}
+		}
 	})
 	t.Run("never handled", func(t *testing.T) {
 		const timeout = 300 * time.Millisecond
