@@ -137,6 +137,26 @@ func (q *Queue) availIdx() (uint16, error) {
 	return v, nil
 }
 
+// AvailIdx reads the driver's available index: how many buffers it has
+// made available in all (modulo 2^16).
+func (q *Queue) AvailIdx() (uint16, error) { return q.availIdx() }
+
+// NotifyAfter asks the driver to kick as soon as it makes a buffer available
+// past available index idx (with EVENT_IDX, avail_event = idx; without, the
+// NO_NOTIFY flag cleared): for a device that waits for the driver to post
+// more, whatever it has not consumed yet. Read the index again after it
+// returns: a buffer posted just before may not have kicked.
+func (q *Queue) NotifyAfter(idx uint16) error {
+	q.notifying = true
+	if q.eventIdx {
+		if err := q.mem.Store16Release(q.cfg.Used+4+usedElemSize*uint64(q.cfg.Size), idx); err != nil {
+			return guestErr("avail_event: %v", err)
+		}
+		return nil
+	}
+	return q.setUsedFlags(0)
+}
+
 // HasAvailable reports whether the driver has made buffers available that
 // the device has not consumed yet.
 func (q *Queue) HasAvailable() (bool, error) {

@@ -394,3 +394,34 @@ func TestPopPushDoesNotAllocate(t *testing.T) {
 		})
 	}
 }
+
+// NotifyAfter makes the driver kick on its next buffer even while the
+// device still holds unconsumed ones (which EnableNotification, set at
+// the device's own position, would not), with and without EVENT_IDX.
+func TestNotifyAfter(t *testing.T) {
+	for _, eventIdx := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eventidx=%v", eventIdx), func(t *testing.T) {
+			e := newQEnv(t, qopts{size: 8, eventIdx: eventIdx})
+			b := e.buf(4, true, 0)
+			for range 3 {
+				e.drv.Add(b)
+			}
+			e.pop(t) // two left unconsumed
+			if err := e.dev.DisableNotification(); err != nil {
+				t.Fatal(err)
+			}
+			idx, err := e.dev.AvailIdx()
+			if err != nil || idx != 3 {
+				t.Fatalf("AvailIdx = %d, %v; want 3", idx, err)
+			}
+			if err := e.dev.NotifyAfter(idx); err != nil {
+				t.Fatal(err)
+			}
+			old := e.drv.AvailIdx()
+			e.drv.Add(b)
+			if !e.drv.NeedsKick(old) {
+				t.Error("no kick for the buffer after the watched index")
+			}
+		})
+	}
+}

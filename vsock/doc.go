@@ -21,7 +21,8 @@
 //     host-initiated connection (writing "OK <port>\n"), RW payloads go to
 //     the host socket straight from guest memory with writev (one writev
 //     per run of packets for a connection), SHUTDOWN/RST close. It returns
-//     the chains and interrupts once per batch.
+//     the chains and interrupts once per batch. While a transport reset
+//     waits for the guest it holds REQUESTs, and resumeTX wakes it after.
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
 //     sockets, the RX and event queues' kick eventfds, a wake eventfd, a
 //     stop eventfd). It writes a pending TRANSPORT_RESET into the event
@@ -120,21 +121,26 @@
 //
 // Device.ResetTransport is the host side of the transport restarting under
 // a live guest driver (microvm: Machine.ResetVsockTransport; there is no
-// snapshot or migration to trigger it). It drops every connection, closing
-// the host sockets, queues an RST for each (for guest sockets the event does
-// not reach: Linux resets only connected ones, and may read a RESPONSE
-// after the event), and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET pending; the RX
-// worker writes it (le32 id 0, used length 4, which is what a Linux driver
-// checks) into the next event buffer and interrupts the guest, which resets
-// every connected socket (ECONNRESET) and re-reads the CID. Without an event
-// buffer the event waits, with the event queue's kicks enabled, until the
-// driver posts one; resets meanwhile make one event. The queues keep
-// running and new connections may start at once. Without an event queue
-// (vhost-user: QEMU keeps it and sends the event itself after a migration)
-// the RSTs are all the guest gets. A device reset (the driver writing
-// status 0) needs no event: the driver's queues and sockets go with it.
-// An event buffer too small for the event stops the device like a broken
-// RX buffer.
+// snapshot or migration to trigger it). It raises a fence (session.fence,
+// under connMu: no connection may be added), drops every connection,
+// closing the host sockets, queues an RST for each (for guest sockets the
+// event does not reach: Linux resets only connected ones, and may read a
+// RESPONSE after the event), and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET
+// pending. The RX worker writes it (le32 id 0, used length 4, which is what
+// a Linux driver checks) into the next event buffer, noting the driver's
+// available index first and asking for a kick past it, and interrupts the
+// guest, which resets every connected socket (ECONNRESET), re-reads the CID
+// and posts the buffer again. That repost lifts the fence (checkFence; or
+// the connect timeout, which also drops an event still undelivered); the
+// TX worker holds REQUESTs (and the packets behind them) while the fence is
+// up and resumes on resumeTX, and host connects wait for it. So no
+// connection is set up that the guest's handling of the event would reset
+// behind the device's back. The queues keep running. Without an event
+// queue (vhost-user: QEMU keeps it and sends the event itself after a
+// migration) the RSTs are all the guest gets, and there is no fence. A
+// device reset (the driver writing status 0) needs none of it: the
+// driver's queues and sockets go with it. An event buffer too small for
+// the event stops the device like a broken RX buffer.
 //
 // # Optimisations (Options, each measurable on and off)
 //

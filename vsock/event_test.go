@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+	logtest "github.com/sirupsen/logrus/hooks/test"
+
 	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/vsocktest"
 )
@@ -50,7 +53,8 @@ func busyHost(h net.Conn, seed uint64) (wait func() bool) {
 func TestTransportReset(t *testing.T) {
 	for _, l := range guestLayouts[:2] {
 		t.Run(l.name, func(t *testing.T) {
-			e := newEnv(t, envOpts{guest: l.o})
+			// The held dial must outlive the whole test.
+			e := newEnv(t, envOpts{guest: l.o, cfg: vsock.Config{ConnectTimeout: time.Minute}})
 			fds := openFDs(t)
 			var conns []*vsocktest.Conn
 			var waits []func() bool
@@ -112,10 +116,12 @@ func TestTransportReset(t *testing.T) {
 			if s.RstSent == before.RstSent {
 				t.Error("no RST for the connection being dialled")
 			}
-			// The same activation serves new connections both ways.
-			c, h := e.connectGuest(100, 2000)
+			// The same activation serves new connections both ways (on
+			// new ports, as a Linux guest's autobind picks: an RST for a
+			// dropped connection may still be in the RX ring).
+			c, h := e.connectGuest(100, 2010)
 			e.transfer(c, h, vsocktest.Pattern(3, 300<<10), vsocktest.Pattern(4, 300<<10))
-			c2, h2 := e.connectHost(3000, nil)
+			c2, h2 := e.connectHost(3010, nil)
 			e.transfer(c2, h2, vsocktest.Pattern(5, 300<<10), vsocktest.Pattern(6, 300<<10))
 			// The dial released now finds its connection gone and
 			// closes what it got.
@@ -288,4 +294,73 @@ func TestTransportResetStress(t *testing.T) {
 	if s.BufferGranted != 0 {
 		t.Errorf("%d bytes of budget granted with no connection open", s.BufferGranted)
 	}
+}
+
+// Until the guest has handled the event (it posts an event buffer again),
+// no connection is set up: a guest REQUEST is held in the TX ring and a
+// host connect waits; both complete once the guest has acted on the event,
+// so neither is reset by it. A guest that never handles it holds them up
+// for the connect timeout at most, after which the undelivered event is
+// dropped.
+func TestTransportResetFence(t *testing.T) {
+	t.Run("handled", func(t *testing.T) {
+		log, hook := logtest.NewNullLogger()
+		e := newEnv(t, envOpts{cfg: vsock.Config{Log: log}, guest: vsocktest.Options{EventBuffers: -1}})
+		if err := e.dev.ResetTransport(); err != nil {
+			t.Fatal(err)
+		}
+		c := e.g.Dial(100, 2000)
+		hostDone := make(chan error, 1)
+		var h net.Conn
+		go func() {
+			var err error
+			h, err = vsocktest.HostConnect(t, e.dev, 3000, nil, time.Now().Add(waitTimeout))
+			hostDone <- err
+		}()
+		e.g.Quiet(100*time.Millisecond, "a connection set up before the guest handled the event", func() bool {
+			return c.Established || c.Rst || len(e.g.Pending()) > 0 || e.dial.Dials.Load() > 0
+		})
+		e.g.PostEvents(1, vsock.EventSize)
+		e.g.WaitFor("the event, then the held REQUEST's answer", func() bool {
+			return e.g.TransportResets() == 1 && (c.Established || c.Rst)
+		})
+		if c.Rst || c.TransportReset {
+			t.Fatalf("the REQUEST held by the fence was reset (RST %v, by the event %v)", c.Rst, c.TransportReset)
+		}
+		hh := e.dial.Accept(waitTimeout)
+		e.transfer(c, hh, vsocktest.Pattern(1, 64<<10), vsocktest.Pattern(2, 64<<10))
+		c2 := e.g.Accept(3000)
+		if err := <-hostDone; err != nil {
+			t.Fatalf("host connect held by the fence: %v", err)
+		}
+		if _, err := vsocktest.ReadOK(h, waitTimeout); err != nil {
+			t.Fatal(err)
+		}
+		e.transfer(c2, h, vsocktest.Pattern(3, 64<<10), vsocktest.Pattern(4, 64<<10))
+		// The guest's repost lifted the fence, not the timeout.
+		for _, en := range hook.AllEntries() {
+			if en.Level <= logrus.WarnLevel {
+				t.Errorf("device logged %q", en.Message)
+			}
+		}
+	})
+	t.Run("never handled", func(t *testing.T) {
+		const timeout = 300 * time.Millisecond
+		e := newEnv(t, envOpts{cfg: vsock.Config{ConnectTimeout: timeout}, guest: vsocktest.Options{EventBuffers: -1}})
+		if err := e.dev.ResetTransport(); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		c := e.g.Dial(100, 2000)
+		e.g.WaitFor("the held REQUEST's answer", func() bool { return c.Established || c.Rst })
+		if d := time.Since(start); c.Rst || d < timeout/2 {
+			t.Errorf("REQUEST answered after %v (RST %v); want RESPONSE after about %v", d, c.Rst, timeout)
+		}
+		e.dial.Accept(waitTimeout)
+		e.g.PostEvents(1, vsock.EventSize)
+		e.g.Quiet(100*time.Millisecond, "the dropped event delivered late", func() bool { return len(e.g.Events()) > 0 })
+		if s := e.dev.Stats(); s.EventsSent != 0 || s.TransportResets != 1 {
+			t.Errorf("%d events sent, %d resets; want 0 and 1", s.EventsSent, s.TransportResets)
+		}
+	})
 }

@@ -45,7 +45,11 @@ func (s *session) rxLoop() {
 			s.rxSleeping.Store(false)
 			continue
 		}
-		n, err := unix.EpollWait(s.epfd, st.events[:], -1)
+		timeout := -1 // a transport reset's fence has a deadline
+		if s.ev != nil && !s.failed.Load() {
+			timeout = s.fenceTimeout()
+		}
+		n, err := unix.EpollWait(s.epfd, st.events[:], timeout)
 		s.rxSleeping.Store(false)
 		if err == unix.EINTR {
 			continue
@@ -154,6 +158,7 @@ func (s *session) rxPass(st *rxState) {
 		s.rxMu.Lock()
 		s.deliverEventLocked()
 		s.rxMu.Unlock()
+		s.checkFence()
 	}
 	for !s.failed.Load() {
 		s.rxMu.Lock()

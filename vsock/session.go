@@ -1,6 +1,7 @@
 package vsock
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -39,11 +40,16 @@ type session struct {
 	// the RX worker, which also watches its kicks.
 	ev *virtio.ActiveQueue
 
-	connMu   sync.Mutex // guards conns, byFD, nextPort, closed
+	connMu   sync.Mutex // guards conns, byFD, nextPort, closed, fence, fenceEnd
 	conns    map[connKey]*conn
 	byFD     map[int]*conn
 	nextPort uint32
 	closed   bool
+	// fence is non-nil from a transport reset until the guest has handled
+	// its event (or fenceEnd passes): no connection is set up meanwhile
+	// (event.go). It is closed when lifted, waking host connects that wait.
+	fence    chan struct{}
+	fenceEnd time.Time
 
 	rxMu     sync.Mutex                // guards the RX and event queues, ready, inReady flags, rsts, rxChain(s), evPending
 	ready    []*conn                   // connections with work for the guest, FIFO
@@ -52,14 +58,19 @@ type session struct {
 	rxChains [rxReadBatch]virtio.Chain // the buffers one host read fills
 	rxPushed bool                      // used entries published since the last notification
 	// evPending: a TRANSPORT_RESET waits for an event buffer; evChain is
-	// the buffer it goes into.
-	evPending bool
-	evChain   virtio.Chain
+	// the buffer it goes into. evDelivered: the last one was written and
+	// the driver's available index was evMark then; the driver posting
+	// past it means it has handled the event (event.go).
+	evPending   bool
+	evDelivered bool
+	evMark      uint16
+	evChain     virtio.Chain
 
 	epfd       int
 	wake       *eventfd.EventFD // wakes the RX worker
 	stopRX     *eventfd.EventFD
 	stopTX     *eventfd.EventFD
+	resumeTX   *eventfd.EventFD // wakes the TX worker when a fence lifts
 	stopDgram  *eventfd.EventFD // nil without datagrams
 	rxSleeping atomic.Bool
 	failed     atomic.Bool
@@ -85,7 +96,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 	}
 	var err error
 	cleanup := func() {
-		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX, s.stopDgram} {
+		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX, s.resumeTX, s.stopDgram} {
 			if e != nil {
 				e.Close()
 			}
@@ -103,6 +114,10 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		return nil, err
 	}
 	if s.stopTX, err = eventfd.NewNonblocking(); err != nil {
+		cleanup()
+		return nil, err
+	}
+	if s.resumeTX, err = eventfd.NewNonblocking(); err != nil {
 		cleanup()
 		return nil, err
 	}
@@ -160,6 +175,10 @@ func (s *session) shutdown() {
 	s.closed = true
 	conns := s.conns
 	s.conns, s.byFD = map[connKey]*conn{}, map[int]*conn{}
+	if s.fence != nil {
+		close(s.fence) // host connects waiting for it fail on closed
+		s.fence = nil
+	}
 	s.connMu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()
@@ -170,6 +189,7 @@ func (s *session) shutdown() {
 	s.wake.Close()
 	s.stopRX.Close()
 	s.stopTX.Close()
+	s.resumeTX.Close()
 	if s.stopDgram != nil {
 		s.stopDgram.Close()
 	}
@@ -207,6 +227,8 @@ func (s *session) addConn(c *conn) error {
 	switch {
 	case s.closed:
 		return fmt.Errorf("vsock: device reset")
+	case s.fence != nil:
+		return errFenced
 	case len(s.conns) >= s.d.cfg.MaxConns:
 		return fmt.Errorf("vsock: connection limit (%d) reached", s.d.cfg.MaxConns)
 	case s.conns[c.key] != nil:
@@ -398,13 +420,30 @@ func (s *session) wakeRX() {
 }
 
 // connectFromHost implements Device.ConnectFromHost (typ TypeStream) and
-// Device.ConnectSeqpacketFromHost (TypeSeqpacket) on this session.
+// Device.ConnectSeqpacketFromHost (TypeSeqpacket) on this session. While a
+// transport reset waits for the guest (a fence) it waits too, up to
+// deadline.
 func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
 	if typ == TypeSeqpacket && !s.seqpacket {
 		closeFD(fd)
 		s.d.ctr.connsRefused.Add(1)
 		return fmt.Errorf("vsock: the guest driver did not negotiate SEQPACKET")
 	}
+	for {
+		if err := s.waitFence(deadline); err != nil {
+			closeFD(fd)
+			return err
+		}
+		err := s.startHostConn(fd, typ, port, prefix, deadline)
+		if !errors.Is(err, errFenced) {
+			return err
+		}
+	}
+}
+
+// startHostConn adds a host-initiated connection over fd and sends the
+// guest its REQUEST. It closes fd on any error but errFenced.
+func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
 	s.connMu.Lock()
 	hostPort, ok := s.allocHostPortLocked(port)
 	s.connMu.Unlock()
@@ -421,8 +460,10 @@ func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := s.addConn(c); err != nil {
-		closeFD(fd)
-		s.d.ctr.connsRefused.Add(1)
+		if !errors.Is(err, errFenced) {
+			closeFD(fd)
+			s.d.ctr.connsRefused.Add(1)
+		}
 		return err
 	}
 	c.fd = fd // registered with epoll once the guest accepts

@@ -39,6 +39,9 @@ type txState struct {
 	// guest memory.
 	seqViews [][]byte
 	hdrBuf   [HeaderSize]byte
+	// pkts[held:heldN] were popped but are held, the first a REQUEST that
+	// came while a transport reset waits for the guest (heldN 0: none).
+	held, heldN int
 	// rx is scratch for host data this worker puts in the RX ring itself
 	// (DirectEnqueue).
 	rx rxState
@@ -48,7 +51,8 @@ type txState struct {
 // guest packets and writes their payloads to host sockets.
 func (s *session) txLoop() {
 	st := &txState{}
-	fds := []unix.PollFd{{Fd: int32(s.tx.Kick.FD()), Events: unix.POLLIN}, {Fd: int32(s.stopTX.FD()), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(s.tx.Kick.FD()), Events: unix.POLLIN}, {Fd: int32(s.resumeTX.FD()), Events: unix.POLLIN},
+		{Fd: int32(s.stopTX.FD()), Events: unix.POLLIN}}
 	if s.opts.KickSuppress {
 		// Start with kicks enabled: the driver must wake us the first time.
 		if _, err := s.tx.EnableNotification(); err != nil {
@@ -67,6 +71,9 @@ func (s *session) txLoop() {
 		if stopped {
 			return
 		}
+		if fds[1].Revents != 0 {
+			_, _ = s.resumeTX.Wait()
+		}
 		if n, _ := s.tx.Kick.Wait(); n > 0 {
 			s.d.ctr.txKicks.Add(1)
 		}
@@ -78,6 +85,19 @@ func (s *session) txLoop() {
 // at the end with a final re-check of the ring (seed 002); without it they
 // are re-enabled as soon as each batch is popped, before the host writes.
 func (s *session) processTX(st *txState) {
+	if st.heldN > 0 {
+		// Packets held behind a REQUEST while a transport reset waits
+		// for the guest go first, in order, once it is over.
+		if s.fenced() {
+			return
+		}
+		from, n := st.held, st.heldN
+		st.heldN = 0
+		s.handleBatch(st, from, n)
+		if st.heldN > 0 || s.failed.Load() {
+			return
+		}
+	}
 	for {
 		if s.opts.KickSuppress {
 			if err := s.tx.DisableNotification(); err != nil {
@@ -101,9 +121,9 @@ func (s *session) processTX(st *txState) {
 					return
 				}
 			}
-			s.handleBatch(st, n)
-			if s.failed.Load() {
-				return
+			s.handleBatch(st, 0, n)
+			if s.failed.Load() || st.heldN > 0 {
+				return // held: resumeTX brings the worker back
 			}
 		}
 		more, err := s.tx.EnableNotification()
@@ -136,11 +156,19 @@ func (s *session) popTX(st *txState) (int, error) {
 	return n, nil
 }
 
-// handleBatch processes popped packets in order, returns their chains and
-// interrupts the guest once for the batch.
-func (s *session) handleBatch(st *txState, n int) {
-	for i := 0; i < n; i++ {
+// handleBatch processes popped packets pkts[from:n] in order, returns their
+// chains and interrupts the guest once for the batch. A REQUEST that comes
+// while a transport reset waits for the guest stops it: that packet and the
+// rest stay popped, held (st.held) until the fence lifts, so that no
+// connection is set up that the guest's handling of the event would reset
+// behind the device's back.
+func (s *session) handleBatch(st *txState, from, n int) {
+	for i := from; i < n; i++ {
 		p := &st.pkts[i]
+		if p.ok && p.hdr.Op == OpRequest && s.fenced() {
+			st.held, st.heldN = i, n
+			break
+		}
 		s.handlePacket(st, p)
 		if err := s.tx.PushNoPublish(p.chain.Head, 0); err != nil {
 			s.endRun(st)
