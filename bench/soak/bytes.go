@@ -104,7 +104,7 @@ func runBytes(cfg bytesConfig, progress io.Writer) (*bytesResult, error) {
 	return res, nil
 }
 
-// progressWriter reports every step bytes that pass through it (atomic:
+// meter reports progress every tenth of total bytes counted (atomic:
 // several connections' readers share one).
 type meter struct {
 	n, step, next atomic.Int64

@@ -88,7 +88,11 @@ func runConns(cfg connsConfig, progress io.Writer) (*connsResult, error) {
 		cfg.ConnBuffer = vsock.DefaultConnBuffer
 	}
 	if cfg.MaxBuffered == 0 {
-		cfg.MaxBuffered = vsock.DefaultMaxBuffered
+		// Enough for every connection's full window at once: the device
+		// never takes back credit it granted, so connections that went
+		// idle keep what they hold, and with less than this the ones
+		// opened last can be left without any (docs/soak.md).
+		cfg.MaxBuffered = uint64(cfg.Conns) * uint64(cfg.ConnBuffer)
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second
@@ -165,8 +169,10 @@ func runConns(cfg connsConfig, progress io.Writer) (*connsResult, error) {
 		err = s.firstErr()
 	}
 	if err != nil {
-		return res, fmt.Errorf("opening: %d of %d open and echoed (guest: %d asked for, %d unanswered, %d in its table; %+v): %w%s",
-			s.verified.Load(), cfg.Conns, s.opened, len(s.connecting), g.Conns(), g.Stats(), err, dev.stderrTail())
+		d, derr := dev.report()
+		return res, fmt.Errorf("opening: %d of %d open and echoed (guest: %d asked for, %d unanswered, %d in its table, %d owing echo bytes; driver %+v; device %d open, %d bytes granted, %d credit stalls, %v): %w%s",
+			s.verified.Load(), cfg.Conns, s.opened, len(s.connecting), g.Conns(), len(s.sending), g.Stats(),
+			d.Stats.ConnsOpen, d.Stats.BufferGranted, d.Stats.CreditStalls, derr, err, dev.stderrTail())
 	}
 	res.OpenSeconds = time.Since(start).Seconds()
 	res.BytesChecked = int64(cfg.Conns) * int64(cfg.Payload)
@@ -372,7 +378,14 @@ func (s *connsSoak) guestAdd(c *vhufront.Conn) {
 func (s *connsSoak) echo() bool {
 	progress := false
 	keep := s.sending[:0]
-	for _, c := range s.sending {
+	for i, c := range s.sending {
+		if s.g.CtlQueued() >= 1024 {
+			// A connection without credit asks for it (CREDIT_REQUEST)
+			// from Send: thousands starved at once would overflow the
+			// driver's control queue. The rest wait for the next turn.
+			keep = append(keep, s.sending[i:]...)
+			break
+		}
 		b := s.owed[c]
 		n := c.Send(b)
 		if n > 0 {

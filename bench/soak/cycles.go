@@ -38,6 +38,16 @@ const (
 	leakSlackMemory     = 64 << 20
 )
 
+// cyclePhase is where one cycle's time went, in milliseconds: New, Run
+// to the guest listening, the connection and its echo, the stop (the
+// guest's exit after the close, or Run's return after the cancel), and
+// Close.
+type cyclePhase struct {
+	Cycle  int        `json:"cycle"`
+	Cancel bool       `json:"cancel"`
+	Ms     [5]float64 `json:"ms_new_boot_echo_stop_close"`
+}
+
 // cycleSample is the process measured after Cycle cycles.
 type cycleSample struct {
 	Cycle int `json:"cycle"`
@@ -51,7 +61,12 @@ type cyclesResult struct {
 	// CycleMs are the fastest, median and slowest cycle in milliseconds:
 	// New, boot to listening, a vsock connection and its echo, the stop
 	// (guest exit or cancel) and Close.
-	CycleMs   [3]float64 `json:"cycle_ms_min_median_max"`
+	CycleMs [3]float64 `json:"cycle_ms_min_median_max"`
+	// P99Ms is the 99th percentile cycle, Over1s how many cycles took
+	// more than a second, and Slowest the slowest cycle's phases.
+	P99Ms     float64    `json:"cycle_ms_p99"`
+	Over1s    int        `json:"cycles_over_1s"`
+	Slowest   cyclePhase `json:"slowest"`
 	Exited    int        `json:"cycles_guest_exited"`   // cycles that ended by the guest's exit (the connection closed)
 	Canceled  int        `json:"cycles_canceled"`       // cycles stopped by canceling Run with the connection open
 	EchoBytes int64      `json:"echo_bytes_checked"`    // bytes echoed and compared, both ways counted once
@@ -102,11 +117,13 @@ func runCycles(cfg cyclesConfig, progress io.Writer) (*cyclesResult, error) {
 	uds := socketPath(dir, "v.sock")
 	rng := rand.New(rand.NewPCG(1, 2))
 	buf := make([]byte, cfg.Payload)
+	var ph cyclePhase
 	cycle := func(i int) error {
 		for j := range buf {
 			buf[j] = byte(rng.Uint32())
 		}
-		return oneCycle(cfg, uds, buf, i%2 == 1)
+		ph = cyclePhase{Cycle: i, Cancel: i%2 == 1}
+		return oneCycle(cfg, uds, buf, ph.Cancel, &ph)
 	}
 	if err := cycle(0); err != nil {
 		return nil, fmt.Errorf("warm-up cycle: %w", err)
@@ -125,7 +142,14 @@ func runCycles(cfg cyclesConfig, progress io.Writer) (*cyclesResult, error) {
 		if err := cycle(i); err != nil {
 			return res, fmt.Errorf("cycle %d: %w", i, err)
 		}
-		times = append(times, float64(time.Since(t0).Microseconds())/1000)
+		ms := float64(time.Since(t0).Microseconds()) / 1000
+		times = append(times, ms)
+		if ms > 1000 {
+			res.Over1s++
+		}
+		if ms >= slices.Max(times) {
+			res.Slowest = ph
+		}
 		if i%2 == 1 {
 			res.Canceled++
 		} else {
@@ -148,6 +172,7 @@ func runCycles(cfg cyclesConfig, progress io.Writer) (*cyclesResult, error) {
 	slices.Sort(times)
 	if len(times) > 0 {
 		res.CycleMs = [3]float64{times[0], times[len(times)/2], times[len(times)-1]}
+		res.P99Ms = times[min(len(times)*99/100, len(times)-1)]
 	}
 	res.Failures = cycleLeaks(res.Samples, cfg.CheckMemory)
 	return res, nil
@@ -178,16 +203,24 @@ func cycleLeaks(s []cycleSample, memory bool) []string {
 }
 
 // oneCycle is one machine's life: see runCycles.
-func oneCycle(cfg cyclesConfig, uds string, payload []byte, cancel bool) (err error) {
+func oneCycle(cfg cyclesConfig, uds string, payload []byte, cancel bool, ph *cyclePhase) (err error) {
 	cmdline := fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", guestPort)
+	t := time.Now()
+	lap := func(i int) {
+		ph.Ms[i] = float64(time.Since(t).Microseconds()) / 1000
+		t = time.Now()
+	}
 	v, err := startVM(cfg.Guest, cmdline, uds, cfg.Memory)
 	if err != nil {
 		return err
 	}
+	lap(0)
 	defer func() {
+		t = time.Now()
 		if cerr := v.close(); err == nil {
 			err = cerr
 		}
+		lap(4)
 	}()
 	stopped := false
 	defer func() {
@@ -198,6 +231,7 @@ func oneCycle(cfg cyclesConfig, uds string, payload []byte, cancel bool) (err er
 	if err := v.waitListening(guestPort, 20*time.Second); err != nil {
 		return err
 	}
+	lap(1)
 	c, _, err := testenv.VsockConnect(uds, guestPort, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("connect: %w%s", err, v.output())
@@ -207,11 +241,13 @@ func oneCycle(cfg cyclesConfig, uds string, payload []byte, cancel bool) (err er
 	if err := echoOnce(c, payload); err != nil {
 		return fmt.Errorf("echo: %w%s", err, v.output())
 	}
+	lap(2)
 	if cancel {
 		stopped = true
 		if err := v.stop(10 * time.Second); err != nil {
 			return err
 		}
+		lap(3)
 		// Run closed the device: the host end must see the end.
 		if _, err := readAll(c); err != nil {
 			return fmt.Errorf("host end after the stop: %w", err)
@@ -225,7 +261,9 @@ func oneCycle(cfg cyclesConfig, uds string, payload []byte, cancel bool) (err er
 		return fmt.Errorf("after half-close: %d more bytes, %v%s", n, err, v.output())
 	}
 	stopped = true
-	return v.wait(0, 20*time.Second)
+	err = v.wait(0, 20*time.Second)
+	lap(3)
+	return err
 }
 
 // echoOnce writes p and reads the same bytes back.

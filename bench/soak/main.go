@@ -52,8 +52,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	guestConns := fs.Int("guest-conns", -1, "conns: how many of them the guest opens (-1: half)")
 	payload := fs.String("payload", "4K", "conns: bytes echoed on each connection")
 	maxConns := fs.Int("max-conns", 0, "conns: the device's connection limit, --vsock-max-conns (0: -conns, and one more is checked refused)")
-	connBuffer := fs.String("conn-buffer", "256K", "conns: the device's per-connection buffer, --vsock-conn-buffer")
-	bufferTotal := fs.String("buffer-total", "64M", "conns: the device's bound on buffered guest->host bytes, --vsock-buffer-total")
+	connBuffer := fs.String("conn-buffer", "64K", "conns: the device's per-connection buffer, --vsock-conn-buffer")
+	bufferTotal := fs.String("buffer-total", "0", "conns: the device's bound on buffered guest->host bytes, --vsock-buffer-total (0: -conns times -conn-buffer)")
 	hold := fs.Duration("hold", 2*time.Second, "conns: how long every connection stays open before closing")
 	parallel := fs.Int("parallel", 128, "conns: handshakes in flight at once, each side")
 	bytesFlag := fs.String("bytes", "10G", "bytes: what each leg moves each way")
@@ -102,8 +102,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if gc < 0 {
 			gc = *conns / 2
 		}
-		if *conns < 1 || sizes["payload"] < 1 || sizes["payload"] > 1<<20 || sizes["conn-buffer"] < 1 || sizes["conn-buffer"] > 1<<30 || sizes["buffer-total"] < 1 {
-			return usage("-conns, -payload (1..1M), -conn-buffer (1..1G) and -buffer-total must be positive")
+		if *conns < 1 || sizes["payload"] < 1 || sizes["payload"] > 1<<20 || sizes["conn-buffer"] < 1 || sizes["conn-buffer"] > 1<<30 {
+			return usage("-conns, -payload (1..1M) and -conn-buffer (1..1G) must be positive")
 		}
 		cfg := connsConfig{Conns: *conns, GuestInitiated: gc, Payload: int(sizes["payload"]), MaxConns: *maxConns,
 			ConnBuffer: uint32(sizes["conn-buffer"]), MaxBuffered: uint64(sizes["buffer-total"]), Hold: *hold, Parallel: *parallel}
@@ -260,6 +260,9 @@ func printCycles(w io.Writer, r *cyclesResult) {
 	last := r.Samples[len(r.Samples)-1]
 	fmt.Fprintf(w, "\n%d guest exits, %d cancels with the connection open; cycle %.1f / %.1f / %.1f ms (min / median / max); %.1f s in all; peak RSS %s MiB\n",
 		r.Exited, r.Canceled, r.CycleMs[0], r.CycleMs[1], r.CycleMs[2], r.Elapsed, mib(last.PeakRSS))
+	sl := r.Slowest
+	fmt.Fprintf(w, "p99 cycle %.1f ms, %d over 1 s; the slowest (cycle %d, cancel %v): New %.1f, boot %.1f, echo %.1f, stop %.1f, Close %.1f ms\n",
+		r.P99Ms, r.Over1s, sl.Cycle, sl.Cancel, sl.Ms[0], sl.Ms[1], sl.Ms[2], sl.Ms[3], sl.Ms[4])
 	fmt.Fprintf(w, "bounds: fds +%d, goroutines +%d over the run; RSS and VmSize +%s MiB over the second half (checked: %v)\n",
 		leakSlackFDs, leakSlackGoroutines, mib(leakSlackMemory), r.Config.CheckMemory)
 }

@@ -157,9 +157,14 @@ func raiseNoFile(want uint64) (uint64, error) {
 // mib formats bytes as MiB with one decimal.
 func mib(n uint64) string { return fmt.Sprintf("%.1f", float64(n)/(1<<20)) }
 
-// sizeName formats a byte count the way the flags take it.
+// sizeName formats a byte count the way the flags take it, or in MiB or
+// GiB with two decimals when it is not a whole number of either.
 func sizeName(n int64) string {
 	switch {
+	case n >= 1<<30 && n%(1<<20) != 0:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20 && n%(1<<10) != 0 || n >= 10<<20 && n%(1<<20) != 0:
+		return fmt.Sprintf("%.2f MiB", float64(n)/(1<<20))
 	case n >= 1<<30 && n%(1<<30) == 0:
 		return fmt.Sprintf("%d GiB", n>>30)
 	case n >= 1<<20 && n%(1<<20) == 0:

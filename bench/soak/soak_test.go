@@ -212,3 +212,12 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+func TestSizeName(t *testing.T) {
+	for n, want := range map[int64]string{4096: "4 KiB", 10 << 30: "10 GiB", 64 << 20: "64 MiB", 40960000: "39.06 MiB",
+		2147702912: "2.00 GiB", 3 << 29: "1536 MiB", 100: "100 B", 1<<20 + 1: "1.00 MiB"} {
+		if got := sizeName(n); got != want {
+			t.Errorf("sizeName(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
