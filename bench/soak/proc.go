@@ -17,7 +17,7 @@ import (
 type usage struct {
 	FDs     int    `json:"fds"`      // entries in /proc/<pid>/fd
 	Threads int    `json:"threads"`  // /proc/<pid>/status Threads
-	RSS     uint64 `json:"rss"`      // VmRSS, bytes
+	RSS     uint64 `json:"rss"`      // Rss of /proc/<pid>/smaps_rollup (the page tables walked: exact), bytes
 	PeakRSS uint64 `json:"peak_rss"` // VmHWM, bytes: the most RSS the process ever had
 	VmSize  uint64 `json:"vm_size"`  // VmSize, bytes: every mapping, resident or not
 	// Goroutines and HeapAlloc (runtime.MemStats after a GC) are known
@@ -61,6 +61,14 @@ func procUsage(pid int) (usage, error) {
 	if err := parseStatus(st, &u); err != nil {
 		return u, fmt.Errorf("%s/status: %w", dir, err)
 	}
+	// VmRSS is the kernel's running count, which lags by up to a batch
+	// of pages per CPU; smaps_rollup walks the page tables.
+	if b, err := os.ReadFile(dir + "/smaps_rollup"); err == nil {
+		if rss, ok := rollupRSS(b); ok {
+			u.RSS = rss
+		}
+	}
+	u.PeakRSS = max(u.PeakRSS, u.RSS)
 	if pid == 0 {
 		u.Goroutines = runtime.NumGoroutine()
 		u.HeapAlloc = heapAfterGC()
@@ -115,6 +123,23 @@ func parseStatus(b []byte, u *usage) error {
 		return fmt.Errorf("want VmRSS, VmHWM, VmSize and Threads")
 	}
 	return nil
+}
+
+// rollupRSS reads the Rss line of a /proc/<pid>/smaps_rollup file.
+func rollupRSS(b []byte) (uint64, bool) {
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || k != "Rss" {
+			continue
+		}
+		f := strings.Fields(v)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		return n << 10, err == nil
+	}
+	return 0, false
 }
 
 // settle measures this process until its goroutines are down to at most

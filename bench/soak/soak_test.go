@@ -221,3 +221,15 @@ func TestSizeName(t *testing.T) {
 		}
 	}
 }
+
+func TestRollupRSS(t *testing.T) {
+	const rollup = "55e2182c1000-7ffc3e376000 ---p 00000000 00:00 0                          [rollup]\nRss:                1692 kB\nPss:                 240 kB\n"
+	if got, ok := rollupRSS([]byte(rollup)); !ok || got != 1692<<10 {
+		t.Errorf("rollupRSS = %d, %v; want %d", got, ok, 1692<<10)
+	}
+	for _, bad := range []string{"Pss: 240 kB\n", "Rss: 12 MB\n", "Rss: x kB\n"} {
+		if _, ok := rollupRSS([]byte(bad)); ok {
+			t.Errorf("rollupRSS(%q): ok", bad)
+		}
+	}
+}
