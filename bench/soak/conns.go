@@ -148,6 +148,7 @@ func runConns(cfg connsConfig, progress io.Writer) (*connsResult, error) {
 		return nil, err
 	}
 	s := newConnsSoak(g, cfg)
+	defer s.releaseAll() // on an early return too: no host end waits for ever
 	go s.acceptLoop(ln)
 
 	// Open: host dials and guest connects, Parallel at a time each; every
@@ -235,7 +236,7 @@ func runConns(cfg connsConfig, progress io.Writer) (*connsResult, error) {
 	// Close: the host closes every connection; the guest resets each on
 	// the device's SHUTDOWN; the device's table must empty.
 	t0 := time.Now()
-	close(s.release)
+	s.releaseAll()
 	closeLimit := time.Now().Add(time.Duration(max(cfg.Conns/100, 60)) * time.Second)
 	if err := g.Run(closeLimit, s.closeWork, func() bool { return g.Conns() == 0 && s.hostOpen.Load() == 0 }); err != nil {
 		return res, fmt.Errorf("closing: %d guest connections, %d host ends left: %w", g.Conns(), s.hostOpen.Load(), err)
@@ -339,7 +340,8 @@ type connsSoak struct {
 	verified atomic.Int64  // host ends whose echo came back equal
 	failed   atomic.Int64
 	hostOpen atomic.Int64  // host ends not yet closed
-	release  chan struct{} // closed: host ends close
+	release  chan struct{} // closed (releaseAll): host ends close
+	released sync.Once
 	errMu    sync.Mutex
 	errs     []error
 }
@@ -347,6 +349,9 @@ type connsSoak struct {
 func newConnsSoak(g *vhufront.Guest, cfg connsConfig) *connsSoak {
 	return &connsSoak{g: g, cfg: cfg, owed: map[*vhufront.Conn][]byte{}, release: make(chan struct{})}
 }
+
+// releaseAll lets every host end close its connection.
+func (s *connsSoak) releaseAll() { s.released.Do(func() { close(s.release) }) }
 
 func (s *connsSoak) fail(err error) {
 	s.errMu.Lock()
