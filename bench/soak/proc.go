@@ -48,8 +48,8 @@ func procUsage(pid int) (usage, error) {
 		if err != nil {
 			continue // the directory ReadDir opened to list them, now closed
 		}
-		if k, _, ok := strings.Cut(t, ":["); ok && k == "socket" {
-			t = k
+		if k, _, ok := strings.Cut(t, ":["); ok && (k == "socket" || k == "pipe") {
+			t = k // the inode tells nothing here
 		}
 		u.FDKinds[t]++
 		u.FDs++
