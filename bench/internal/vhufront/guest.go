@@ -661,6 +661,11 @@ func (g *Guest) Connect(port uint32) *Conn {
 // Conns is the number of connections in the table.
 func (g *Guest) Conns() int { return len(g.conns) }
 
+// CtlQueued is how many control packets wait for a TX slot. A driver
+// closing many connections at once keeps it well below the queue's
+// bound (4096, past which the driver fails).
+func (g *Guest) CtlQueued() int { return len(g.ctlQueue) }
+
 type connState int
 
 const (
