@@ -105,7 +105,7 @@ func guestSHA(t *testing.T, out, path string) string {
 // read-only boot refuses writes with EROFS; data fsync'ed before a kill -9
 // of microvm is in the image afterwards; /dev/hwrng gives bytes.
 func TestDiskRoot(t *testing.T) {
-	testenv.RequireKVM(t, testenv.NeedLinux)
+	testenv.RequireKVMAlone(t, testenv.NeedLinux)
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
 	}

@@ -1,12 +1,14 @@
 // Package boxtest runs in the nested-KVM box the Go tests that could not run
 // on this host: testenv.RequireKVM queued them in RECORD/queue.txt as
-// "PACKAGE_DIR TestName" lines. make test runs it through scripts/box-test
-// (docs/testing.md).
+// "PACKAGE_DIR TestName" lines, or "PACKAGE_DIR TestName alone" for a test
+// that gets a box of its own (testenv.RequireKVMAlone: long tests that
+// would otherwise push their package's box past TestTimeout). make test
+// runs it through scripts/box-test (docs/testing.md).
 //
 // Data flow:
 //
 //	queue.txt ──▶ ReadQueue ──▶ per package: go test -c on the host (TCG is slow)
-//	  round 0..Reruns: per package with tests left, one fresh box:
+//	  round 0..Reruns: per package with tests left (and per "alone" test), one fresh box:
 //	    scripts/kvmbox --timeout BoxTimeout -- sh -c 'cd PKG && BIN -test.run ^(T1|T2)$ -test.v -test.timeout TestTimeout'
 //	    stdout+stderr ──▶ Out and RECORD/box-PKG[.rerunN].log ──▶ ParseLog ──▶ Judge
 //	    Judge: passed | real failure (final) | rerun (box artefact, RECORD/reruns.txt)
@@ -35,29 +37,41 @@ import (
 	"time"
 )
 
-// Package is one package's queued tests.
+// Package is one box's worth of queued tests: a package's tests, or one
+// test of it that runs alone.
 type Package struct {
 	Dir   string // relative to the repository root
 	Tests []string
+	Alone bool // Tests is one test queued "alone": a box of its own
 }
 
-// ReadQueue reads queue.txt: "PACKAGE_DIR TestName" lines, duplicates
-// allowed (a test queues itself once per run).
+// box names p's box in file names and messages.
+func (p Package) box() string {
+	if p.Alone {
+		return p.Dir + ":" + p.Tests[0]
+	}
+	return p.Dir
+}
+
+// ReadQueue reads queue.txt: "PACKAGE_DIR TestName [alone]" lines,
+// duplicates allowed (a test queues itself once per run). A test queued
+// alone anywhere runs alone.
 func ReadQueue(r io.Reader) ([]Package, error) {
-	byDir := map[string]map[string]bool{}
+	byDir := map[string]map[string]bool{} // dir -> test -> alone
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		f := strings.Fields(sc.Text())
 		if len(f) == 0 {
 			continue
 		}
-		if len(f) != 2 || !testName.MatchString(f[1]) || filepath.IsAbs(f[0]) || strings.Contains(f[0], "..") {
-			return nil, fmt.Errorf("queue line %d: %q: want \"PACKAGE_DIR TestName\"", n, sc.Text())
+		if len(f) < 2 || len(f) > 3 || len(f) == 3 && f[2] != "alone" ||
+			!testName.MatchString(f[1]) || filepath.IsAbs(f[0]) || strings.Contains(f[0], "..") {
+			return nil, fmt.Errorf("queue line %d: %q: want \"PACKAGE_DIR TestName [alone]\"", n, sc.Text())
 		}
 		if byDir[f[0]] == nil {
 			byDir[f[0]] = map[string]bool{}
 		}
-		byDir[f[0]][f[1]] = true
+		byDir[f[0]][f[1]] = byDir[f[0]][f[1]] || len(f) == 3
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -65,13 +79,29 @@ func ReadQueue(r io.Reader) ([]Package, error) {
 	var pkgs []Package
 	for dir, tests := range byDir {
 		p := Package{Dir: dir}
-		for t := range tests {
-			p.Tests = append(p.Tests, t)
+		for t, alone := range tests {
+			if alone {
+				pkgs = append(pkgs, Package{Dir: dir, Tests: []string{t}, Alone: true})
+			} else {
+				p.Tests = append(p.Tests, t)
+			}
 		}
-		sort.Strings(p.Tests)
-		pkgs = append(pkgs, p)
+		if len(p.Tests) > 0 {
+			sort.Strings(p.Tests)
+			pkgs = append(pkgs, p)
+		}
 	}
-	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].Dir < pkgs[j].Dir })
+	// The package's shared box first, then its lone tests by name.
+	sort.Slice(pkgs, func(i, j int) bool {
+		a, b := pkgs[i], pkgs[j]
+		if a.Dir != b.Dir {
+			return a.Dir < b.Dir
+		}
+		if a.Alone != b.Alone {
+			return !a.Alone
+		}
+		return a.Tests[0] < b.Tests[0]
+	})
 	return pkgs, nil
 }
 
@@ -117,15 +147,17 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 	bins := map[string]string{}
 	total := 0
 	for _, p := range pkgs {
-		bin := filepath.Join(bindir, fileName(p.Dir)+".test")
-		if err := c.build(ctx, p.Dir, bin); err != nil {
-			return fmt.Errorf("box-test: go test -c ./%s: %w", p.Dir, err)
+		if bins[p.Dir] == "" {
+			bin := filepath.Join(bindir, fileName(p.Dir)+".test")
+			if err := c.build(ctx, p.Dir, bin); err != nil {
+				return fmt.Errorf("box-test: go test -c ./%s: %w", p.Dir, err)
+			}
+			bins[p.Dir] = bin
 		}
-		bins[p.Dir] = bin
 		total += len(p.Tests)
-		fmt.Fprintf(c.Out, "box-test: %s: %d test(s): %s\n", p.Dir, len(p.Tests), strings.Join(p.Tests, " "))
+		fmt.Fprintf(c.Out, "box-test: %s: %d test(s): %s\n", p.box(), len(p.Tests), strings.Join(p.Tests, " "))
 	}
-	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d package(s), one fresh box each (box timeout %v, test timeout %v, stage budget %v)\n",
+	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d box(es), one fresh box per package and per lone test (box timeout %v, test timeout %v, stage budget %v)\n",
 		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.Budget)
 
 	failed := map[string]string{} // "pkg Test" -> why
@@ -151,7 +183,7 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 			if len(v.Rerun) == 0 {
 				continue
 			}
-			q := Package{Dir: p.Dir}
+			q := Package{Dir: p.Dir, Alone: p.Alone}
 			for _, t := range p.Tests {
 				if r, ok := v.Rerun[t]; ok {
 					q.Tests = append(q.Tests, t)
@@ -193,6 +225,9 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 // runBox runs p's tests in one fresh box and judges them.
 func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (Verdict, error) {
 	name := fileName(p.Dir)
+	if p.Alone {
+		name += "." + p.Tests[0]
+	}
 	if round > 0 {
 		name += fmt.Sprintf(".rerun%d", round)
 	}
@@ -212,7 +247,7 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (V
 	cmd.Dir = c.Root
 	w := io.MultiWriter(c.Out, logf)
 	cmd.Stdout, cmd.Stderr = w, w
-	fmt.Fprintf(c.Out, "box-test: %s: box for %s\n", p.Dir, strings.Join(p.Tests, " "))
+	fmt.Fprintf(c.Out, "box-test: %s: box for %s\n", p.box(), strings.Join(p.Tests, " "))
 	begin := time.Now()
 	err = cmd.Run()
 	status := 0
@@ -225,7 +260,7 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (V
 		return Verdict{}, fmt.Errorf("box-test: %s: %w", p.Dir, err)
 	}
 	boxFailed := status == ExitBoxFailure
-	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.Dir,
+	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.box(),
 		time.Since(begin).Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
 	if boxFailed {
 		c.printConsoleTail(console, 40)

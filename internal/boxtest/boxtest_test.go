@@ -95,15 +95,22 @@ func TestParseLogAndJudge(t *testing.T) {
 }
 
 func TestReadQueue(t *testing.T) {
-	pkgs, err := ReadQueue(strings.NewReader("cmd/microvm TestExec\n. TestLinuxBoot\ncmd/microvm TestDiskRoot\ncmd/microvm TestExec\n\n"))
+	pkgs, err := ReadQueue(strings.NewReader("cmd/microvm TestExec\n. TestNetLinux alone\n. TestLinuxBoot\ncmd/microvm TestDiskRoot\n" +
+		"cmd/microvm TestExec\n. TestB alone\n. TestNetLinux alone\ncmd/microvm TestC\ncmd/microvm TestC alone\n\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Package{{Dir: ".", Tests: []string{"TestLinuxBoot"}}, {Dir: "cmd/microvm", Tests: []string{"TestDiskRoot", "TestExec"}}}
+	want := []Package{
+		{Dir: ".", Tests: []string{"TestLinuxBoot"}},
+		{Dir: ".", Tests: []string{"TestB"}, Alone: true},
+		{Dir: ".", Tests: []string{"TestNetLinux"}, Alone: true},
+		{Dir: "cmd/microvm", Tests: []string{"TestDiskRoot", "TestExec"}},
+		{Dir: "cmd/microvm", Tests: []string{"TestC"}, Alone: true},
+	}
 	if !reflect.DeepEqual(pkgs, want) {
 		t.Errorf("got %+v, want %+v", pkgs, want)
 	}
-	for _, bad := range []string{"cmd TestA extra", "cmd Test-A", "/abs TestA", "../up TestA", "cmd notATest", "cmd Test'$(x)"} {
+	for _, bad := range []string{"cmd TestA extra", "cmd TestA alone extra", "cmd Test-A", "/abs TestA", "../up TestA", "cmd notATest", "cmd Test'$(x)"} {
 		if _, err := ReadQueue(strings.NewReader(bad + "\n")); err == nil {
 			t.Errorf("ReadQueue(%q) took it", bad)
 		}
@@ -210,5 +217,66 @@ func TestRunBudget(t *testing.T) {
 	err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX"}}})
 	if err == nil || !strings.Contains(err.Error(), "budget") {
 		t.Errorf("Run: %v; want the budget to stop the rerun\n%s", err, out.String())
+	}
+}
+
+// TestRunAlone: a test queued alone gets a box of its own, named after it,
+// with the package's binary built once, and its rerun stays alone.
+func TestRunAlone(t *testing.T) {
+	root := t.TempDir()
+	rec := filepath.Join(root, "rec")
+	for _, d := range []string{rec, filepath.Join(root, "a")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	builds := 0
+	build := func(_ context.Context, pkg, bin string) error {
+		builds++
+		// Prints the -test.run it was given; TestL triple-faults on
+		// its first run.
+		script := `#!/bin/sh
+echo "args: $*"
+n=$(cat "$0.count" 2>/dev/null || echo 0); echo $((n+1)) >"$0.count"
+case "$2" in
+"^(TestL)\$")
+	echo "=== RUN   TestL"
+	if [ "$n" = 1 ]; then
+		cat <<'TF'
+` + tfLine + `
+TF
+		echo "--- FAIL: TestL (1.00s)"; exit 1
+	fi
+	echo "--- PASS: TestL (1.00s)";;
+*)	echo "=== RUN   TestX"; echo "--- PASS: TestX (1.00s)";;
+esac
+`
+		return os.WriteFile(bin, []byte(script), 0o755)
+	}
+	var out bytes.Buffer
+	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Minute,
+		TestTimeout: 30 * time.Second, Budget: time.Hour, Reruns: 2, Out: &out, Build: build}
+	pkgs := []Package{{Dir: "a", Tests: []string{"TestX"}}, {Dir: "a", Tests: []string{"TestL"}, Alone: true}}
+	if err := Run(context.Background(), c, pkgs); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	if builds != 1 {
+		t.Errorf("package a built %d times, want once", builds)
+	}
+	for f, want := range map[string]string{
+		"box-a.log":              "args: -test.run ^(TestX)$",
+		"box-a.TestL.log":        "args: -test.run ^(TestL)$",
+		"box-a.TestL.rerun1.log": "args: -test.run ^(TestL)$",
+	} {
+		b, err := os.ReadFile(filepath.Join(rec, f))
+		if err != nil || !strings.Contains(string(b), want) {
+			t.Errorf("%s: %v; want it to hold %q:\n%s", f, err, want, b)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(rec, "box-a.rerun1.log")); err == nil {
+		t.Errorf("package a's shared box was rerun; only TestL's should be")
+	}
+	if reruns, _ := os.ReadFile(filepath.Join(rec, "reruns.txt")); string(reruns) != "a TestL triple-fault\n" {
+		t.Errorf("reruns.txt = %q", reruns)
 	}
 }

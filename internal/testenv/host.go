@@ -129,6 +129,20 @@ func RequireKVM(tb testing.TB, need ...Need) {
 	if len(need) > 0 {
 		n = need[0]
 	}
+	requireKVM(tb, n, false)
+}
+
+// RequireKVMAlone is RequireKVM for a long test that, queued for the box,
+// gets a fresh box of its own rather than sharing its package's: its
+// minutes under TCG do not count against the other tests' -test.timeout,
+// and a box it breaks takes only it down.
+func RequireKVMAlone(tb testing.TB, n Need) {
+	tb.Helper()
+	requireKVM(tb, n, true)
+}
+
+func requireKVM(tb testing.TB, n Need, alone bool) {
+	tb.Helper()
 	h := Host()
 	if n.canRunOn(h) {
 		where := "native"
@@ -143,7 +157,7 @@ func RequireKVM(tb testing.TB, need ...Need) {
 		Missing(tb, "%s even inside the nested-KVM box", why)
 		return
 	}
-	if queue(tb) {
+	if queue(tb, alone) {
 		tb.Skipf("%s: queued for the nested-KVM box, which make test runs next", why)
 	}
 	Missing(tb, "%s: run it through make test, which runs it in the nested-KVM box, or under scripts/kvmbox", why)
@@ -155,10 +169,15 @@ func Record(tb testing.TB, layer, where string) {
 	appendLine(tb, "record.txt", fmt.Sprintf("%s %s %s %s", layer, where, packageDir(tb), topName(tb)))
 }
 
-// queue adds tb's top-level test to the box's queue; false when there is
-// no queue (the test runs outside make test).
-func queue(tb testing.TB) bool {
-	return appendLine(tb, "queue.txt", fmt.Sprintf("%s %s", packageDir(tb), topName(tb)))
+// queue adds tb's top-level test to the box's queue ("DIR Test", or
+// "DIR Test alone" for a box of its own: internal/boxtest reads it); false
+// when there is no queue (the test runs outside make test).
+func queue(tb testing.TB, alone bool) bool {
+	line := fmt.Sprintf("%s %s", packageDir(tb), topName(tb))
+	if alone {
+		line += " alone"
+	}
+	return appendLine(tb, "queue.txt", line)
 }
 
 var recordMu sync.Mutex

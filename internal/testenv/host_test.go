@@ -31,7 +31,7 @@ func TestRecordAndQueue(t *testing.T) {
 	t.Setenv(EnvTestRecord, dir)
 	t.Run("sub", func(t *testing.T) {
 		Record(t, "kvm", "native")
-		if !queue(t) {
+		if !queue(t, false) || !queue(t, true) {
 			t.Fatal("queue: no queue although $MICROVM_TEST_RECORD is set")
 		}
 	})
@@ -46,11 +46,11 @@ func TestRecordAndQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(q), "internal/testenv TestRecordAndQueue\n"; got != want {
+	if got, want := string(q), "internal/testenv TestRecordAndQueue\ninternal/testenv TestRecordAndQueue alone\n"; got != want {
 		t.Errorf("queue.txt = %q, want %q", got, want)
 	}
 	t.Setenv(EnvTestRecord, "")
-	if queue(t) {
+	if queue(t, false) {
 		t.Error("queue reported success with no $MICROVM_TEST_RECORD")
 	}
 }
