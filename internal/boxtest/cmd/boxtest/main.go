@@ -6,7 +6,7 @@
 //
 // Environment: BOX_TIMEOUT (one box, default 12m), BOX_TEST_TIMEOUT (the
 // test binary's -test.timeout in the box, default 8m), BOX_BUDGET (no box
-// starts after this long, default 40m), BOX_RERUNS (default 2).
+// starts after this long, default 40m), BOX_RERUNS (default 3).
 // Exit status: 0 when every queued test passed in the box, 1 when one
 // failed, 2 on bad usage.
 package main
@@ -74,7 +74,7 @@ func run(ctx context.Context, args []string) int {
 	if c.TestTimeout >= c.BoxTimeout {
 		return fail(2, "BOX_TEST_TIMEOUT %v must be shorter than BOX_TIMEOUT %v: a hung test should panic while the box still reports", c.TestTimeout, c.BoxTimeout)
 	}
-	c.Reruns = 2
+	c.Reruns = 3
 	if s := os.Getenv("BOX_RERUNS"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 || n > 5 {
