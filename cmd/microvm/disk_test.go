@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,6 +61,19 @@ func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 // with debugfs.
 func imageFileSHA(t *testing.T, img, path string) string {
 	t.Helper()
+	f := imageFile(t, img, path)
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// imageFile opens path as it is in the ext4 image img, read through a
+// checked copy of the image (e2fsck replays the journal) by debugfs.
+func imageFile(t *testing.T, img, path string) *os.File {
+	t.Helper()
 	dir := t.TempDir()
 	cp := filepath.Join(dir, "copy.img")
 	copyFile(t, img, cp, 0o644)
@@ -77,13 +91,29 @@ func imageFileSHA(t *testing.T, img, path string) string {
 	if err != nil {
 		t.Fatalf("%s is not in the image: %v", path, err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	return f
 }
+
+// byteChiSquare is Pearson's chi-square statistic of b's byte values
+// against the uniform distribution (255 degrees of freedom).
+func byteChiSquare(b []byte) float64 {
+	var n [256]float64
+	for _, c := range b {
+		n[c]++
+	}
+	want := float64(len(b)) / 256
+	var x float64
+	for _, k := range n {
+		x += (k - want) * (k - want) / want
+	}
+	return x
+}
+
+// Bounds on byteChiSquare for uniform bytes: with 255 degrees of freedom
+// the statistic has mean 255 and standard deviation 22.6, so uniform data
+// falls outside [165, 355] (4 standard deviations) about once in 15,000
+// runs, while a stuck, short-cycled or biased source lands far above.
+const chiSquareLow, chiSquareHigh = 165, 355
 
 var shaLine = regexp.MustCompile(`(?m)^([0-9a-f]{64})  (/\S+)$`)
 
@@ -139,7 +169,7 @@ func TestDiskRoot(t *testing.T) {
 		status, out, stderr := exec1(t, "path="+img+",serial=microvm-root",
 			"head -c 67108864 /dev/urandom > /data && sync && sha256sum /data && "+
 				"cat /sys/block/vda/serial; echo; "+
-				"head -c 1048576 /dev/hwrng | wc -c; cat /sys/class/misc/hw_random/rng_current; "+
+				"head -c 1048576 /dev/hwrng > /rng && wc -c < /rng && sync; cat /sys/class/misc/hw_random/rng_current; "+
 				// exec ends the VM without an unmount: a read-only
 				// remount checkpoints the journal and marks the file
 				// system clean, which the read-only boot needs (ext4
@@ -157,6 +187,18 @@ func TestDiskRoot(t *testing.T) {
 		}
 		if !strings.Contains(out, "1048576\n") || !strings.Contains(out, "virtio_rng") {
 			t.Errorf("/dev/hwrng did not give 1 MiB from virtio_rng; stdout:\n%s", out)
+		} else {
+			f := imageFile(t, img, "/rng")
+			b, err := io.ReadAll(f)
+			f.Close()
+			if err != nil || len(b) != 1<<20 {
+				t.Fatalf("/rng in the image: %d bytes, %v; want 1 MiB", len(b), err)
+			}
+			x := byteChiSquare(b)
+			t.Logf("1 MiB from /dev/hwrng: byte chi-square %.1f (255 degrees of freedom; uniform within [%d, %d])", x, chiSquareLow, chiSquareHigh)
+			if x < chiSquareLow || x > chiSquareHigh {
+				t.Errorf("1 MiB from /dev/hwrng has byte chi-square %.1f, outside [%d, %d]: not uniform", x, chiSquareLow, chiSquareHigh)
+			}
 		}
 		if !strings.Contains(out, "remounted") {
 			t.Errorf("the read-only remount failed; stdout:\n%s\nstderr:\n%s", out, stderr)
@@ -268,4 +310,27 @@ func threadStates(pid int) string {
 		fmt.Fprintf(&b, "%s: %s wchan=%s\n%s", filepath.Base(task), strings.TrimSpace(string(stat)), wchan, stack)
 	}
 	return b.String()
+}
+
+// TestByteChiSquare: the check TestDiskRoot applies to /dev/hwrng's bytes
+// takes random bytes and refuses a stuck, a short-cycled and a biased source.
+func TestByteChiSquare(t *testing.T) {
+	good := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{7}).Read(good)
+	if x := byteChiSquare(good); x < chiSquareLow || x > chiSquareHigh {
+		t.Errorf("ChaCha8 bytes: chi-square %.1f, outside [%d, %d]", x, chiSquareLow, chiSquareHigh)
+	}
+	cycle := make([]byte, 1<<20)
+	for i := range cycle {
+		cycle[i] = good[i%4096]
+	}
+	biased := append([]byte(nil), good...)
+	for i := 0; i < len(biased); i += 64 {
+		biased[i] = 0
+	}
+	for name, b := range map[string][]byte{"zeros": make([]byte, 1<<20), "4 KiB cycle": cycle, "1 in 64 bytes zero": biased} {
+		if x := byteChiSquare(b); x >= chiSquareLow && x <= chiSquareHigh {
+			t.Errorf("%s: chi-square %.1f passes as uniform", name, x)
+		}
+	}
 }
