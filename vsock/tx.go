@@ -115,6 +115,12 @@ func (s *session) processTX(st *txState) {
 			if n == 0 {
 				break
 			}
+			if s.failed.Load() {
+				// Failed (by the RX side) since the last look: what
+				// was popped may have been published after the failure,
+				// and a failed device does not act on it.
+				return
+			}
 			if !s.opts.KickSuppress {
 				if _, err := s.tx.EnableNotification(); err != nil {
 					s.failDevice(err)
