@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -77,7 +78,9 @@ func TestExecNetSeccomp(t *testing.T) {
 			t.Fatalf("microvm exec ended (%v) before its TAP appeared\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
 		case <-time.After(100 * time.Millisecond):
 		}
-		if _, err := os.Stat("/sys/class/net/" + tap); err == nil {
+		// Not /sys/class/net: sysfs shows the namespace of whoever
+		// mounted it, and this one is new.
+		if _, err := net.InterfaceByName(tap); err == nil {
 			ip("addr", "add", hostAddr+"/24", "dev", tap)
 			ip("link", "set", tap, "up")
 			configured = true
