@@ -62,22 +62,22 @@ type budget struct {
 const minWindow = 4096
 
 // DefaultMaxBufferedFor is the MaxBuffered a Config with these limits gets
-// when it leaves it 0: DefaultMaxBuffered, or more when maxConns
-// connections' minimum windows (4 KiB each, at most connBuffer) need more.
-// A MaxBuffered set below that minimum is refused by New.
+// when it leaves it 0: DefaultMaxBuffered, or MinMaxBuffered when that is
+// more.
 func DefaultMaxBufferedFor(maxConns int, connBuffer uint32) uint64 {
-	return max(DefaultMaxBuffered, reserveFor(maxConns, connBuffer))
+	return max(DefaultMaxBuffered, MinMaxBuffered(maxConns, connBuffer))
 }
 
-// reserveFor is the budget that gives maxConns connections their minimum
-// window each.
-func reserveFor(maxConns int, connBuffer uint32) uint64 {
+// MinMaxBuffered is the least MaxBuffered New accepts for these limits: the
+// reserve that gives each of maxConns connections its minimum window
+// (4 KiB, or connBuffer when smaller).
+func MinMaxBuffered(maxConns int, connBuffer uint32) uint64 {
 	return uint64(max(maxConns, 0)) * min(minWindow, uint64(connBuffer))
 }
 
 func newBudget(cfg *Config) budget {
 	base := min(minWindow, uint64(cfg.ConnBuffer))
-	return budget{limit: cfg.MaxBuffered, base: base, pool: cfg.MaxBuffered - reserveFor(cfg.MaxConns, cfg.ConnBuffer)}
+	return budget{limit: cfg.MaxBuffered, base: base, pool: cfg.MaxBuffered - MinMaxBuffered(cfg.MaxConns, cfg.ConnBuffer)}
 }
 
 // poolPart is the part of exposure e that the pool holds.

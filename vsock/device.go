@@ -285,7 +285,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.MaxBuffered == 0 {
 		cfg.MaxBuffered = DefaultMaxBufferedFor(cfg.MaxConns, cfg.ConnBuffer)
 	}
-	if r := reserveFor(cfg.MaxConns, cfg.ConnBuffer); cfg.MaxBuffered < r {
+	if r := MinMaxBuffered(cfg.MaxConns, cfg.ConnBuffer); cfg.MaxBuffered < r {
 		// Every connection is sure of its minimum window only if all of
 		// them fit (budget.go): below that, idle connections could
 		// leave a new one without any credit.
