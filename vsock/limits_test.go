@@ -228,6 +228,9 @@ func TestRegressionIdleConnsStarveLaterOnes(t *testing.T) {
 	if s := e.dev.Stats(); s.BufferGranted > limit {
 		t.Errorf("BufferGranted %d over MaxBuffered %d", s.BufferGranted, limit)
 	}
+	if p := e.dev.Probe(); len(p.Problems) > 0 {
+		t.Errorf("budget accounting: %q", p.Problems)
+	}
 }
 
 // A stream connection's window starts at 4 KiB and doubles as the guest
@@ -254,6 +257,9 @@ func TestWindowGrowsWithUse(t *testing.T) {
 	}
 	if s := e.dev.Stats(); s.BufferGranted != vsock.DefaultConnBuffer+4096 {
 		t.Errorf("BufferGranted %d; want %d (one full window, one minimum)", s.BufferGranted, vsock.DefaultConnBuffer+4096)
+	}
+	if p := e.dev.Probe(); len(p.Problems) > 0 {
+		t.Errorf("budget accounting: %q", p.Problems)
 	}
 }
 
