@@ -56,9 +56,9 @@ type budget struct {
 }
 
 // minWindow is the window every connection starts with and is always sure
-// of (budget.base: at most Config.ConnBuffer). 4 KiB is one page, the size
-// of the RX buffers a Linux guest posts, and keeps the reserve of 1023
-// connections at 4 MiB.
+// of (budget.base: at most Config.ConnBuffer). 4 KiB, one page, is enough
+// for a request-sized message, and small enough that the reserve of the
+// default 1023 connections is 4 MiB and 16,384 fit in the default 64 MiB.
 const minWindow = 4096
 
 // DefaultMaxBufferedFor is the MaxBuffered a Config with these limits gets
