@@ -21,7 +21,9 @@ type VsockConfig struct {
 	// most MaxVsockConnBuffer).
 	ConnBuffer int
 	// BufferTotal bounds the guest->host bytes all connections together
-	// may make the device buffer (vsock.Config.MaxBuffered; 0: 64 MiB).
+	// may make the device buffer (vsock.Config.MaxBuffered; 0: 64 MiB, or
+	// MaxConnections x 4 KiB when more). At least vsock.MinMaxBuffered:
+	// every connection is sure of a 4 KiB window.
 	BufferTotal uint64
 	// ConnectTimeout bounds the CONNECT handshake (default 2 s).
 	ConnectTimeout time.Duration

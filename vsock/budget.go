@@ -14,49 +14,115 @@ import (
 // at most grantFwd, and of those the host took fwdCnt - grantFwd. So the
 // bytes a connection buffers (fromGuest - fwdCnt) never exceed its
 // exposure, and the budget bounds the device's buffers whatever the guest
-// and the host sockets do. Each connection is granted up to its share of
-// the budget (grantLocked). Credit is granted, never taken back: the
-// advertised buf_alloc only grows (to Config.ConnBuffer) and fwd_cnt only
-// moves forward (a Linux driver that saw buf_alloc shrink below what it has
-// in flight would compute a wrapped credit). When the budget is spent a
-// connection is advertised less buf_alloc (from its REQUEST or RESPONSE on)
-// or a fwd_cnt behind the bytes its host took, and waits on the starved
-// list: bytes the host sockets take, and connections that close, give
-// budget back, and the RX worker then sends the starved connections a
-// CREDIT_UPDATE with what they can now have.
+// and the host sockets do.
 //
-// used is atomic (every connection's grants and releases, under different
-// conn.mu); mu, a leaf below conn.mu and rxMu, guards the starved list.
+// Credit is granted, never taken back: the advertised buf_alloc only grows
+// and fwd_cnt only moves forward (a Linux driver that saw buf_alloc shrink
+// below what it has in flight would compute a wrapped credit). So what an
+// idle connection was once granted it keeps, and the budget is split in
+// two so that idle connections can never leave a new one without credit:
+//
+//   - the reserve, MaxConns x base (base: minWindow, at most ConnBuffer):
+//     the first base bytes of every connection's exposure. The table holds
+//     at most MaxConns connections, so this part is always there: every
+//     connection gets a window of base at its REQUEST or RESPONSE and gets
+//     its exposure back up to base whenever the host takes its bytes.
+//   - the pool, MaxBuffered - reserve: every exposure above base. A stream
+//     connection's window (conn.window) starts at base and doubles, up to
+//     ConnBuffer, each time the guest fills most of it (growWindowLocked);
+//     the growth comes from the pool, and when the pool has none the window
+//     stays where it is until the guest fills it again. So only connections
+//     that move data hold pool budget, and an idle one pins at most the
+//     window it last grew to.
+//
+// Which part of an exposure e is in which is a function of e alone (up to
+// base: reserve, the rest: pool), so grants and releases move both sums
+// with no state of their own per connection.
+//
+// used and pooled are atomic (every connection's grants and releases, under
+// different conn.mu); mu, a leaf below conn.mu and rxMu, guards the starved
+// list.
 type budget struct {
-	limit uint64
-	used  atomic.Uint64
+	limit uint64 // Config.MaxBuffered
+	base  uint64 // the window every connection is sure of
+	pool  uint64 // limit - MaxConns*base: what exposures above base share
+
+	used   atomic.Uint64 // the sum of the exposures (Stats.BufferGranted)
+	pooled atomic.Uint64 // the sum of the exposures' parts above base, <= pool
 
 	mu      sync.Mutex
 	starved []*conn // connections granted less than they wanted; conn.starved marks membership
 	freed   atomic.Bool
 }
 
-// take reserves up to want bytes and returns how many it got.
-func (b *budget) take(want uint64) uint64 {
-	for {
-		u := b.used.Load()
-		if u >= b.limit {
-			return 0
-		}
-		got := min(want, b.limit-u)
-		if b.used.CompareAndSwap(u, u+got) {
-			return got
-		}
-	}
+// minWindow is the window every connection starts with and is always sure
+// of (budget.base: at most Config.ConnBuffer). 4 KiB, one page, is enough
+// for a request-sized message, and small enough that the reserve of the
+// default 1023 connections is 4 MiB and 16,384 fit in the default 64 MiB.
+const minWindow = 4096
+
+// DefaultMaxBufferedFor is the MaxBuffered a Config with these limits gets
+// when it leaves it 0: DefaultMaxBuffered, or MinMaxBuffered when that is
+// more.
+func DefaultMaxBufferedFor(maxConns int, connBuffer uint32) uint64 {
+	return max(DefaultMaxBuffered, MinMaxBuffered(maxConns, connBuffer))
 }
 
-// release gives n bytes back and reports whether a starved connection may
-// now get some.
-func (b *budget) release(n uint64) bool {
+// MinMaxBuffered is the least MaxBuffered New accepts for these limits: the
+// reserve that gives each of maxConns connections its minimum window
+// (4 KiB, or connBuffer when smaller).
+func MinMaxBuffered(maxConns int, connBuffer uint32) uint64 {
+	return uint64(max(maxConns, 0)) * min(minWindow, uint64(connBuffer))
+}
+
+func newBudget(cfg *Config) budget {
+	base := min(minWindow, uint64(cfg.ConnBuffer))
+	return budget{limit: cfg.MaxBuffered, base: base, pool: cfg.MaxBuffered - MinMaxBuffered(cfg.MaxConns, cfg.ConnBuffer)}
+}
+
+// poolPart is the part of exposure e that the pool holds.
+func (b *budget) poolPart(e uint64) uint64 {
+	if e > b.base {
+		return e - b.base
+	}
+	return 0
+}
+
+// grow raises an exposure of exp by up to want bytes and returns how many
+// it got: all of what lies below base (the reserve), then what the pool
+// has left.
+func (b *budget) grow(exp, want uint64) uint64 {
+	reserved := min(want, b.base-min(exp, b.base))
+	rest := want - reserved
+	var pooled uint64
+	for rest > 0 {
+		p := b.pooled.Load()
+		if p >= b.pool {
+			break
+		}
+		g := min(rest, b.pool-p)
+		if b.pooled.CompareAndSwap(p, p+g) {
+			pooled = g
+			break
+		}
+	}
+	b.used.Add(reserved + pooled)
+	return reserved + pooled
+}
+
+// shrink lowers an exposure of exp by n (n <= exp) and reports whether the
+// pool got budget back that a starved connection may now have.
+func (b *budget) shrink(exp, n uint64) bool {
 	if n == 0 {
 		return false
 	}
 	b.used.Add(^(n - 1))
+	p := b.poolPart(exp) - b.poolPart(exp-n)
+	if p == 0 {
+		// Reserve only: nobody waits for it (a grant always gets it).
+		return false
+	}
+	b.pooled.Add(^(p - 1))
 	b.mu.Lock()
 	wake := len(b.starved) > 0
 	b.mu.Unlock()
@@ -94,55 +160,99 @@ func (c *conn) exposureLocked() uint64 {
 	return uint64(c.bufAlloc) - uint64(c.fwdCnt-c.grantFwd)
 }
 
-// minGrant is the least window a connection aims for, however many share
-// the budget.
-const minGrant = 4096
+// windowLocked is the window c aims for: SEQPACKET the full ConnBuffer
+// (below), a stream the window it has grown to, at least base. Called with
+// c.mu held.
+func (s *session) windowLocked(c *conn) uint64 {
+	if c.window == 0 {
+		c.window = uint32(s.budget.base)
+		if c.typ == TypeSeqpacket {
+			// A Linux guest refuses (EMSGSIZE) a message larger than the
+			// buf_alloc it was told, and never sends part of one to ask
+			// for more, so a SEQPACKET window cannot start small and
+			// grow with use: it aims for the full ConnBuffer from its
+			// REQUEST or RESPONSE on.
+			c.window = s.d.cfg.ConnBuffer
+		}
+	}
+	return uint64(c.window)
+}
 
-// grantLocked tops up c's advertised credit, from the budget, to its share:
-// Config.ConnBuffer, or less when MaxBuffered split among the open
-// connections is smaller (at least minGrant). The share, not a full window,
-// is what a connection may hold while idle, so connections that stop
-// sending cannot pin the whole budget. The fwd_cnt held back goes first,
-// then buf_alloc grows. A connection the budget leaves short goes on the
-// starved list. Called with c.mu held, before a packet carries c.bufAlloc
-// and c.grantFwd to the guest.
+// grantLocked tops up c's exposure, from the budget, to its target: its
+// window (windowLocked), capped for streams at its share of the budget,
+// MaxBuffered / open connections (never below base), so that busy
+// connections share the pool fairly. The fwd_cnt held back goes first,
+// then buf_alloc grows. The part up to base always comes (the reserve);
+// above it, what the pool has left. When the pool leaves c short:
+//   - of a fwd_cnt held back, or of a SEQPACKET window, c goes on the
+//     starved list and is sent a CREDIT_UPDATE once the pool gets budget
+//     back;
+//   - of a stream window's growth, the window falls back to the buf_alloc
+//     c has: it asks again when the guest fills it (growWindowLocked), and
+//     an idle connection waits on no list.
+//
+// Called with c.mu held, before a packet carries c.bufAlloc and c.grantFwd
+// to the guest.
 func (s *session) grantLocked(c *conn) {
 	if c.state == stateClosed {
 		return
 	}
-	open := uint64(max(s.d.ctr.connsOpen.Load(), 1))
-	target := min(uint64(s.d.cfg.ConnBuffer), max(s.budget.limit/open, minGrant))
-	if c.typ == TypeSeqpacket {
-		// A message is forwarded only whole, so its fragments hold the
-		// window until the last one: a window below the message size
-		// would stall it for ever. SEQPACKET aims for the full buffer.
-		target = uint64(s.d.cfg.ConnBuffer)
+	target := s.windowLocked(c)
+	if c.typ == TypeStream {
+		open := uint64(max(s.d.ctr.connsOpen.Load(), 1))
+		target = min(target, max(s.budget.limit/open, s.budget.base))
 	}
 	exp := c.exposureLocked()
 	if exp >= target {
 		return
 	}
+	// bufAlloc <= window, so held-back fwd_cnt and growth cover want.
 	held := uint64(c.fwdCnt - c.grantFwd)
-	grow := uint64(s.d.cfg.ConnBuffer - c.bufAlloc)
-	want := min(target-exp, held+grow)
-	if want == 0 {
-		return
-	}
-	got := s.budget.take(want)
+	want := target - exp
+	got := s.budget.grow(exp, want)
 	r := min(got, held)
 	c.grantFwd += uint32(r)
 	c.bufAlloc += uint32(got - r)
-	if got < want {
-		s.d.ctr.creditStalls.Add(1)
-		s.budget.starve(c)
+	if got == want {
+		return
 	}
+	s.d.ctr.creditStalls.Add(1)
+	if r < held || c.typ == TypeSeqpacket {
+		s.budget.starve(c)
+		return
+	}
+	c.window = max(c.bufAlloc, uint32(s.budget.base))
+}
+
+// growWindowLocked doubles a stream connection's window (up to ConnBuffer)
+// once the guest has used half of it: sent that much beyond the fwd_cnt it
+// was last told, the point where the device owes it a CREDIT_UPDATE anyway
+// (creditCheckLocked). That update then carries the larger buf_alloc, as
+// far as the pool allows (grantLocked). So a connection that streams
+// reaches ConnBuffer within a few updates (4 KiB to 256 KiB: six), while
+// one that only trickles request-sized messages, each answered (every
+// packet to the guest tells it the fwd_cnt), or stays idle keeps base.
+// Half, not all of it: an update that reaches the guest before its credit
+// runs out leaves it never quite filling the window, and a sender kept
+// from ever blocking would otherwise stop growing below ConnBuffer. Called
+// with c.mu held, after the guest's bytes were counted in c.fromGuest.
+func (s *session) growWindowLocked(c *conn) {
+	if c.typ != TypeStream || c.window == 0 || c.window >= s.d.cfg.ConnBuffer {
+		return
+	}
+	if c.fromGuest-c.lastFwd < c.window/2 {
+		return
+	}
+	c.window = min(2*c.window, s.d.cfg.ConnBuffer) // ConnBuffer <= 2^30: no wrap
+	c.pend |= pendCredit
 }
 
 // forwardedLocked records n guest bytes the host socket took: they leave
 // the device's buffers and the exposure. Called with c.mu held.
 func (s *session) forwardedLocked(c *conn, n uint32) {
+	exp := c.exposureLocked()
 	c.fwdCnt += n
-	if s.budget.release(uint64(n)) {
+	if s.budget.shrink(exp, uint64(n)) {
 		s.wakeRX()
 	}
 }

@@ -87,6 +87,11 @@ type conn struct {
 	lastFwd      uint32
 	lastBufAlloc uint32
 	toHost       byteQueue
+	// window is the exposure the connection aims for (budget.go): set at
+	// its first grant (base for a stream, ConnBuffer for SEQPACKET),
+	// grown by growWindowLocked as the guest uses it, never below
+	// bufAlloc; 0 before the first grant.
+	window uint32
 
 	// Host -> guest: the guest's receive window (peer*: the guest's own
 	// buf_alloc and fwd_cnt) and toGuest, the payload bytes sent to it.

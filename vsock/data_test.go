@@ -97,9 +97,11 @@ func TestCreditRequest(t *testing.T) {
 	hostRead(t, h, vsocktest.Pattern(1, 1000))
 	c.CreditRequest()
 	e.g.WaitFor("CREDIT_UPDATE", func() bool { return c.CountCtl(vsock.OpCreditUpdate) == 1 })
+	// 1000 bytes are less than half of the 4 KiB a connection starts
+	// with: the window has not grown.
 	u := c.Ctl[len(c.Ctl)-1]
-	if u.BufAlloc != vsock.DefaultConnBuffer || u.FwdCnt != 1000 {
-		t.Errorf("CREDIT_UPDATE %v; want buf_alloc %d fwd_cnt 1000", &u, vsock.DefaultConnBuffer)
+	if u.BufAlloc != 4096 || u.FwdCnt != 1000 {
+		t.Errorf("CREDIT_UPDATE %v; want buf_alloc 4096 fwd_cnt 1000", &u)
 	}
 	// Asked again with nothing new: still answered.
 	c.CreditRequest()
@@ -108,9 +110,10 @@ func TestCreditRequest(t *testing.T) {
 
 // Once the guest has used more than half of the window the device
 // advertised, the device sends CREDIT_UPDATE unasked; below half it does
-// not.
+// not. (ConnBuffer 4 KiB: the window a connection starts with is already
+// the full buffer, so it does not grow.)
 func TestCreditProactiveUpdate(t *testing.T) {
-	const buf = 16 << 10
+	const buf = 4 << 10
 	e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: buf}})
 	c, h := e.connectGuest(5000, 1025)
 	c.Write(vsocktest.Pattern(1, buf/2-1))

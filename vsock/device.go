@@ -28,7 +28,8 @@ const (
 	DefaultConnBuffer     = 256 << 10 // Config.ConnBuffer: Linux's own default, Firecracker's buffer
 	DefaultConnectTimeout = 2 * time.Second
 	// DefaultMaxBuffered is Config.MaxBuffered: 256 connections' worth of
-	// the default buffer.
+	// the default buffer (more when MaxConns needs it:
+	// DefaultMaxBufferedFor).
 	DefaultMaxBuffered = 64 << 20
 	// MaxConnBuffer bounds Config.ConnBuffer.
 	MaxConnBuffer = 1 << 30 // Config.ConnectTimeout
@@ -37,6 +38,10 @@ const (
 	hostPortBase  = 1 << 30
 	hostPortLimit = 1 << 31
 )
+
+// ErrBufferTotal is wrapped by New's error when Config.MaxBuffered cannot
+// give every one of MaxConns connections its minimum window.
+var ErrBufferTotal = errors.New("raise the buffer total or lower the connection limit")
 
 // Options switch the data-path optimisations, so each can be measured on
 // and off (bench-vsock). The zero value is the plain design; DefaultOptions
@@ -90,9 +95,13 @@ type Config struct {
 	MaxConns   int    // default DefaultMaxConns
 	ConnBuffer uint32 // per-connection buffer, default DefaultConnBuffer
 	// MaxBuffered bounds the guest->host bytes the whole device may have
-	// to buffer (default DefaultMaxBuffered): the credit granted to all
-	// connections together. When it is spent the device grants less
-	// credit (a smaller buf_alloc, a fwd_cnt held back) instead of
+	// to buffer (default DefaultMaxBufferedFor(MaxConns, ConnBuffer)):
+	// the credit granted to all connections together. MaxConns times a
+	// minimum window (4 KiB, at most ConnBuffer) of it is reserved, so
+	// that every connection always has credit; a MaxBuffered below that
+	// is refused (ErrBufferTotal). Above the reserve, windows grow as
+	// connections use them; when the budget is spent the device grants
+	// less credit (a smaller buf_alloc, a fwd_cnt held back) instead of
 	// resetting anyone; see the package comment.
 	MaxBuffered    uint64
 	ConnectTimeout time.Duration      // connect and close timeouts, default DefaultConnectTimeout
@@ -274,7 +283,14 @@ func New(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("vsock: per-connection buffer of %d bytes; at most %d", cfg.ConnBuffer, MaxConnBuffer)
 	}
 	if cfg.MaxBuffered == 0 {
-		cfg.MaxBuffered = DefaultMaxBuffered
+		cfg.MaxBuffered = DefaultMaxBufferedFor(cfg.MaxConns, cfg.ConnBuffer)
+	}
+	if r := MinMaxBuffered(cfg.MaxConns, cfg.ConnBuffer); cfg.MaxBuffered < r {
+		// Every connection is sure of its minimum window only if all of
+		// them fit (budget.go): below that, idle connections could
+		// leave a new one without any credit.
+		return nil, fmt.Errorf("vsock: buffer total of %d bytes is below %d connections x their %d-byte minimum window (%d bytes): %w",
+			cfg.MaxBuffered, cfg.MaxConns, r/uint64(cfg.MaxConns), r, ErrBufferTotal)
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout

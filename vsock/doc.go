@@ -249,18 +249,42 @@
 // the sum, and never lets it pass MaxBuffered (64 MiB by default; 1023
 // connections of 1 GiB would otherwise be a terabyte). Credit is only ever
 // granted, never withdrawn: the buf_alloc a connection is told only grows
-// (from 0, up to ConnBuffer) and its fwd_cnt only moves forward. Before
-// every packet to the guest, a connection tops its exposure up to its
-// share, min(ConnBuffer, MaxBuffered / open connections, at least 4 KiB),
-// as far as the budget allows; when it is spent the connection is told a
-// smaller buf_alloc or a fwd_cnt behind what its host took (CreditStalls
-// counts these) and waits on the starved list. SEQPACKET connections aim
-// for the full ConnBuffer (a message holds its window until its last
-// fragment). Bytes a host socket takes
-// and connections that close give budget back; the RX worker then sends
-// each starved connection a CREDIT_UPDATE. A guest that sends past what it
-// was granted is reset as before (an overrun), so the bound holds against
-// a hostile guest too. Stats.BufferGranted is the budget in use.
+// (from 0, up to ConnBuffer) and its fwd_cnt only moves forward. So what an
+// idle connection holds stays held, and the budget has two parts:
+//
+//   - a reserve of MaxConns x 4 KiB (the minimum window; ConnBuffer if
+//     smaller): every connection's first 4 KiB of exposure. It always
+//     covers every connection in the table, so each gets a 4 KiB window at
+//     its REQUEST or RESPONSE and gets it back whenever its host takes the
+//     bytes: however many connections are open (up to MaxConns) and
+//     whatever the others hold, every one can always send. New refuses a
+//     MaxBuffered below the reserve (ErrBufferTotal); left 0, MaxBuffered
+//     is 64 MiB or the reserve if more (DefaultMaxBufferedFor).
+//   - the pool, the rest: exposures above 4 KiB. A stream connection's
+//     window doubles, up to ConnBuffer, each time the guest uses half of
+//     it since the fwd_cnt it was last told (growWindowLocked), taking the
+//     growth from the pool; a window the pool cannot grow stays as it is
+//     until the guest fills it again. So only connections whose guest
+//     streams data hold more than 4 KiB, and one busy connection reaches
+//     ConnBuffer after six updates (4 KiB to 256 KiB).
+//
+// Before every packet to the guest, a connection tops its exposure up to
+// its target: its window, for streams at most its share of the budget,
+// MaxBuffered / open connections (so busy connections share the pool), as
+// far as the budget allows. When the pool is spent the connection is told
+// a fwd_cnt behind what its host took, or (SEQPACKET) a smaller buf_alloc
+// (CreditStalls counts these, and window growth the pool refused) and waits
+// on the starved list. SEQPACKET connections aim for the full ConnBuffer
+// from the start: a message is forwarded only whole, and a Linux guest
+// refuses a message larger than the buf_alloc it was told (EMSGSIZE)
+// rather than send part of it and wait, so such a window cannot grow on
+// demand; an idle SEQPACKET connection therefore holds ConnBuffer of the
+// pool, but its first 4 KiB, like any connection's, come from the reserve.
+// Bytes a host socket takes and connections that close give budget back;
+// when the pool gets some back, the RX worker sends each starved
+// connection a CREDIT_UPDATE. A guest that sends past what it was granted
+// is reset as before (an overrun), so the bound holds against a hostile
+// guest too. Stats.BufferGranted is the budget in use.
 //
 // # Counters (Stats)
 //

@@ -55,6 +55,7 @@ func (d *Device) Probe() Probe {
 	for _, c := range conns {
 		c.mu.Lock()
 	}
+	var pooled uint64
 	for _, c := range conns {
 		if c.state == stateClosed {
 			p.ClosedInTable++
@@ -62,6 +63,11 @@ func (d *Device) Probe() Probe {
 		exp := c.exposureLocked()
 		held := uint64(c.toHost.Len() + len(c.msg))
 		p.Exposure += exp
+		pooled += s.budget.poolPart(exp)
+		if c.state != stateClosed && (c.bufAlloc > c.window || c.window > d.cfg.ConnBuffer) {
+			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): window %d, buf_alloc %d, ConnBuffer %d: want buf_alloc <= window <= ConnBuffer",
+				c.key.hostPort, c.key.guestPort, c.state, c.window, c.bufAlloc, d.cfg.ConnBuffer))
+		}
 		p.Buffered += held
 		if held > exp {
 			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): holds %d guest bytes, exposure %d (buf_alloc %d, fwd_cnt %d, granted fwd_cnt %d)",
@@ -78,6 +84,12 @@ func (d *Device) Probe() Probe {
 	}
 	p.BudgetUsed = s.budget.used.Load()
 	p.BudgetLimit = s.budget.limit
+	// The pool holds exactly the exposures' parts above the minimum
+	// window, and never more than MaxBuffered less the reserve.
+	if got := s.budget.pooled.Load(); got != pooled || got > s.budget.pool {
+		p.Problems = append(p.Problems, fmt.Sprintf("pool in use %d, the exposures' parts above %d add up to %d, pool %d",
+			got, s.budget.base, pooled, s.budget.pool))
+	}
 	for i := len(conns) - 1; i >= 0; i-- {
 		conns[i].mu.Unlock()
 	}

@@ -1,6 +1,7 @@
 package vsock_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -93,7 +94,7 @@ func TestMaxBuffered(t *testing.T) {
 		sndBuf   = 4096
 		settling = 100 * time.Millisecond
 	)
-	e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: connBuf, MaxBuffered: limit}})
+	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: 16, ConnBuffer: connBuf, MaxBuffered: limit}})
 	// Small socket buffers on the device's side, so that little of what
 	// the guest sends hides in the kernel.
 	e.dial.Script = func(uint32) vsocktest.DialAction {
@@ -184,4 +185,107 @@ func hostFD(t *testing.T, h *vsocktest.HostConn) int {
 		t.Fatal(err)
 	}
 	return fd
+}
+
+// Regression (issue 11, soak finding): a connection was granted its share
+// of MaxBuffered, min(ConnBuffer, MaxBuffered / open connections), at its
+// RESPONSE and kept it while idle, since credit is never taken back. So in
+// a burst the first connections took full windows, spent the budget, and
+// every later one was granted nothing: it could not send until an earlier
+// one sent or closed (a 1000-connection soak at the defaults echoed 291
+// connections, then nothing). Now each connection starts with a 4 KiB
+// window from a reserve of MaxConns x 4 KiB and grows only as it sends.
+func TestRegressionIdleConnsStarveLaterOnes(t *testing.T) {
+	const (
+		nconns  = 64
+		connBuf = 64 << 10
+		limit   = 512 << 10 // 8 full windows; the old share gave the first 8 all of it
+	)
+	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: nconns, ConnBuffer: connBuf, MaxBuffered: limit}})
+	cs := make([]*vsocktest.Conn, nconns)
+	hs := make([]*vsocktest.HostConn, nconns)
+	for i := range cs {
+		cs[i], hs[i] = e.connectGuest(5000, uint32(6000+i))
+	}
+	e.g.Sync()
+	var none []int
+	for i, c := range cs {
+		if c.Credit() < 4096 {
+			none = append(none, i)
+		}
+	}
+	s := e.dev.Stats()
+	t.Logf("%d idle connections: %d bytes granted of %d, %d credit stalls", nconns, s.BufferGranted, limit, s.CreditStalls)
+	if len(none) > 0 {
+		t.Errorf("%d of %d idle connections have less than 4 KiB of credit (first: %d): the earlier ones hold the budget", len(none), nconns, none[0])
+	}
+	if s.BufferGranted != nconns*4096 {
+		t.Errorf("%d idle connections hold %d bytes of budget; want 4 KiB each (%d)", nconns, s.BufferGranted, nconns*4096)
+	}
+	// The last one opened sends and receives a full window's worth.
+	last := nconns - 1
+	e.transfer(cs[last], hs[last], vsocktest.Pattern(7, connBuf), vsocktest.Pattern(8, 4096))
+	if s := e.dev.Stats(); s.BufferGranted > limit {
+		t.Errorf("BufferGranted %d over MaxBuffered %d", s.BufferGranted, limit)
+	}
+	if p := e.dev.Probe(); len(p.Problems) > 0 {
+		t.Errorf("budget accounting: %q", p.Problems)
+	}
+}
+
+// A stream connection's window starts at 4 KiB and doubles as the guest
+// fills it, so one busy connection reaches the full ConnBuffer within a
+// few round trips and keeps it; an idle one stays at 4 KiB.
+func TestWindowGrowsWithUse(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	busy, hb := e.connectGuest(5000, 1024)
+	idle, _ := e.connectGuest(5000, 1025)
+	if busy.PeerBufAlloc != 4096 || idle.PeerBufAlloc != 4096 {
+		t.Fatalf("buf_alloc at RESPONSE %d and %d; want 4096", busy.PeerBufAlloc, idle.PeerBufAlloc)
+	}
+	e.transfer(busy, hb, vsocktest.Pattern(1, 1<<20), nil)
+	// What the host took since the last packet is back in the budget
+	// until the next packet tops the exposure up again: ask for one.
+	n := busy.CountCtl(vsock.OpCreditUpdate)
+	busy.CreditRequest()
+	e.g.WaitFor("a CREDIT_UPDATE", func() bool { return busy.CountCtl(vsock.OpCreditUpdate) > n })
+	if busy.PeerBufAlloc != vsock.DefaultConnBuffer {
+		t.Errorf("buf_alloc %d after 1 MiB; want ConnBuffer %d", busy.PeerBufAlloc, vsock.DefaultConnBuffer)
+	}
+	if idle.PeerBufAlloc != 4096 {
+		t.Errorf("idle connection: buf_alloc %d; want 4096", idle.PeerBufAlloc)
+	}
+	if s := e.dev.Stats(); s.BufferGranted != vsock.DefaultConnBuffer+4096 {
+		t.Errorf("BufferGranted %d; want %d (one full window, one minimum)", s.BufferGranted, vsock.DefaultConnBuffer+4096)
+	}
+	if p := e.dev.Probe(); len(p.Problems) > 0 {
+		t.Errorf("budget accounting: %q", p.Problems)
+	}
+}
+
+// A MaxBuffered that cannot give every connection its minimum window is
+// refused; left 0, it grows with MaxConns.
+func TestBufferTotalCoversReserve(t *testing.T) {
+	_, err := vsock.New(vsock.Config{CID: 3, MaxConns: 1024, MaxBuffered: 4<<20 - 1})
+	if !errors.Is(err, vsock.ErrBufferTotal) {
+		t.Errorf("MaxBuffered 4 MiB - 1 for 1024 connections: error %v; want ErrBufferTotal", err)
+	}
+	for _, c := range []vsock.Config{
+		{CID: 3, MaxConns: 1024, MaxBuffered: 4 << 20},
+		{CID: 3, MaxConns: 1024, ConnBuffer: 1024, MaxBuffered: 1 << 20}, // minimum window 1 KiB: ConnBuffer
+		{CID: 3, MaxConns: 100000},                                       // default: 100000 x 4 KiB
+	} {
+		d, err := vsock.New(c)
+		if err != nil {
+			t.Errorf("%+v: %v", c, err)
+			continue
+		}
+		d.Close()
+	}
+	if got, want := vsock.DefaultMaxBufferedFor(100000, vsock.DefaultConnBuffer), uint64(100000*4096); got != want {
+		t.Errorf("DefaultMaxBufferedFor(100000) = %d; want %d", got, want)
+	}
+	if got := vsock.DefaultMaxBufferedFor(vsock.DefaultMaxConns, vsock.DefaultConnBuffer); got != vsock.DefaultMaxBuffered {
+		t.Errorf("DefaultMaxBufferedFor(defaults) = %d; want %d", got, vsock.DefaultMaxBuffered)
+	}
 }

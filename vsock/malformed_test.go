@@ -112,6 +112,14 @@ func TestBadLength(t *testing.T) {
 	t.Run("len-64k", func(t *testing.T) {
 		e := newEnv(t, envOpts{})
 		c, h := e.connectGuest(5000, 1025)
+		// Enough data first for the window to grow past 64 KiB.
+		e.transfer(c, h, vsocktest.Pattern(2, 512<<10), nil)
+		n := c.CountCtl(vsock.OpCreditUpdate)
+		c.CreditRequest()
+		e.g.WaitFor("a CREDIT_UPDATE", func() bool { return c.CountCtl(vsock.OpCreditUpdate) > n })
+		if c.Credit() < vsock.MaxPacketPayload {
+			t.Fatalf("credit %d after 512 KiB; want at least %d", c.Credit(), vsock.MaxPacketPayload)
+		}
 		data := vsocktest.Pattern(1, vsock.MaxPacketPayload)
 		c.MaxPacket = vsock.MaxPacketPayload
 		c.Send(vsock.OpRW, 0, data)

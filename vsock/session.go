@@ -92,7 +92,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
 		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
 		seqpacket: a.Features&FeatureSeqpacket != 0,
-		budget:    budget{limit: d.cfg.MaxBuffered},
+		budget:    newBudget(&d.cfg),
 	}
 	var err error
 	cleanup := func() {
@@ -310,7 +310,7 @@ func (s *session) closeConnLocked(c *conn) {
 	c.state = stateClosed
 	// Whatever the connection could still have made us buffer goes back
 	// to the device's budget.
-	if s.budget.release(c.exposureLocked()) {
+	if exp := c.exposureLocked(); s.budget.shrink(exp, exp) {
 		s.wakeRX()
 	}
 	c.bufAlloc, c.grantFwd = 0, c.fwdCnt

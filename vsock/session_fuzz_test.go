@@ -28,8 +28,10 @@ import (
 //	          4 indirect descriptors, 5 SEQPACKET negotiated,
 //	          bits 6-7 descriptors per TX packet and RX buffer (1-3)
 //	config 1  bits 0-1 queue size (16, 32, 64, 256), 2-3 ConnBuffer (4K,
-//	          16K, 64K, 256K), 4-5 MaxBuffered (64M, 8K, 20K, 64K),
-//	          6 MaxConns 3 (else 8), 7 64-byte RX buffers (else 4 KiB)
+//	          16K, 64K, 256K), 4-5 MaxBuffered (the default, or the
+//	          reserve MaxConns x 4 KiB plus 0, 12K or 32K: no pool, or
+//	          one small enough to run dry), 6 MaxConns 3 (else 8),
+//	          7 64-byte RX buffers (else 4 KiB)
 //	config 2  bit 0 small host socket buffers, 1 guest buffer 2 KiB (else
 //	          256 KiB), 2 guest packets of 1 KiB (else 4 KiB)
 //
@@ -274,7 +276,6 @@ func newFzMachine(t *testing.T, in []byte, hostOps bool) *fzMachine {
 		CID:            vsocktest.DefaultCID,
 		QueueSize:      []uint16{16, 32, 64, 256}[c[1]&3],
 		ConnBuffer:     []uint32{4 << 10, 16 << 10, 64 << 10, 256 << 10}[c[1]>>2&3],
-		MaxBuffered:    []uint64{0, 8 << 10, 20 << 10, 64 << 10}[c[1]>>4&3],
 		MaxConns:       8,
 		ConnectTimeout: fzLongTimeout,
 		Options:        opts,
@@ -283,6 +284,10 @@ func newFzMachine(t *testing.T, in []byte, hostOps bool) *fzMachine {
 	}
 	if c[1]&64 != 0 {
 		m.cfg.MaxConns = 3
+	}
+	if sel := c[1] >> 4 & 3; sel != 0 {
+		// Every ConnBuffer here is at least the 4 KiB minimum window.
+		m.cfg.MaxBuffered = uint64(m.cfg.MaxConns)*4096 + []uint64{0, 0, 12 << 10, 32 << 10}[sel]
 	}
 	split := 1 + int(c[0]>>6)%3
 	m.guestBuf = vsocktest.DefaultGuestBuf

@@ -471,7 +471,7 @@ func (s *session) guestResponse(c *conn) {
 	}
 	c.state = stateEstablished
 	s.d.ctr.connsEstablished.Add(1)
-	if c.bufAlloc < s.d.cfg.ConnBuffer {
+	if uint64(c.bufAlloc) < s.windowLocked(c) {
 		// The REQUEST went out while the budget was short: the guest
 		// gets the rest of its window as soon as there is budget.
 		c.pend |= pendCredit
@@ -566,6 +566,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	}
 	c.fromGuest += n
 	s.d.ctr.txBytes.Add(uint64(n))
+	s.growWindowLocked(c)
 	if c.typ == TypeSeqpacket {
 		s.guestSeqData(st, c, h)
 		return

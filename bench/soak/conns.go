@@ -88,11 +88,9 @@ func runConns(cfg connsConfig, progress io.Writer) (*connsResult, error) {
 		cfg.ConnBuffer = vsock.DefaultConnBuffer
 	}
 	if cfg.MaxBuffered == 0 {
-		// Enough for every connection's full window at once: the device
-		// never takes back credit it granted, so connections that went
-		// idle keep what they hold, and with less than this the ones
-		// opened last can be left without any (docs/soak.md).
-		cfg.MaxBuffered = uint64(cfg.Conns) * uint64(cfg.ConnBuffer)
+		// The device's default (what vsock.New picks for 0), named so
+		// that the report and the bound check use it.
+		cfg.MaxBuffered = vsock.DefaultMaxBufferedFor(cfg.MaxConns, cfg.ConnBuffer)
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second

@@ -53,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	payload := fs.String("payload", "4K", "conns: bytes echoed on each connection")
 	maxConns := fs.Int("max-conns", 0, "conns: the device's connection limit, --vsock-max-conns (0: -conns, and one more is checked refused)")
 	connBuffer := fs.String("conn-buffer", "64K", "conns: the device's per-connection buffer, --vsock-conn-buffer")
-	bufferTotal := fs.String("buffer-total", "0", "conns: the device's bound on buffered guest->host bytes, --vsock-buffer-total (0: -conns times -conn-buffer)")
+	bufferTotal := fs.String("buffer-total", "0", "conns: the device's bound on buffered guest->host bytes, --vsock-buffer-total (0: the device's default, 64M or -max-conns times 4K when more)")
 	hold := fs.Duration("hold", 2*time.Second, "conns: how long every connection stays open before closing")
 	parallel := fs.Int("parallel", 128, "conns: handshakes in flight at once, each side")
 	bytesFlag := fs.String("bytes", "10G", "bytes: what each leg moves each way")
@@ -175,7 +175,7 @@ var (
 	connsNotes = []string{
 		"the device runs in a process of its own (vsock.New, ListenUDS, vhostuser.Listen, as microvm vhost-user-vsock); the guest is bench/internal/vhufront's driver over vhost-user shared memory, not a kernel",
 		"rss, heap and fds per connection: (open or held, the larger) less base, over conns; heap is HeapAlloc after a GC; kernel socket memory is not in RSS",
-		"buffer_granted_per_conn: the device's own accounting (Stats.BufferGranted): guest->host bytes each connection may make it buffer, at most buffer-total split among the open connections (at least 4 KiB each)",
+		"buffer_granted_per_conn: the device's own accounting (Stats.BufferGranted): guest->host bytes each connection may make it buffer: a 4 KiB window each from a reserve of max-conns x 4 KiB, grown (doubling, up to conn-buffer and to buffer-total split among the open connections) only on connections whose guest sends",
 	}
 	bytesNotes = []string{
 		"to_guest and from_guest are the device's RxBytes and TxBytes counters: payload bytes through its rings",

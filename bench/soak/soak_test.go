@@ -44,6 +44,20 @@ func TestSoakConnsShort(t *testing.T) {
 	t.Logf("\n%s", b.String())
 }
 
+// TestSoakConnsTightBudget: 200 connections echo 4 KiB each with
+// buffer-total room for only 8 full 256 KiB windows. Regression (issue 11):
+// the first connections of the burst took full windows and kept them idle,
+// and the rest never got credit to echo.
+func TestSoakConnsTightBudget(t *testing.T) {
+	r, err := runConns(connsConfig{Conns: 200, GuestInitiated: 100, Payload: 4096, ConnBuffer: 256 << 10, MaxBuffered: 2 << 20, Hold: 100 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range r.Failures {
+		t.Error(f)
+	}
+}
+
 // TestSoakBytesShort: 64 MiB each way per leg, echo over two connections,
 // SHA-256 intact.
 func TestSoakBytesShort(t *testing.T) {

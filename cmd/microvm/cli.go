@@ -230,7 +230,7 @@ func vsockLimitFlags(prefix string) []cli.Flag {
 	return []cli.Flag{
 		&cli.IntFlag{Name: prefix + "max-conns", Value: vsock.DefaultMaxConns, Usage: "most vsock connections open at once"},
 		&cli.StringFlag{Name: prefix + "conn-buffer", Value: "256K", Usage: "per-connection vsock buffer, up to 1G (SIZE; a bare number means bytes)"},
-		&cli.StringFlag{Name: prefix + "buffer-total", Value: "64M", Usage: "guest->host bytes all vsock connections together may make the device buffer; past it the guest gets less credit, nobody is reset (SIZE)"},
+		&cli.StringFlag{Name: prefix + "buffer-total", Value: "64M", Usage: "guest->host bytes all vsock connections together may make the device buffer, at least max-conns x 4K (the default grows to that); past it the guest gets less credit, nobody is reset (SIZE)"},
 		&cli.DurationFlag{Name: prefix + "connect-timeout", Value: vsock.DefaultConnectTimeout, Usage: "deadline for a host client's CONNECT line and for the guest's answer"},
 	}
 }
@@ -258,7 +258,15 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 	if err != nil || total == 0 {
 		return lim, usagef("--%sbuffer-total %q: want a size of at least 1 byte", prefix, c.String(prefix+"buffer-total"))
 	}
-	lim.bufferTotal = total
+	// Left unset, the device's default: 64M, or more when max-conns
+	// connections' minimum windows need it.
+	if c.IsSet(prefix + "buffer-total") {
+		if least := vsock.MinMaxBuffered(lim.maxConns, lim.connBuffer); total < least {
+			return lim, usagef("--%sbuffer-total %q: below --%smax-conns %d times the minimum window each connection is sure of (%d bytes): want at least %d bytes",
+				prefix, c.String(prefix+"buffer-total"), prefix, lim.maxConns, least/uint64(lim.maxConns), least)
+		}
+		lim.bufferTotal = total
+	}
 	if lim.connectTimeout <= 0 {
 		return lim, usagef("--%sconnect-timeout %v: want a positive duration", prefix, lim.connectTimeout)
 	}

@@ -100,6 +100,7 @@ func TestUsageErrors(t *testing.T) {
 		{"--vsock-max-conns 0", []string{"run", "--kernel", kernel, "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock", "--vsock-max-conns", "0"}, "--vsock-max-conns 0: want at least 1"},
 		{"--vsock-connect-timeout 0", []string{"run", "--kernel", kernel, "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock", "--vsock-connect-timeout", "0s"}, "--vsock-connect-timeout 0s: want a positive duration"},
 		{"vhost-user-vsock --conn-buffer 0", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--conn-buffer", "0"}, `--conn-buffer "0": want a size between 1 byte and 1G`},
+		{"vhost-user-vsock --buffer-total below the reserve", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--buffer-total", "1M"}, `--buffer-total "1M": below --max-conns 1023 times the minimum window each connection is sure of (4096 bytes): want at least 4190208 bytes`},
 		{"vhost-user-vsock --buffer-total 0", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--buffer-total", "0"}, `--buffer-total "0": want a size of at least 1 byte`},
 		{"bad --acpi", []string{"run", "--kernel", kernel, "--acpi", "maybe"}, `--acpi "maybe": want on or off`},
 		{"bad --irqchip", []string{"run", "--kernel", kernel, "--irqchip", "userspace"}, `irqchip "userspace": want "split" or "kernel"`},
