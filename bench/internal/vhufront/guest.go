@@ -483,10 +483,17 @@ func (g *Guest) reap() bool {
 			return progress
 		}
 		g.rxPosted[id] = false
-		g.receive(id, n)
+		opened := g.receive(id, n)
 		g.rxPosted[id] = true
 		if err := g.rx.Offer(id); err != nil {
 			g.fail(err)
+		}
+		if opened {
+			// A connection was just established: the application
+			// (Run's caller) sets its OnData before any more packets
+			// are dispatched, which with our RESPONSE published at
+			// once (PublishPacket) may already include its data.
+			break
 		}
 	}
 	return progress
@@ -543,8 +550,10 @@ func (g *Guest) publish(q int) {
 	}
 }
 
-// receive handles the packet the device put in RX buffer id (n bytes).
-func (g *Guest) receive(id uint16, n uint32) {
+// receive handles the packet the device put in RX buffer id (n bytes). It
+// reports whether a connection was established by it (accepted, or
+// answered).
+func (g *Guest) receive(id uint16, n uint32) (opened bool) {
 	if n < HdrSize || n > uint32(HdrSize+g.cfg.RXBufSize) {
 		g.failf("device used RX buffer %d with length %d (buffer of %d)", id, n, HdrSize+g.cfg.RXBufSize)
 		return
@@ -575,7 +584,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 				g.conns[key] = c
 				c.control(OpResponse, 0)
 				accept(c)
-				return
+				return true
 			}
 		case OpRst:
 			return // never answer RST with RST
@@ -591,6 +600,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 			return
 		}
 		c.state = connEstablished
+		return true
 	case OpRW:
 		if c.state != connEstablished {
 			g.failf("device sent %v before the connection was established", h)
@@ -642,6 +652,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 	default:
 		g.failf("device sent %v: unknown operation", h)
 	}
+	return false
 }
 
 // queueCtl sends a control packet now if a TX slot is free, else after the
