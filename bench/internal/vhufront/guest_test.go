@@ -107,6 +107,7 @@ func TestStreams(t *testing.T) {
 		opts vsock.Options
 	}{
 		{"event", Config{}, vsock.DefaultOptions},
+		{"event turn-publish", Config{Publish: PublishTurn}, vsock.DefaultOptions},
 		{"poll", Config{Mode: ModePoll}, vsock.DefaultOptions},
 		{"no-event-idx one-region", Config{NoEventIdx: true, Regions: 1}, vsock.DefaultOptions},
 		{"small-ring big-rx-buffers all-off", Config{QueueSize: 16, RXBufSize: 65536, BufAlloc: 32 << 10}, vsock.Options{}},
