@@ -5,7 +5,8 @@
 //
 //	go run ./bench/vhostuser [-microvm bin/microvm] [-peer PATH] [-pairs 5]
 //	    [-options all-on,all-off,...] [-payloads 64,4096,65536] [-mode event|poll]
-//	    [-dur 300ms] [-rtt-dur 150ms] [-json build/bench/device.json] [-quick]
+//	    [-dur 300ms] [-rtt-dur 150ms] [-tx-publish packet|turn]
+//	    [-json build/bench/device.json] [-quick]
 //
 // For each target (microvm's back-end with each -options set, rust-vmm's
 // vhost-device-vsock with -peer) it starts the back-end, connects as a
