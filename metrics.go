@@ -372,7 +372,8 @@ func (m Metrics) writeVsock(w *promtext.Writer) {
 	w.Family("microvm_vsock_seqpacket_messages_total", promtext.Counter, "SEQPACKET messages passed whole, by direction.")
 	w.Uint(s.SeqToHost, "device", s.Name, "direction", "to_host")
 	w.Uint(s.SeqToGuest, "device", s.Name, "direction", "to_guest")
-	c("microvm_vsock_direct_enqueues_total", "Control packets a producer put in the RX ring itself (--vsock-opt direct-enqueue).", func(v *VsockMetrics) uint64 { return v.DirectEnqueues })
+	c("microvm_vsock_direct_enqueues_total", "Connection work a producer put in the RX ring itself (--vsock-opt direct-enqueue).", func(v *VsockMetrics) uint64 { return v.DirectEnqueues })
+	c("microvm_vsock_rx_handoffs_total", "Connection work another goroutine handed to the RX worker with a wake-up (what direct-enqueue avoids).", func(v *VsockMetrics) uint64 { return v.RxHandoffs })
 	c("microvm_vsock_kick_suppressions_total", "TX passes run with the guest's kicks off across host writes (--vsock-opt kick-suppress).", func(v *VsockMetrics) uint64 { return v.KickSuppressions })
 	c("microvm_vsock_batched_packets_total", "TX packets that joined a run already holding their connection's lock (--vsock-opt batch).", func(v *VsockMetrics) uint64 { return v.BatchedPackets })
 	if !s.Dgram {

@@ -147,8 +147,14 @@ type Stats struct {
 	// RxQueueFull counts the RX worker's passes that stopped with packets
 	// still to send because the guest had no free RX buffer (the worker
 	// then waits for an RX kick).
-	RxQueueFull       uint64
-	DirectEnqueues    uint64 // control packets a producer put in the RX ring itself
+	RxQueueFull    uint64
+	DirectEnqueues uint64 // connection work (control packets; host data the TX worker unblocked) a producer put in the RX ring itself
+	// RxHandoffs counts connection work another goroutine (the TX worker,
+	// a dial goroutine, a host connect) handed to the RX worker, through
+	// the ready list and a wake-up, instead of putting it in the RX ring
+	// itself: the hop DirectEnqueue removes. Host data the RX worker
+	// learns of by its own epoll is no hand-off.
+	RxHandoffs        uint64
 	TxKicks, RxKicks  uint64 // queue notifications observed by the workers
 	Interrupts        uint64 // RX interrupts sent (TX ones are not counted)
 	HostWriteStalls   uint64 // host writes the socket took only in part (writev or buffer flush)
@@ -240,7 +246,7 @@ func (k GuestErrorKind) String() string {
 // that sees the event: no lock, no map on the data path.
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, droppedRsts,
-	directEnqueues, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
+	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
@@ -391,7 +397,7 @@ func (d *Device) Stats() Stats {
 		ConnsEstablished: c.connsEstablished.Load(), ConnsRefused: c.connsRefused.Load(),
 		ConnsReset: c.connsReset.Load(), RxQueueFull: c.rxQueueFull.Load(),
 		RstSent: c.rstSent.Load(), DroppedRsts: c.droppedRsts.Load(),
-		DirectEnqueues: c.directEnqueues.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
+		DirectEnqueues: c.directEnqueues.Load(), RxHandoffs: c.rxHandoffs.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
 		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),

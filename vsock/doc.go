@@ -153,7 +153,10 @@
 // visible after unlocking). Each moves a counter of its own in Stats
 // (DirectEnqueues, KickSuppressions, BatchedPackets) only when on, which
 // TestOptions checks; the CLI sets them with --vsock-opt, and make
-// bench-device measures them. Seed 004's copybreak (copy small payloads
+// bench-device measures them. RxHandoffs counts the work producers still
+// hand to the RX worker with a wake-up (always, without DirectEnqueue);
+// host data the RX worker learns of by its own epoll is none, so a
+// ping-pong makes no hand-off either way (TestPingPongNoHandoff). Seed 004's copybreak (copy small payloads
 // rather than scatter-gather) was built, measured and removed: it never won
 // here (docs/performance.md).
 //

@@ -264,6 +264,7 @@ func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
 		}
 	}
 	if c.hasRxWork() {
+		s.d.ctr.rxHandoffs.Add(1)
 		s.markReadyLocked(c)
 		s.wakeRX()
 	}

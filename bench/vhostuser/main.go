@@ -5,7 +5,8 @@
 //
 //	go run ./bench/vhostuser [-microvm bin/microvm] [-peer PATH] [-pairs 5]
 //	    [-options all-on,all-off,...] [-payloads 64,4096,65536] [-mode event|poll]
-//	    [-dur 300ms] [-rtt-dur 150ms] [-json build/bench/device.json] [-quick]
+//	    [-dur 300ms] [-rtt-dur 150ms] [-tx-publish packet|turn]
+//	    [-json build/bench/device.json] [-quick]
 //
 // For each target (microvm's back-end with each -options set, rust-vmm's
 // vhost-device-vsock with -peer) it starts the back-end, connects as a
@@ -117,6 +118,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rxBuf := fs.Int("rx-buf", 4096, "payload room of each guest RX buffer (Linux: 4096)")
 	bufAlloc := fs.Int("buf-alloc", 256<<10, "the guest's receive window per connection (Linux: 256 KiB)")
 	noEventIdx := fs.Bool("no-event-idx", false, "do not negotiate VIRTIO_F_EVENT_IDX")
+	publish := fs.String("tx-publish", string(vhufront.PublishPacket), "when the guest driver publishes TX packets (and may kick): packet (each as queued, as Linux) or turn (all of a turn together)")
 	timeout := fs.Duration("timeout", 20*time.Second, "bound on every wait beyond a measurement's own length")
 	jsonOut := fs.String("json", "build/bench/device.json", "rows (medians) go here (empty: nowhere)")
 	runsOut := fs.String("runs-json", "build/bench/device-runs.json", "every sample, the settings and the host go here (empty: nowhere)")
@@ -187,6 +189,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *mode != string(vhufront.ModeEvent) && *mode != string(vhufront.ModePoll) {
 		return usage("-mode %q: want event or poll", *mode)
 	}
+	if *publish != string(vhufront.PublishPacket) && *publish != string(vhufront.PublishTurn) {
+		return usage("-tx-publish %q: want packet or turn", *publish)
+	}
 	if *queueSize < 2 || *queueSize > 32768 || *queueSize&(*queueSize-1) != 0 {
 		return usage("-queue-size %d: want a power of 2 from 2 to 32768", *queueSize)
 	}
@@ -213,7 +218,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		dur: *dur, rttDur: *rttDur, rttMax: *rttMax, timeout: *timeout, tmp: tmp, peerExe: exe, port: 5000,
 		log: stderr, verbose: *verbose,
 		guest: vhufront.Config{CID: 3, QueueSize: uint16(*queueSize), RXBufSize: *rxBuf, BufAlloc: uint32(*bufAlloc),
-			Mode: vhufront.Mode(*mode), NoEventIdx: *noEventIdx},
+			Mode: vhufront.Mode(*mode), NoEventIdx: *noEventIdx, Publish: vhufront.Publish(*publish)},
 	}
 	defer r.stopPeer()
 	var cells []cell
@@ -226,7 +231,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rep := &report{
 		Date: time.Now().Format(time.RFC3339), Host: benchenv.HostInfo(), Pairs: *pairs, Mode: *mode,
 		Duration: dur.String(), RTTDuration: rttDur.String(), RTTMax: *rttMax, QueueSize: *queueSize, RXBuf: *rxBuf,
-		BufAlloc: *bufAlloc, EventIdx: !*noEventIdx, Targets: map[string]string{},
+		BufAlloc: *bufAlloc, EventIdx: !*noEventIdx, TxPublish: *publish, Targets: map[string]string{},
 	}
 	rep.Versions = map[string]string{}
 	for _, t := range targets {

@@ -52,7 +52,8 @@ func TestQuickRun(t *testing.T) {
 	var rows []map[string]any
 	readJSON(t, rowsPath, &rows)
 	fields := []string{"backend", "options", "direction", "payload", "bytes_per_s", "msgs_per_s", "rtt_p50_ns",
-		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s"}
+		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s",
+		"tx_busy_kicks_per_mib"}
 	// Every option set and the peer, 2 directions, 2 payloads, stream and
 	// ping-pong.
 	if want := (len(allOptions) + 1) * 2 * 2 * 2; len(rows) != want {

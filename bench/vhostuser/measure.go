@@ -46,12 +46,16 @@ type sample struct {
 
 	// Through the rings (vsock only): payload bytes both ways, kicks we
 	// made and interrupts the back-end signalled, per queue (rx, tx).
-	RingBytes      uint64    `json:"ring_bytes,omitempty"`
-	Kicks          [2]uint64 `json:"kicks,omitempty"`
-	Irqs           [2]uint64 `json:"irqs,omitempty"`
-	KicksPerMiB    float64   `json:"kicks_per_mib,omitempty"`
-	IrqsPerMiB     float64   `json:"irqs_per_mib,omitempty"`
-	CreditRequests uint64    `json:"credit_requests,omitempty"`
+	RingBytes   uint64    `json:"ring_bytes,omitempty"`
+	Kicks       [2]uint64 `json:"kicks,omitempty"`
+	Irqs        [2]uint64 `json:"irqs,omitempty"`
+	KicksPerMiB float64   `json:"kicks_per_mib,omitempty"`
+	// BusyKicks: TX kicks made while the device still held earlier TX
+	// packets (vhufront.Stats.BusyKicks), and per MiB.
+	BusyKicks       uint64  `json:"tx_busy_kicks,omitempty"`
+	BusyKicksPerMiB float64 `json:"tx_busy_kicks_per_mib,omitempty"`
+	IrqsPerMiB      float64 `json:"irqs_per_mib,omitempty"`
+	CreditRequests  uint64  `json:"credit_requests,omitempty"`
 	// CPU time over the measurement: the back-end process (utime+stime,
 	// 10 ms ticks), and this process (the guest driver, or the AF_UNIX
 	// reference's receiving or echoing end).
@@ -181,11 +185,13 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		s.Kicks[q] = st1.Kicks[q] - st0.Kicks[q]
 		s.Irqs[q] = st1.Irqs[q] - st0.Irqs[q]
 	}
+	s.BusyKicks = st1.BusyKicks - st0.BusyKicks
 	s.CreditRequests = st1.CreditReqs - st0.CreditReqs
 	s.BackendCPU = (cpu1 - cpu0).Seconds()
 	s.GeneratorCPU = (self1 - self0).Seconds()
 	if mib > 0 {
 		s.KicksPerMiB = float64(s.Kicks[0]+s.Kicks[1]) / mib
+		s.BusyKicksPerMiB = float64(s.BusyKicks) / mib
 		s.IrqsPerMiB = float64(s.Irqs[0]+s.Irqs[1]) / mib
 		s.BackendCPUPerMiB = s.BackendCPU / mib
 	}

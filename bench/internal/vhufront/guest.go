@@ -53,7 +53,30 @@ type Config struct {
 	// Dgram asks for VIRTIO_VSOCK_F_DGRAM; where the back-end offers it,
 	// the datagram rings are set up too (dgram.go).
 	Dgram bool
+	// Publish is when TX packets become visible to the device (default
+	// PublishPacket).
+	Publish Publish
 }
+
+// Publish is when the driver makes the TX packets it queued visible to the
+// device, and so when it may kick.
+type Publish string
+
+const (
+	// PublishPacket: each packet is published, and the kick decision
+	// made, as soon as it is queued, as Linux's virtio-vsock driver does
+	// on its fast path (virtio_transport_send_skb_fast_path: add, then
+	// virtqueue_kick, per packet) and virtio-net per transmitted packet.
+	// A device that re-enables kicks while it still works gets one for
+	// each packet queued meanwhile: what kick suppression (seed 002) is
+	// about.
+	PublishPacket Publish = "packet"
+	// PublishTurn: the packets of one turn are published together, one
+	// kick decision per turn, as a driver that batches its sends does.
+	// The driver then kicks at most once per turn whatever the device
+	// does, which hides most of what kick suppression saves.
+	PublishTurn Publish = "turn"
+)
 
 func (c *Config) setDefaults() {
 	if c.QueueSize == 0 {
@@ -68,6 +91,9 @@ func (c *Config) setDefaults() {
 	if c.Mode == "" {
 		c.Mode = ModeEvent
 	}
+	if c.Publish == "" {
+		c.Publish = PublishPacket
+	}
 	if c.Regions == 0 {
 		c.Regions = 2
 	}
@@ -80,7 +106,12 @@ func (c *Config) setDefaults() {
 // QueueTX): eventfd writes we made, and signals the device made on the
 // call eventfds (an eventfd read returns how many).
 type Stats struct {
-	Kicks, Irqs                    [2]uint64
+	Kicks, Irqs [2]uint64
+	// BusyKicks counts the TX kicks made while the device still held
+	// earlier TX packets (it had not returned them all): kicks the device
+	// asked for while it was working, which kick suppression (seed 002)
+	// exists to avoid. The others found the device done with the ring.
+	BusyKicks                      uint64
 	RxPackets, TxPackets           uint64
 	RxBytes, TxBytes               uint64 // RW payload bytes
 	CreditUpdatesSent, CreditReqs  uint64 // CREDIT_UPDATE we sent; CREDIT_REQUEST we had to send
@@ -139,6 +170,9 @@ func Start(sock string, cfg Config) (*Guest, error) {
 	cfg.setDefaults()
 	if cfg.RXBufSize < 1 || cfg.RXBufSize > MaxPayload {
 		return nil, fmt.Errorf("vhufront: RX buffer of %d bytes: want 1..%d", cfg.RXBufSize, MaxPayload)
+	}
+	if cfg.Publish != PublishPacket && cfg.Publish != PublishTurn {
+		return nil, fmt.Errorf("vhufront: publish %q: want %q or %q", cfg.Publish, PublishPacket, PublishTurn)
 	}
 	if cfg.QueueSize < 2 || cfg.QueueSize&(cfg.QueueSize-1) != 0 {
 		return nil, fmt.Errorf("vhufront: queue size %d: want a power of 2, at least 2", cfg.QueueSize)
@@ -449,10 +483,17 @@ func (g *Guest) reap() bool {
 			return progress
 		}
 		g.rxPosted[id] = false
-		g.receive(id, n)
+		opened := g.receive(id, n)
 		g.rxPosted[id] = true
 		if err := g.rx.Offer(id); err != nil {
 			g.fail(err)
+		}
+		if opened {
+			// A connection was just established: the application
+			// (Run's caller) sets its OnData before any more packets
+			// are dispatched, which with our RESPONSE published at
+			// once (PublishPacket) may already include its data.
+			break
 		}
 	}
 	return progress
@@ -469,27 +510,50 @@ func (g *Guest) flush() {
 	if len(g.ctlQueue) == 0 {
 		g.ctlQueue = nil
 	}
-	for q, r := range []*Ring{g.rx, g.tx} {
-		if !r.Pending() {
-			continue
-		}
-		kick, err := r.Publish()
-		if err != nil {
-			g.fail(err)
-			return
-		}
-		if kick {
-			if err := g.kick[q].Signal(); err != nil {
-				g.fail(err)
-				return
-			}
-			g.stats.Kicks[q]++
-		}
+	for q := range 2 {
+		g.publish(q)
 	}
 }
 
-// receive handles the packet the device put in RX buffer id (n bytes).
-func (g *Guest) receive(id uint16, n uint32) {
+// publish makes queue q's offered chains visible and kicks if the device
+// asked for it.
+func (g *Guest) publish(q int) {
+	r := g.rx
+	if q == QueueTX {
+		r = g.tx
+	}
+	if !r.Pending() || g.err != nil {
+		return
+	}
+	var unused uint16
+	if q == QueueTX {
+		var err error
+		if unused, err = r.Unused(); err != nil {
+			g.fail(err)
+			return
+		}
+	}
+	kick, err := r.Publish()
+	if err != nil {
+		g.fail(err)
+		return
+	}
+	if kick {
+		if unused > 0 {
+			g.stats.BusyKicks++
+		}
+		if err := g.kick[q].Signal(); err != nil {
+			g.fail(err)
+			return
+		}
+		g.stats.Kicks[q]++
+	}
+}
+
+// receive handles the packet the device put in RX buffer id (n bytes). It
+// reports whether a connection was established by it (accepted, or
+// answered).
+func (g *Guest) receive(id uint16, n uint32) (opened bool) {
 	if n < HdrSize || n > uint32(HdrSize+g.cfg.RXBufSize) {
 		g.failf("device used RX buffer %d with length %d (buffer of %d)", id, n, HdrSize+g.cfg.RXBufSize)
 		return
@@ -520,7 +584,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 				g.conns[key] = c
 				c.control(OpResponse, 0)
 				accept(c)
-				return
+				return true
 			}
 		case OpRst:
 			return // never answer RST with RST
@@ -536,6 +600,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 			return
 		}
 		c.state = connEstablished
+		return true
 	case OpRW:
 		if c.state != connEstablished {
 			g.failf("device sent %v before the connection was established", h)
@@ -587,6 +652,7 @@ func (g *Guest) receive(id uint16, n uint32) {
 	default:
 		g.failf("device sent %v: unknown operation", h)
 	}
+	return false
 }
 
 // queueCtl sends a control packet now if a TX slot is free, else after the
@@ -633,6 +699,9 @@ func (g *Guest) post(h *Hdr, payload []byte) {
 	}
 	g.stats.TxPackets++
 	g.stats.TxBytes += uint64(len(payload))
+	if g.cfg.Publish == PublishPacket {
+		g.publish(QueueTX)
+	}
 }
 
 // Listen accepts connections to port: accept is called (from Run) with

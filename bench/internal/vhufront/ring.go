@@ -115,6 +115,14 @@ func (r *Ring) Publish() (kick bool, err error) {
 	return flags&usedNoNotify == 0, err
 }
 
+// Unused is how many published chains the device has not returned yet
+// (the published index less the device's used index): none means the
+// device has finished with everything it was given.
+func (r *Ring) Unused() (uint16, error) {
+	idx, err := r.mem.Load16Acquire(r.Used + 2)
+	return r.published - idx, err
+}
+
 // NextUsed returns the next used entry, if the device published one.
 func (r *Ring) NextUsed() (id uint16, length uint32, ok bool, err error) {
 	idx, err := r.mem.Load16Acquire(r.Used + 2)
