@@ -12,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
 )
 
@@ -117,7 +118,7 @@ func (s *metricsServer) close() error {
 	err := s.srv.Close()
 	<-s.served
 	s.handlers.Wait()
-	if rerr := os.Remove(s.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+	if rerr := os.Remove(jail.Path(s.path)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		err = errors.Join(err, rerr)
 	}
 	return err

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
 	"golang.org/x/sys/unix"
 )
@@ -41,7 +42,7 @@ type UDSDialer struct {
 
 // Dial implements Dialer.
 func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
-	c, err := net.DialTimeout("unix", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	c, err := net.DialTimeout("unix", jail.Path(u.Path+"_"+strconv.FormatUint(uint64(port), 10)), timeout)
 	if err != nil {
 		return -1, err
 	}
@@ -53,7 +54,7 @@ func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 // refuses (EPROTOTYPE) and the guest's connection is reset like any refused
 // one.
 func (u UDSDialer) DialSeqpacket(_, port uint32, timeout time.Duration) (int, error) {
-	c, err := net.DialTimeout("unixpacket", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	c, err := net.DialTimeout("unixpacket", jail.Path(u.Path+"_"+strconv.FormatUint(uint64(port), 10)), timeout)
 	if err != nil {
 		return -1, err
 	}
@@ -284,7 +285,7 @@ func (u *UDS) Close() error {
 		}
 		u.wg.Wait()
 		for _, p := range []string{u.path, u.SeqpacketPath()} {
-			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+			if rerr := os.Remove(jail.Path(p)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
 				err = rerr
 			}
 		}

@@ -23,13 +23,13 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
 		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
-		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--seccomp=off]",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--chroot DIR] [--seccomp=off]",
 		OnUsageError: onUsageError,
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
-		}, append(vsockLimitFlags(""), vsockOptFlag())...), seccompFlag(), logFlag()),
+		}, append(vsockLimitFlags(""), vsockOptFlag())...), chrootFlag(), seccompFlag(), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -56,6 +56,19 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			}
 			if err := vsock.CheckUDSPath(uds); err != nil {
 				return usageError{err}
+			}
+			root, err := readChroot(c)
+			if err != nil {
+				return err
+			}
+			if err := chrootPath(root, &sock, "--socket"); err != nil {
+				return err
+			}
+			if err := chrootPath(root, &uds, "--uds-path"); err != nil {
+				return err
+			}
+			if err := needProc(root); err != nil {
+				return err
 			}
 			if opts.Dgram {
 				if err := vsock.CheckDgramPath(uds); err != nil {
@@ -92,6 +105,10 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sigs)
+			if err := enterChroot(root, log); err != nil {
+				be.Close()
+				return err
+			}
 			if err := confine(c, seccomp.VhostUserVsock(), log); err != nil {
 				be.Close()
 				return err
