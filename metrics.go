@@ -444,7 +444,13 @@ func (m Metrics) writeBlk(w *promtext.Writer) {
 	c("microvm_blk_written_bytes_total", "Bytes written from guest memory to the image.", func(d DiskMetrics) uint64 { return d.BytesWritten })
 	c("microvm_blk_refused_total", "Requests answered IOERR or UNSUPP because of what the guest asked (out of range, read-only, unknown type).", func(d DiskMetrics) uint64 { return d.Refused })
 	c("microvm_blk_host_errors_total", "Requests answered IOERR because the host file failed.", func(d DiskMetrics) uint64 { return d.HostErrors })
-	c("microvm_blk_guest_errors_total", "Malformed request chains and queue errors (the device then needs a reset).", func(d DiskMetrics) uint64 { return d.GuestErrors })
+	w.Family("microvm_blk_guest_errors_total", promtext.Counter,
+		"Malformed request chains and queue errors, by kind (header, layout, queue); the device then needs a reset.")
+	for _, d := range ds {
+		for k := blk.GuestErrorKind(0); k < blk.NumGuestErrorKinds; k++ {
+			w.Uint(d.GuestErrorsByKind[k], "device", d.Name, "kind", k.String())
+		}
+	}
 	w.Family("microvm_blk_max_in_flight", promtext.Gauge, "Most requests seen in flight at once.")
 	for _, d := range ds {
 		w.Uint(d.MaxInFlight, "device", d.Name)
@@ -476,5 +482,9 @@ func (m Metrics) writeRNG(w *promtext.Writer) {
 	c("microvm_rng_requests_total", "Entropy requests returned to the guest.", func(r *RNGMetrics) uint64 { return r.Requests })
 	c("microvm_rng_bytes_total", "Random bytes written to guest memory.", func(r *RNGMetrics) uint64 { return r.Bytes })
 	c("microvm_rng_throttled_total", "Times the device waited for its rate limit (--rng-rate).", func(r *RNGMetrics) uint64 { return r.Throttled })
-	c("microvm_rng_guest_errors_total", "Malformed request chains and queue errors (the device then needs a reset).", func(r *RNGMetrics) uint64 { return r.GuestErrors })
+	w.Family("microvm_rng_guest_errors_total", promtext.Counter,
+		"Malformed request chains and queue errors, by kind (layout, queue); the device then needs a reset.")
+	for k := rng.GuestErrorKind(0); k < rng.NumGuestErrorKinds; k++ {
+		w.Uint(m.RNG.GuestErrorsByKind[k], "device", m.RNG.Name, "kind", k.String())
+	}
 }

@@ -22,10 +22,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -179,18 +181,30 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 	add(fill(&m.Nets[0].Stats, &next), "eth0/")
 	add(fill(&m.Nets[0].Transport, &next), "eth0/")
 	// GuestErrors is the sum of the kinds in a real snapshot.
-	m.Vsock.GuestErrors = 0
-	for _, n := range m.Vsock.GuestErrorsByKind {
-		m.Vsock.GuestErrors += n
-	}
+	m.Vsock.GuestErrors = sum(m.Vsock.GuestErrorsByKind[:])
 	delete(fields, "vsock0/Stats.GuestErrors")
+	m.RNG.GuestErrors = sum(m.RNG.GuestErrorsByKind[:])
+	delete(fields, "rng0/Stats.GuestErrors")
+	for i := range m.Disks {
+		m.Disks[i].GuestErrors = sum(m.Disks[i].GuestErrorsByKind[:])
+		delete(fields, m.Disks[i].Name+"/Stats.GuestErrors")
+	}
 	return m, fields
+}
+
+func sum(ns []uint64) uint64 {
+	var t uint64
+	for _, n := range ns {
+		t += n
+	}
+	return t
 }
 
 // notExported says which device counters the exposition leaves out on
 // purpose: the devices' own interrupt counts (vsock's counts RX only), as
 // the transport counts every interrupt (microvm_virtio_interrupts_total).
-// vsock's GuestErrors, the sum of its kinds, is left out of the fields.
+// The GuestErrors of vsock, blk and rng, the sums of their kinds, are left
+// out of the fields.
 func notExported(path string) bool { return strings.HasSuffix(path, "/Stats.Interrupts") }
 
 // TestPrometheusGolden: the exposition of a machine with every device type
@@ -243,6 +257,8 @@ func TestPrometheusGolden(t *testing.T) {
 		`microvm_virtio_guest_errors_total{device="eth0",kind="status"}`:               m.Nets[0].Transport.GuestErrors[virtio.GuestErrStatus],
 		`microvm_virtio_queue_full_total{device="eth0",queue="rx"}`:                    m.Nets[0].RxStalls,
 		`microvm_blk_requests_total{device="vdb",op="write_zeroes"}`:                   m.Disks[1].WriteZeroes,
+		`microvm_blk_guest_errors_total{device="vdb",kind="layout"}`:                   m.Disks[1].GuestErrorsByKind[blk.GuestErrLayout],
+		`microvm_rng_guest_errors_total{device="rng0",kind="queue"}`:                   m.RNG.GuestErrorsByKind[rng.GuestErrQueue],
 		`microvm_net_rx_bytes_total{device="eth0"}`:                                    m.Nets[0].RxBytes,
 		`microvm_rng_bytes_total{device="rng0"}`:                                       m.RNG.Bytes,
 		`microvm_vcpu_exits_total{vcpu="1",reason="other"}`:                            5,
