@@ -35,7 +35,8 @@ func CheckUDSPath(path string) error {
 }
 
 // UDSDialer connects guest-initiated connections to port P at "<Path>_P",
-// Firecracker's convention.
+// Firecracker's convention. Path is a host path: once microvm entered its
+// --chroot, internal/jail maps it to its name inside the new root.
 type UDSDialer struct {
 	Path string
 }
