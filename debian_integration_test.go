@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -27,7 +28,7 @@ func TestDebianCloudKernel(t *testing.T) {
 		return
 	}
 	testenv.RequireKVM(t, testenv.NeedLinux)
-	out := newConsole()
+	out := consoletest.New()
 	log, logged := logBuffer()
 	m, err := New(Config{
 		Kernel: kernel, Initrd: initrd, CPUs: 2, MemoryBytes: 512 << 20, Console: out, Log: log,
@@ -52,7 +53,7 @@ func TestDebianCloudKernel(t *testing.T) {
 		done <- ran{r, err}
 		close(stopped)
 	}()
-	if !out.waitFor("init: scenario echo listening", 9*time.Minute, stopped) {
+	if !out.WaitFor("init: scenario echo listening", 9*time.Minute, stopped) {
 		cancel()
 		<-stopped
 		t.Fatalf("the guest's echo scenario never listened (%v); log:\n%s\nconsole:\n%s", time.Since(start), logged, out)

@@ -1,13 +1,11 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,57 +13,14 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/kvm"
 )
 
-// console is a goroutine-safe console sink that can wait for a line.
-type console struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer
-	change chan struct{} // closed and replaced on every write
-}
-
-func newConsole() *console { return &console{change: make(chan struct{})} }
-
-func (c *console) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.buf.Write(p)
-	close(c.change)
-	c.change = make(chan struct{})
-	return len(p), nil
-}
-
-func (c *console) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.buf.String()
-}
-
-// waitFor blocks until the output contains s, done is closed, or d passes.
-func (c *console) waitFor(s string, d time.Duration, done <-chan struct{}) bool {
-	deadline := time.After(d)
-	for {
-		c.mu.Lock()
-		found, ch := strings.Contains(c.buf.String(), s), c.change
-		c.mu.Unlock()
-		if found {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-done:
-			return strings.Contains(c.String(), s)
-		case <-deadline:
-			return false
-		}
-	}
-}
-
 // logBuffer is a logger whose output the test can read.
-func logBuffer() (*logrus.Logger, *console) {
-	c := newConsole()
+func logBuffer() (*logrus.Logger, *consoletest.Console) {
+	c := consoletest.New()
 	l := logrus.New()
 	l.SetOutput(c)
 	l.SetLevel(logrus.InfoLevel)
@@ -76,7 +31,7 @@ func logBuffer() (*logrus.Logger, *console) {
 // the console output.
 func runGuest(t *testing.T, cfg Config, timeout time.Duration) (Result, string, error) {
 	t.Helper()
-	out := newConsole()
+	out := consoletest.New()
 	cfg.Console = out
 	if cfg.Log == nil {
 		cfg.Log = quietLog()
@@ -145,7 +100,7 @@ func TestCancelStopsGuest(t *testing.T) {
 	testenv.RequireKVM(t)
 	for _, cpus := range []int{1, 3} {
 		t.Run(fmt.Sprintf("cpus=%d", cpus), func(t *testing.T) {
-			out := newConsole()
+			out := consoletest.New()
 			m, err := New(Config{
 				Kernel:  testenv.TinyGuest(t, testenv.Program{}.Print("up\n").Halt()),
 				CPUs:    cpus,
@@ -165,7 +120,7 @@ func TestCancelStopsGuest(t *testing.T) {
 				r, err := m.Run(ctx)
 				done <- ran{r, err}
 			}()
-			if !out.waitFor("up\n", 30*time.Second, nil) {
+			if !out.WaitFor("up\n", 30*time.Second, nil) {
 				t.Fatalf("guest did not start; console %q", out)
 			}
 			start := time.Now()

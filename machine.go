@@ -14,6 +14,7 @@ import (
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/loader"
 	"github.com/microvm/microvm/rng"
@@ -95,7 +96,7 @@ type Machine struct {
 	vsockMMIO, rngMMIO *virtio.MMIO
 	diskMMIO, netMMIO  []*virtio.MMIO
 	vcpuCtrs           []*vcpuCounters
-	metricsSrv         *metricsServer // Config.MetricsSocket; nil without
+	metricsSrv         *metricsrv.Server // Config.MetricsSocket; nil without
 
 	stopOnce sync.Once
 	result   Result
@@ -231,7 +232,7 @@ func (m *Machine) build() error {
 	// Last, once nothing else can fail: the metrics server reads what
 	// the steps above built.
 	if p := m.cfg.MetricsSocket; p != "" {
-		if m.metricsSrv, err = startMetricsServer(p, m.MetricsHandler(), m.log); err != nil {
+		if m.metricsSrv, err = metricsrv.Start(p, m.MetricsHandler(), m.log); err != nil {
 			return err
 		}
 	}
@@ -503,7 +504,7 @@ func (m *Machine) Close() error {
 	var errs []error
 	if m.metricsSrv != nil {
 		// First: a scrape in flight finishes before anything goes away.
-		errs = append(errs, m.metricsSrv.close())
+		errs = append(errs, m.metricsSrv.Close())
 		m.metricsSrv = nil
 	}
 	for i := len(m.closers) - 1; i >= 0; i-- {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/blk"
+	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/rng"
@@ -113,6 +114,47 @@ type VsockMetrics struct {
 	vsock.Stats
 }
 
+// transport is the vsock device as the virtio families see it.
+func (v *VsockMetrics) transport() transport {
+	t := transport{name: v.Name, stats: v.Transport,
+		kicks: []queueCount{{"rx", v.RxKicks}, {"tx", v.TxKicks}},
+		full:  []queueCount{{"rx", v.RxQueueFull}}}
+	if v.Dgram {
+		t.kicks = append(t.kicks, queueCount{"dgram_tx", v.DgramKicks})
+	}
+	return t
+}
+
+// VhostUserVsockMetrics are the counters of `microvm vhost-user-vsock`
+// (its --metrics-socket): its vsock device's, and the vhost-user
+// back-end's. The virtio transport is the front-end's VMM's, so
+// Vsock.Transport stays zero and the transport's families are not
+// written; the queues' are (the device counts them).
+type VhostUserVsockMetrics struct {
+	Vsock VsockMetrics
+	// Frontends counts front-end connections accepted; FrontendErrors
+	// those dropped for a protocol error; DeviceFailures the device
+	// failures reported to a front-end (a broken ring: the device stops
+	// until the front-end starts it again). vhostuser.Backend.Stats.
+	Frontends, FrontendErrors, DeviceFailures uint64
+}
+
+// WritePrometheus writes m in the Prometheus text exposition format,
+// version 0.0.4: the virtio queue families, the vsock families and the
+// vhost-user ones (docs/metrics.md).
+func (m VhostUserVsockMetrics) WritePrometheus(out io.Writer) error {
+	w := promtext.NewWriter(out)
+	writeVirtio(w, []transport{m.Vsock.transport()}, false)
+	Metrics{Vsock: &m.Vsock}.writeVsock(w)
+	w.Family("microvm_vhost_user_frontends_total", promtext.Counter, "Front-end connections accepted.")
+	w.Uint(m.Frontends)
+	w.Family("microvm_vhost_user_frontend_errors_total", promtext.Counter, "Front-end connections dropped for a vhost-user protocol error.")
+	w.Uint(m.FrontendErrors)
+	w.Family("microvm_vhost_user_device_failures_total", promtext.Counter, "Device failures reported to the front-end (a broken ring: the device stops until restarted).")
+	w.Uint(m.DeviceFailures)
+	return w.Flush()
+}
+
 // RNGMetrics are the rng device's counters.
 type RNGMetrics struct {
 	Name      string // "rng0"
@@ -174,18 +216,7 @@ func (m *Machine) Metrics() Metrics {
 // Prometheus text exposition format, version 0.0.4, for an embedder's own
 // HTTP server (Config.MetricsSocket serves it at /metrics).
 func (m *Machine) MetricsHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Allow", "GET, HEAD")
-			http.Error(w, "only GET and HEAD", http.StatusMethodNotAllowed)
-			return
-		}
-		w.Header().Set("Content-Type", promtext.ContentType)
-		if r.Method == http.MethodHead {
-			return
-		}
-		_ = m.Metrics().WritePrometheus(w) // a client gone away is no error of ours
-	})
+	return metricsrv.Handler(func(w io.Writer) error { return m.Metrics().WritePrometheus(w) })
 }
 
 // exitLabels are the exit reasons every vCPU reports, zero or not, so a
@@ -276,13 +307,7 @@ type queueCount struct {
 func (m Metrics) transports() []transport {
 	var ts []transport
 	if v := m.Vsock; v != nil {
-		t := transport{name: v.Name, stats: v.Transport,
-			kicks: []queueCount{{"rx", v.RxKicks}, {"tx", v.TxKicks}},
-			full:  []queueCount{{"rx", v.RxQueueFull}}}
-		if v.Dgram {
-			t.kicks = append(t.kicks, queueCount{"dgram_tx", v.DgramKicks})
-		}
-		ts = append(ts, t)
+		ts = append(ts, v.transport())
 	}
 	if r := m.RNG; r != nil {
 		ts = append(ts, transport{name: r.Name, stats: r.Transport, kicks: []queueCount{{"request", r.Kicks}}})
@@ -299,15 +324,23 @@ func (m Metrics) transports() []transport {
 }
 
 func (m Metrics) writeVirtio(w *promtext.Writer) {
-	ts := m.transports()
+	writeVirtio(w, m.transports(), true)
+}
+
+// writeVirtio writes the virtio families of ts: the queues' (kicks,
+// queue full), which the devices count, and, when mmio says the devices
+// sit on microvm's virtio-mmio transport, the transport's.
+func writeVirtio(w *promtext.Writer, ts []transport, mmio bool) {
 	if len(ts) == 0 {
 		return
 	}
-	w.Family("microvm_virtio_interrupts_total", promtext.Counter,
-		"Interrupts the device raised (irqfd signals), by kind: used_buffer or config (sent with DEVICE_NEEDS_RESET).")
-	for _, t := range ts {
-		w.Uint(t.stats.UsedBufferInterrupts, "device", t.name, "kind", "used_buffer")
-		w.Uint(t.stats.ConfigInterrupts, "device", t.name, "kind", "config")
+	if mmio {
+		w.Family("microvm_virtio_interrupts_total", promtext.Counter,
+			"Interrupts the device raised (irqfd signals), by kind: used_buffer or config (sent with DEVICE_NEEDS_RESET).")
+		for _, t := range ts {
+			w.Uint(t.stats.UsedBufferInterrupts, "device", t.name, "kind", "used_buffer")
+			w.Uint(t.stats.ConfigInterrupts, "device", t.name, "kind", "config")
+		}
 	}
 	w.Family("microvm_virtio_kicks_total", promtext.Counter,
 		"Queue notifications from the guest driver that the device's workers observed, by queue.")
@@ -322,6 +355,9 @@ func (m Metrics) writeVirtio(w *promtext.Writer) {
 		for _, k := range t.full {
 			w.Uint(k.n, "device", t.name, "queue", k.queue)
 		}
+	}
+	if !mmio {
+		return
 	}
 	w.Family("microvm_virtio_guest_errors_total", promtext.Counter,
 		"Driver errors the virtio-mmio transport saw, by kind (register, features, queue, status, device); each was logged.")
@@ -409,7 +445,13 @@ func (m Metrics) writeBlk(w *promtext.Writer) {
 	c("microvm_blk_written_bytes_total", "Bytes written from guest memory to the image.", func(d DiskMetrics) uint64 { return d.BytesWritten })
 	c("microvm_blk_refused_total", "Requests answered IOERR or UNSUPP because of what the guest asked (out of range, read-only, unknown type).", func(d DiskMetrics) uint64 { return d.Refused })
 	c("microvm_blk_host_errors_total", "Requests answered IOERR because the host file failed.", func(d DiskMetrics) uint64 { return d.HostErrors })
-	c("microvm_blk_guest_errors_total", "Malformed request chains and queue errors (the device then needs a reset).", func(d DiskMetrics) uint64 { return d.GuestErrors })
+	w.Family("microvm_blk_guest_errors_total", promtext.Counter,
+		"Malformed request chains and queue errors, by kind (header, layout, queue); the device then needs a reset.")
+	for _, d := range ds {
+		for k := blk.GuestErrorKind(0); k < blk.NumGuestErrorKinds; k++ {
+			w.Uint(d.GuestErrorsByKind[k], "device", d.Name, "kind", k.String())
+		}
+	}
 	w.Family("microvm_blk_max_in_flight", promtext.Gauge, "Most requests seen in flight at once.")
 	for _, d := range ds {
 		w.Uint(d.MaxInFlight, "device", d.Name)
@@ -441,5 +483,9 @@ func (m Metrics) writeRNG(w *promtext.Writer) {
 	c("microvm_rng_requests_total", "Entropy requests returned to the guest.", func(r *RNGMetrics) uint64 { return r.Requests })
 	c("microvm_rng_bytes_total", "Random bytes written to guest memory.", func(r *RNGMetrics) uint64 { return r.Bytes })
 	c("microvm_rng_throttled_total", "Times the device waited for its rate limit (--rng-rate).", func(r *RNGMetrics) uint64 { return r.Throttled })
-	c("microvm_rng_guest_errors_total", "Malformed request chains and queue errors (the device then needs a reset).", func(r *RNGMetrics) uint64 { return r.GuestErrors })
+	w.Family("microvm_rng_guest_errors_total", promtext.Counter,
+		"Malformed request chains and queue errors, by kind (layout, queue); the device then needs a reset.")
+	for k := rng.GuestErrorKind(0); k < rng.NumGuestErrorKinds; k++ {
+		w.Uint(m.RNG.GuestErrorsByKind[k], "device", m.RNG.Name, "kind", k.String())
+	}
 }

@@ -22,9 +22,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtio"
 )
 
@@ -178,18 +181,30 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 	add(fill(&m.Nets[0].Stats, &next), "eth0/")
 	add(fill(&m.Nets[0].Transport, &next), "eth0/")
 	// GuestErrors is the sum of the kinds in a real snapshot.
-	m.Vsock.GuestErrors = 0
-	for _, n := range m.Vsock.GuestErrorsByKind {
-		m.Vsock.GuestErrors += n
-	}
+	m.Vsock.GuestErrors = sum(m.Vsock.GuestErrorsByKind[:])
 	delete(fields, "vsock0/Stats.GuestErrors")
+	m.RNG.GuestErrors = sum(m.RNG.GuestErrorsByKind[:])
+	delete(fields, "rng0/Stats.GuestErrors")
+	for i := range m.Disks {
+		m.Disks[i].GuestErrors = sum(m.Disks[i].GuestErrorsByKind[:])
+		delete(fields, m.Disks[i].Name+"/Stats.GuestErrors")
+	}
 	return m, fields
+}
+
+func sum(ns []uint64) uint64 {
+	var t uint64
+	for _, n := range ns {
+		t += n
+	}
+	return t
 }
 
 // notExported says which device counters the exposition leaves out on
 // purpose: the devices' own interrupt counts (vsock's counts RX only), as
 // the transport counts every interrupt (microvm_virtio_interrupts_total).
-// vsock's GuestErrors, the sum of its kinds, is left out of the fields.
+// The GuestErrors of vsock, blk and rng, the sums of their kinds, are left
+// out of the fields.
 func notExported(path string) bool { return strings.HasSuffix(path, "/Stats.Interrupts") }
 
 // TestPrometheusGolden: the exposition of a machine with every device type
@@ -242,6 +257,8 @@ func TestPrometheusGolden(t *testing.T) {
 		`microvm_virtio_guest_errors_total{device="eth0",kind="status"}`:               m.Nets[0].Transport.GuestErrors[virtio.GuestErrStatus],
 		`microvm_virtio_queue_full_total{device="eth0",queue="rx"}`:                    m.Nets[0].RxStalls,
 		`microvm_blk_requests_total{device="vdb",op="write_zeroes"}`:                   m.Disks[1].WriteZeroes,
+		`microvm_blk_guest_errors_total{device="vdb",kind="layout"}`:                   m.Disks[1].GuestErrorsByKind[blk.GuestErrLayout],
+		`microvm_rng_guest_errors_total{device="rng0",kind="queue"}`:                   m.RNG.GuestErrorsByKind[rng.GuestErrQueue],
 		`microvm_net_rx_bytes_total{device="eth0"}`:                                    m.Nets[0].RxBytes,
 		`microvm_rng_bytes_total{device="rng0"}`:                                       m.RNG.Bytes,
 		`microvm_vcpu_exits_total{vcpu="1",reason="other"}`:                            5,
@@ -257,6 +274,68 @@ func TestPrometheusGolden(t *testing.T) {
 	}
 	if got := e.get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != 1.5 {
 		t.Errorf("vCPU 0 CPU seconds %v, want 1.5", got)
+	}
+}
+
+// TestPrometheusVhostUser: vhost-user-vsock's exposition is exactly
+// testdata/metrics-vhost-user.golden (-update rewrites it), well-formed,
+// shows every counter of its device and back-end once, and no family of
+// the virtio-mmio transport it does not have.
+func TestPrometheusVhostUser(t *testing.T) {
+	var next uint64 = 5000
+	m := VhostUserVsockMetrics{Vsock: VsockMetrics{Name: "vsock0", Dgram: true}}
+	fields := fill(&m, &next)
+	m.Vsock.GuestErrors = 0
+	for _, n := range m.Vsock.GuestErrorsByKind {
+		m.Vsock.GuestErrors += n
+	}
+	delete(fields, "VhostUserVsockMetrics.Vsock.Stats.GuestErrors")
+	var b bytes.Buffer
+	if err := m.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "metrics-vhost-user.golden")
+	if *update {
+		if err := os.WriteFile(golden, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (go test -run TestPrometheusVhostUser -update writes it)", err)
+	}
+	if diff := cmp.Diff(string(want), b.String()); diff != "" {
+		t.Errorf("exposition (-%s +got):\n%s", golden, diff)
+	}
+	e := parseExposition(t, b.String())
+	seen := map[uint64]int{}
+	for _, v := range e.values {
+		seen[uint64(v)]++
+	}
+	for path, v := range fields {
+		want := 1
+		if strings.HasPrefix(path, "VhostUserVsockMetrics.Vsock.Transport.") || notExported("/"+strings.TrimPrefix(path, "VhostUserVsockMetrics.Vsock.")) {
+			want = 0 // no virtio-mmio transport; RX interrupts only
+		}
+		if seen[v] != want {
+			t.Errorf("%s (%d) appears %d times in the exposition, want %d", path, v, seen[v], want)
+		}
+	}
+	for _, f := range e.order {
+		if strings.HasPrefix(f, "microvm_vcpu") || f == "microvm_virtio_interrupts_total" || f == "microvm_virtio_guest_errors_total" {
+			t.Errorf("family %s in a vhost-user exposition", f)
+		}
+	}
+	for series, want := range map[string]uint64{
+		`microvm_vsock_tx_bytes_total{device="vsock0"}`:          m.Vsock.TxBytes,
+		`microvm_virtio_kicks_total{device="vsock0",queue="tx"}`: m.Vsock.TxKicks,
+		`microvm_vhost_user_frontends_total`:                     m.Frontends,
+		`microvm_vhost_user_frontend_errors_total`:               m.FrontendErrors,
+		`microvm_vhost_user_device_failures_total`:               m.DeviceFailures,
+	} {
+		if got := e.get(t, series); uint64(got) != want {
+			t.Errorf("%s = %v, want %d", series, got, want)
+		}
 	}
 }
 
@@ -435,14 +514,14 @@ func TestMetricsServer(t *testing.T) {
 		}
 		m.MetricsHandler().ServeHTTP(w, r)
 	})
-	s, err := startMetricsServer(path, slow, quietLog())
+	s, err := metricsrv.Start(path, slow, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
 	closed := false
 	t.Cleanup(func() {
 		if !closed {
-			s.close()
+			s.Close()
 		}
 	})
 	if fi, err := os.Stat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
@@ -490,7 +569,7 @@ func TestMetricsServer(t *testing.T) {
 	}()
 	<-entered
 	closeDone := make(chan error, 1)
-	go func() { closeDone <- s.close() }()
+	go func() { closeDone <- s.Close() }()
 	closed = true
 	select {
 	case err := <-closeDone:
@@ -533,9 +612,9 @@ func TestMetricsSocketErrors(t *testing.T) {
 		{"a live socket", live, "in use by another process"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := startMetricsServer(tc.path, bareMachine().MetricsHandler(), quietLog())
+			_, err := metricsrv.Start(tc.path, bareMachine().MetricsHandler(), quietLog())
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "metrics socket") {
-				t.Errorf("startMetricsServer(%s): %v, want an error containing %q", tc.path, err, tc.want)
+				t.Errorf("metricsrv.Start(%s): %v, want an error containing %q", tc.path, err, tc.want)
 			}
 		})
 	}
@@ -561,6 +640,16 @@ func TestMetricsDocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := parseExposition(t, b.String())
+	b.Reset()
+	if err := (VhostUserVsockMetrics{Vsock: VsockMetrics{Name: "vsock0", Dgram: true}}).WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range parseExposition(t, b.String()).order {
+		if _, ok := e.types[f]; !ok {
+			e.order = append(e.order, f)
+			e.types[f] = ""
+		}
+	}
 	doc, err := os.ReadFile(filepath.Join("docs", "metrics.md"))
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -116,7 +117,7 @@ func TestNetLinux(t *testing.T) {
 	hostIP(t, busybox, "link", "set", "lo", "up")
 	mac, _ := net.ParseMAC(netMAC)
 	log, logged := logBuffer()
-	cons := newConsole()
+	cons := consoletest.New()
 	m, err := New(Config{
 		Kernel: testenv.BzImage(t), Initrd: initrd, CPUs: 2, MemoryBytes: 768 << 20,
 		Cmdline: "console=ttyS0 reboot=k panic=-1 quiet",

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -42,8 +43,8 @@ type vsockGuest struct {
 	t       *testing.T
 	m       *Machine
 	uds     string
-	console *console
-	log     *console
+	console *consoletest.Console
+	log     *consoletest.Console
 	stuck   bool          // Run did not return after cancel: do not Close
 	done    chan struct{} // closed when Run returned
 	res     Result
@@ -79,7 +80,7 @@ func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*Config)) *vs
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	log, logged := logBuffer()
-	g := &vsockGuest{t: t, uds: filepath.Join(dir, "v.sock"), console: newConsole(), log: logged, done: make(chan struct{})}
+	g := &vsockGuest{t: t, uds: filepath.Join(dir, "v.sock"), console: consoletest.New(), log: logged, done: make(chan struct{})}
 	cfg := Config{
 		Kernel: kernel, Cmdline: cmdline, MemoryBytes: 64 << 20,
 		Console: g.console, Log: log,
@@ -127,7 +128,7 @@ func (g *vsockGuest) start() {
 // host connections would reach a device the driver has not set up.
 func (g *vsockGuest) waitListening(port int) {
 	g.t.Helper()
-	if !g.console.waitFor(fmt.Sprintf("testguest: listening %d\n", port), 20*time.Second, g.done) {
+	if !g.console.WaitFor(fmt.Sprintf("testguest: listening %d\n", port), 20*time.Second, g.done) {
 		g.t.Fatalf("guest not listening on %d; console:\n%s\nlog:\n%s", port, g.console, g.log)
 	}
 }
@@ -568,7 +569,7 @@ var guestIRQsRE = regexp.MustCompile(`, irqs (\d+) \(no status`)
 func (g *vsockGuest) listening(port int) <-chan struct{} {
 	ch := make(chan struct{})
 	go func() {
-		if g.console.waitFor(fmt.Sprintf("testguest: listening %d\n", port), 20*time.Second, g.done) {
+		if g.console.WaitFor(fmt.Sprintf("testguest: listening %d\n", port), 20*time.Second, g.done) {
 			close(ch)
 		}
 	}()

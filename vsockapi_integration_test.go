@@ -306,7 +306,7 @@ func TestResetVsockTransport(t *testing.T) {
 	if n, err := c.Read(got); err != io.EOF {
 		t.Errorf("host end after the reset: %d bytes, %v; want end of stream", n, err)
 	}
-	if !g.console.waitFor("vsock: transport reset", 20*time.Second, g.done) {
+	if !g.console.WaitFor("vsock: transport reset", 20*time.Second, g.done) {
 		t.Fatalf("the guest did not see the event; console:\n%s\nlog:\n%s", g.console, g.log)
 	}
 	c2, err := g.connect(vsockTestPort)

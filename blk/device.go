@@ -65,15 +65,61 @@ type Stats struct {
 	BytesRead, BytesWritten uint64
 	Refused                 uint64 // requests answered IOERR or UNSUPP because of what the guest asked
 	HostErrors              uint64 // requests answered IOERR because the host file failed
-	GuestErrors             uint64 // malformed chains and queue errors (the device then needs a reset)
+	GuestErrors             uint64 // malformed chains and queue errors (the device then needs a reset): the sum of GuestErrorsByKind
+	GuestErrorsByKind       [NumGuestErrorKinds]uint64
 	Kicks                   uint64 // queue notifications observed
 	Interrupts              uint64 // used-buffer notifications sent
 	MaxInFlight             uint64 // most requests seen in flight at once
 }
 
+// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind). Each
+// stops the device until the driver resets it.
+type GuestErrorKind int
+
+// Kinds of guest errors.
+const (
+	// GuestErrHeader: a request chain too short for the 16-byte header,
+	// or without a writable status byte.
+	GuestErrHeader GuestErrorKind = iota
+	// GuestErrLayout: data buffers in the wrong direction for the
+	// request type (readable data on a read or GET_ID, writable data on
+	// a write, discard or write-zeroes).
+	GuestErrLayout
+	// GuestErrQueue: a broken ring or descriptor chain (an index out of
+	// range, a loop, a buffer outside guest memory, ...), found by the
+	// virtqueue code when taking or returning a chain.
+	GuestErrQueue
+	// NumGuestErrorKinds is the number of kinds.
+	NumGuestErrorKinds
+)
+
+// String is the kind's name as metrics label it.
+func (k GuestErrorKind) String() string {
+	switch k {
+	case GuestErrHeader:
+		return "header"
+	case GuestErrLayout:
+		return "layout"
+	case GuestErrQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("GuestErrorKind(%d)", int(k))
+}
+
+// guestErr is a malformed request, with its kind for the counters. It
+// unwraps to the error, which wraps virtio.ErrGuest.
+type guestErr struct {
+	kind GuestErrorKind
+	err  error
+}
+
+func (e *guestErr) Error() string { return e.err.Error() }
+func (e *guestErr) Unwrap() error { return e.err }
+
 type counters struct {
 	reads, writes, flushes, discards, writeZeroes, getIDs, bytesRead, bytesWritten,
-	refused, hostErrors, guestErrors, kicks, interrupts, maxInFlight atomic.Uint64
+	refused, hostErrors, kicks, interrupts, maxInFlight atomic.Uint64
+	guestErrors [NumGuestErrorKinds]atomic.Uint64
 }
 
 // Device is a virtio-blk device (virtio 1.2, 5.2) over a raw image.
@@ -232,13 +278,18 @@ func (d *Device) WriteConfig(uint64, []byte) {}
 // Stats returns a snapshot of the counters.
 func (d *Device) Stats() Stats {
 	c := &d.ctr
-	return Stats{
+	s := Stats{
 		Reads: c.reads.Load(), Writes: c.writes.Load(), Flushes: c.flushes.Load(),
 		Discards: c.discards.Load(), WriteZeroes: c.writeZeroes.Load(), GetIDs: c.getIDs.Load(),
 		BytesRead: c.bytesRead.Load(), BytesWritten: c.bytesWritten.Load(),
-		Refused: c.refused.Load(), HostErrors: c.hostErrors.Load(), GuestErrors: c.guestErrors.Load(),
+		Refused: c.refused.Load(), HostErrors: c.hostErrors.Load(),
 		Kicks: c.kicks.Load(), Interrupts: c.interrupts.Load(), MaxInFlight: c.maxInFlight.Load(),
 	}
+	for k := range c.guestErrors {
+		s.GuestErrorsByKind[k] = c.guestErrors[k].Load()
+		s.GuestErrors += s.GuestErrorsByKind[k]
+	}
+	return s
 }
 
 // Activate implements virtio.Device: it starts the dispatcher and the

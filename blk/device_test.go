@@ -225,38 +225,39 @@ func TestRefused(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		kind blk.GuestErrorKind
 		add  func(e *env)
 	}{
-		{"short header", func(e *env) {
+		{"short header", blk.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(make([]byte, 8)), Len: 8}, virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"header split short", func(e *env) {
+		{"header split short", blk.GuestErrHeader, func(e *env) {
 			h := header(tIn, 0)
 			e.q.Add(virtiotest.Buf{Addr: e.put(h[:8]), Len: 8}, virtiotest.Buf{Addr: e.put(h[8:15]), Len: 7},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"no status byte", func(e *env) {
+		{"no status byte", blk.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tFlush, 0)), Len: 16})
 		}},
-		{"only writable", func(e *env) {
+		{"only writable", blk.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(make([]byte, 17)), Len: 17, Writable: true})
 		}},
-		{"read with readable data", func(e *env) {
+		{"read with readable data", blk.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tIn, 0)), Len: 16}, virtiotest.Buf{Addr: e.put(make([]byte, 512)), Len: 512},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"write with writable data", func(e *env) {
+		{"write with writable data", blk.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tOut, 0)), Len: 16}, virtiotest.Buf{Addr: e.mem.Alloc(512, 8), Len: 512, Writable: true},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"buffer outside memory", func(e *env) {
+		{"buffer outside memory", blk.GuestErrQueue, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: 1 << 40, Len: 16}, virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"descriptor loop", func(e *env) {
+		{"descriptor loop", blk.GuestErrQueue, func(e *env) {
 			e.q.WriteDesc(e.q.Cfg.Desc, 0, e.put(header(tIn, 0)), 16, virtiotest.FlagNext, 0)
 			e.q.PublishHead(0)
 		}},
-		{"avail index far ahead", func(e *env) { e.q.SetAvailIdx(1000) }},
+		{"avail index far ahead", blk.GuestErrQueue, func(e *env) { e.q.SetAvailIdx(1000) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, blk.Config{})
@@ -270,8 +271,10 @@ func TestMalformed(t *testing.T) {
 			if u := e.q.Reap(); len(u) != 0 {
 				t.Errorf("the device answered a malformed chain: %v", u)
 			}
-			if s := e.dev.Stats(); s.GuestErrors != 1 {
-				t.Errorf("GuestErrors = %d; want 1", s.GuestErrors)
+			var want [blk.NumGuestErrorKinds]uint64
+			want[tc.kind] = 1
+			if s := e.dev.Stats(); s.GuestErrors != 1 || s.GuestErrorsByKind != want {
+				t.Errorf("GuestErrors = %d, by kind %v; want 1, %v (%v)", s.GuestErrors, s.GuestErrorsByKind, want, tc.kind)
 			}
 			if !bytes.Equal(before, e.file()) {
 				t.Error("a malformed request changed the image")

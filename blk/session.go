@@ -1,6 +1,7 @@
 package blk
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -76,9 +77,15 @@ func (s *session) shutdown() {
 }
 
 // guestError stops the device for a malformed chain or a broken ring: the
-// driver must reset it.
+// driver must reset it. A *guestErr gives its kind; any other error is
+// the virtqueue code's (GuestErrQueue).
 func (s *session) guestError(err error) {
-	s.d.ctr.guestErrors.Add(1)
+	kind := GuestErrQueue
+	var ge *guestErr
+	if errors.As(err, &ge) {
+		kind = ge.kind
+	}
+	s.d.ctr.guestErrors[kind].Add(1)
 	if !s.failed.Swap(true) {
 		s.fail(err)
 	}

@@ -47,8 +47,38 @@ type Stats struct {
 	Requests    uint64 // chains returned to the guest
 	Bytes       uint64 // random bytes written to guest memory
 	Throttled   uint64 // times the worker waited for the rate limit
-	GuestErrors uint64 // malformed chains and queue errors
+	GuestErrors uint64 // malformed chains and queue errors: the sum of GuestErrorsByKind
 	Kicks       uint64 // queue notifications observed
+
+	GuestErrorsByKind [NumGuestErrorKinds]uint64
+}
+
+// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind). Each
+// stops the device until the driver resets it.
+type GuestErrorKind int
+
+// Kinds of guest errors.
+const (
+	// GuestErrLayout: a request chain with readable buffers, or with no
+	// writable byte (a request is only writable buffers).
+	GuestErrLayout GuestErrorKind = iota
+	// GuestErrQueue: a broken ring or descriptor chain (an index out of
+	// range, a loop, a buffer outside guest memory, ...), found by the
+	// virtqueue code.
+	GuestErrQueue
+	// NumGuestErrorKinds is the number of kinds.
+	NumGuestErrorKinds
+)
+
+// String is the kind's name as metrics label it.
+func (k GuestErrorKind) String() string {
+	switch k {
+	case GuestErrLayout:
+		return "layout"
+	case GuestErrQueue:
+		return "queue"
+	}
+	return fmt.Sprintf("GuestErrorKind(%d)", int(k))
 }
 
 // Device is a virtio-rng device.
@@ -56,7 +86,8 @@ type Device struct {
 	cfg Config
 	log logrus.FieldLogger
 
-	requests, bytes, throttled, guestErrors, kicks atomic.Uint64
+	requests, bytes, throttled, kicks atomic.Uint64
+	guestErrors                       [NumGuestErrorKinds]atomic.Uint64
 
 	mu     sync.Mutex // guards w and closed
 	w      *worker
@@ -103,10 +134,15 @@ func (d *Device) WriteConfig(uint64, []byte) {}
 
 // Stats returns a snapshot of the counters.
 func (d *Device) Stats() Stats {
-	return Stats{
+	s := Stats{
 		Requests: d.requests.Load(), Bytes: d.bytes.Load(), Throttled: d.throttled.Load(),
-		GuestErrors: d.guestErrors.Load(), Kicks: d.kicks.Load(),
+		Kicks: d.kicks.Load(),
 	}
+	for k := range d.guestErrors {
+		s.GuestErrorsByKind[k] = d.guestErrors[k].Load()
+		s.GuestErrors += s.GuestErrorsByKind[k]
+	}
+	return s
 }
 
 // Activate implements virtio.Device: it starts the worker on the request
@@ -207,20 +243,20 @@ func (w *worker) serve() time.Duration {
 	defer func() {
 		if pushed && !w.failed {
 			if err := w.q.Notify(); err != nil {
-				w.guestError(err)
+				w.guestError(GuestErrQueue, err)
 			}
 		}
 	}()
 	for {
 		ok, err := w.q.Pop(&w.chain)
 		if err != nil {
-			w.guestError(err)
+			w.guestError(GuestErrQueue, err)
 			return 0
 		}
 		if !ok {
 			more, err := w.q.EnableNotification()
 			if err != nil {
-				w.guestError(err)
+				w.guestError(GuestErrQueue, err)
 				return 0
 			}
 			if more {
@@ -229,7 +265,7 @@ func (w *worker) serve() time.Duration {
 			return 0
 		}
 		if w.chain.ReadableLen() > 0 || w.chain.WritableLen() == 0 {
-			w.guestError(fmt.Errorf("%w: rng request chain %d has %d readable and %d writable bytes; want only writable ones",
+			w.guestError(GuestErrLayout, fmt.Errorf("%w: rng request chain %d has %d readable and %d writable bytes; want only writable ones",
 				virtio.ErrGuest, w.chain.Head, w.chain.ReadableLen(), w.chain.WritableLen()))
 			return 0
 		}
@@ -256,7 +292,7 @@ func (w *worker) serve() time.Duration {
 			w.bucket.take(n)
 		}
 		if err := w.q.Push(w.chain.Head, uint32(n)); err != nil {
-			w.guestError(err)
+			w.guestError(GuestErrQueue, err)
 			return 0
 		}
 		pushed = true
@@ -288,10 +324,10 @@ func (w *worker) fill(limit uint64) (uint64, error) {
 	return done, nil
 }
 
-// guestError reports a guest error once: the worker stops serving the
-// queue until the driver resets the device.
-func (w *worker) guestError(err error) {
-	w.d.guestErrors.Add(1)
+// guestError reports a guest error of kind once: the worker stops serving
+// the queue until the driver resets the device.
+func (w *worker) guestError(kind GuestErrorKind, err error) {
+	w.d.guestErrors[kind].Add(1)
 	w.failed = true
 	w.fail(err)
 }

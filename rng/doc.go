@@ -30,9 +30,9 @@
 // A chain with device-readable buffers or no writable room is not a request
 // the spec allows (5.4.6.1): the device reports it through
 // Activation.Fail (the transport sets DEVICE_NEEDS_RESET), counts it in
-// Stats.GuestErrors and stops serving the queue until the driver resets
-// it. Errors from the queue itself (bad rings, descriptors) are handled the
-// same way. Nothing panics on guest input.
+// Stats.GuestErrorsByKind (GuestErrLayout) and stops serving the queue
+// until the driver resets it. Errors from the queue itself (bad rings,
+// descriptors) are handled the same way (GuestErrQueue). Nothing panics on guest input.
 //
 // # Goroutines and locks
 //

@@ -16,6 +16,7 @@ import (
 
 	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/virtio"
 )
@@ -147,7 +148,7 @@ func (b *Backend) Close() error {
 	}
 	b.mu.Unlock()
 	err := b.ln.Close()
-	if rerr := os.Remove(b.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+	if rerr := os.Remove(jail.Path(b.path)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
 		err = rerr
 	}
 	return err

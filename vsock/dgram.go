@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/virtio"
 )
@@ -104,7 +105,7 @@ func openDgramHost(uds string) (*dgramHost, error) {
 func (h *dgramHost) close() {
 	closeFD(h.fd)
 	h.fd = -1
-	_ = os.Remove(h.path)
+	_ = os.Remove(jail.Path(h.path))
 }
 
 // dgramState is the datagram worker's scratch, reused across passes.
@@ -238,7 +239,7 @@ func (s *session) dgramSend(st *dgramState) {
 	EncodeDgramPrefix(st.prefix[:], h.SrcPort, h.DstPort)
 	st.bufs = r.Views(append(st.bufs[:0], st.prefix[:]), uint64(h.Len))
 	if st.to == nil || st.toPort != h.DstPort {
-		st.to, st.toPort = &unix.SockaddrUnix{Name: DgramHostPath(s.d.dgram.uds, h.DstPort)}, h.DstPort
+		st.to, st.toPort = &unix.SockaddrUnix{Name: jail.Path(DgramHostPath(s.d.dgram.uds, h.DstPort))}, h.DstPort
 	}
 	_, err := unix.SendmsgBuffers(s.d.dgram.fd, st.bufs, nil, st.to, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	clear(st.bufs) // drop the views of guest memory

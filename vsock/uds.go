@@ -11,6 +11,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
 	"golang.org/x/sys/unix"
 )
@@ -34,14 +35,15 @@ func CheckUDSPath(path string) error {
 }
 
 // UDSDialer connects guest-initiated connections to port P at "<Path>_P",
-// Firecracker's convention.
+// Firecracker's convention. Path is a host path: once microvm entered its
+// --chroot, internal/jail maps it to its name inside the new root.
 type UDSDialer struct {
 	Path string
 }
 
 // Dial implements Dialer.
 func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
-	c, err := net.DialTimeout("unix", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	c, err := net.DialTimeout("unix", jail.Path(u.Path+"_"+strconv.FormatUint(uint64(port), 10)), timeout)
 	if err != nil {
 		return -1, err
 	}
@@ -53,7 +55,7 @@ func (u UDSDialer) Dial(_, port uint32, timeout time.Duration) (int, error) {
 // refuses (EPROTOTYPE) and the guest's connection is reset like any refused
 // one.
 func (u UDSDialer) DialSeqpacket(_, port uint32, timeout time.Duration) (int, error) {
-	c, err := net.DialTimeout("unixpacket", u.Path+"_"+strconv.FormatUint(uint64(port), 10), timeout)
+	c, err := net.DialTimeout("unixpacket", jail.Path(u.Path+"_"+strconv.FormatUint(uint64(port), 10)), timeout)
 	if err != nil {
 		return -1, err
 	}
@@ -284,7 +286,7 @@ func (u *UDS) Close() error {
 		}
 		u.wg.Wait()
 		for _, p := range []string{u.path, u.SeqpacketPath()} {
-			if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
+			if rerr := os.Remove(jail.Path(p)); rerr != nil && !errors.Is(rerr, os.ErrNotExist) && err == nil {
 				err = rerr
 			}
 		}

@@ -1,71 +1,23 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
 // guestPort is the vsock port the test guest listens on.
 const guestPort = 1024
-
-// console collects the guest's serial output and wakes waiters on every
-// write. The vCPU goroutine writes; the soak goroutine reads.
-type console struct {
-	mu     sync.Mutex
-	buf    bytes.Buffer
-	change chan struct{} // closed and replaced on every write
-}
-
-func newConsole() *console { return &console{change: make(chan struct{})} }
-
-func (c *console) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.buf.Write(p)
-	close(c.change)
-	c.change = make(chan struct{})
-	return len(p), nil
-}
-
-func (c *console) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.buf.String()
-}
-
-// waitFor blocks until the output contains s, done is closed, or d passes.
-func (c *console) waitFor(s string, d time.Duration, done <-chan struct{}) bool {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	for {
-		c.mu.Lock()
-		found, ch := strings.Contains(c.buf.String(), s), c.change
-		c.mu.Unlock()
-		if found {
-			return true
-		}
-		select {
-		case <-ch:
-		case <-done:
-			return strings.Contains(c.String(), s)
-		case <-deadline.C:
-			return false
-		}
-	}
-}
 
 // vm is one in-process machine running the test guest with a vsock device,
 // started through the Go API (microvm.New, Run on a goroutine, Close). The
@@ -74,7 +26,7 @@ func (c *console) waitFor(s string, d time.Duration, done <-chan struct{}) bool 
 type vm struct {
 	m       *microvm.Machine
 	uds     string
-	console *console
+	console *consoletest.Console
 	log     *testenv.SyncBuffer
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -85,7 +37,7 @@ type vm struct {
 // startVM creates a machine booting guest with cmdline, its vsock Unix
 // socket at uds, and runs it in the background.
 func startVM(guest, cmdline, uds string, memory uint64) (*vm, error) {
-	v := &vm{uds: uds, console: newConsole(), log: &testenv.SyncBuffer{}, done: make(chan struct{})}
+	v := &vm{uds: uds, console: consoletest.New(), log: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	log := logrus.New()
 	log.SetOutput(v.log)
 	log.SetLevel(logrus.WarnLevel)
@@ -110,7 +62,7 @@ func startVM(guest, cmdline, uds string, memory uint64) (*vm, error) {
 // waitListening waits for the guest's "listening" line: before it, host
 // connections would reach a device the driver has not set up.
 func (v *vm) waitListening(port int, d time.Duration) error {
-	if !v.console.waitFor(fmt.Sprintf("testguest: listening %d\n", port), d, v.done) {
+	if !v.console.WaitFor(fmt.Sprintf("testguest: listening %d\n", port), d, v.done) {
 		return fmt.Errorf("guest not listening on %d after %v%s", port, d, v.output())
 	}
 	return nil

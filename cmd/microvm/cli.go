@@ -117,7 +117,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--uid N --gid N] [--seccomp=off] [--log-level LEVEL]",
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--chroot DIR] [--uid N --gid N] [--seccomp=off] [--log-level LEVEL]",
 		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
@@ -146,10 +146,25 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			root, err := readChroot(c)
+			if err != nil {
+				return err
+			}
+			if cfg.Vsock != nil {
+				if err := chrootPath(root, &cfg.Vsock.UDSPath, "--vsock-uds"); err != nil {
+					return err
+				}
+			}
+			if err := chrootPath(root, &cfg.MetricsSocket, "--metrics-socket"); err != nil {
+				return err
+			}
 			cfg.Log = log
 			cfg.Console = stdout
 			cfg.ConsoleInput = stdin
 			return runMachine(cfg, log, func() error {
+				if err := enterChroot(root, log); err != nil {
+					return err
+				}
 				if err := dropPrivileges(ids, log); err != nil {
 					return err
 				}

@@ -24,6 +24,7 @@ import (
 	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/seccomp"
 )
 
@@ -43,7 +44,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--seccomp=off] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--chroot DIR] [--seccomp=off] -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),
@@ -55,6 +56,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			deviceFlags(),
 			[]cli.Flag{
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
+				chrootFlag(),
 				seccompFlag(),
 				logFlag(),
 			}),
@@ -68,7 +70,12 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
-			o.confine = func() error { return confine(c, seccomp.VMM(), log) }
+			o.confine = func() error {
+				if err := enterChroot(o.root, log); err != nil {
+					return err
+				}
+				return confine(c, seccomp.VMM(), log)
+			}
 			return runExec(o)
 		},
 	}
@@ -94,7 +101,11 @@ type execOpts struct {
 	// devices holds the disks, the root disk, the rng and the network devices.
 	devices microvm.Config
 	log     logrus.FieldLogger
-	// confine installs the seccomp filter, between New and Run.
+	// root is --chroot's canonical path, or "": the directory of exec's
+	// vsock socket is made inside it.
+	root string
+	// confine enters --chroot and installs the seccomp filter, between
+	// New and Run.
 	confine func() error
 }
 
@@ -122,6 +133,12 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if err := readDeviceFlags(c, &o.devices); err != nil {
 		return nil, err
 	}
+	if o.root, err = readChroot(c); err != nil {
+		return nil, err
+	}
+	if err := chrootPath(o.root, &o.devices.MetricsSocket, "--metrics-socket"); err != nil {
+		return nil, err
+	}
 	if o.devices.Root != "" && c.IsSet("add") {
 		return nil, usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
 	}
@@ -145,11 +162,14 @@ func binDir() string {
 // runExec boots the VM, waits for the agent, runs the command and returns
 // its exit status as runInGuest does.
 func runExec(o *execOpts) error {
-	dir, err := os.MkdirTemp("", "microvm-exec-")
+	// With --chroot the directory (and the vsock socket in it, which exec
+	// dials to reach the agent) is inside the jail; jail.Path names it
+	// once there.
+	dir, err := os.MkdirTemp(o.root, "microvm-exec-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { os.RemoveAll(jail.Path(dir)) }()
 	// With --root the guest boots from the disk, whose /init must be
 	// the agent; otherwise from the agent's initramfs.
 	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
@@ -203,7 +223,7 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
-	cc, err := waitAgent(ctx, uds, o.bootTimeout, vmDone)
+	cc, err := waitAgent(ctx, jail.Path(uds), o.bootTimeout, vmDone)
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
 			return serr

@@ -106,6 +106,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad --irqchip", []string{"run", "--kernel", kernel, "--irqchip", "userspace"}, `irqchip "userspace": want "split" or "kernel"`},
 		{"empty --metrics-socket", []string{"run", "--kernel", kernel, "--metrics-socket", ""}, "--metrics-socket needs a path"},
 		{"--metrics-socket too long", []string{"run", "--kernel", kernel, "--metrics-socket", "/tmp/" + strings.Repeat("m", 103)}, "a Unix socket path holds at most 107"},
+		{"vhost-user-vsock empty --metrics-socket", []string{"vhost-user-vsock", "--socket", "/tmp/x.sock", "--uds-path", "/tmp/v.sock", "--metrics-socket", ""}, "--metrics-socket needs a path"},
+		{"vhost-user-vsock --metrics-socket too long", []string{"vhost-user-vsock", "--socket", "/tmp/x.sock", "--uds-path", "/tmp/v.sock", "--metrics-socket", "/tmp/" + strings.Repeat("m", 103)}, "a Unix socket path holds at most 107"},
 		{"exec --metrics-socket too long", []string{"exec", "--kernel", kernel, "--metrics-socket", "/tmp/" + strings.Repeat("m", 103), "--", "true"}, "a Unix socket path holds at most 107"},
 		{"vsock-connect without --port", []string{"vsock-connect", "--uds", "/tmp/x.sock"}, "--uds PATH and --port N"},
 		{"vsock-connect port too big", []string{"vsock-connect", "--uds", "/tmp/x.sock", "--port", "4294967295"}, "--uds PATH and --port N"},

@@ -3,11 +3,14 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/seccomp"
 )
 
@@ -58,10 +61,11 @@ func confine(c *cli.Context, policy seccomp.Policy, log logrus.FieldLogger) erro
 	return nil
 }
 
-// privilegeFlags are run's --uid and --gid: the identity microvm takes
-// once the machine is set up.
+// privilegeFlags are run's --chroot, --uid and --gid: the root directory
+// and the identity microvm takes once the machine is set up.
 func privilegeFlags() []cli.Flag {
 	return []cli.Flag{
+		chrootFlag(),
 		&cli.Int64Flag{Name: "uid", Usage: "once the VM is set up, run as this user (with --gid; needs the privilege to change user)"},
 		&cli.Int64Flag{Name: "gid", Usage: "once the VM is set up, run as this group, with no supplementary groups (with --uid)"},
 	}
@@ -112,5 +116,70 @@ func dropPrivileges(id identity, log logrus.FieldLogger) error {
 		return fmt.Errorf("--uid %d: %w", id.uid, err)
 	}
 	log.WithField("uid", id.uid).WithField("gid", id.gid).Debug("privileges dropped")
+	return nil
+}
+
+// chrootFlag is --chroot, for the commands that run a device: run, exec,
+// vhost-user-vsock.
+func chrootFlag() cli.Flag {
+	return &cli.StringFlag{Name: "chroot", Usage: "once set up, make DIR the root directory (needs CAP_SYS_CHROOT); paths on the command line are host paths, and the sockets used at run time (vsock, metrics) must lie inside DIR (docs/security.md)"}
+}
+
+// readChroot checks --chroot and returns its directory's canonical host
+// path, or "" when it was not given.
+func readChroot(c *cli.Context) (string, error) {
+	if !c.IsSet("chroot") {
+		return "", nil
+	}
+	dir, err := jail.Dir(c.String("chroot"))
+	if err != nil {
+		return "", usageError{err}
+	}
+	return dir, nil
+}
+
+// chrootPath checks that *p, a path microvm still uses once in the jail
+// (a socket it dials or removes), lies inside dir and replaces it with its
+// canonical host path, which jail.Path maps to its name inside. Nothing to
+// do without --chroot (dir "") or without the path (*p "").
+func chrootPath(dir string, p *string, flag string) error {
+	if dir == "" || *p == "" {
+		return nil
+	}
+	canon, err := jail.CheckInside(dir, *p, flag)
+	if err != nil {
+		return usageError{err}
+	}
+	*p = canon
+	return nil
+}
+
+// needProc checks that dir holds a mounted /proc, which vhost-user-vsock
+// reads at run time (it tells eventfds by their /proc/self/fd link).
+func needProc(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "proc", "self", "fd")); err != nil {
+		return usagef("--chroot %s: vhost-user-vsock needs /proc mounted inside it (it checks the front-end's descriptors through /proc/self/fd): %s/proc/self/fd: %v", dir, dir, errors.Unwrap(err))
+	}
+	return nil
+}
+
+// enterChroot makes dir the process's root, once the machine is set up
+// and before dropPrivileges and the filter (chroot needs CAP_SYS_CHROOT and
+// is not on the filter's list). Like them, only when Main owns the process.
+func enterChroot(dir string, log logrus.FieldLogger) error {
+	if dir == "" {
+		return nil
+	}
+	if !ownsProcess {
+		log.Debug("--chroot not applied: Main runs inside another program")
+		return nil
+	}
+	if err := jail.Enter(dir); err != nil {
+		return err
+	}
+	log.WithField("root", dir).Debug("entered --chroot")
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/seccomp"
 	"github.com/microvm/microvm/vhostuser"
 	"github.com/microvm/microvm/virtio"
@@ -23,13 +25,14 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
 		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
-		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--seccomp=off]",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--metrics-socket PATH] [--chroot DIR] [--seccomp=off]",
 		OnUsageError: onUsageError,
 		Flags: append(append([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
-		}, append(vsockLimitFlags(""), vsockOptFlag())...), seccompFlag(), logFlag()),
+			&cli.StringFlag{Name: "metrics-socket", Usage: "serve the device's counters in the Prometheus text format over HTTP on this Unix socket (docs/metrics.md)"},
+		}, append(vsockLimitFlags(""), vsockOptFlag())...), chrootFlag(), seccompFlag(), logFlag()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -56,6 +59,29 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			}
 			if err := vsock.CheckUDSPath(uds); err != nil {
 				return usageError{err}
+			}
+			root, err := readChroot(c)
+			if err != nil {
+				return err
+			}
+			if err := chrootPath(root, &sock, "--socket"); err != nil {
+				return err
+			}
+			if err := chrootPath(root, &uds, "--uds-path"); err != nil {
+				return err
+			}
+			msock := c.String("metrics-socket")
+			if c.IsSet("metrics-socket") && msock == "" {
+				return usagef("--metrics-socket needs a path")
+			}
+			if err := microvm.CheckMetricsSocket(msock); err != nil {
+				return usageError{err}
+			}
+			if err := chrootPath(root, &msock, "--metrics-socket"); err != nil {
+				return err
+			}
+			if err := needProc(root); err != nil {
+				return err
 			}
 			if opts.Dgram {
 				if err := vsock.CheckDgramPath(uds); err != nil {
@@ -89,9 +115,25 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if msock != "" {
+				// Closed (deferred) before the device: a scrape in
+				// flight ends first.
+				srv, err := metricsrv.Start(msock, metricsrv.Handler(func(w io.Writer) error {
+					return vhostUserMetrics(dev, opts.Dgram, be).WritePrometheus(w)
+				}), log)
+				if err != nil {
+					be.Close()
+					return err
+				}
+				defer srv.Close()
+			}
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sigs)
+			if err := enterChroot(root, log); err != nil {
+				be.Close()
+				return err
+			}
 			if err := confine(c, seccomp.VhostUserVsock(), log); err != nil {
 				be.Close()
 				return err
@@ -115,4 +157,11 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			}
 		},
 	}
+}
+
+// vhostUserMetrics is a snapshot of vhost-user-vsock's counters.
+func vhostUserMetrics(dev *vsock.Device, dgram bool, be *vhostuser.Backend) microvm.VhostUserVsockMetrics {
+	m := microvm.VhostUserVsockMetrics{Vsock: microvm.VsockMetrics{Name: "vsock0", Dgram: dgram, Stats: dev.Stats()}}
+	m.Frontends, m.FrontendErrors, m.DeviceFailures = be.Stats()
+	return m
 }
