@@ -43,13 +43,14 @@ func TestHostTSCKHz(t *testing.T) {
 }
 
 func TestQEMUArgs(t *testing.T) {
-	o := Options{Kernel: "/k/bzImage", Repo: "/work/repo", CPUs: 2, MemoryMiB: 3072, ConsoleLog: "/w/console.log"}
+	o := Options{Kernel: "/k/bzImage", Repo: "/work/repo", CPUs: 2, MemoryMiB: 3072, ConsoleLog: "/w/console.log",
+		CPU: DefaultCPU, L1Append: "kvm_amd.npt=1"}
 	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", 2445432)
 	joined := strings.Join(args, " ")
 	for _, want := range []string{
 		"-M microvm,acpi=off", "-cpu EPYC-v1,+svm,+npt", "-smp 2", "-m 3072M", "-no-reboot",
 		"-kernel /k/bzImage", "-initrd /w/initramfs.cpio", "-serial file:/w/console.log",
-		"tsc_early_khz=2445432 tsc=reliable",
+		"tsc_early_khz=2445432 tsc=reliable kvm_amd.npt=0 kvm_amd.npt=1",
 		"path=/,security_model=passthrough,readonly=on", "path=/work/repo,security_model=passthrough,multidevs=remap",
 		"file,id=out,path=/dev/fd/3", "name=stdout", "file,id=err,path=/dev/fd/4", "name=stderr",
 		"file,id=status,path=/w/status", "name=status",

@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -39,6 +40,8 @@ func Main(args []string, stderr io.Writer) int {
 	mem := fs.String("memory", "3G", "memory of the box: a number of MiB, or with an M or G suffix")
 	fs.StringVar(&o.QEMU, "qemu", os.Getenv("KVMBOX_QEMU"), "the qemu-system-x86_64 to run (default $KVMBOX_QEMU, else the one in PATH)")
 	fs.StringVar(&o.TCGThread, "tcg-thread", "multi", "QEMU's TCG threading: multi (a host thread per vCPU) or single")
+	fs.StringVar(&o.L1Append, "l1-append", os.Getenv("KVMBOX_L1_APPEND"), "added to the L1 kernel's command line, e.g. kvm_amd.npt=1 (default $KVMBOX_L1_APPEND)")
+	fs.StringVar(&o.CPU, "cpu", cmp.Or(os.Getenv("KVMBOX_CPU"), kvmbox.DefaultCPU), "QEMU's -cpu for the box (default $KVMBOX_CPU, else "+kvmbox.DefaultCPU+")")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "end the box after this long (0: no limit)")
 	fs.StringVar(&o.Kernel, "kernel", "", "the L1 bzImage (scripts/kvmbox passes build/kvmbox/bzImage)")
 	fs.StringVar(&o.Init, "init", "", "the box's static init (scripts/kvmbox passes build/kvmbox/init)")
