@@ -86,21 +86,7 @@ func TestVhostUserChroot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	type result struct {
-		tr  vhufront.Transfer
-		err error
-	}
-	sunk := make(chan result, 1)
-	go func() {
-		c, err := vhufront.AcceptOne(ln, timeout)
-		if err != nil {
-			sunk <- result{err: err}
-			return
-		}
-		defer c.Close()
-		tr, err := vhufront.HostSink(c, 64<<10, timeout)
-		sunk <- result{tr, err}
-	}()
+	sunk := hostSinkAsync(ln, timeout)
 	sent, err := g.Source(5000, 16<<10, 100*time.Millisecond, time.Now().Add(timeout))
 	host := <-sunk
 	if err != nil || host.err != nil || sent.Bytes == 0 || sent.Bytes != host.tr.Bytes {
@@ -108,17 +94,7 @@ func TestVhostUserChroot(t *testing.T) {
 	}
 
 	// Host to guest, through the CONNECT socket bound before the chroot.
-	sourced := make(chan result, 1)
-	go func() {
-		c, _, err := vhufront.DialVsock(uds, 5001, timeout)
-		if err != nil {
-			sourced <- result{err: err}
-			return
-		}
-		defer c.Close()
-		tr, err := vhufront.HostSource(c, 16<<10, 100*time.Millisecond, timeout)
-		sourced <- result{tr, err}
-	}()
+	sourced := hostSourceAsync(uds, 5001, 16<<10, 100*time.Millisecond, timeout)
 	got, err := g.Sink(5001, time.Now().Add(timeout))
 	hs := <-sourced
 	if err != nil || hs.err != nil || got.Bytes == 0 || got.Bytes != hs.tr.Bytes {

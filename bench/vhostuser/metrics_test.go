@@ -148,21 +148,7 @@ func TestVhostUserMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		type result struct {
-			tr  vhufront.Transfer
-			err error
-		}
-		sunk := make(chan result, 1)
-		go func() {
-			c, err := vhufront.AcceptOne(ln, timeout)
-			if err != nil {
-				sunk <- result{err: err}
-				return
-			}
-			defer c.Close()
-			tr, err := vhufront.HostSink(c, 64<<10, timeout)
-			sunk <- result{tr, err}
-		}()
+		sunk := hostSinkAsync(ln, timeout)
 		s := startScraper(client, `microvm_vsock_tx_bytes_total{device="vsock0"}`)
 		sent, err := g.Source(5000, payload, dur, time.Now().Add(timeout))
 		host := <-sunk
@@ -181,21 +167,7 @@ func TestVhostUserMetrics(t *testing.T) {
 	})
 
 	t.Run("host to guest", func(t *testing.T) {
-		type result struct {
-			tr  vhufront.Transfer
-			err error
-		}
-		sourced := make(chan result, 1)
-		go func() {
-			c, _, err := vhufront.DialVsock(b.uds, 5001, timeout)
-			if err != nil {
-				sourced <- result{err: err}
-				return
-			}
-			defer c.Close()
-			tr, err := vhufront.HostSource(c, payload, dur, timeout)
-			sourced <- result{tr, err}
-		}()
+		sourced := hostSourceAsync(b.uds, 5001, payload, dur, timeout)
 		s := startScraper(client, `microvm_vsock_rx_bytes_total{device="vsock0"}`)
 		got, err := g.Sink(5001, time.Now().Add(timeout))
 		host := <-sourced
@@ -231,4 +203,44 @@ func TestVhostUserMetrics(t *testing.T) {
 	if _, err := os.Lstat(msock); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("metrics socket after the back-end stopped: %v, want it removed", err)
 	}
+}
+
+// hostResult is what a host end of a transfer measured.
+type hostResult struct {
+	tr  vhufront.Transfer
+	err error
+}
+
+// hostSinkAsync accepts one connection on ln and reads it to its end, in
+// a goroutine of its own; the channel gets the result.
+func hostSinkAsync(ln *net.UnixListener, timeout time.Duration) <-chan hostResult {
+	sunk := make(chan hostResult, 1)
+	go func() {
+		c, err := vhufront.AcceptOne(ln, timeout)
+		if err != nil {
+			sunk <- hostResult{err: err}
+			return
+		}
+		defer c.Close()
+		tr, err := vhufront.HostSink(c, 64<<10, timeout)
+		sunk <- hostResult{tr, err}
+	}()
+	return sunk
+}
+
+// hostSourceAsync CONNECTs to the back-end's socket uds for the guest's
+// port and sends payload-sized writes for dur, in a goroutine of its own.
+func hostSourceAsync(uds string, port uint32, payload int, dur, timeout time.Duration) <-chan hostResult {
+	sourced := make(chan hostResult, 1)
+	go func() {
+		c, _, err := vhufront.DialVsock(uds, port, timeout)
+		if err != nil {
+			sourced <- hostResult{err: err}
+			return
+		}
+		defer c.Close()
+		tr, err := vhufront.HostSource(c, payload, dur, timeout)
+		sourced <- hostResult{tr, err}
+	}()
+	return sourced
 }
