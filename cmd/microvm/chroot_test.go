@@ -89,18 +89,7 @@ func TestChrootRun(t *testing.T) {
 		_, err := io.Copy(conn, conn)
 		echoed <- err
 	}()
-	c.waitLine(t, fmt.Sprintf("testguest: connect ok: %d bytes echoed", size), 60*time.Second)
-	if s := c.waitExit(t, 30*time.Second); s != 0 {
-		t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
-	}
-	select {
-	case err := <-echoed:
-		if err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Errorf("host echo: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("host echo still running after the guest exited")
-	}
+	c.waitConnectEchoed(t, size, echoed)
 	for _, p := range []string{uds, uds + ".seqpacket", msock} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s after exit: %v, want it removed", p, err)

@@ -110,6 +110,25 @@ func startCLIEnv(t *testing.T, env []string, args ...string) *child {
 	return c
 }
 
+// waitConnectEchoed waits for the test guest's connect mode to report size
+// bytes echoed by the host, for microvm to exit with 0, and for the host's
+// echo, whose error arrives on echoed, to end.
+func (c *child) waitConnectEchoed(t *testing.T, size int, echoed <-chan error) {
+	t.Helper()
+	c.waitLine(t, fmt.Sprintf("testguest: connect ok: %d bytes echoed", size), 60*time.Second)
+	if s := c.waitExit(t, 30*time.Second); s != 0 {
+		t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
+	}
+	select {
+	case err := <-echoed:
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Errorf("host echo: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("host echo still running after the guest exited")
+	}
+}
+
 // waitLine waits for a stdout line containing s.
 func (c *child) waitLine(t *testing.T, s string, d time.Duration) {
 	t.Helper()

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -139,18 +138,7 @@ func TestSeccompVsock(t *testing.T) {
 		}()
 		c := startCLI(t, "--kernel", guest, "--memory", "64M", "--vsock-cid", "3", "--vsock-uds", uds,
 			"--cmdline", fmt.Sprintf("testguest.mode=connect testguest.port=5001 testguest.bytes=%d", len(payload)))
-		c.waitLine(t, fmt.Sprintf("testguest: connect ok: %d bytes echoed", len(payload)), 60*time.Second)
-		if s := c.waitExit(t, 30*time.Second); s != 0 {
-			t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
-		}
-		select {
-		case err := <-echoed:
-			if err != nil && !errors.Is(err, net.ErrClosed) {
-				t.Errorf("host echo: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("host echo still running after the guest exited")
-		}
+		c.waitConnectEchoed(t, len(payload), echoed)
 		if c.stderr.Len() != 0 {
 			t.Errorf("stderr %q, want nothing", c.stderr.String())
 		}
