@@ -245,10 +245,14 @@ func TestWindowGrowsWithUse(t *testing.T) {
 	}
 	e.transfer(busy, hb, vsocktest.Pattern(1, 1<<20), nil)
 	// What the host took since the last packet is back in the budget
-	// until the next packet tops the exposure up again: ask for one.
+	// until the next packet tops the exposure up again: ask for one. An
+	// update sent before the host took the last bytes may still be on its
+	// way; the answer is the one that accounts for all of them.
 	n := busy.CountCtl(vsock.OpCreditUpdate)
 	busy.CreditRequest()
-	e.g.WaitFor("a CREDIT_UPDATE", func() bool { return busy.CountCtl(vsock.OpCreditUpdate) > n })
+	e.g.WaitFor("a CREDIT_UPDATE for all the bytes", func() bool {
+		return busy.CountCtl(vsock.OpCreditUpdate) > n && busy.PeerFwdCnt == busy.TxCnt
+	})
 	if busy.PeerBufAlloc != vsock.DefaultConnBuffer {
 		t.Errorf("buf_alloc %d after 1 MiB; want ConnBuffer %d", busy.PeerBufAlloc, vsock.DefaultConnBuffer)
 	}
