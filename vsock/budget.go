@@ -194,7 +194,7 @@ func (s *session) windowLocked(c *conn) uint64 {
 // Called with c.mu held, before a packet carries c.bufAlloc and c.grantFwd
 // to the guest.
 func (s *session) grantLocked(c *conn) {
-	if c.state == stateClosed {
+	if c.sm.state == stateClosed {
 		return
 	}
 	target := s.windowLocked(c)
@@ -244,7 +244,7 @@ func (s *session) growWindowLocked(c *conn) {
 		return
 	}
 	c.window = min(2*c.window, s.d.cfg.ConnBuffer) // ConnBuffer <= 2^30: no wrap
-	c.pend |= pendCredit
+	c.sm.pend |= pendCredit
 }
 
 // forwardedLocked records n guest bytes the host socket took: they leave
@@ -265,8 +265,8 @@ func (s *session) feedStarved() {
 	}
 	for _, c := range s.budget.takeStarved() {
 		c.mu.Lock()
-		if c.state == stateEstablished {
-			c.pend |= pendCredit | pendCreditForced
+		if c.sm.state == stateEstablished {
+			c.sm.pend |= pendCredit | pendCreditForced
 			s.markReadyLocked(c)
 		}
 		c.mu.Unlock()

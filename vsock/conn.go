@@ -1,46 +1,10 @@
 package vsock
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
-
-// connState is the life cycle of a stream connection.
-type connState int
-
-const (
-	// stateGuestConnecting: the guest sent REQUEST to a host port; the
-	// device is connecting to <uds>_<port> in the background.
-	stateGuestConnecting connState = iota + 1
-	// stateHostConnecting: a host client sent CONNECT; REQUEST is (being)
-	// sent to the guest and the device waits for RESPONSE or RST.
-	stateHostConnecting
-	// stateEstablished: data flows both ways, subject to the shutdown
-	// flags of each side.
-	stateEstablished
-	// stateClosing: both sides are shut down or the guest went away; the
-	// connection only drains what the host has not yet been given, then
-	// is removed. No packets are sent to the guest any more except RST.
-	stateClosing
-	// stateClosed: removed from the table; the host socket is closed.
-	stateClosed
-)
-
-func (s connState) String() string {
-	switch s {
-	case stateGuestConnecting:
-		return "guest-connecting"
-	case stateHostConnecting:
-		return "host-connecting"
-	case stateEstablished:
-		return "established"
-	case stateClosing:
-		return "closing"
-	case stateClosed:
-		return "closed"
-	}
-	return "?"
-}
 
 // connKey identifies a connection: the host-side port and the guest's port.
 type connKey struct {
@@ -48,13 +12,8 @@ type connKey struct {
 	guestPort uint32
 }
 
-// Pending control packets a connection owes the guest (conn.pend bits).
-const (
-	pendRequest  = 1 << iota // host-initiated: REQUEST
-	pendResponse             // guest-initiated: RESPONSE
-	pendCredit               // CREDIT_UPDATE (our fwd_cnt moved or the guest asked)
-	pendShutdown             // SHUTDOWN with conn.shutFlags
-)
+// String is "host<->guest", the ports as log lines show them.
+func (k connKey) String() string { return fmt.Sprintf("%d<->%d", k.hostPort, k.guestPort) }
 
 // conn is one connection between a guest socket and a host socket: a stream
 // (typ TypeStream) or a SEQPACKET one (TypeSeqpacket), whose host socket is
@@ -67,9 +26,11 @@ type conn struct {
 	key connKey
 	typ uint16 // TypeStream or TypeSeqpacket, fixed at creation
 
-	mu    sync.Mutex
-	state connState
-	fd    int // host socket (non-blocking), -1 when none
+	mu sync.Mutex
+	// sm is the protocol state (connsm.go): state, shutdown flags of
+	// either side, control packets owed to the guest.
+	sm connSM
+	fd int // host socket (non-blocking), -1 when none
 
 	// Guest -> host. Fields are named for the direction the bytes move
 	// (fromGuest, toHost), or by the spec's name for our receive side
@@ -100,23 +61,12 @@ type conn struct {
 	peerFwdCnt   uint32
 	toGuest      uint32
 
-	pend      uint32 // pend* bits
-	shutFlags uint32 // flags of the pending SHUTDOWN
 	// prefix holds host bytes that arrived with the CONNECT line; they go
 	// to the guest before anything read from the socket.
 	prefix []byte
 	// hostReadable: the socket may have data (an EPOLLIN edge was seen and
 	// no read has returned EAGAIN since).
 	hostReadable bool
-	// hostEOF: the host shut down its sending side (a read returned 0).
-	hostEOF bool
-	// hostHup: the host closed the socket entirely (EPOLLHUP).
-	hostHup bool
-	// guestShut: SHUTDOWN flags the guest sent.
-	guestShut uint32
-	// hostWriteShut: we shut down writing on the host socket (after the
-	// guest's SHUTDOWN SEND and toHost drained).
-	hostWriteShut bool
 
 	// SEQPACKET, guest -> host. msg holds the fragments of the message
 	// the guest is sending (no EOM yet). Complete messages the host
@@ -172,26 +122,26 @@ func (c *conn) updatePeerCredit(h *Header) {
 // hasRxWork reports whether the connection has something for the guest.
 // Guarded by mu.
 func (c *conn) hasRxWork() bool {
-	if c.state == stateClosed {
+	if c.sm.state == stateClosed {
 		return false
 	}
-	return c.pend != 0 || c.dataReady()
+	return c.sm.pend != 0 || c.dataReady()
 }
 
 // dataReady: host data could flow to the guest now. A SEQPACKET record
 // peeked but not yet read waits until the guest's credit covers all of it,
 // so that no record is ever cut by a credit stall.
 func (c *conn) dataReady() bool {
-	if c.state != stateEstablished || c.guestShut&ShutdownRcv != 0 {
+	if !c.sm.guestReceives() {
 		return false
 	}
 	if c.typ == TypeSeqpacket {
 		if c.recOff < len(c.rec) {
 			return true
 		}
-		return !c.hostEOF && c.hostReadable && c.peerCredit() >= max(c.seqNeed, 1)
+		return !c.sm.hostEOF && c.hostReadable && c.peerCredit() >= max(c.seqNeed, 1)
 	}
-	return !c.hostEOF && (len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
+	return !c.sm.hostEOF && (len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
 }
 
 // seqRecords is a FIFO of the lengths of complete guest messages waiting in
@@ -234,7 +184,3 @@ func (r *seqRecords) pop() {
 }
 
 func (r *seqRecords) reset() { r.v, r.off = nil, 0 }
-
-// pendCreditForced: the guest asked for our credit (CREDIT_REQUEST), so the
-// update is sent even if fwd_cnt did not move.
-const pendCreditForced = 1 << 8

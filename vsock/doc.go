@@ -13,6 +13,34 @@
 // front-end keeps the event queue; BackendQueues says which rings it hands
 // over.
 //
+// # Where things are
+//
+//   - connsm.go: one connection's protocol state machine (connSM): its
+//     state, the shutdown flags of either side, the control packets owed
+//     to the guest. Pure: events in (a guest packet's op, the dial's
+//     outcome, the host's EOF or hang-up, a timeout, a SHUTDOWN sent),
+//     actions out (act bits: count, write "OK", half-close or close the
+//     host socket, start the close timer, send RST). Tested alone, without
+//     goroutines or sockets (connsm_test.go: every transition, and random
+//     and fuzzed walks against its invariants).
+//   - conn.go: a connection's data: credit counters, the bytes waiting for
+//     the host, SEQPACKET messages and records.
+//   - session.go: the muxer: the connection table, host socket
+//     registration, the RST queue and the ready list, and applyLocked,
+//     which carries out a state machine's actions.
+//   - tx.go, rx.go: the workers (below): packets from the guest, data and
+//     control packets to it. They ask the state machine at each event and
+//     move bytes; they never set a connection's state themselves.
+//   - budget.go: the device-wide buffer bound; event.go: the event queue;
+//     dgram.go: datagrams; uds.go: the host's Unix sockets.
+//
+// One guest packet, for example RW: txLoop pops the chain (tx.go) ->
+// handlePacket decodes and checks the header, finds the connection
+// (session.go) -> connSM.onGuestOp says whether the payload is admitted
+// (connsm.go) -> guestData checks the credit (conn.go's counters) and
+// writes the payload to the host socket, or buffers it -> endRun decides
+// on a CREDIT_UPDATE and hands RX work to rx.go.
+//
 // # Goroutines and what they own
 //
 //   - TX worker (tx.go, one per activation): owns the TX queue. Woken by the
@@ -298,7 +326,8 @@
 // ConnsEstablished when it reaches stateEstablished, ConnsRefused for an
 // attempt that ends before (or never gets a table entry), ConnsReset for
 // an established connection ended by an RST other than the one that
-// answers SHUTDOWN(BOTH) (countAbortLocked). RxQueueFull counts RX passes
+// answers SHUTDOWN(BOTH) (the act bits of connSM.abort and onGuestOp).
+// RxQueueFull counts RX passes
 // cut short because the guest had no RX buffer posted.
 //
 // # Untrusted guest

@@ -116,7 +116,7 @@ func (s *session) resetTransport() {
 	dropped := 0
 	for _, c := range conns {
 		c.mu.Lock()
-		if c.state != stateClosed {
+		if c.sm.state != stateClosed {
 			s.resetConnLocked(c)
 			dropped++
 		}

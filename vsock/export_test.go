@@ -57,25 +57,25 @@ func (d *Device) Probe() Probe {
 	}
 	var pooled uint64
 	for _, c := range conns {
-		if c.state == stateClosed {
+		if c.sm.state == stateClosed {
 			p.ClosedInTable++
 		}
 		exp := c.exposureLocked()
 		held := uint64(c.toHost.Len() + len(c.msg))
 		p.Exposure += exp
 		pooled += s.budget.poolPart(exp)
-		if c.state != stateClosed && (c.bufAlloc > c.window || c.window > d.cfg.ConnBuffer) {
+		if c.sm.state != stateClosed && (c.bufAlloc > c.window || c.window > d.cfg.ConnBuffer) {
 			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): window %d, buf_alloc %d, ConnBuffer %d: want buf_alloc <= window <= ConnBuffer",
-				c.key.hostPort, c.key.guestPort, c.state, c.window, c.bufAlloc, d.cfg.ConnBuffer))
+				c.key.hostPort, c.key.guestPort, c.sm.state, c.window, c.bufAlloc, d.cfg.ConnBuffer))
 		}
 		p.Buffered += held
 		if held > exp {
 			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): holds %d guest bytes, exposure %d (buf_alloc %d, fwd_cnt %d, granted fwd_cnt %d)",
-				c.key.hostPort, c.key.guestPort, c.state, held, exp, c.bufAlloc, c.fwdCnt, c.grantFwd))
+				c.key.hostPort, c.key.guestPort, c.sm.state, held, exp, c.bufAlloc, c.fwdCnt, c.grantFwd))
 		}
 		if uint64(c.fromGuest-c.fwdCnt) < held {
 			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d (%v): holds %d guest bytes but only %d were taken and not forwarded",
-				c.key.hostPort, c.key.guestPort, c.state, held, c.fromGuest-c.fwdCnt))
+				c.key.hostPort, c.key.guestPort, c.sm.state, held, c.fromGuest-c.fwdCnt))
 		}
 		if c.bufAlloc > d.cfg.ConnBuffer {
 			p.Problems = append(p.Problems, fmt.Sprintf("%d<->%d: buf_alloc %d over ConnBuffer %d",
@@ -144,8 +144,8 @@ func (d *Device) FireTimers() {
 		c.mu.Unlock()
 		if armed {
 			// Each acts only in its own state: at most one does anything.
-			s.connectTimeout(c)
-			s.closeTimeout(c)
+			s.onTimer(c, (*connSM).onConnectTimeout)
+			s.onTimer(c, (*connSM).onCloseTimeout)
 		}
 	}
 }

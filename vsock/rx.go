@@ -1,8 +1,6 @@
 package vsock
 
 import (
-	"time"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/virtio"
@@ -118,28 +116,14 @@ func (s *session) hostEvent(fd int, events uint32) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fd != fd || c.state == stateClosed {
+	if c.fd != fd || !c.sm.live() {
 		return // stale event for a descriptor that was closed
 	}
 	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.hostReadable = true
 	}
-	if events&unix.EPOLLHUP != 0 && !c.hostHup {
-		c.hostHup = true
-		if c.guestShut&ShutdownRcv != 0 && !c.hostEOF {
-			// The device no longer reads this socket (the guest shut
-			// down receiving), so no read will see the host's EOF: the
-			// hang-up is all the news there is, and the host neither
-			// sends nor receives any more.
-			c.hostEOF = true
-			c.shutFlags = ShutdownBoth
-			c.pend |= pendShutdown
-		} else if c.hostEOF && c.shutFlags != ShutdownBoth {
-			// We told the guest the host stopped sending; now it has
-			// stopped receiving too.
-			c.shutFlags = ShutdownBoth
-			c.pend |= pendShutdown
-		}
+	if events&unix.EPOLLHUP != 0 {
+		c.sm.onHostHangup()
 	}
 	if events&unix.EPOLLOUT != 0 && c.toHost.Len() > 0 {
 		s.flushLocked(c)
@@ -245,7 +229,7 @@ func (s *session) publishRX() {
 // budget. Called with c.mu held.
 func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
 	data := c.dataReady()
-	if s.opts.DirectEnqueue && (c.pend != 0 || data) && (scratch != nil || !data) && !s.failed.Load() {
+	if s.opts.DirectEnqueue && (c.sm.pend != 0 || data) && (scratch != nil || !data) && !s.failed.Load() {
 		s.rxMu.Lock()
 		idle := len(s.ready) == 0 && len(s.rsts) == 0 && !c.inReady
 		s.rxMu.Unlock()
@@ -274,7 +258,7 @@ func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
 // setup, data (at most budget packets), credit update, shutdown. It returns
 // false when the guest ran out of RX buffers. Called with c.mu held.
 func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
-	if c.state == stateClosed {
+	if c.sm.state == stateClosed {
 		return true
 	}
 	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ}
@@ -290,17 +274,17 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		}
 		return ok
 	}
-	if c.pend&pendRequest != 0 {
+	if c.sm.pend&pendRequest != 0 {
 		if !ctl(OpRequest, 0) {
 			return false
 		}
-		c.pend &^= pendRequest
+		c.sm.pend &^= pendRequest
 	}
-	if c.pend&pendResponse != 0 {
+	if c.sm.pend&pendResponse != 0 {
 		if !ctl(OpResponse, 0) {
 			return false
 		}
-		c.pend &^= pendResponse
+		c.sm.pend &^= pendResponse
 	}
 	for sent := 0; sent < budget && c.dataReady(); sent++ {
 		switch s.emitData(st, c) {
@@ -312,34 +296,25 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 			s.resetConnLocked(c)
 			return true
 		}
-		if c.state == stateClosed {
+		if c.sm.state == stateClosed {
 			return true
 		}
 	}
-	if c.pend&pendCredit != 0 {
+	if c.sm.pend&pendCredit != 0 {
 		s.grantLocked(c)
-		if c.lastFwd != c.grantFwd || c.lastBufAlloc != c.bufAlloc || c.pend&pendCreditForced != 0 {
+		if c.lastFwd != c.grantFwd || c.lastBufAlloc != c.bufAlloc || c.sm.pend&pendCreditForced != 0 {
 			if !ctl(OpCreditUpdate, 0) {
 				return false
 			}
 			s.d.ctr.creditUpdates.Add(1)
 		}
-		c.pend &^= pendCredit | pendCreditForced
+		c.sm.pend &^= pendCredit | pendCreditForced
 	}
-	if c.pend&pendShutdown != 0 {
-		if !ctl(OpShutdown, c.shutFlags) {
+	if c.sm.pend&pendShutdown != 0 {
+		if !ctl(OpShutdown, c.sm.shutFlags) {
 			return false
 		}
-		c.pend &^= pendShutdown
-		if c.shutFlags == ShutdownBoth {
-			// The guest answers with RST; one that does not is reset after
-			// the close timeout, so its host descriptor is not held for
-			// ever (Firecracker waits 2 s too).
-			c.state = stateClosing
-			if c.timer == nil {
-				c.timer = time.AfterFunc(s.d.cfg.ConnectTimeout, func() { s.closeTimeout(c) })
-			}
-		}
+		s.applyLocked(c, c.sm.onShutdownSent())
 	}
 	return true
 }
@@ -470,16 +445,12 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	return emitSent
 }
 
-// hostEOFLocked records that the host shut down its sending side and
-// schedules the SHUTDOWN that tells the guest. Called with c.mu held.
+// hostEOFLocked records that the host shut down its sending side; the
+// state machine schedules the SHUTDOWN that tells the guest. Called with
+// c.mu held.
 func hostEOFLocked(c *conn) {
 	c.hostReadable = false
-	c.hostEOF = true
-	c.shutFlags = ShutdownSend
-	if c.hostHup {
-		c.shutFlags = ShutdownBoth
-	}
-	c.pend |= pendShutdown
+	c.sm.onHostEOF()
 }
 
 // emitSeqData sends one SEQPACKET record from the host to the guest: read

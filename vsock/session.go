@@ -182,7 +182,10 @@ func (s *session) shutdown() {
 	s.connMu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()
-		s.closeConnLocked(c)
+		if c.sm.live() {
+			c.sm.close()
+			s.releaseLocked(c)
+		}
 		c.mu.Unlock()
 	}
 	unix.Close(s.epfd)
@@ -261,8 +264,8 @@ func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
 // newConn returns a connection with no credit granted yet: its first
 // packet to the guest (REQUEST or RESPONSE) takes its window from the
 // budget (grantLocked).
-func newConn(k connKey, typ uint16) *conn {
-	return &conn{key: k, typ: typ, fd: -1}
+func newConn(k connKey, typ uint16, sm connSM) *conn {
+	return &conn{key: k, typ: typ, fd: -1, sm: sm}
 }
 
 // registerFDLocked hands a connected host socket to the connection and the epoll
@@ -287,13 +290,77 @@ func (s *session) registerFDLocked(c *conn, fd int) error {
 	return nil
 }
 
-// closeConnLocked closes the host socket and marks the connection closed;
-// the caller removes it from the table (removeConn) unless shutdown did.
-// Called with c.mu held.
-func (s *session) closeConnLocked(c *conn) {
-	if c.state == stateClosed {
+// applyLocked carries out what the connection's state machine decided
+// (connsm.go), in the order of the act bits: counters, timers, the host
+// socket's half-closes, then closing and the RST. actProtoErr, actFlush,
+// actDropMsg and actDropLate concern the packet being handled and are the
+// caller's. Called with c.mu held.
+func (s *session) applyLocked(c *conn, a act) {
+	if a&actCountRefused != 0 {
+		s.d.ctr.connsRefused.Add(1)
+	}
+	if a&actCountReset != 0 {
+		s.d.ctr.connsReset.Add(1)
+	}
+	if a&actCountEstablished != 0 {
+		s.d.ctr.connsEstablished.Add(1)
+	}
+	if a&actStopTimer != 0 && c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if a&actWriteOK != 0 && !s.acceptedLocked(c) {
+		s.applyLocked(c, c.sm.onHostFailed())
 		return
 	}
+	if a&actShutHostRead != 0 {
+		s.hostReadShutLocked(c)
+	}
+	if a&actShutHostWrite != 0 && c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
+	}
+	if a&actStartCloseTimer != 0 && c.timer == nil {
+		c.timer = time.AfterFunc(s.d.cfg.ConnectTimeout, func() { s.onTimer(c, (*connSM).onCloseTimeout) })
+	}
+	if a&actClose != 0 {
+		s.releaseLocked(c)
+		s.removeConnLocked(c)
+	}
+	if a&actRst != 0 {
+		s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ})
+	}
+}
+
+// acceptedLocked tells the host client of a host-initiated connection that
+// the guest accepted it ("OK <port>\n", written before any data can flow:
+// the TX worker is the only writer of the socket) and registers the socket
+// with epoll. It reports false if either fails. Called with c.mu held.
+func (s *session) acceptedLocked(c *conn) bool {
+	fd := c.fd
+	c.fd = -1
+	line := fmt.Appendf(nil, "OK %d\n", c.key.hostPort)
+	if n, err := writeSome(fd, line); err != nil || n != len(line) {
+		closeFD(fd)
+		return false
+	}
+	if err := s.registerFDLocked(c, fd); err != nil {
+		closeFD(fd)
+		return false
+	}
+	if uint64(c.bufAlloc) < s.windowLocked(c) {
+		// The REQUEST went out while the budget was short: the guest
+		// gets the rest of its window as soon as there is budget.
+		c.sm.pend |= pendCredit
+	}
+	return true
+}
+
+// releaseLocked lets go of what a connection the state machine closed
+// holds: its timer, its host socket (and epoll registration) and its
+// buffers, whose credit goes back to the device's budget. The caller
+// removes it from the table (removeConnLocked) unless shutdown did.
+// Called with c.mu held.
+func (s *session) releaseLocked(c *conn) {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
@@ -307,9 +374,6 @@ func (s *session) closeConnLocked(c *conn) {
 		closeFD(c.fd)
 		c.fd = -1
 	}
-	c.state = stateClosed
-	// Whatever the connection could still have made us buffer goes back
-	// to the device's budget.
 	if exp := c.exposureLocked(); s.budget.shrink(exp, exp) {
 		s.wakeRX()
 	}
@@ -318,7 +382,6 @@ func (s *session) closeConnLocked(c *conn) {
 	c.prefix = nil
 	c.msg, c.rec, c.recOff, c.seqNeed = nil, nil, 0, 0
 	c.recs.reset()
-	c.pend = 0
 	s.d.ctr.connsOpen.Add(-1)
 }
 
@@ -332,34 +395,11 @@ func (s *session) removeConnLocked(c *conn) {
 	s.connMu.Unlock()
 }
 
-// resetConnLocked closes c and sends the guest an RST for it: the device
-// gives up on the connection (a refusal or a timeout before it was
-// established, a reset after), and counts it so.
+// resetConnLocked is the device giving up on c for a reason of its own
+// (a host socket error, a broken guest packet, a transport reset): RST to
+// the guest, host socket closed, counted by state. Called with c.mu held.
 func (s *session) resetConnLocked(c *conn) {
-	s.countAbortLocked(c, false)
-	s.closeWithRstLocked(c)
-}
-
-// countAbortLocked counts a connection that ends by an RST, the device's
-// (guestRst false) or the guest's, by its state: an attempt never
-// established was refused (Stats.ConnsRefused), an established connection
-// reset (ConnsReset). The RST that answers a SHUTDOWN(BOTH) is the orderly
-// end and is not counted: the guest's arrives in stateClosing, the
-// device's goes through closeWithRstLocked. The device resetting a
-// connection in stateClosing (the guest did not answer in time, or broke
-// the protocol meanwhile) is a reset. Called with c.mu held, before the
-// connection closes.
-func (s *session) countAbortLocked(c *conn, guestRst bool) {
-	switch c.state {
-	case stateGuestConnecting, stateHostConnecting:
-		s.d.ctr.connsRefused.Add(1)
-	case stateEstablished:
-		s.d.ctr.connsReset.Add(1)
-	case stateClosing:
-		if !guestRst {
-			s.d.ctr.connsReset.Add(1)
-		}
-	}
+	s.applyLocked(c, c.sm.onHostFailed())
 }
 
 // refuseGuest answers a guest REQUEST that gets no connection with an RST
@@ -367,17 +407,6 @@ func (s *session) countAbortLocked(c *conn, guestRst bool) {
 func (s *session) refuseGuest(rst Header) {
 	s.d.ctr.connsRefused.Add(1)
 	s.queueRst(rst)
-}
-
-// closeWithRstLocked closes c and sends the guest an RST for it, counting
-// nothing. Called with c.mu held.
-func (s *session) closeWithRstLocked(c *conn) {
-	if c.state == stateClosed {
-		return
-	}
-	s.closeConnLocked(c)
-	s.removeConnLocked(c)
-	s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ})
 }
 
 // queueRst queues an RST to the guest for a connection that no longer
@@ -452,8 +481,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 		s.d.ctr.connsRefused.Add(1)
 		return fmt.Errorf("vsock: no free host port")
 	}
-	c := newConn(connKey{hostPort, port}, typ)
-	c.state = stateHostConnecting
+	c := newConn(connKey{hostPort, port}, typ, newHostSM())
 	c.prefix = append([]byte(nil), prefix...)
 	// Hold c.mu before c is in the table: a reset (or a guest packet for
 	// the new port) must not close c before it owns fd, or fd would leak.
@@ -467,28 +495,19 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 		return err
 	}
 	c.fd = fd // registered with epoll once the guest accepts
-	c.pend |= pendRequest
-	c.timer = time.AfterFunc(time.Until(deadline), func() { s.connectTimeout(c) })
+	c.timer = time.AfterFunc(time.Until(deadline), func() { s.onTimer(c, (*connSM).onConnectTimeout) })
 	s.emitOrQueueLocked(c, nil)
 	return nil
 }
 
-// connectTimeout gives up on a connection the guest did not answer in time.
-func (s *session) connectTimeout(c *conn) {
+// onTimer runs a connection's connect or close timer: event is
+// onConnectTimeout or onCloseTimeout, which decide whether the connection
+// still waits for it.
+func (s *session) onTimer(c *conn, event func(*connSM) act) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.state == stateHostConnecting || c.state == stateGuestConnecting {
-		s.d.log.WithField("port", c.key.guestPort).Debug("vsock: connection attempt timed out")
-		s.resetConnLocked(c)
-	}
-}
-
-// closeTimeout resets a connection the guest did not finish closing in time.
-func (s *session) closeTimeout(c *conn) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state == stateClosing {
-		s.d.log.WithField("port", c.key.guestPort).Debug("vsock: guest did not answer SHUTDOWN; resetting")
-		s.resetConnLocked(c)
+	if a := event(&c.sm); a != 0 {
+		s.d.log.WithField("port", c.key.guestPort).Debugf("vsock: %s connection timed out; resetting", c.key.String())
+		s.applyLocked(c, a)
 	}
 }

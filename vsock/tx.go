@@ -1,8 +1,6 @@
 package vsock
 
 import (
-	"fmt"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/eventfd"
@@ -261,52 +259,43 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		}
 		return
 	}
-	if c.state == stateClosed {
+	if !c.sm.live() {
 		s.endRun(st)
 		return
 	}
 	if h.Type != c.typ {
 		// A connection keeps the type it was made with (Linux resets a
-		// socket on a packet of another type too).
+		// socket on a packet of another type too); an RST is never
+		// answered with one.
 		s.guestError(GuestErrType, "packet %v on a connection of type %d", h, c.typ)
-		if h.Op == OpRst {
-			s.countAbortLocked(c, true)
-			s.closeConnLocked(c) // never answer an RST with one
-			s.removeConnLocked(c)
-		} else {
-			s.resetConnLocked(c)
-		}
+		s.applyLocked(c, c.sm.onWrongType(h.Op))
 		s.endRun(st)
 		return
 	}
 	c.updatePeerCredit(h)
-	switch h.Op {
-	case OpResponse:
-		s.guestResponse(c)
-	case OpRst:
-		// After the device's SHUTDOWN(BOTH) (stateClosing) this is the
-		// orderly end; before, the guest refused or reset the connection.
-		s.countAbortLocked(c, true)
-		s.closeConnLocked(c)
-		s.removeConnLocked(c)
-	case OpShutdown:
-		s.guestShutdown(st, c, h.Flags)
-	case OpRW:
+	prev := c.sm.state
+	a := c.sm.onGuestOp(h.Op, h.Flags)
+	if a&actProtoErr != 0 {
+		s.guestError(GuestErrOp, "packet %v on %s connection %v", h, prev, c.key)
+	}
+	if a&actDropMsg != 0 && len(c.msg) > 0 {
+		// The rest of this message will never come: no record for it.
+		s.d.log.Debugf("vsock: dropped an unfinished %d-byte message on %v at the guest's shutdown", len(c.msg), c.key)
+		c.msg = nil
+	}
+	if a&actDropLate != 0 {
+		// Nobody can take the data: drop it and keep waiting for the
+		// guest's RST (or the close timeout).
+		s.d.ctr.lateRW.Add(1)
+		s.d.log.Debugf("vsock: dropped %d bytes the guest sent to %v after the host closed", h.Len, c.key)
+	}
+	s.applyLocked(c, a)
+	switch {
+	case a&actFlush != 0:
+		s.flushForShutdownLocked(st, c)
+	case h.Op == OpRW && rwAdmitted(a):
 		st.payload = p.body.Views(st.payload[:0], uint64(h.Len))
 		s.guestData(st, c, h)
-	case OpCreditUpdate:
-		// The credit fields are all it carries.
-	case OpCreditRequest:
-		// Answered only on an open connection: before RESPONSE the
-		// connection is not open yet (and the RESPONSE or REQUEST carries
-		// the credit), and after our SHUTDOWN(BOTH) it sends nothing but
-		// RST. Not a protocol error: the guest may not have seen either.
-		if c.state == stateEstablished {
-			c.pend |= pendCredit | pendCreditForced
-		}
-	default:
-		s.guestError(GuestErrOp, "packet %v: unknown operation", h)
-		s.resetConnLocked(c)
 	}
 	if c.hasRxWork() {
 		st.wantRx = true
@@ -319,7 +308,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 // beginRun locks the connection for key, reusing the run's lock when the
 // previous packet was for the same connection (Options.BatchLock).
 func (s *session) beginRun(st *txState, key connKey) *conn {
-	if st.cur != nil && st.curKey == key && st.cur.state != stateClosed {
+	if st.cur != nil && st.curKey == key && st.cur.sm.state != stateClosed {
 		s.d.ctr.batchedPackets.Add(1)
 		return st.cur
 	}
@@ -343,7 +332,7 @@ func (s *session) endRun(st *txState) {
 	}
 	st.cur = nil
 	s.writeRunLocked(st, c)
-	if c.state != stateClosed {
+	if c.sm.state != stateClosed {
 		if c.toHost.Len() > 0 {
 			s.flushLocked(c)
 		}
@@ -352,7 +341,7 @@ func (s *session) endRun(st *txState) {
 			st.wantRx = true
 		}
 	}
-	want := st.wantRx && c.state != stateClosed
+	want := st.wantRx && c.sm.state != stateClosed
 	st.wantRx = false
 	if want {
 		s.emitOrQueueLocked(c, &st.rx)
@@ -364,8 +353,8 @@ func (s *session) endRun(st *txState) {
 // than half of our buffer is free but we have forwarded more since we last
 // told it.
 func (s *session) creditCheckLocked(c *conn) {
-	if c.state == stateEstablished && c.fwdCnt != c.lastFwd && c.guestViewFree() < c.bufAlloc/2 {
-		c.pend |= pendCredit
+	if c.sm.state == stateEstablished && c.fwdCnt != c.lastFwd && c.guestViewFree() < c.bufAlloc/2 {
+		c.sm.pend |= pendCredit
 	}
 }
 
@@ -395,8 +384,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.refuseGuest(rst)
 		return
 	}
-	c := newConn(key, h.Type)
-	c.state = stateGuestConnecting
+	c := newConn(key, h.Type, newGuestSM())
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
 		s.d.log.WithError(err).Debug("vsock: guest connection refused")
@@ -422,81 +410,32 @@ func (s *session) dial(c *conn) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.state != stateGuestConnecting {
-		closeFD(fd) // the guest gave up, or the device was reset
-		return
-	}
 	if err != nil {
 		s.d.log.WithError(err).WithField("port", c.key.hostPort).Debug("vsock: host refused guest connection")
-		s.resetConnLocked(c)
+	}
+	a, keep := c.sm.onDialed(err != nil)
+	if !keep {
+		closeFD(fd) // refused, the guest gave up, or the device was reset
+		s.applyLocked(c, a)
 		return
 	}
 	if err := s.registerFDLocked(c, fd); err != nil {
 		closeFD(fd)
 		s.d.log.WithError(err).Warn("vsock: guest connection")
-		s.resetConnLocked(c)
+		s.applyLocked(c, c.sm.onHostFailed())
 		return
 	}
-	c.state = stateEstablished
-	s.d.ctr.connsEstablished.Add(1)
-	c.pend |= pendResponse
+	s.applyLocked(c, a)
 	s.emitOrQueueLocked(c, nil)
 }
 
-// guestResponse: the guest accepted a host-initiated connection. The host
-// client learns it from the "OK <port>" line, written before any data can
-// flow (this worker is the only writer of the socket).
-func (s *session) guestResponse(c *conn) {
-	if c.state != stateHostConnecting {
-		s.guestError(GuestErrOp, "RESPONSE on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
-		s.resetConnLocked(c)
-		return
-	}
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	fd := c.fd
-	c.fd = -1
-	line := fmt.Appendf(nil, "OK %d\n", c.key.hostPort)
-	if n, err := writeSome(fd, line); err != nil || n != len(line) {
-		closeFD(fd)
-		s.resetConnLocked(c)
-		return
-	}
-	if err := s.registerFDLocked(c, fd); err != nil {
-		closeFD(fd)
-		s.resetConnLocked(c)
-		return
-	}
-	c.state = stateEstablished
-	s.d.ctr.connsEstablished.Add(1)
-	if uint64(c.bufAlloc) < s.windowLocked(c) {
-		// The REQUEST went out while the budget was short: the guest
-		// gets the rest of its window as soon as there is budget.
-		c.pend |= pendCredit
-	}
-}
-
-// guestShutdown handles SHUTDOWN: the guest will receive (RCV) or send
-// (SEND) no more. Full shutdown is answered with RST once the host has been
-// given everything the guest sent.
-func (s *session) guestShutdown(st *txState, c *conn, flags uint32) {
-	if c.state != stateEstablished && c.state != stateClosing {
-		s.resetConnLocked(c)
-		return
-	}
-	if flags&ShutdownRcv != 0 && c.guestShut&ShutdownRcv == 0 {
-		s.hostReadShutLocked(c)
-	}
-	c.guestShut |= flags & ShutdownBoth
-	if c.guestShut&ShutdownSend != 0 && len(c.msg) > 0 {
-		// The rest of this message will never come: no record for it.
-		s.d.log.Debugf("vsock: dropped an unfinished %d-byte message on %d<->%d at the guest's shutdown", len(c.msg), c.key.hostPort, c.key.guestPort)
-		c.msg = nil
-	}
-	s.writeRunLocked(st, c) // the guest's data before its shutdown
-	if c.state == stateClosed {
+// flushForShutdownLocked gives the host everything the guest sent before
+// its SHUTDOWN (the run's views, then the buffer); the shutdown takes
+// effect once nothing is left (afterFlushLocked), now or when the host
+// socket drains.
+func (s *session) flushForShutdownLocked(st *txState, c *conn) {
+	s.writeRunLocked(st, c)
+	if !c.sm.live() {
 		return
 	}
 	if c.toHost.Len() > 0 {
@@ -523,38 +462,19 @@ func (s *session) hostReadShutLocked(c *conn) {
 	c.rec, c.recOff, c.seqNeed = nil, 0, 0
 }
 
-// afterFlushLocked applies the guest's shutdown once the host has all of the
-// guest's data: half-close the host socket on SEND; on full shutdown, RST
-// (the reply the guest waits for) and close.
+// afterFlushLocked tells the state machine when the host has all of the
+// guest's data, so that a SHUTDOWN the guest sent takes effect
+// (onHostDrained).
 func (s *session) afterFlushLocked(c *conn) {
-	if c.toHost.Len() > 0 || c.state == stateClosed {
+	if c.toHost.Len() > 0 || !c.sm.live() {
 		return
 	}
-	if c.guestShut&ShutdownSend != 0 && !c.hostWriteShut && c.fd >= 0 {
-		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
-		c.hostWriteShut = true
-	}
-	if c.guestShut == ShutdownBoth {
-		s.closeWithRstLocked(c) // the orderly end: not counted as a reset
-	}
+	s.applyLocked(c, c.sm.onHostDrained())
 }
 
 // guestData forwards an RW payload (st.payload, h.Len bytes) to the host.
+// The state machine has admitted it (rwAdmitted).
 func (s *session) guestData(st *txState, c *conn, h *Header) {
-	if c.state == stateClosing && c.guestShut&ShutdownSend == 0 {
-		// The host went away and the device sent SHUTDOWN(BOTH); the
-		// guest queued this before it saw that, which is no protocol
-		// error. Nobody can take the data: drop it and keep waiting for
-		// the guest's RST (or the close timeout).
-		s.d.ctr.lateRW.Add(1)
-		s.d.log.Debugf("vsock: dropped %d bytes the guest sent to %d<->%d after the host closed", h.Len, c.key.hostPort, c.key.guestPort)
-		return
-	}
-	if c.state != stateEstablished || c.guestShut&ShutdownSend != 0 {
-		s.guestError(GuestErrOp, "RW on %s connection %d<->%d", c.state, c.key.hostPort, c.key.guestPort)
-		s.resetConnLocked(c)
-		return
-	}
 	n := h.Len
 	// Against the credit granted (grantFwd, not fwdCnt): what the guest
 	// was told is at most that, and the device-wide budget counts on it.
@@ -574,7 +494,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	if n == 0 {
 		return
 	}
-	if c.hostWriteShut || c.hostHup {
+	if !c.sm.canForward() {
 		// The host is gone: the data has nowhere to go.
 		s.resetConnLocked(c)
 		return
@@ -591,7 +511,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	// Older bytes still buffered: copy, in order after anything the run
 	// holds.
 	s.writeRunLocked(st, c)
-	if c.state == stateClosed {
+	if c.sm.state == stateClosed {
 		return
 	}
 	s.appendTx(c, st.payload, 0)
@@ -612,7 +532,7 @@ func (s *session) writeRunLocked(st *txState, c *conn) {
 		clear(st.runViews)
 		st.runViews = st.runViews[:0]
 	}()
-	if c.state == stateClosed || c.fd < 0 {
+	if c.sm.state == stateClosed || c.fd < 0 {
 		return
 	}
 	if c.toHost.Len() > 0 {
@@ -659,7 +579,7 @@ func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
 // credit, and a guest that sends a message larger than the buffer overruns
 // it and is reset (guestData) rather than making c.msg grow.
 func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
-	if c.hostWriteShut || c.hostHup {
+	if !c.sm.canForward() {
 		// The host is gone: the data has nowhere to go.
 		s.resetConnLocked(c)
 		return
