@@ -216,18 +216,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
 			s.guestError(GuestErrType, "packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
-			// The RST tells the guest the ports are free: a connection
-			// on them goes with it, or it would live on unseen.
-			if c := s.lookup(key); c != nil {
-				c.mu.Lock()
-				s.resetConnLocked(c)
-				c.mu.Unlock()
-			} else {
-				if h.Op == OpRequest {
-					s.d.ctr.connsRefused.Add(1)
-				}
-				s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
-			}
+			s.resetPorts(h, key)
 		}
 		return
 	}
@@ -235,16 +224,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.endRun(st)
 		s.guestError(GuestErrLength, "packet %v: len %d but the chain holds %d payload bytes (max %d)",
 			h, h.Len, p.body.Len(), MaxPacketPayload)
-		if c := s.lookup(key); c != nil {
-			c.mu.Lock()
-			s.resetConnLocked(c)
-			c.mu.Unlock()
-		} else if h.Op != OpRst {
-			if h.Op == OpRequest {
-				s.d.ctr.connsRefused.Add(1)
-			}
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
-		}
+		s.resetPorts(h, key)
 		return
 	}
 	if h.Op == OpRequest {
@@ -303,6 +283,27 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	if !s.opts.BatchLock {
 		s.endRun(st)
 	}
+}
+
+// resetPorts answers a packet the device rejects before any connection
+// sees it with an RST for its ports, which tells the guest they are free: a
+// connection on them is reset with it (or it would live on unseen), and a
+// REQUEST is counted as refused. Without a connection an RST is never
+// answered with one.
+func (s *session) resetPorts(h *Header, key connKey) {
+	if c := s.lookup(key); c != nil {
+		c.mu.Lock()
+		s.resetConnLocked(c)
+		c.mu.Unlock()
+		return
+	}
+	if h.Op == OpRst {
+		return
+	}
+	if h.Op == OpRequest {
+		s.d.ctr.connsRefused.Add(1)
+	}
+	s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 }
 
 // beginRun locks the connection for key, reusing the run's lock when the
