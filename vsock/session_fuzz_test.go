@@ -106,6 +106,9 @@ func (k fzKey) String() string { return fmt.Sprintf("%d<->%d", k.host, k.guest) 
 // fzKeyState is the checker's view of the device's packets for one key.
 type fzKeyState struct {
 	open   bool   // the device opened it (REQUEST or RESPONSE) and sent no RST since
+	// guestInit: the open connection was opened by a RESPONSE (the guest
+	// asked for it).
+	guestInit bool
 	reqOut int    // guest REQUESTs not answered by a RESPONSE yet
 	typ    uint16 // the open connection's type
 	shut   uint32 // SHUTDOWN flags the device sent on the open connection
@@ -359,12 +362,14 @@ func (m *fzMachine) observe(p vsocktest.Packet) {
 			m.fatalf("device sent %v for %v, a connection it has open", h, k)
 		}
 		ks.open, ks.typ, ks.shut, ks.haveCredit = true, h.Type, 0, false
+		ks.guestInit = false
 	case vsock.OpResponse:
 		if ks.open || ks.reqOut == 0 {
 			m.fatalf("device sent %v for %v: open %v, guest REQUESTs unanswered %d", h, k, ks.open, ks.reqOut)
 		}
 		ks.reqOut--
 		ks.open, ks.typ, ks.shut, ks.haveCredit = true, h.Type, 0, false
+		ks.guestInit = true
 	default:
 		switch {
 		case !ks.open:
@@ -662,13 +667,22 @@ func (m *fzMachine) doStep(op, a1, a2 byte) {
 }
 
 // dialOp sends a guest REQUEST; one for a connection the guest has open is
-// hostile (the device resets that connection).
+// hostile. The device resets that connection, or, if it had already reset
+// it (an RST the guest has not read yet), opens a new one the guest never
+// asked for honestly: either way the guest no longer knows the device's
+// state for the key, as after raw.
 func (m *fzMachine) dialOp(k fzKey, seq bool) {
 	ks := m.key(k)
 	if in := m.inst(k); in != nil {
 		m.hostile = true
 		in.c.Send(vsock.OpRequest, 0, nil)
 		ks.reqOut++
+		ks.wild = true
+		in.creditTaint, in.dataTaint = true, true
+		if in.host != nil {
+			in.host.inst = nil
+		}
+		m.drop(in)
 		return
 	}
 	if ks.wild {
@@ -1128,6 +1142,7 @@ func (m *fzMachine) endStep() {
 			m.drop(in)
 		}
 	}
+	m.resetOrphans()
 	for _, k := range m.keyOrder {
 		if ks := m.keys[k]; ks.stale {
 			ks.stale, ks.open, ks.shut, ks.haveCredit = false, false, 0, false
@@ -1137,6 +1152,30 @@ func (m *fzMachine) endStep() {
 		ks := m.keys[fzKey{p.Hdr.SrcPort, p.Hdr.DstPort}]
 		return p.Hdr.Op == vsock.OpRequest && (ks == nil || !ks.wild)
 	})
+}
+
+// resetOrphans resets connections the device opened for a guest REQUEST
+// the guest no longer tracks. A hostile REQUEST (dialOp, raw) on a key
+// whose connection the device had already reset, with the RST not yet
+// read, opens a new one; the key's state is unknown (wild) until the next
+// RST, but that RST may be the older connection's, which leaves the new
+// one open with no instance to use or close it. The guest answers it with
+// RST, as Linux answers a packet for no socket, and lets the device settle.
+func (m *fzMachine) resetOrphans() {
+	sent := false
+	for _, k := range m.keyOrder {
+		ks := m.keys[k]
+		if !ks.open || !ks.guestInit || ks.wild || ks.stale || m.inst(k) != nil {
+			continue
+		}
+		h := m.g.Header(vsock.OpRst, k.guest, k.host)
+		h.Type = ks.typ
+		m.g.Send(h, nil)
+		ks.stale, sent = true, true
+	}
+	if sent {
+		m.settle()
+	}
 }
 
 // closeAll closes every connection from both sides: the table must end
