@@ -1,47 +1,123 @@
 package vsock
 
+import "sync"
+
 // byteQueue is a FIFO of bytes: guest data the host socket has not taken
-// yet. Taking a prefix only moves an offset; the unread bytes move to the
-// front when an append would otherwise grow the array and at least half of
-// it is already consumed, so every byte is moved O(1) times on average:
-// draining a large buffer by many partial writes costs linear, not
-// quadratic, time (the old flush memmoved the whole rest on each write).
+// yet. It keeps its bytes in fixed-size chunks taken from pools shared by
+// every connection and given back as soon as they are drained, so:
+//
+//   - appending never moves queued bytes (each byte is copied once, in);
+//     taking a prefix only moves an offset; draining by many partial
+//     writes costs linear time;
+//   - a busy connection that fills and drains its window over and over
+//     reuses the same chunks instead of growing a fresh array each time
+//     (the single growing array this replaces was let go of at every
+//     drain, and refilling it cost more CPU than the data itself:
+//     docs/performance.md, "Buffered guest data");
+//   - an empty queue holds nothing, and a queue under 64 KiB holds 4 KiB
+//     chunks only, so the memory a connection pins beyond its queued bytes
+//     is at most one partly used chunk: 4 KiB while it is small.
 type byteQueue struct {
-	buf []byte // buf[off:] is queued
-	off int
+	chunks [][]byte // each of cap smallChunk or largeChunk; bytes live in [0:len]
+	head   int      // offset of the first queued byte in chunks[0]
+	n      int      // queued bytes
 }
 
-// Len is the number of queued bytes.
-func (q *byteQueue) Len() int { return len(q.buf) - q.off }
+const (
+	smallChunk = 4 << 10
+	largeChunk = 64 << 10
+)
 
-// Bytes returns the queued bytes, valid until the next Append or Consume.
-func (q *byteQueue) Bytes() []byte { return q.buf[q.off:] }
+var (
+	smallChunks = sync.Pool{New: func() any { return new([smallChunk]byte) }}
+	largeChunks = sync.Pool{New: func() any { return new([largeChunk]byte) }}
+)
+
+// Len is the number of queued bytes.
+func (q *byteQueue) Len() int { return q.n }
 
 // Append queues a copy of b.
 func (q *byteQueue) Append(b []byte) {
-	if q.off > 0 && len(q.buf)+len(b) > cap(q.buf) && q.off >= len(q.buf)/2 {
-		n := copy(q.buf, q.buf[q.off:])
-		q.buf, q.off = q.buf[:n], 0
-	}
-	q.buf = append(q.buf, b...)
-}
-
-// Consume drops the first n queued bytes (n <= Len). An emptied queue lets
-// go of a large array, so that an idle connection does not keep it.
-func (q *byteQueue) Consume(n int) {
-	q.off += n
-	if q.off == len(q.buf) {
-		q.off = 0
-		if cap(q.buf) > idleQueueCap {
-			q.buf = nil
-		} else {
-			q.buf = q.buf[:0]
+	for len(b) > 0 {
+		last := len(q.chunks) - 1
+		if last < 0 || len(q.chunks[last]) == cap(q.chunks[last]) {
+			q.chunks = append(q.chunks, q.newChunk())
+			last++
 		}
+		c := q.chunks[last]
+		k := copy(c[len(c):cap(c)], b)
+		q.chunks[last] = c[:len(c)+k]
+		q.n += k
+		b = b[k:]
 	}
 }
 
-// Reset drops everything and the array.
-func (q *byteQueue) Reset() { q.buf, q.off = nil, 0 }
+// newChunk takes an empty chunk: a small one while the queue holds less
+// than a large chunk's worth, a large one after.
+func (q *byteQueue) newChunk() []byte {
+	if q.n < largeChunk {
+		return smallChunks.Get().(*[smallChunk]byte)[:0]
+	}
+	return largeChunks.Get().(*[largeChunk]byte)[:0]
+}
 
-// idleQueueCap is the largest array an empty queue keeps.
-const idleQueueCap = 4096
+// Views appends to dst views of the first n queued bytes (n <= Len), in
+// order, one per chunk; they are valid until the next Consume or Reset.
+func (q *byteQueue) Views(dst [][]byte, n int) [][]byte {
+	off := q.head
+	for _, c := range q.chunks {
+		if n == 0 {
+			break
+		}
+		v := c[off:]
+		if len(v) > n {
+			v = v[:n]
+		}
+		dst = append(dst, v)
+		n -= len(v)
+		off = 0
+	}
+	return dst
+}
+
+// Consume drops the first k queued bytes (k <= Len), giving drained chunks
+// back to their pool.
+func (q *byteQueue) Consume(k int) {
+	q.n -= k
+	q.head += k
+	if q.n == 0 {
+		q.Reset()
+		return
+	}
+	// Every chunk but the last is full (Append starts a chunk only when
+	// the last one is), so one that head has passed is drained.
+	for len(q.chunks) > 1 && q.head >= len(q.chunks[0]) {
+		q.head -= len(q.chunks[0])
+		putChunk(q.chunks[0])
+		q.chunks[0] = nil
+		q.chunks = q.chunks[1:]
+	}
+}
+
+// Reset drops everything and gives the chunks back.
+func (q *byteQueue) Reset() {
+	for i, c := range q.chunks {
+		putChunk(c)
+		q.chunks[i] = nil
+	}
+	q.chunks, q.head, q.n = q.chunks[:0], 0, 0
+	if cap(q.chunks) > 16 {
+		q.chunks = nil
+	}
+}
+
+func putChunk(c []byte) {
+	switch cap(c) {
+	case smallChunk:
+		smallChunks.Put((*[smallChunk]byte)(c[:smallChunk]))
+	case largeChunk:
+		largeChunks.Put((*[largeChunk]byte)(c[:largeChunk]))
+	default:
+		panic("vsock: byteQueue chunk of a foreign size") // host invariant
+	}
+}

@@ -144,6 +144,10 @@ func (c *conn) dataReady() bool {
 	return !c.sm.hostEOF && (len(c.prefix) > 0 || c.hostReadable) && c.peerCredit() > 0
 }
 
+// idleQueueCap is the largest array an idle connection keeps for a
+// SEQPACKET message or record; larger ones are let go of once used.
+const idleQueueCap = 4096
+
 // seqRecords is a FIFO of the lengths of complete guest messages waiting in
 // conn.tx, each with the SeqEOR bit in bit 31 (a message is at most
 // bufAlloc <= MaxConnBuffer < 2^31 bytes).

@@ -189,8 +189,10 @@
 // here (docs/performance.md).
 //
 // Guest data the host socket does not take at once waits in the
-// connection's byteQueue (bounded by the advertised buffer), drained by
-// offset so partial writes cost linear time.
+// connection's byteQueue (bounded by the advertised buffer): chunks from
+// pools shared by all connections, given back as they drain, flushed with
+// one writev, so partial writes cost linear time, queued bytes never
+// move, and an idle connection holds no buffer.
 //
 // # SEQPACKET (VIRTIO_VSOCK_F_SEQPACKET, 5.10.6.3.2)
 //

@@ -69,7 +69,7 @@ func (s *session) rxLoop() {
 			case tagEventKick:
 				_, _ = s.ev.Kick.Wait()
 			default:
-				s.hostEvent(int(ev.Fd), ev.Events)
+				s.hostEvent(st, int(ev.Fd), ev.Events)
 			}
 		}
 	}
@@ -107,7 +107,7 @@ func (s *session) rxHasWork() bool {
 }
 
 // hostEvent records what epoll said about a host socket.
-func (s *session) hostEvent(fd int, events uint32) {
+func (s *session) hostEvent(st *rxState, fd int, events uint32) {
 	s.connMu.Lock()
 	c := s.byFD[fd]
 	s.connMu.Unlock()
@@ -126,7 +126,7 @@ func (s *session) hostEvent(fd int, events uint32) {
 		c.sm.onHostHangup()
 	}
 	if events&unix.EPOLLOUT != 0 && c.toHost.Len() > 0 {
-		s.flushLocked(c)
+		s.flushLocked(&st.iov, c)
 		s.creditCheckLocked(c)
 	}
 	if c.hasRxWork() {

@@ -105,13 +105,13 @@ func (k fzKey) String() string { return fmt.Sprintf("%d<->%d", k.host, k.guest) 
 
 // fzKeyState is the checker's view of the device's packets for one key.
 type fzKeyState struct {
-	open   bool   // the device opened it (REQUEST or RESPONSE) and sent no RST since
+	open bool // the device opened it (REQUEST or RESPONSE) and sent no RST since
 	// guestInit: the open connection was opened by a RESPONSE (the guest
 	// asked for it).
 	guestInit bool
-	reqOut int    // guest REQUESTs not answered by a RESPONSE yet
-	typ    uint16 // the open connection's type
-	shut   uint32 // SHUTDOWN flags the device sent on the open connection
+	reqOut    int    // guest REQUESTs not answered by a RESPONSE yet
+	typ       uint16 // the open connection's type
+	shut      uint32 // SHUTDOWN flags the device sent on the open connection
 	// stale: the guest reset the connection in this step; what the device
 	// had pushed before it saw the RST may still arrive until the step
 	// settles.

@@ -20,6 +20,9 @@ func closeFD(fd int) {
 // iovecs is a reusable iovec array for readv/writev, owned by one worker.
 type iovecs struct {
 	v []unix.Iovec
+	// views is scratch for a caller that builds the buffers it passes
+	// (the flush of a connection's queued bytes).
+	views [][]byte
 }
 
 // isAgain reports a non-blocking socket that has no data or no room.

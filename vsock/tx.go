@@ -335,7 +335,7 @@ func (s *session) endRun(st *txState) {
 	s.writeRunLocked(st, c)
 	if c.sm.state != stateClosed {
 		if c.toHost.Len() > 0 {
-			s.flushLocked(c)
+			s.flushLocked(&st.iov, c)
 		}
 		s.creditCheckLocked(c)
 		if c.hasRxWork() {
@@ -440,7 +440,7 @@ func (s *session) flushForShutdownLocked(st *txState, c *conn) {
 		return
 	}
 	if c.toHost.Len() > 0 {
-		s.flushLocked(c) // applies the shutdown if it drains the buffer
+		s.flushLocked(&st.iov, c) // applies the shutdown if it drains the buffer
 		return
 	}
 	s.afterFlushLocked(c)
@@ -517,7 +517,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	}
 	s.appendTx(c, st.payload, 0)
 	if !s.opts.BatchLock {
-		s.flushLocked(c)
+		s.flushLocked(&st.iov, c)
 	}
 }
 
@@ -627,7 +627,7 @@ func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
 	c.recs.push(uint32(n), eor)
 	s.resetMsg(c)
 	if queued > 0 {
-		s.flushLocked(c)
+		s.flushLocked(&st.iov, c)
 	}
 }
 
@@ -641,28 +641,35 @@ func (s *session) resetMsg(c *conn) {
 }
 
 // flushSeqLocked writes the queued SEQPACKET records to the host socket, one
-// sendmsg each, until the socket is full.
-func (s *session) flushSeqLocked(c *conn) {
+// sendmsg each (a record's bytes may lie in several of the queue's chunks),
+// until the socket is full.
+func (s *session) flushSeqLocked(iov *iovecs, c *conn) {
 	for c.recs.len() > 0 {
 		n, eor := c.recs.head()
 		flags := 0
 		if eor {
 			flags = unix.MSG_EOR
 		}
-		var err error
-		for {
-			_, err = unix.SendmsgN(c.fd, c.toHost.Bytes()[:n], nil, nil, flags|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-			if err != unix.EINTR {
-				break
+		views := c.toHost.Views(iov.views[:0], n)
+		if len(views) > maxIov {
+			// A record of more than maxIov chunks (64 MiB) goes out
+			// from one copy: one sendmsg must carry all of it.
+			whole := make([]byte, 0, n)
+			for _, v := range views {
+				whole = append(whole, v...)
 			}
+			views = append(views[:0], whole)
 		}
-		if isAgain(err) {
-			s.d.ctr.hostWriteStalls.Add(1)
-			return
-		}
+		ok, err := iov.sendmsg(c.fd, views, flags)
+		clear(views)
+		iov.views = views[:0]
 		if err != nil {
 			s.d.log.WithError(err).Debugf("vsock: host write of a %d-byte record", n)
 			s.resetConnLocked(c)
+			return
+		}
+		if !ok {
+			s.d.ctr.hostWriteStalls.Add(1)
 			return
 		}
 		c.toHost.Consume(n)
@@ -673,29 +680,35 @@ func (s *session) flushSeqLocked(c *conn) {
 	s.afterFlushLocked(c)
 }
 
-// flushLocked writes buffered guest data to the host socket.
-func (s *session) flushLocked(c *conn) {
+// flushLocked writes buffered guest data to the host socket, with writev
+// over the queue's chunks, until it is empty or the socket full. iov is
+// the calling worker's scratch.
+func (s *session) flushLocked(iov *iovecs, c *conn) {
 	if c.fd < 0 || c.toHost.Len() == 0 {
 		return
 	}
 	if c.typ == TypeSeqpacket {
-		s.flushSeqLocked(c)
+		s.flushSeqLocked(iov, c)
 		return
 	}
-	w, err := writeSome(c.fd, c.toHost.Bytes())
-	if err != nil {
-		s.d.log.WithError(err).Debug("vsock: host write")
-		s.resetConnLocked(c)
-		return
+	for c.toHost.Len() > 0 {
+		views := c.toHost.Views(iov.views[:0], c.toHost.Len())
+		w, err := iov.writev(c.fd, views)
+		clear(views)
+		iov.views = views[:0]
+		if err != nil {
+			s.d.log.WithError(err).Debug("vsock: host write")
+			s.resetConnLocked(c)
+			return
+		}
+		if w == 0 {
+			s.d.ctr.hostWriteStalls.Add(1)
+			return
+		}
+		s.forwardedLocked(c, uint32(w))
+		c.toHost.Consume(w)
 	}
-	s.forwardedLocked(c, uint32(w))
-	if w < c.toHost.Len() {
-		s.d.ctr.hostWriteStalls.Add(1)
-	}
-	c.toHost.Consume(w)
-	if c.toHost.Len() == 0 {
-		// A shutdown the guest sent while data was still buffered takes
-		// effect now. (This may close the connection.)
-		s.afterFlushLocked(c)
-	}
+	// A shutdown the guest sent while data was still buffered takes
+	// effect now. (This may close the connection.)
+	s.afterFlushLocked(c)
 }
