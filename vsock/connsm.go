@@ -22,7 +22,7 @@ package vsock
 // transitions (each an on* method below):
 //
 //	guest REQUEST -> guest-connecting -- dial ok, RESPONSE owed --> established
-//	host CONNECT  -> host-connecting  -- guest RESPONSE, "OK" ----> established
+//	host CONNECT  -> host-connecting  -- guest RESPONSE, "OK" sent -> established
 //	either connecting state -- dial failed, guest RST, timeout (RST) --> closed
 //	established -- host EOF and hang-up, SHUTDOWN(BOTH) sent --> closing
 //	established -- guest SHUTDOWN(BOTH), host has it all (RST) --> closed
@@ -96,7 +96,7 @@ const (
 	// actStopTimer: stop the connect timer (the guest answered).
 	actStopTimer
 	// actWriteOK: write "OK <port>\n" to the host client and register its
-	// socket with epoll; if that fails, the session resets (onHostFailed).
+	// socket with epoll, then report how that went (onAccepted).
 	actWriteOK
 	// actShutHostRead: shutdown(SHUT_RD) on the host socket and drop the
 	// host data the guest has not been given.
@@ -203,6 +203,20 @@ func (m *connSM) onDialed(dialErr bool) (a act, keep bool) {
 	return actCountEstablished, true
 }
 
+// onAccepted is the end of actWriteOK: the host client was told "OK" and
+// its socket joined the epoll set (ok), and the connection is established;
+// or that failed (the client went away), and the attempt is refused.
+func (m *connSM) onAccepted(ok bool) act {
+	if m.state != stateHostConnecting {
+		return 0
+	}
+	if !ok {
+		return m.abort()
+	}
+	m.state = stateEstablished
+	return actCountEstablished
+}
+
 // onHostFailed: the host socket failed (a read or write error, or the OK
 // line could not be written): the device resets the connection.
 func (m *connSM) onHostFailed() act { return m.abort() }
@@ -219,8 +233,7 @@ func (m *connSM) onGuestOp(op Op, flags uint32) act {
 		if m.state != stateHostConnecting {
 			return actProtoErr | m.abort()
 		}
-		m.state = stateEstablished
-		return actStopTimer | actWriteOK | actCountEstablished
+		return actStopTimer | actWriteOK
 	case OpRst:
 		// After the device's SHUTDOWN(BOTH) (closing) this is the
 		// orderly end and counts nothing; before, the guest refused or

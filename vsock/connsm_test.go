@@ -35,6 +35,8 @@ var (
 	evDialOK       = smEvent{"dial ok", func(m *connSM) act { a, _ := m.onDialed(false); return a }}
 	evDialFail     = smEvent{"dial failed", func(m *connSM) act { a, _ := m.onDialed(true); return a }}
 	evHostFailed   = smEvent{"host failed", (*connSM).onHostFailed}
+	evAccepted     = smEvent{"OK sent", func(m *connSM) act { return m.onAccepted(true) }}
+	evAcceptFailed = smEvent{"OK failed", func(m *connSM) act { return m.onAccepted(false) }}
 	evDrained      = smEvent{"host drained", (*connSM).onHostDrained}
 	evHostEOF      = smEvent{"host EOF", func(m *connSM) act { m.onHostEOF(); return 0 }}
 	evHangup       = smEvent{"host hang-up", func(m *connSM) act { m.onHostHangup(); return 0 }}
@@ -47,7 +49,7 @@ var (
 
 var allEvents = []smEvent{
 	evResponse, evRst, evRW, evCreditUpdate, evCreditReq, evShutRcv, evShutSend, evShutBoth, evBadOp,
-	evDialOK, evDialFail, evHostFailed, evDrained, evHostEOF, evHangup, evShutSent,
+	evDialOK, evDialFail, evHostFailed, evAccepted, evAcceptFailed, evDrained, evHostEOF, evHangup, evShutSent,
 	evConnTimeout, evCloseTimeout, evWrongTypeRst, evWrongTypeRW,
 }
 
@@ -119,11 +121,14 @@ func TestConnSMTransitions(t *testing.T) {
 		{smGuestConnecting, []smEvent{evRW}, stateClosed, actProtoErr | abortRefused, 0, 0},
 		{smGuestConnecting, []smEvent{evShutBoth}, stateClosed, abortRefused, 0, 0},
 		{smGuestConnecting, []smEvent{evCreditReq}, stateGuestConnecting, 0, 0, 0},
-		{smHostConnecting, []smEvent{evResponse}, stateEstablished, actStopTimer | actWriteOK | actCountEstablished, pendRequest, 0},
+		{smHostConnecting, []smEvent{evResponse}, stateHostConnecting, actStopTimer | actWriteOK, pendRequest, 0},
+		{smHostConnecting, []smEvent{evResponse, evAccepted}, stateEstablished, actCountEstablished, pendRequest, 0},
+		{smHostConnecting, []smEvent{evResponse, evAcceptFailed}, stateClosed, abortRefused, 0, 0},
+		{smEstablished, []smEvent{evAccepted}, stateEstablished, 0, 0, 0},
 		{smHostConnecting, []smEvent{evRst}, stateClosed, actCountRefused | actClose, 0, 0},
 		{smHostConnecting, []smEvent{evConnTimeout}, stateClosed, abortRefused, 0, 0},
 		{smHostConnecting, []smEvent{evDialOK}, stateHostConnecting, 0, pendRequest, 0},
-		{smHostConnecting, []smEvent{evResponse, evHostFailed}, stateClosed, abortReset, 0, 0},
+		{smHostConnecting, []smEvent{evResponse, evAccepted, evHostFailed}, stateClosed, abortReset, 0, 0},
 
 		// Established.
 		{smEstablished, []smEvent{evRW}, stateEstablished, 0, 0, 0},

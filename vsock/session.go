@@ -309,9 +309,10 @@ func (s *session) applyLocked(c *conn, a act) {
 		c.timer.Stop()
 		c.timer = nil
 	}
-	if a&actWriteOK != 0 && !s.acceptedLocked(c) {
-		s.applyLocked(c, c.sm.onHostFailed())
-		return
+	if a&actWriteOK != 0 {
+		if b := c.sm.onAccepted(s.acceptedLocked(c)); b != 0 {
+			s.applyLocked(c, b)
+		}
 	}
 	if a&actShutHostRead != 0 {
 		s.hostReadShutLocked(c)

@@ -87,6 +87,18 @@ func TestConnOutcomes(t *testing.T) {
 			e.g.SendOp(vsock.OpRst, 1024, p.Hdr.SrcPort, 0)
 			hostClosed(t, h)
 		}, outcomes{0, 1, 0}},
+		{"host client gone before the guest accepts", envOpts{}, func(t *testing.T, e *env) {
+			h, err := vsocktest.HostConnect(t, e.dev, 1024, nil, time.Now().Add(waitTimeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := e.g.WaitRequest(1024)
+			h.Close()
+			// The "OK" line cannot be written: the attempt was refused,
+			// never established.
+			e.g.SendOp(vsock.OpResponse, 1024, p.Hdr.SrcPort, 65536)
+			e.g.ExpectOp(vsock.OpRst, p.Hdr.SrcPort, 1024)
+		}, outcomes{0, 1, 0}},
 		{"guest leaves a host connection unanswered", envOpts{cfg: vsock.Config{ConnectTimeout: 100 * time.Millisecond}}, func(t *testing.T, e *env) {
 			h, err := vsocktest.HostConnect(t, e.dev, 1024, nil, time.Now().Add(100*time.Millisecond))
 			if err != nil {

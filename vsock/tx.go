@@ -411,23 +411,26 @@ func (s *session) dial(c *conn) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
+		// fd is no descriptor: a Dialer returns none with an error.
 		s.d.log.WithError(err).WithField("port", c.key.hostPort).Debug("vsock: host refused guest connection")
+	case c.sm.state == stateGuestConnecting:
+		// The socket joins the epoll set before the connection counts
+		// as established; if it cannot, the attempt is refused.
+		if rerr := s.registerFDLocked(c, fd); rerr != nil {
+			closeFD(fd)
+			s.d.log.WithError(rerr).Warn("vsock: guest connection")
+			err = rerr
+		}
+	default:
+		closeFD(fd) // the guest gave up, or the device was reset
 	}
 	a, keep := c.sm.onDialed(err != nil)
-	if !keep {
-		closeFD(fd) // refused, the guest gave up, or the device was reset
-		s.applyLocked(c, a)
-		return
-	}
-	if err := s.registerFDLocked(c, fd); err != nil {
-		closeFD(fd)
-		s.d.log.WithError(err).Warn("vsock: guest connection")
-		s.applyLocked(c, c.sm.onHostFailed())
-		return
-	}
 	s.applyLocked(c, a)
-	s.emitOrQueueLocked(c, nil)
+	if keep {
+		s.emitOrQueueLocked(c, nil)
+	}
 }
 
 // flushForShutdownLocked gives the host everything the guest sent before
