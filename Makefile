@@ -41,7 +41,7 @@ STATICCHECK := $(TOOLS)/staticcheck
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: all run test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
+.PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
 	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
@@ -75,8 +75,13 @@ bin/testguest:
 # the guest agent: uname -a and a script run in it through the Go API, and a
 # gRPC service in the guest called over vsock. Steps this host's KVM cannot
 # run go to the nested-KVM box.
-run: all examples kernel
+run: deps-run
+	$(MAKE) all examples kernel
 	scripts/demo.sh
+
+# The Debian packages each path needs, only the missing ones (scripts/deps).
+deps-run deps-test: deps-%:
+	scripts/deps $*
 
 # --- tests -------------------------------------------------------------------
 
@@ -89,7 +94,10 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
 	MICROVM_NETTEST=$(CURDIR)/build/nettest
 
-test: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test: deps-test
+	$(MAKE) test-steps
+
+test-steps: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	fuzz-smoke guest-test box-test test-summary
 
 test-start:
@@ -155,14 +163,14 @@ initramfs:
 
 # The nested-KVM box (scripts/kvmbox, docs/testing.md): its L1 kernel, init
 # and runner, checked by booting it once.
-kvmbox:
+kvmbox: deps-test
 	scripts/kvmbox -- true
 
 # Linux 6.1 under QEMU -M microvm (TCG) against bin/microvm vhost-user-vsock,
 # built by the tests; about 10 s (30 s with a cold build cache). go-test leaves
 # it to this target (MICROVM_CONFORMANCE=off). Under CI=true a missing kernel
 # or QEMU fails it.
-conformance: kernel initramfs bin/microvm
+conformance: deps-test kernel initramfs bin/microvm
 	$(TEST_ENV) $(GO) test -count=1 -timeout 10m ./conformance
 
 # --- fuzzing -------------------------------------------------------------------
@@ -190,7 +198,7 @@ fuzz-smoke:
 
 bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net
 
-bench-boot: all
+bench-boot: deps-test all
 	$(GO) run ./bench/boot -n $(BENCH_RUNS) -microvm bin/microvm -guest bin/testguest -json build/bench/boot.json
 
 # Linux to /init under microvm and under QEMU -M microvm with KVM, same

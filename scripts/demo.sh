@@ -26,7 +26,9 @@ inbox() {
 	if [[ "$kvm" == hardware || ("$need" == testguest && "$kvm" == pvm) ]]; then
 		"$@"
 	else
-		echo "   (this host's KVM is \"$kvm\": running this step in the nested-KVM box; its first run builds the box's kernel, about 7 minutes)"
+		local first=""
+		[[ -f build/kvmbox/bzImage ]] || first="; this first run builds the box's kernel, about 7 minutes"
+		echo "   (this host's KVM is \"$kvm\": running this step in the nested-KVM box$first)"
 		scripts/kvmbox --timeout 30m -- "$@"
 	fi
 }

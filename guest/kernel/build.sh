@@ -60,7 +60,6 @@ if $have_all && [[ -f "$stamp_file" ]] && [[ "$(cat "$stamp_file")" == "$stamp_w
 fi
 
 # --- Build dependencies --------------------------------------------------------
-packages=(linux-source-$series flex bison bc libelf-dev libssl-dev)
 have_deps() {
 	[[ -f "$tarball" ]] &&
 		command -v flex >/dev/null && command -v bison >/dev/null &&
@@ -69,15 +68,7 @@ have_deps() {
 		[[ -f /usr/include/libelf.h && -f /usr/include/openssl/opensslv.h ]]
 }
 if ! have_deps; then
-	[[ "$(id -u)" == 0 ]] ||
-		die "missing build dependencies; run as root or install: ${packages[*]} make gcc"
-	log "installing ${packages[*]}"
-	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get install -y --no-install-recommends "${packages[@]}" make gcc; then
-		log "apt-get install failed; running apt-get update and retrying"
-		apt-get update
-		apt-get install -y --no-install-recommends "${packages[@]}" make gcc
-	fi
+	"$root/scripts/deps" kernel || die "missing build dependencies (scripts/deps kernel)"
 	have_deps || die "dependencies still missing after install (expected $tarball, flex, bison, bc, libelf.h, openssl headers)"
 fi
 
