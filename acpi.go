@@ -3,9 +3,9 @@ package microvm
 import (
 	"fmt"
 
-	"github.com/microvm/microvm/acpi"
 	"github.com/microvm/microvm/devices"
-	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/devices/acpi"
+	"github.com/microvm/microvm/kvm/loader"
 	"github.com/microvm/microvm/virtio"
 )
 

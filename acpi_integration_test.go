@@ -7,10 +7,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/microvm/microvm/acpi"
 	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/devices/acpi"
 	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/kvm/loader"
 )
 
 // TestACPIPowerControl drives the FADT's registers from a tiny guest: S5

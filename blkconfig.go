@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/microvm/microvm/blk"
-	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
 )
 
 // DiskConfig adds a virtio-blk disk backed by a raw image file. Disks

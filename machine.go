@@ -10,16 +10,16 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
-	"github.com/microvm/microvm/eventfd"
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
+	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/kvm"
-	"github.com/microvm/microvm/loader"
-	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/kvm/eventfd"
+	"github.com/microvm/microvm/kvm/guestmem"
+	"github.com/microvm/microvm/kvm/loader"
 	"github.com/microvm/microvm/virtio"
-	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
 

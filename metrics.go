@@ -9,13 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/microvm/microvm/blk"
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
+	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/kvm"
-	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtio"
-	"github.com/microvm/microvm/virtionet"
 	"github.com/microvm/microvm/vsock"
 )
 

@@ -22,12 +22,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/microvm/microvm/blk"
 	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/kvm"
-	"github.com/microvm/microvm/rng"
 	"github.com/microvm/microvm/virtio"
 )
 

@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/microvm/microvm/virtionet"
+	"github.com/microvm/microvm/devices/virtionet"
 )
 
 // MaxNets bounds Config.Nets: the virtio-mmio slots are shared with the

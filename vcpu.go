@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/microvm/microvm/kvm"
-	"github.com/microvm/microvm/loader"
+	"github.com/microvm/microvm/kvm/loader"
 )
 
 // MSRs given their power-on values at boot, as firmware would leave them

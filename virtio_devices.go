@@ -3,10 +3,10 @@ package microvm
 import (
 	"fmt"
 
-	"github.com/microvm/microvm/blk"
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
 	"github.com/microvm/microvm/kvm"
-	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/vsock"
 )

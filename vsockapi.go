@@ -17,8 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/hybridvsock"
 	"github.com/microvm/microvm/vsock"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // VsockHostCID is the host's context id (virtio 1.2, 5.10.4): the CID of
@@ -36,13 +36,13 @@ var (
 	// ErrVsockRefused means a DialVsock connection was not accepted: no
 	// guest socket listens on the port, the guest refused it, the guest
 	// did not answer within the device's connect timeout (when ctx has no
-	// deadline), or the device is closed. It is hybridvsock.ErrRefused, so
+	// deadline), or the device is closed. It is hybrid.ErrRefused, so
 	// errors.Is works with either name.
-	ErrVsockRefused = hybridvsock.ErrRefused
+	ErrVsockRefused = hybrid.ErrRefused
 	// ErrVsockTimeout means ctx's deadline passed before the guest
 	// accepted a DialVsock connection; the error also wraps
-	// context.DeadlineExceeded. It is hybridvsock.ErrTimeout.
-	ErrVsockTimeout = hybridvsock.ErrTimeout
+	// context.DeadlineExceeded. It is hybrid.ErrTimeout.
+	ErrVsockTimeout = hybrid.ErrTimeout
 	// ErrStopped means the machine has stopped (or is stopping): its guest
 	// will not run again, so DialVsock does not wait for it. A caller that
 	// retries refused dials while the guest boots (agentapi.Connect) stops
@@ -95,7 +95,7 @@ func (a *VsockAddr) String() string {
 // the vsock device's Unix socket: one end of a socket pair goes straight to
 // the device, which asks the guest (a vsock REQUEST), and DialVsock waits on
 // the other end for the device's "OK <host port>\n" line
-// (hybridvsock.AwaitOK). The returned net.Conn is a *hybridvsock.Conn
+// (hybrid.AwaitOK). The returned net.Conn is a *hybrid.Conn
 // (HostPort gives the host-side port the guest sees; CloseWrite passes a
 // half-close to the guest); its addresses are the socket pair's.
 //
@@ -132,7 +132,7 @@ func (m *Machine) DialVsock(ctx context.Context, port uint32) (net.Conn, error) 
 	// and the device closes it when the guest refuses or does not answer.
 	connErr := make(chan error, 1)
 	go func() { connErr <- m.vsock.ConnectFromHost(devFD, port, nil, deadline) }()
-	c, err := hybridvsock.AwaitOK(ctx, host)
+	c, err := hybrid.AwaitOK(ctx, host)
 	if err == nil {
 		return c, nil
 	}

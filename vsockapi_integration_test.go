@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/hybridvsock"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/vsock"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // vsockPromptly bounds calls that must return at once (the host may be loaded).
@@ -51,9 +51,9 @@ func TestDialVsock(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DialVsock: %v; log:\n%s", err, g.log)
 		}
-		c, ok := nc.(*hybridvsock.Conn)
+		c, ok := nc.(*hybrid.Conn)
 		if !ok {
-			t.Fatalf("DialVsock returned a %T, want *hybridvsock.Conn", nc)
+			t.Fatalf("DialVsock returned a %T, want *hybrid.Conn", nc)
 		}
 		defer c.Close()
 		checkHostPort(t, uint64(c.HostPort()))

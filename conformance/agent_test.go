@@ -19,9 +19,9 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/microvm/microvm/agentapi"
-	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // The agent checks of issue 8 ("done when"), run against the real Linux
@@ -77,7 +77,7 @@ func agentConn(t *testing.T, v *vm, uds string, port uint32) (*agentapi.Client, 
 		case <-ctx.Done():
 		}
 	}()
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return hybridvsock.Dial(ctx, uds, port) })
+	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return hybrid.Dial(ctx, uds, port) })
 	if err != nil {
 		t.Fatalf("agent on port %d: %v", port, err)
 	}

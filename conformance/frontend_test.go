@@ -16,7 +16,7 @@ import (
 
 // vhost-user requests used by the malformed front-end (QEMU
 // docs/interop/vhost-user.rst). The back-end's own table is in
-// vhostuser/protocol.go; this is an independent encoding on purpose.
+// virtio/vhostuser/protocol.go; this is an independent encoding on purpose.
 const (
 	vuSetFeatures  = 2
 	vuSetMemTable  = 5

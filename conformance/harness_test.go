@@ -522,9 +522,9 @@ func (d *digest) Write(p []byte) (int, error) {
 func (d *digest) Sum() string { return hex.EncodeToString(d.h.Sum(nil)) }
 
 // hostConnect opens a host-initiated connection (testenv.VsockConnect, which
-// is hybridvsock.Dial), with ioTimeout as the deadline of what follows. A
+// is hybrid.Dial), with ioTimeout as the deadline of what follows. A
 // connection closed instead of answered with OK gives an error wrapping
-// hybridvsock.ErrRefused and io.EOF.
+// hybrid.ErrRefused and io.EOF.
 func hostConnect(uds string, port uint32) (*net.UnixConn, error) {
 	c, _, err := testenv.VsockConnect(uds, port, ioTimeout)
 	if err != nil {

@@ -3,7 +3,7 @@ package devices
 import (
 	"sync/atomic"
 
-	"github.com/microvm/microvm/acpi"
+	"github.com/microvm/microvm/devices/acpi"
 )
 
 // The power control registers the FADT points at (docs/machine.md), one

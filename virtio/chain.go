@@ -3,7 +3,7 @@ package virtio
 import (
 	"encoding/binary"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // Descriptor flags (virtio 1.2, 2.7.5).

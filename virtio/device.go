@@ -1,8 +1,8 @@
 package virtio
 
 import (
-	"github.com/microvm/microvm/eventfd"
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/eventfd"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // Device type ids (virtio 1.2, 5).

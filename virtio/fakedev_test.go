@@ -9,7 +9,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 )

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 )

@@ -9,8 +9,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/eventfd"
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/eventfd"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // virtio-mmio register offsets, version 2 (virtio 1.2, 4.2.2).

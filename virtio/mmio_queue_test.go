@@ -8,7 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 	"github.com/microvm/microvm/virtio"
 )
 

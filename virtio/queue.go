@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // ErrGuest marks an error caused by what the guest driver wrote. A device that

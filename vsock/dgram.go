@@ -9,9 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/unixsock"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 

@@ -26,8 +26,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/eventfd"
 	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 	"github.com/microvm/microvm/vsock"

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 

@@ -3,7 +3,7 @@ package vsock
 import (
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 

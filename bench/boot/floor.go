@@ -6,8 +6,8 @@ import (
 	"runtime"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guestmem"
 	"github.com/microvm/microvm/kvm"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // floorOK is what a successful kvm-floor child prints.

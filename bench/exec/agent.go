@@ -13,8 +13,8 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/guest/agent"
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // cmdEnv is the environment of every command the benchmark runs, in the

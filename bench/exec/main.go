@@ -46,8 +46,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/bench/internal/benchenv"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/testenv"
 )
 

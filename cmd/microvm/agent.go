@@ -15,7 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/status"
 
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // agentCommand groups the clients of the agent of a running VM: one

@@ -12,7 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/seccomp"
+	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/vsock"
 )
 

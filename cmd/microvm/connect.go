@@ -9,13 +9,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/vsock/hybrid"
 	"github.com/urfave/cli/v2"
 )
 
 // connectCommand is a host-side client for the vsock Unix socket: it
 // connects to guest port P through the Firecracker handshake
-// (hybridvsock.Dial) and then copies stdin to the guest and the guest's
+// (hybrid.Dial) and then copies stdin to the guest and the guest's
 // bytes to stdout, like `socat - UNIX-CONNECT:PATH` after a CONNECT line.
 func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
@@ -43,7 +43,7 @@ func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Reader, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	uc, err := hybridvsock.Dial(ctx, path, port)
+	uc, err := hybrid.Dial(ctx, path, port)
 	if err != nil {
 		return fmt.Errorf("vsock-connect: %w", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // fakeVMMOnce serves one hybrid-vsock connection on a fresh socket: it
@@ -85,7 +85,7 @@ func TestVsockConnectCommand(t *testing.T) {
 func TestVsockConnectCommandRefused(t *testing.T) {
 	path, _ := fakeVMMOnce(t, func(c *net.UnixConn, line string) string { return "" })
 	err := vsockConnect(path, 9, 5*time.Second, strings.NewReader(""), io.Discard)
-	if !errors.Is(err, hybridvsock.ErrRefused) || !strings.HasPrefix(err.Error(), "vsock-connect: ") {
+	if !errors.Is(err, hybrid.ErrRefused) || !strings.HasPrefix(err.Error(), "vsock-connect: ") {
 		t.Errorf("vsockConnect: %v, want vsock-connect: ... ErrRefused", err)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/rng"
+	"github.com/microvm/microvm/devices/rng"
 )
 
 // diskList is the repeatable --disk flag: each use adds a disk, in order.

@@ -21,11 +21,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/hybridvsock"
 	"github.com/microvm/microvm/internal/jail"
-	"github.com/microvm/microvm/seccomp"
+	"github.com/microvm/microvm/internal/seccomp"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // Exec's fixed choices: the agent's vsock port (also agent's default
@@ -329,7 +329,7 @@ func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-
 
 // agentDialer dials port through the hybrid-vsock socket uds.
 func agentDialer(uds string, port uint32) agentapi.DialFunc {
-	return func(ctx context.Context) (net.Conn, error) { return hybridvsock.Dial(ctx, uds, port) }
+	return func(ctx context.Context) (net.Conn, error) { return hybrid.Dial(ctx, uds, port) }
 }
 
 // guestCmdFlags are the flags of a command run through the agent, shared

@@ -7,7 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/virtionet"
+	"github.com/microvm/microvm/devices/virtionet"
 )
 
 // netList collects --net values, one device per occurrence. It is a

@@ -11,7 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm/internal/jail"
-	"github.com/microvm/microvm/seccomp"
+	"github.com/microvm/microvm/internal/seccomp"
 )
 
 // ownsProcess says that Main runs as the process's own program (main, or

@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/seccomp"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // seccompMode reads the Seccomp field of every thread of pid from /proc:
@@ -95,7 +95,7 @@ func TestSeccompVsock(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			conn, err := hybridvsock.Dial(ctx, uds, 1234)
+			conn, err := hybrid.Dial(ctx, uds, 1234)
 			if err != nil {
 				t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
 			}
@@ -202,7 +202,7 @@ func TestRunAsUser(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	conn, err := hybridvsock.Dial(ctx, uds, 1234)
+	conn, err := hybrid.Dial(ctx, uds, 1234)
 	if err != nil {
 		t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
 	}

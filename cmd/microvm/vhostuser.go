@@ -12,9 +12,9 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/metricsrv"
-	"github.com/microvm/microvm/seccomp"
-	"github.com/microvm/microvm/vhostuser"
+	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/virtio"
+	"github.com/microvm/microvm/virtio/vhostuser"
 	"github.com/microvm/microvm/vsock"
 )
 

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 )
 

@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // TestMain makes the test process a child subreaper, as the agent is when

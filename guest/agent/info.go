@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // Info reports what the host provides: uname(2), /proc/uptime and

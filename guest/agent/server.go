@@ -12,7 +12,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/microvm/microvm/agentapi"
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // Version is the agent version Info reports unless Options.Version is set.

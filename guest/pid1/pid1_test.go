@@ -5,7 +5,7 @@ package pid1
 import (
 	"testing"
 
-	"github.com/microvm/microvm/acpi"
+	"github.com/microvm/microvm/devices/acpi"
 )
 
 // TestHasS5: microvm's own DSDT says it can power off; a DSDT without \_S5

@@ -10,24 +10,24 @@ import (
 	"sync"
 	"time"
 
-	"github.com/microvm/microvm/hybridvsock"
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // The helpers in this file take no testing.TB: the vsock benchmark program
 // (bench/vsock) uses them too.
 
 // VsockConnect opens a host-initiated vsock connection to guest port port
-// through the VMM's Unix socket uds with hybridvsock.Dial: it sends
+// through the VMM's Unix socket uds with hybrid.Dial: it sends
 // "CONNECT <port>\n" and reads the "OK <host port>\n" answer without
 // consuming any stream data. timeout bounds the connect and the answer; the
 // connection is returned without a deadline, with the host port from the
 // answer. A connection closed instead of answered (the guest refused, or
 // did not answer in the VMM's connect timeout) gives an error wrapping
-// hybridvsock.ErrRefused and io.EOF.
+// hybrid.ErrRefused and io.EOF.
 func VsockConnect(uds string, port uint32, timeout time.Duration) (*net.UnixConn, uint32, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c, err := hybridvsock.Dial(ctx, uds, port)
+	c, err := hybrid.Dial(ctx, uds, port)
 	if err != nil {
 		return nil, 0, err
 	}

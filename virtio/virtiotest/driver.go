@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 	"github.com/microvm/microvm/virtio"
 )
 

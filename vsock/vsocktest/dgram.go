@@ -3,7 +3,7 @@ package vsocktest
 import (
 	"sync/atomic"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 	"github.com/microvm/microvm/vsock"

@@ -25,7 +25,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 	"github.com/microvm/microvm/vsock"

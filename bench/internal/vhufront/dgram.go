@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 )
 
 // Experimental vsock datagrams (VIRTIO_VSOCK_F_DGRAM, bit 3 of the RFC

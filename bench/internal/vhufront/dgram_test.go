@@ -9,8 +9,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/vhostuser"
 	"github.com/microvm/microvm/virtio"
+	"github.com/microvm/microvm/virtio/vhostuser"
 	"github.com/microvm/microvm/vsock"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/eventfd"
+	"github.com/microvm/microvm/kvm/eventfd"
 )
 
 // Mode is how the guest driver learns that the device used buffers.

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // HighGPA is where the second region of a two-region Memory starts: 4 GiB,

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/microvm/microvm/guestmem"
+	"github.com/microvm/microvm/kvm/guestmem"
 )
 
 // Descriptor flags and ring flags (virtio 1.2, 2.7).

@@ -23,8 +23,8 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/agentapi"
 	"github.com/microvm/microvm/examples/rpcservice/greeter"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 )
 

@@ -1,0 +1,104 @@
+package agentapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/microvm/microvm/vsock/hybrid"
+)
+
+// healthServer serves gRPC's health service on a Unix socket and returns
+// its path.
+func healthServer(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "connect") // short: sun_path has 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return sock
+}
+
+// TestConnectWaits: refusals (the guest still booting) are retried until
+// the agent answers, and the connection Connect made is the one gRPC uses
+// first.
+func TestConnectWaits(t *testing.T) {
+	sock := healthServer(t)
+	var dials atomic.Int32
+	dial := func(ctx context.Context) (net.Conn, error) {
+		if dials.Add(1) <= 3 {
+			return nil, fmt.Errorf("dial: %w", hybrid.ErrRefused)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	resp, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", resp, err)
+	}
+	if n := dials.Load(); n != 4 {
+		t.Errorf("%d dials, want 3 refused and 1 used", n)
+	}
+}
+
+// TestConnectGivesUp: an error retrying cannot fix is returned at once; a
+// refusal that lasts is returned when ctx ends, with both causes.
+func TestConnectGivesUp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := Connect(ctx, func(context.Context) (net.Conn, error) { return nil, hybrid.ErrNotVsock })
+	if !errors.Is(err, hybrid.ErrNotVsock) || time.Since(start) > time.Second {
+		t.Errorf("not a vsock socket: %v after %v; want ErrNotVsock at once", err, time.Since(start))
+	}
+
+	short, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	_, err = Connect(short, func(context.Context) (net.Conn, error) { return nil, hybrid.ErrRefused })
+	if !errors.Is(err, hybrid.ErrRefused) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("lasting refusal: %v; want ErrRefused and DeadlineExceeded", err)
+	}
+}
+
+// TestConnCloseUnused: closing a Conn that never made a call closes the
+// connection Connect made.
+func TestConnCloseUnused(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	c, err := Connect(context.Background(), func(context.Context) (net.Conn, error) { return a, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	b.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := b.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the unused first connection is still open: %v", err)
+	}
+}
