@@ -1,13 +1,14 @@
 package microvm
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm/internal/vmm"
 )
 
 // Defaults for Config fields left zero, and the bounds New accepts.
@@ -21,7 +22,7 @@ const (
 	MinMemory = 8 << 20
 	MaxMemory = 1 << 40
 	// MaxCPUs is the most vCPUs a machine may have (the MP table holds
-	// more; see package loader).
+	// more; see package kvm/loader).
 	MaxCPUs = 32
 )
 
@@ -82,7 +83,7 @@ type Config struct {
 }
 
 // IRQChip is the interrupt controller model.
-type IRQChip string
+type IRQChip = vmm.IRQChip
 
 const (
 	// IRQChipSplit keeps the local APICs in KVM and emulates the IOAPIC in
@@ -90,15 +91,15 @@ const (
 	// irqfds still bypass the VMM. There is no PIC and no PIT (a guest keeps
 	// time with the TSC, kvmclock and the LAPIC timer, as under Cloud
 	// Hypervisor). Setting up and tearing down a VM is much cheaper.
-	IRQChipSplit IRQChip = "split"
+	IRQChipSplit = vmm.IRQChipSplit
 	// IRQChipKernel uses KVM's full in-kernel irqchip (PIC, IOAPIC, LAPIC)
 	// and in-kernel i8254 PIT, as Firecracker does, for guests that need a
 	// PIT or PIC.
-	IRQChipKernel IRQChip = "kernel"
+	IRQChipKernel = vmm.IRQChipKernel
 )
 
 // ErrConfig marks an invalid Config (the CLI reports it as a usage error).
-var ErrConfig = errors.New("invalid configuration")
+var ErrConfig = vmm.ErrConfig
 
 func (c *Config) withDefaults() (Config, error) {
 	cfg := *c
@@ -127,26 +128,41 @@ func (c *Config) withDefaults() (Config, error) {
 	case cfg.MemoryBytes%(2<<20) != 0:
 		return cfg, fmt.Errorf("%w: memory %s is not a multiple of 2 MiB", ErrConfig, FormatSize(cfg.MemoryBytes))
 	}
-	if cfg.Vsock != nil {
-		if err := cfg.Vsock.validate(); err != nil {
-			return cfg, err
-		}
-	}
 	if err := CheckMetricsSocket(cfg.MetricsSocket); err != nil {
 		return cfg, err
 	}
-	if len(cfg.Nets) > MaxNets {
-		return cfg, fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(cfg.Nets), MaxNets)
-	}
-	for i := range cfg.Nets {
-		if err := cfg.Nets[i].validate(); err != nil {
+	for _, k := range deviceKinds {
+		if err := k.validate(&cfg); err != nil {
 			return cfg, err
 		}
 	}
-	if err := cfg.validateDisks(); err != nil {
-		return cfg, err
-	}
 	return cfg, nil
+}
+
+// vmmConfig is the machine floor's part of c.
+func (c *Config) vmmConfig() vmm.Config {
+	return vmm.Config{Kernel: c.Kernel, Initrd: c.Initrd, Cmdline: c.Cmdline, CPUs: c.CPUs,
+		MemoryBytes: c.MemoryBytes, HideCPUFeatures: c.HideCPUFeatures, Console: c.Console,
+		ConsoleInput: c.ConsoleInput, IRQChip: c.IRQChip, NoACPI: c.NoACPI, Log: c.Log}
+}
+
+// maxSunPath is the longest path a Unix socket address holds (sun_path,
+// less its terminating NUL).
+const maxSunPath = 107
+
+// CheckMetricsSocket checks a Config.MetricsSocket path as New does before
+// it creates anything: empty is off; a path longer than a Unix socket
+// address holds is an ErrConfig. (Whether its directory exists, or a live
+// socket is there, New finds out when it creates the socket.)
+func CheckMetricsSocket(path string) error {
+	if path == "" {
+		return nil
+	}
+	if len(path) > maxSunPath {
+		return fmt.Errorf("%w: metrics socket path %q is %d bytes; a Unix socket path holds at most %d",
+			ErrConfig, path, len(path), maxSunPath)
+	}
+	return nil
 }
 
 // ParseSize parses a memory size: a number with an optional K, M, G or T
@@ -186,6 +202,16 @@ func ParseSize(s string) (uint64, error) {
 		return 0, fmt.Errorf("bad size %q: too large", s)
 	}
 	return v << shift, nil
+}
+
+// ParseBytes is ParseSize where a bare number means bytes (rates and
+// buffer sizes on the command line).
+func ParseBytes(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	if t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
+		t += "B" // ParseSize reads "<n>B" as bytes
+	}
+	return ParseSize(t)
 }
 
 // FormatSize renders a byte count in the largest exact binary unit.

@@ -7,47 +7,43 @@
 //	defer m.Close()
 //	res, err := m.Run(ctx) // res.Status is what the microvm CLI exits with
 //
-// Data flow: New opens /dev/kvm, creates the VM, maps guest memory (package
-// guestmem) and registers it as memory slots, creates the interrupt
-// controllers (Config.IRQChip: by default KVM's split irqchip, local APICs in
-// the kernel and the IOAPIC emulated in package devices; IRQChipKernel for
-// KVM's PIC, IOAPIC and PIT), builds the port I/O and MMIO buses with the
-// platform devices (package devices) and the virtio-mmio devices (packages
-// virtio and vsock), loads the kernel, initrd and command line (package
-// loader), and creates the vCPUs. Run starts one goroutine per vCPU, each
-// locked to its OS thread; every exit KVM hands back is decoded and
-// dispatched to a bus. A virtio queue kick never reaches these goroutines:
-// KVM turns it into an ioeventfd signal that wakes the device's worker, and
-// devices interrupt the guest through irqfds, which KVM injects through the
-// GSI routes the emulated IOAPIC installs (one MSI route per unmasked pin,
-// updated from the vCPU goroutine that reprograms a redirection entry).
+// Data flow: New checks the Config (each device kind checks its own part,
+// devices.go), builds the machine floor (internal/vmm: the kernel checked,
+// KVM's VM, guest memory, interrupt controllers, platform devices), then
+// each device kind creates its devices and puts them in virtio-mmio slots
+// in slot order (vsock, rng, disks, network devices), then the floor loads
+// the kernel with the command line the kinds add to, and creates the vCPUs;
+// last, with Config.MetricsSocket, it starts the metrics server. Run starts
+// the vsock device's Unix socket accept loop and the vCPUs, and returns how
+// the guest ended (Result).
 //
-// Goroutines and ownership: the goroutine calling Run owns the Machine; it
-// starts the vCPU goroutines, the console input pump (when ConsoleInput is
-// set; it may stay blocked in Read after Run returns) and the vsock device's
-// Unix socket accept loop, and waits for all vCPU goroutines before
-// returning. The first exit condition (debug-exit port, reset, triple fault,
-// error, context cancellation) wins: it is recorded once (stopOnce), every
-// vCPU is kicked out of KVM_RUN, and blocked paravirtual waits are released.
-// The Machine has no mutex of its own: buses and devices are fixed before Run
-// and each device has its own lock (package devices). Close tears down
-// devices first (the vsock device before its Unix socket listener), then
-// vCPUs, VM, guest memory and /dev/kvm.
+// The device kinds (devices.go): each kind of virtio device is one entry
+// of deviceKinds holding all that New, Metrics and the CLI need to know
+// about it: its checks, its construction, what it adds to the kernel
+// command line, its metrics, and its command-line flags (DeviceFlags,
+// which cmd/microvm turns into its flags). The slot's interrupt, its
+// virtio_mmio.device= entry and its ACPI description follow from the slot.
+//
+// Goroutines and ownership: the goroutine calling Run owns the Machine;
+// internal/vmm's doc says which goroutines Run starts and how the first
+// exit condition stops them. The Machine has no mutex of its own: its
+// devices are fixed by New. Close stops the metrics server first (waiting
+// for its handlers), then the floor's Close tears down the devices, in
+// the reverse order of their creation (the vsock device before its Unix
+// socket listener), then vCPUs, VM, guest memory and /dev/kvm.
 //
 // Metrics (metrics.go, docs/metrics.md): Machine.Metrics snapshots the
-// counters, atomics bumped on the data paths: per vCPU, one add per exit
-// in its goroutine (by KVM exit reason) and the thread's CPU time, read
-// from the thread's CPU clock at snapshot time and frozen when the vCPU
-// goroutine ends (its OS thread is never unlocked, so the clock is the
-// vCPU's alone); per virtio device, its transport's virtio.TransportStats
-// and the device's own Stats. With Config.MetricsSocket, New starts the
-// metrics server as its last step (metrics_server.go: net/http's accept
-// goroutine and one goroutine per client connection, each serving
+// counters, atomics bumped on the data paths: the floor's per vCPU, per
+// bus and for the paravirtual waits; per virtio device, its transport's
+// virtio.TransportStats and the device's own Stats. WritePrometheus writes
+// a snapshot in the Prometheus text format; with Config.MetricsSocket, New
+// starts a server of it (internal/metricsrv: net/http's accept goroutine
+// and one goroutine per client connection, each serving
 // Machine.MetricsHandler); Close stops it first and waits for its
 // goroutines, so no handler outlives Close. The server's mutex (guarding
 // its closed flag) is a leaf.
 //
-// In-process vsock (vsockapi.go): DialVsock hands one end of a socket pair
+// In-process vsock (vsock.go): DialVsock hands one end of a socket pair
 // to the vsock device on a short-lived goroutine of its own (it ends by the
 // attempt's deadline, or when the device closes) and waits for the OK line
 // on the other end in the caller's goroutine. ListenVsock registers a
@@ -55,6 +51,6 @@
 // device's dial goroutines look the port up under the router's mutex (a
 // leaf lock guarding the port map) and queue a socket pair end on the
 // listener's bounded channel, which Accept drains; ports without a listener
-// go to "<uds>_<port>". Close closes the router's listeners after the
-// device.
+// go to "<uds>_<port>" (VsockConfig.UDSPath), or are refused without one.
+// Close closes the router's listeners after the device.
 package microvm

@@ -14,7 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,13 +22,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/devices/blk"
 	"github.com/microvm/microvm/devices/rng"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
+	"github.com/microvm/microvm/internal/vmm"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/virtio"
+	"github.com/microvm/microvm/vsock"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/metrics.golden")
@@ -162,13 +163,15 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 	m := Metrics{
 		VCPUs: []VCPUMetrics{
 			{ID: 0, CPUTime: 1500 * time.Millisecond, Exits: map[kvm.ExitReason]uint64{kvm.ExitIO: 12, kvm.ExitMMIO: 3, kvm.ExitIntr: 2}},
-			{ID: 1, CPUTime: 250 * time.Microsecond, Exits: map[kvm.ExitReason]uint64{kvm.ExitHLT: 1, kvm.ExitIOAPICEOI: 4, exitSlots - 1: 5}},
+			{ID: 1, CPUTime: 250 * time.Microsecond, Exits: map[kvm.ExitReason]uint64{kvm.ExitHLT: 1, kvm.ExitIOAPICEOI: 4, vmm.ExitSlots - 1: 5}},
 		},
 		PIOUnclaimed: 9, MMIOUnclaimed: 8, PVWaits: 7, PVWakeups: 6,
-		Vsock: &VsockMetrics{Name: "vsock0", Dgram: true},
-		RNG:   &RNGMetrics{Name: "rng0"},
-		Disks: []DiskMetrics{{Name: "vda", Path: "/img/a"}, {Name: "vdb", Path: "/img/b"}},
-		Nets:  []NetMetrics{{Name: "eth0", TAP: "tap0"}},
+		DeviceMetrics: DeviceMetrics{
+			Vsock: &VsockMetrics{Name: "vsock0", Dgram: true},
+			RNG:   &RNGMetrics{Name: "rng0"},
+			Disks: []DiskMetrics{{Name: "vda", Path: "/img/a"}, {Name: "vdb", Path: "/img/b"}},
+			Nets:  []NetMetrics{{Name: "eth0", TAP: "tap0"}},
+		},
 	}
 	add(fill(&m.Vsock.Stats, &next), "vsock0/")
 	add(fill(&m.Vsock.Transport, &next), "vsock0/")
@@ -180,6 +183,16 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 	}
 	add(fill(&m.Nets[0].Stats, &next), "eth0/")
 	add(fill(&m.Nets[0].Transport, &next), "eth0/")
+	// A device counts only the guest-error kinds it reports.
+	reportedOnly(fields, "vsock0/Stats.GuestErrorsByKind", &m.Vsock.GuestErrorsByKind, vsock.GuestErrorKinds)
+	reportedOnly(fields, "rng0/Stats.GuestErrorsByKind", &m.RNG.GuestErrorsByKind, rng.GuestErrorKinds)
+	for i := range m.Disks {
+		reportedOnly(fields, m.Disks[i].Name+"/Stats.GuestErrorsByKind", &m.Disks[i].GuestErrorsByKind, blk.GuestErrorKinds)
+	}
+	for name, t := range map[string]*virtio.TransportStats{"vsock0": &m.Vsock.Transport, "rng0": &m.RNG.Transport,
+		"vda": &m.Disks[0].Transport, "vdb": &m.Disks[1].Transport, "eth0": &m.Nets[0].Transport} {
+		reportedOnly(fields, name+"/TransportStats.GuestErrors", &t.GuestErrors, virtio.TransportGuestErrorKinds)
+	}
 	// GuestErrors is the sum of the kinds in a real snapshot.
 	m.Vsock.GuestErrors = sum(m.Vsock.GuestErrorsByKind[:])
 	delete(fields, "vsock0/Stats.GuestErrors")
@@ -190,6 +203,18 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 		delete(fields, m.Disks[i].Name+"/Stats.GuestErrors")
 	}
 	return m, fields
+}
+
+// reportedOnly zeroes the guest-error kinds a device (or the transport)
+// does not report, and drops them from fields: the exposition has no
+// series for them.
+func reportedOnly(fields map[string]uint64, path string, c *virtio.GuestErrorCounts, kinds []virtio.GuestErrorKind) {
+	for k := range c {
+		if !slices.Contains(kinds, virtio.GuestErrorKind(k)) {
+			c[k] = 0
+			delete(fields, fmt.Sprintf("%s[%d]", path, k))
+		}
+	}
 }
 
 func sum(ns []uint64) uint64 {
@@ -261,14 +286,14 @@ func TestPrometheusGolden(t *testing.T) {
 		`microvm_vsock_tx_bytes_total{device="vsock0"}`:                                m.Vsock.TxBytes,
 		`microvm_vsock_rx_bytes_total{device="vsock0"}`:                                m.Vsock.RxBytes,
 		`microvm_vsock_connections_refused_total{device="vsock0"}`:                     m.Vsock.ConnsRefused,
-		`microvm_vsock_guest_errors_total{device="vsock0",kind="credit"}`:              m.Vsock.GuestErrorsByKind[5],
+		`microvm_vsock_guest_errors_total{device="vsock0",kind="credit"}`:              m.Vsock.GuestErrorsByKind[virtio.GuestErrCredit],
 		`microvm_virtio_kicks_total{device="vsock0",queue="tx"}`:                       m.Vsock.TxKicks,
 		`microvm_virtio_interrupts_total{device="vda",kind="used_buffer"}`:             m.Disks[0].Transport.UsedBufferInterrupts,
 		`microvm_virtio_guest_errors_total{device="eth0",kind="status"}`:               m.Nets[0].Transport.GuestErrors[virtio.GuestErrStatus],
 		`microvm_virtio_queue_full_total{device="eth0",queue="rx"}`:                    m.Nets[0].RxStalls,
 		`microvm_blk_requests_total{device="vdb",op="write_zeroes"}`:                   m.Disks[1].WriteZeroes,
-		`microvm_blk_guest_errors_total{device="vdb",kind="layout"}`:                   m.Disks[1].GuestErrorsByKind[blk.GuestErrLayout],
-		`microvm_rng_guest_errors_total{device="rng0",kind="queue"}`:                   m.RNG.GuestErrorsByKind[rng.GuestErrQueue],
+		`microvm_blk_guest_errors_total{device="vdb",kind="layout"}`:                   m.Disks[1].GuestErrorsByKind[virtio.GuestErrLayout],
+		`microvm_rng_guest_errors_total{device="rng0",kind="queue"}`:                   m.RNG.GuestErrorsByKind[virtio.GuestErrQueue],
 		`microvm_net_rx_bytes_total{device="eth0"}`:                                    m.Nets[0].RxBytes,
 		`microvm_rng_bytes_total{device="rng0"}`:                                       m.RNG.Bytes,
 		`microvm_vcpu_exits_total{vcpu="1",reason="other"}`:                            5,
@@ -295,6 +320,8 @@ func TestPrometheusVhostUser(t *testing.T) {
 	var next uint64 = 5000
 	m := VhostUserVsockMetrics{Vsock: VsockMetrics{Name: "vsock0", Dgram: true}}
 	fields := fill(&m, &next)
+	reportedOnly(fields, "VhostUserVsockMetrics.Vsock.Stats.GuestErrorsByKind", &m.Vsock.GuestErrorsByKind, vsock.GuestErrorKinds)
+	reportedOnly(fields, "VhostUserVsockMetrics.Vsock.Transport.GuestErrors", &m.Vsock.Transport.GuestErrors, virtio.TransportGuestErrorKinds)
 	m.Vsock.GuestErrors = 0
 	for _, n := range m.Vsock.GuestErrorsByKind {
 		m.Vsock.GuestErrors += n
@@ -391,66 +418,7 @@ func (f *fakeTB) Fatalf(string, ...any) { f.failed = true; panic("fatal") }
 // bareMachine is a Machine with the parts Metrics reads and nothing else:
 // no KVM.
 func bareMachine() *Machine {
-	m := &Machine{pio: devices.NewBus("pio"), mmio: devices.NewBus("mmio"), pvwait: devices.NewPVWait()}
-	m.vcpuCtrs = []*vcpuCounters{{}}
-	return m
-}
-
-// TestVCPUCounters: exits land in their reason's slot (reasons past the
-// table in the last one), and the CPU time is the thread's, frozen when
-// the vCPU's goroutine ends.
-func TestVCPUCounters(t *testing.T) {
-	m := bareMachine()
-	c := m.vcpuCtrs[0]
-	if got := m.Metrics().VCPUs[0]; got.CPUTime != 0 || len(got.Exits) != 0 {
-		t.Errorf("before the vCPU started: %+v, want zero", got)
-	}
-	done, stop := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		// As runVCPU: the thread is locked, and never unlocked, so its
-		// clock counts this goroutine alone and ends with it.
-		runtime.LockOSThread()
-		c.bind()
-		defer c.unbind()
-		for _, r := range []kvm.ExitReason{kvm.ExitIO, kvm.ExitIO, kvm.ExitMMIO, 200, exitSlots - 1} {
-			c.exit(r)
-		}
-		// Burn CPU until told to stop, so the thread's clock moves.
-		for x := 0; ; x++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if x%1000 == 0 {
-				time.Sleep(0) // stay preemptible
-			}
-		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	var running time.Duration
-	for running < 20*time.Millisecond && time.Now().Before(deadline) {
-		running = m.Metrics().VCPUs[0].CPUTime
-		time.Sleep(5 * time.Millisecond)
-	}
-	if running < 20*time.Millisecond {
-		t.Fatalf("the busy thread's CPU time read %v after 10 s", running)
-	}
-	close(stop)
-	<-done
-	final := m.Metrics().VCPUs[0]
-	if final.CPUTime < running {
-		t.Errorf("CPU time went down from %v to %v when the goroutine ended", running, final.CPUTime)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if again := m.Metrics().VCPUs[0].CPUTime; again != final.CPUTime {
-		t.Errorf("CPU time moved from %v to %v after the goroutine ended", final.CPUTime, again)
-	}
-	want := map[kvm.ExitReason]uint64{kvm.ExitIO: 2, kvm.ExitMMIO: 1, exitSlots - 1: 2}
-	if diff := cmp.Diff(want, final.Exits); diff != "" {
-		t.Errorf("exits (-want +got):\n%s", diff)
-	}
+	return &Machine{vm: vmm.NewCountersOnly(1)}
 }
 
 // unixClient is an HTTP client whose every request goes to the Unix socket

@@ -129,7 +129,7 @@ func TestConfigErrors(t *testing.T) {
 		{"memory not 2 MiB aligned", Config{Kernel: kernel, MemoryBytes: 9 << 20}, true, "not a multiple of 2 MiB"},
 		{"unknown CPU feature", Config{Kernel: kernel, HideCPUFeatures: []string{"cx16", "warp"}}, true, `unknown CPU feature "warp"`},
 		{"vsock CID reserved", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 2, UDSPath: "/tmp/x"}}, true, "vsock CID 2"},
-		{"vsock without socket", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3}}, true, "Unix socket path"},
+		{"vsock datagrams without socket", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, Dgram: true}}, true, "Unix socket path"},
 		// Regression: ConnBuffer was converted to uint32 unchecked, so 4G
 		// silently became the 64 KiB default and 5G became 1 GiB.
 		{"vsock buffer wraps uint32", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 4 << 30}}, true, "vsock connection buffer 4294967296"},

@@ -503,7 +503,8 @@ func TestVsockInterruptPath(t *testing.T) {
 	c.Close()
 	g.wait(0, 20*time.Second)
 	s := g.m.VsockStats()
-	waits, wakeups := g.m.pvwait.Stats()
+	vm := g.m.Metrics()
+	waits, wakeups := vm.PVWaits, vm.PVWakeups
 	gs := parseGuestStats(t, g.console.String())
 	t.Logf("device: %d interrupts, %d tx kicks, %d rx kicks; wait port: %d waits, %d ended by a notification; guest: %d waits",
 		s.Interrupts, s.TxKicks, s.RxKicks, waits, wakeups, gs.Waits)

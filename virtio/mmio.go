@@ -92,54 +92,14 @@ type MMIO struct {
 	// Counters (TransportStats), atomics bumped by whichever goroutine
 	// sees the event: vCPU goroutines for register accesses, device
 	// workers for interrupts and Fail.
-	guestErrors             [NumGuestErrorKinds]atomic.Uint64
+	guestErrors             GuestErrors
 	usedIRQs, configIRQs    atomic.Uint64
 	activated, driverResets atomic.Uint64
 }
 
-// GuestErrorKind says which rule of the transport a driver broke
+// TransportGuestErrorKinds are the kinds the transport reports
 // (TransportStats.GuestErrors).
-type GuestErrorKind int
-
-// Kinds of transport guest errors.
-const (
-	// GuestErrRegister: an access of the wrong width or alignment, a write
-	// to a read-only or reserved register, a notify of a queue that does
-	// not exist (4.2.2).
-	GuestErrRegister GuestErrorKind = iota
-	// GuestErrFeatures: features written outside negotiation, a feature
-	// word that does not exist, bits not offered, no VIRTIO_F_VERSION_1.
-	GuestErrFeatures
-	// GuestErrQueue: queue configuration out of order (no such queue, the
-	// wrong status, while ready, disabled while running), a bad size, or
-	// rings outside guest memory (4.2.3.2).
-	GuestErrQueue
-	// GuestErrStatus: a device status move the table forbids (2.1.1).
-	GuestErrStatus
-	// GuestErrDevice: the device failed (Activation.Fail: a broken ring
-	// or descriptor chain) or refused activation; the transport set
-	// DEVICE_NEEDS_RESET.
-	GuestErrDevice
-	// NumGuestErrorKinds is the number of kinds.
-	NumGuestErrorKinds
-)
-
-// String is the kind's name as metrics label it.
-func (k GuestErrorKind) String() string {
-	switch k {
-	case GuestErrRegister:
-		return "register"
-	case GuestErrFeatures:
-		return "features"
-	case GuestErrQueue:
-		return "queue"
-	case GuestErrStatus:
-		return "status"
-	case GuestErrDevice:
-		return "device"
-	}
-	return fmt.Sprintf("kind-%d", int(k))
-}
+var TransportGuestErrorKinds = []GuestErrorKind{GuestErrRegister, GuestErrFeatures, GuestErrQueue, GuestErrStatus, GuestErrDevice}
 
 // TransportStats are the transport's counters for its device: what every
 // virtio-mmio device has, whatever its type.
@@ -149,21 +109,16 @@ type TransportStats struct {
 	// queues; configuration changes, which microvm sends only with
 	// DEVICE_NEEDS_RESET). Each is one irqfd signal.
 	UsedBufferInterrupts, ConfigInterrupts uint64
-	// GuestErrors counts driver errors by kind; each was logged.
-	GuestErrors [NumGuestErrorKinds]uint64
+	// GuestErrors counts driver errors by kind (the transport's kinds,
+	// TransportGuestErrorKinds); each was logged.
+	GuestErrors GuestErrorCounts
 	// Activations counts DRIVER_OK moves that started the device;
 	// DriverResets the driver's writes of 0 to the status register.
 	Activations, DriverResets uint64
 }
 
 // GuestErrorsTotal is the sum of GuestErrors.
-func (s TransportStats) GuestErrorsTotal() uint64 {
-	var n uint64
-	for _, v := range s.GuestErrors {
-		n += v
-	}
-	return n
-}
+func (s TransportStats) GuestErrorsTotal() uint64 { return s.GuestErrors.Total() }
 
 // NewMMIO returns the transport for dev over guest memory mem. raise pulses
 // the device's interrupt line (under KVM: signals an irqfd). The transport
@@ -209,14 +164,11 @@ func (t *MMIO) GuestErrors() uint64 { return t.Stats().GuestErrorsTotal() }
 // Stats returns a snapshot of the transport's counters. Safe from any
 // goroutine.
 func (t *MMIO) Stats() TransportStats {
-	s := TransportStats{
+	return TransportStats{
 		UsedBufferInterrupts: t.usedIRQs.Load(), ConfigInterrupts: t.configIRQs.Load(),
 		Activations: t.activated.Load(), DriverResets: t.driverResets.Load(),
+		GuestErrors: t.guestErrors.Counts(),
 	}
-	for i := range s.GuestErrors {
-		s.GuestErrors[i] = t.guestErrors[i].Load()
-	}
-	return s
 }
 
 // Status returns the device status byte as the driver would read it.
@@ -241,7 +193,7 @@ func (t *MMIO) Fail(err error) { t.fail(GuestErrDevice, err) }
 
 // fail is Fail for an error of the given kind.
 func (t *MMIO) fail(kind GuestErrorKind, err error) {
-	t.guestErrors[kind].Add(1)
+	t.guestErrors.Add(kind)
 	t.log.WithError(err).Warn("virtio: guest error, device needs reset")
 	if t.needsReset.Swap(true) {
 		return
@@ -252,8 +204,7 @@ func (t *MMIO) fail(kind GuestErrorKind, err error) {
 // guestError counts and logs a register misuse that does not stop the
 // device.
 func (t *MMIO) guestError(kind GuestErrorKind, format string, args ...any) {
-	t.guestErrors[kind].Add(1)
-	t.log.Warnf("virtio-mmio: "+format, args...)
+	t.guestErrors.Report(t.log, kind, "virtio-mmio: ", format, args...)
 }
 
 func (t *MMIO) interrupt(bits uint32) {

@@ -708,7 +708,7 @@ func TestMMIOStats(t *testing.T) {
 		t.Errorf("GuestErrors = %d, want the sum of the kinds, 7", got)
 	}
 	var names []string
-	for k := virtio.GuestErrorKind(0); k < virtio.NumGuestErrorKinds; k++ {
+	for _, k := range virtio.TransportGuestErrorKinds {
 		names = append(names, k.String())
 	}
 	if diff := cmp.Diff([]string{"register", "features", "queue", "status", "device"}, names); diff != "" {

@@ -142,7 +142,7 @@ type Stats struct {
 	// GuestErrors counts malformed packets and protocol violations (the
 	// sum of GuestErrorsByKind).
 	GuestErrors       uint64
-	GuestErrorsByKind [NumGuestErrorKinds]uint64
+	GuestErrorsByKind virtio.GuestErrorCounts
 	DroppedRsts       uint64 // RSTs dropped because the queue was full
 	// RxQueueFull counts the RX worker's passes that stopped with packets
 	// still to send because the guest had no free RX buffer (the worker
@@ -190,57 +190,13 @@ type Stats struct {
 	DgramKicks                 uint64 // datagram TX queue notifications observed
 }
 
-// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind).
-type GuestErrorKind int
-
-// Kinds of guest errors. All but GuestErrQueue reset the connection
-// involved (or drop the datagram); GuestErrQueue stops the device until
-// the driver resets it.
-const (
-	// GuestErrHeader: a TX or datagram chain too short for a packet
-	// header.
-	GuestErrHeader GuestErrorKind = iota
-	// GuestErrAddress: CIDs other than the guest's and the host's, or a
-	// datagram port of VMADDR_PORT_ANY.
-	GuestErrAddress
-	// GuestErrType: a socket type not negotiated, other than the
-	// connection's, or not a datagram RW on the datagram queue.
-	GuestErrType
-	// GuestErrLength: a payload length beyond the chain or the maximum.
-	GuestErrLength
-	// GuestErrOp: an operation the connection's state does not allow
-	// (REQUEST for an existing connection, RESPONSE or RW out of turn) or
-	// an unknown one.
-	GuestErrOp
-	// GuestErrCredit: data past the credit the device granted.
-	GuestErrCredit
-	// GuestErrQueue: a broken ring, descriptor chain or RX buffer; the
-	// device stops (the transport sets DEVICE_NEEDS_RESET).
-	GuestErrQueue
-	// NumGuestErrorKinds is the number of kinds.
-	NumGuestErrorKinds
-)
-
-// String is the kind's name as metrics label it.
-func (k GuestErrorKind) String() string {
-	switch k {
-	case GuestErrHeader:
-		return "header"
-	case GuestErrAddress:
-		return "address"
-	case GuestErrType:
-		return "type"
-	case GuestErrLength:
-		return "length"
-	case GuestErrOp:
-		return "op"
-	case GuestErrCredit:
-		return "credit"
-	case GuestErrQueue:
-		return "queue"
-	}
-	return fmt.Sprintf("kind-%d", int(k))
-}
+// GuestErrorKinds are the kinds the device reports
+// (Stats.GuestErrorsByKind). All but virtio.GuestErrQueue reset the connection
+// involved (or drop the datagram); virtio.GuestErrQueue (a broken ring,
+// descriptor chain or RX buffer) stops the device until the driver resets
+// it (the transport sets DEVICE_NEEDS_RESET).
+var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrHeader, virtio.GuestErrAddress, virtio.GuestErrType,
+	virtio.GuestErrLength, virtio.GuestErrOp, virtio.GuestErrCredit, virtio.GuestErrQueue}
 
 // counters are the device's Stats, each an atomic bumped by the goroutine
 // that sees the event: no lock, no map on the data path.
@@ -250,7 +206,7 @@ type counters struct {
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
-	guestErrors [NumGuestErrorKinds]atomic.Uint64
+	guestErrors virtio.GuestErrors
 	connsOpen   atomic.Int64
 }
 
@@ -409,10 +365,8 @@ func (d *Device) Stats() Stats {
 		CreditStalls:    c.creditStalls.Load(),
 		TransportResets: c.transportResets.Load(), EventsSent: c.eventsSent.Load(),
 	}
-	for k := range st.GuestErrorsByKind {
-		st.GuestErrorsByKind[k] = c.guestErrors[k].Load()
-		st.GuestErrors += st.GuestErrorsByKind[k]
-	}
+	st.GuestErrorsByKind = c.guestErrors.Counts()
+	st.GuestErrors = st.GuestErrorsByKind.Total()
 	d.mu.Lock()
 	if d.sess != nil {
 		st.BufferGranted = d.sess.budget.used.Load()

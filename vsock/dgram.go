@@ -216,23 +216,23 @@ func (s *session) dgramSend(st *dgramState) {
 	c := &st.chain
 	r := c.Reader()
 	if r.Read(st.hdr[:]) != HeaderSize {
-		s.guestError(GuestErrHeader, "datagram chain %d of %d bytes cannot hold a packet header", c.Head, c.ReadableLen())
+		s.guestError(virtio.GuestErrHeader, "datagram chain %d of %d bytes cannot hold a packet header", c.Head, c.ReadableLen())
 		return
 	}
 	var h Header
 	h.Decode(st.hdr[:])
 	switch {
 	case h.SrcCID != s.d.cfg.CID || h.DstCID != CIDHost:
-		s.guestError(GuestErrAddress, "datagram %v: bad CIDs (guest is %d)", &h, s.d.cfg.CID)
+		s.guestError(virtio.GuestErrAddress, "datagram %v: bad CIDs (guest is %d)", &h, s.d.cfg.CID)
 		return
 	case h.Type != TypeDgram || h.Op != OpRW:
-		s.guestError(GuestErrType, "datagram %v: want type %d, op RW on the datagram queue", &h, TypeDgram)
+		s.guestError(virtio.GuestErrType, "datagram %v: want type %d, op RW on the datagram queue", &h, TypeDgram)
 		return
 	case h.SrcPort == portAny || h.DstPort == portAny:
-		s.guestError(GuestErrAddress, "datagram %v: port %d is not an address", &h, uint32(portAny))
+		s.guestError(virtio.GuestErrAddress, "datagram %v: port %d is not an address", &h, uint32(portAny))
 		return
 	case uint64(h.Len) > r.Len() || h.Len > MaxDgramPayload:
-		s.guestError(GuestErrLength, "datagram %v: len %d but the chain holds %d payload bytes (max %d)",
+		s.guestError(virtio.GuestErrLength, "datagram %v: len %d but the chain holds %d payload bytes (max %d)",
 			&h, h.Len, r.Len(), MaxDgramPayload)
 		return
 	}

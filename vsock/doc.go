@@ -338,7 +338,7 @@
 // DEVICE_NEEDS_RESET). Packet-level errors (bad length, credit overrun,
 // unknown op, wrong state, a packet of the connection's other type) are
 // counted and reset the connection. Each guest error is counted under its
-// GuestErrorKind (Stats.GuestErrorsByKind: header, address, type, length,
+// virtio.GuestErrorKind (Stats.GuestErrorsByKind: header, address, type, length,
 // op, credit, queue). Guest data buffered for all
 // connections together is bounded by MaxBuffered (above), and per
 // connection by the advertised buffer (SEQPACKET: plus 4 bytes per queued

@@ -200,9 +200,8 @@ func (s *session) shutdown() {
 
 // guestError counts a protocol violation by the guest that does not stop the
 // device (the connection involved is reset).
-func (s *session) guestError(kind GuestErrorKind, format string, args ...any) {
-	s.d.ctr.guestErrors[kind].Add(1)
-	s.d.log.Warnf("vsock: guest error: "+format, args...)
+func (s *session) guestError(kind virtio.GuestErrorKind, format string, args ...any) {
+	s.d.ctr.guestErrors.Report(s.d.log, kind, "vsock: guest error: ", format, args...)
 }
 
 // failDevice reports a guest error that stops the device (a broken queue).
@@ -211,7 +210,7 @@ func (s *session) failDevice(err error) {
 	if s.failed.Swap(true) {
 		return
 	}
-	s.d.ctr.guestErrors[GuestErrQueue].Add(1)
+	s.d.ctr.guestErrors.Add(virtio.GuestErrQueue)
 	s.fail(err)
 }
 

@@ -123,42 +123,42 @@ func TestConnOutcomes(t *testing.T) {
 // its own kind, and GuestErrors is their sum.
 func TestGuestErrorKinds(t *testing.T) {
 	for _, tc := range []struct {
-		kind vsock.GuestErrorKind
+		kind virtio.GuestErrorKind
 		opts envOpts
 		run  func(t *testing.T, e *env)
 	}{
-		{vsock.GuestErrHeader, envOpts{}, func(t *testing.T, e *env) {
+		{virtio.GuestErrHeader, envOpts{}, func(t *testing.T, e *env) {
 			e.g.SendBytes(make([]byte, vsock.HeaderSize-1), nil)
 		}},
-		{vsock.GuestErrAddress, envOpts{}, func(t *testing.T, e *env) {
+		{virtio.GuestErrAddress, envOpts{}, func(t *testing.T, e *env) {
 			h := e.g.Header(vsock.OpRequest, 1700, 700)
 			h.SrcCID = 99
 			e.g.Send(h, nil)
 		}},
-		{vsock.GuestErrType, envOpts{}, func(t *testing.T, e *env) {
+		{virtio.GuestErrType, envOpts{}, func(t *testing.T, e *env) {
 			h := e.g.Header(vsock.OpRequest, 1700, 700)
 			h.Type = 7
 			e.g.Send(h, nil)
 			e.g.ExpectOp(vsock.OpRst, 700, 1700)
 		}},
-		{vsock.GuestErrLength, envOpts{}, func(t *testing.T, e *env) {
+		{virtio.GuestErrLength, envOpts{}, func(t *testing.T, e *env) {
 			c, _ := e.connectGuest(700, 1700)
 			h := e.g.Header(vsock.OpRW, 1700, 700)
 			h.Len = 100 // the chain holds 4
 			e.g.Send(h, []byte("four"))
 			c.WaitRst()
 		}},
-		{vsock.GuestErrOp, envOpts{}, func(t *testing.T, e *env) {
+		{virtio.GuestErrOp, envOpts{}, func(t *testing.T, e *env) {
 			c, _ := e.connectGuest(700, 1700)
 			c.Send(vsock.OpResponse, 0, nil)
 			c.WaitRst()
 		}},
-		{vsock.GuestErrCredit, envOpts{cfg: vsock.Config{ConnBuffer: 4096}}, func(t *testing.T, e *env) {
+		{virtio.GuestErrCredit, envOpts{cfg: vsock.Config{ConnBuffer: 4096}}, func(t *testing.T, e *env) {
 			c, _ := e.connectGuest(700, 1700)
 			c.Send(vsock.OpRW, 0, vsocktest.Pattern(1, 4097))
 			c.WaitRst()
 		}},
-		{vsock.GuestErrQueue, envOpts{guest: vsocktest.Options{RxBuffers: -1}}, func(t *testing.T, e *env) {
+		{virtio.GuestErrQueue, envOpts{guest: vsocktest.Options{RxBuffers: -1}}, func(t *testing.T, e *env) {
 			e.allowFail = true
 			e.g.PostRXSized(1, 1, 1) // too small for a header
 			e.g.SendOp(vsock.OpRW, 1025, 5000, 0)
@@ -174,7 +174,7 @@ func TestGuestErrorKinds(t *testing.T) {
 			if !e.allowFail {
 				e.g.Sync() // a failed device consumes nothing more
 			}
-			var want [vsock.NumGuestErrorKinds]uint64
+			var want virtio.GuestErrorCounts
 			want[tc.kind] = 1
 			s := e.dev.Stats()
 			if diff := cmp.Diff(want, s.GuestErrorsByKind); diff != "" {
@@ -186,7 +186,7 @@ func TestGuestErrorKinds(t *testing.T) {
 		})
 	}
 	var names []string
-	for k := vsock.GuestErrorKind(0); k < vsock.NumGuestErrorKinds; k++ {
+	for _, k := range vsock.GuestErrorKinds {
 		names = append(names, k.String())
 	}
 	if diff := cmp.Diff([]string{"header", "address", "type", "length", "op", "credit", "queue"}, names); diff != "" {

@@ -199,7 +199,7 @@ func (s *session) handleBatch(st *txState, from, n int) {
 func (s *session) handlePacket(st *txState, p *txPacket) {
 	if !p.ok {
 		s.endRun(st)
-		s.guestError(GuestErrHeader, "TX chain %d of %d bytes cannot hold a packet header", p.chain.Head, p.chain.ReadableLen())
+		s.guestError(virtio.GuestErrHeader, "TX chain %d of %d bytes cannot hold a packet header", p.chain.Head, p.chain.ReadableLen())
 		return
 	}
 	h := &p.hdr
@@ -208,21 +208,21 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		// Not ours to answer: a guest cannot speak for another CID, and
 		// only the host is reachable through this device.
 		s.endRun(st)
-		s.guestError(GuestErrAddress, "packet %v: bad CIDs (guest is %d)", h, s.d.cfg.CID)
+		s.guestError(virtio.GuestErrAddress, "packet %v: bad CIDs (guest is %d)", h, s.d.cfg.CID)
 		return
 	}
 	key := connKey{hostPort: h.DstPort, guestPort: h.SrcPort}
 	if h.Type != TypeStream && (h.Type != TypeSeqpacket || !s.seqpacket) {
 		s.endRun(st)
 		if h.Op != OpRst {
-			s.guestError(GuestErrType, "packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
+			s.guestError(virtio.GuestErrType, "packet %v: unsupported socket type (SEQPACKET negotiated: %v)", h, s.seqpacket)
 			s.resetPorts(h, key)
 		}
 		return
 	}
 	if uint64(h.Len) > p.body.Len() || h.Len > MaxPacketPayload {
 		s.endRun(st)
-		s.guestError(GuestErrLength, "packet %v: len %d but the chain holds %d payload bytes (max %d)",
+		s.guestError(virtio.GuestErrLength, "packet %v: len %d but the chain holds %d payload bytes (max %d)",
 			h, h.Len, p.body.Len(), MaxPacketPayload)
 		s.resetPorts(h, key)
 		return
@@ -247,7 +247,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		// A connection keeps the type it was made with (Linux resets a
 		// socket on a packet of another type too); an RST is never
 		// answered with one.
-		s.guestError(GuestErrType, "packet %v on a connection of type %d", h, c.typ)
+		s.guestError(virtio.GuestErrType, "packet %v on a connection of type %d", h, c.typ)
 		s.applyLocked(c, c.sm.onWrongType(h.Op))
 		s.endRun(st)
 		return
@@ -256,7 +256,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	prev := c.sm.state
 	a := c.sm.onGuestOp(h.Op, h.Flags)
 	if a&actProtoErr != 0 {
-		s.guestError(GuestErrOp, "packet %v on %s connection %v", h, prev, c.key)
+		s.guestError(virtio.GuestErrOp, "packet %v on %s connection %v", h, prev, c.key)
 	}
 	if a&actDropMsg != 0 && len(c.msg) > 0 {
 		// The rest of this message will never come: no record for it.
@@ -364,7 +364,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 	rst := Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type}
 	if old := s.lookup(key); old != nil {
 		old.mu.Lock()
-		s.guestError(GuestErrOp, "REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
+		s.guestError(virtio.GuestErrOp, "REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
 		s.resetConnLocked(old)
 		old.mu.Unlock()
 		return
@@ -483,7 +483,7 @@ func (s *session) guestData(st *txState, c *conn, h *Header) {
 	// Against the credit granted (grantFwd, not fwdCnt): what the guest
 	// was told is at most that, and the device-wide budget counts on it.
 	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
-		s.guestError(GuestErrCredit, "connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
+		s.guestError(virtio.GuestErrCredit, "connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
 			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
 		s.resetConnLocked(c)
 		return

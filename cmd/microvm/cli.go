@@ -117,7 +117,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "run",
 		Usage:        "boot a guest kernel",
 		OnUsageError: onUsageError,
-		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--rng-rate RATE] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--chroot DIR] [--uid N --gid N] [--seccomp=off] [--log-level LEVEL]",
+		UsageText:    "microvm run --kernel PATH [--initrd PATH] [--cmdline STR] [--cpus N] [--memory SIZE] [--irqchip split|kernel] [--acpi on|off] [--cpu-hide LIST] [--vsock-cid N --vsock-uds PATH [--vsock-opt LIST]] " + deviceSynopsis() + " [--chroot DIR] [--uid N --gid N] [--seccomp=off] [--log-level LEVEL]",
 		Flags: append(append(append([]cli.Flag{
 			&cli.StringFlag{Name: "kernel", Usage: "kernel image: bzImage, PVH ELF or x86-64 vmlinux (required)"},
 			&cli.StringFlag{Name: "initrd", Usage: "initial ramdisk"},
@@ -264,12 +264,12 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 	if lim.maxConns < 1 {
 		return lim, usagef("--%smax-conns %d: want at least 1", prefix, lim.maxConns)
 	}
-	buf, err := parseBytes(c.String(prefix + "conn-buffer"))
+	buf, err := microvm.ParseBytes(c.String(prefix + "conn-buffer"))
 	if err != nil || buf == 0 || buf > vsock.MaxConnBuffer {
 		return lim, usagef("--%sconn-buffer %q: want a size between 1 byte and 1G", prefix, c.String(prefix+"conn-buffer"))
 	}
 	lim.connBuffer = uint32(buf)
-	total, err := parseBytes(c.String(prefix + "buffer-total"))
+	total, err := microvm.ParseBytes(c.String(prefix + "buffer-total"))
 	if err != nil || total == 0 {
 		return lim, usagef("--%sbuffer-total %q: want a size of at least 1 byte", prefix, c.String(prefix+"buffer-total"))
 	}
@@ -286,15 +286,6 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 		return lim, usagef("--%sconnect-timeout %v: want a positive duration", prefix, lim.connectTimeout)
 	}
 	return lim, nil
-}
-
-// parseBytes is ParseSize where a bare number means bytes.
-func parseBytes(s string) (uint64, error) {
-	t := strings.TrimSpace(s)
-	if t != "" && t[len(t)-1] >= '0' && t[len(t)-1] <= '9' {
-		t += "B" // ParseSize reads "<n>B" as bytes
-	}
-	return microvm.ParseSize(t)
 }
 
 // runMachine boots the guest and turns its end into an exit status: the

@@ -10,38 +10,6 @@ import (
 	"github.com/microvm/microvm"
 )
 
-func TestParseDisk(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want microvm.DiskConfig
-		bad  bool
-	}{
-		{in: "path=a.img", want: microvm.DiskConfig{Path: "a.img"}},
-		{in: "path=/x/a.img,readonly,serial=disk0", want: microvm.DiskConfig{Path: "/x/a.img", ReadOnly: true, Serial: "disk0"}},
-		{in: "serial=,path=a", want: microvm.DiskConfig{Path: "a"}},
-		{in: "a.img", bad: true},
-		{in: "path=", bad: true},
-		{in: "readonly", bad: true},
-		{in: "path=a,readonly=yes", bad: true},
-		{in: "path=a,cache=none", bad: true},
-	} {
-		got, err := parseDisk(tc.in)
-		if tc.bad {
-			if err == nil {
-				t.Errorf("parseDisk(%q) = %+v; want an error", tc.in, got)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("parseDisk(%q): %v", tc.in, err)
-			continue
-		}
-		if diff := cmp.Diff(tc.want, got); diff != "" {
-			t.Errorf("parseDisk(%q) (-want +got):\n%s", tc.in, diff)
-		}
-	}
-}
-
 func TestDeviceFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string
@@ -76,7 +44,7 @@ func TestDeviceFlags(t *testing.T) {
 		}
 		if tc.usage {
 			var ue usageError
-			if !errors.As(got, &ue) {
+			if !errors.As(got, &ue) && !errors.Is(got, microvm.ErrConfig) {
 				t.Errorf("%v: %v; want a usage error", tc.args, got)
 			}
 			continue
@@ -90,4 +58,17 @@ func TestDeviceFlags(t *testing.T) {
 				tc.args, cfg.Disks, cfg.Root, cfg.RNG, cfg.MetricsSocket, tc.disks, tc.root, tc.rng, tc.metrics)
 		}
 	}
+}
+
+// TestNetUsageErrors: a bad --net is a usage error on run and exec, found
+// before any KVM or TAP is touched.
+func TestNetUsageErrors(t *testing.T) {
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "tap=a,bogus=1"}, "unknown key")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "mac=02:00:00:00:00:01"}, "tap=NAME is required")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=", "--", "true"}, "want tap=NAME")
+	five := []string{"run", "--kernel", "k"}
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		five = append(five, "--net", "tap="+n)
+	}
+	wantError(t, microvm.StatusUsage, five, "at most 4")
 }

@@ -44,7 +44,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        "run a command in a fresh VM through the guest agent",
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] [--disk path=F[,readonly][,serial=S]]... [--root /dev/vdX] [--rng=off] [--net tap=NAME[,mac=M]]... [--metrics-socket PATH] [--chroot DIR] [--seccomp=off] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]",
 		Flags: concatFlags(
 			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
 			imageFlags(),

@@ -190,9 +190,9 @@ func TestParseBytes(t *testing.T) {
 		{"x", 0, true},
 	}
 	for _, tc := range tests {
-		got, err := parseBytes(tc.in)
+		got, err := microvm.ParseBytes(tc.in)
 		if (err != nil) != tc.wantErr || got != tc.want {
-			t.Errorf("parseBytes(%q) = %d, %v; want %d (error %v)", tc.in, got, err, tc.want, tc.wantErr)
+			t.Errorf("microvm.ParseBytes(%q) = %d, %v; want %d (error %v)", tc.in, got, err, tc.want, tc.wantErr)
 		}
 	}
 }

@@ -66,50 +66,26 @@ type Stats struct {
 	Refused                 uint64 // requests answered IOERR or UNSUPP because of what the guest asked
 	HostErrors              uint64 // requests answered IOERR because the host file failed
 	GuestErrors             uint64 // malformed chains and queue errors (the device then needs a reset): the sum of GuestErrorsByKind
-	GuestErrorsByKind       [NumGuestErrorKinds]uint64
+	GuestErrorsByKind       virtio.GuestErrorCounts
 	Kicks                   uint64 // queue notifications observed
 	Interrupts              uint64 // used-buffer notifications sent
 	MaxInFlight             uint64 // most requests seen in flight at once
 }
 
-// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind). Each
-// stops the device until the driver resets it.
-type GuestErrorKind int
-
-// Kinds of guest errors.
-const (
-	// GuestErrHeader: a request chain too short for the 16-byte header,
-	// or without a writable status byte.
-	GuestErrHeader GuestErrorKind = iota
-	// GuestErrLayout: data buffers in the wrong direction for the
-	// request type (readable data on a read or GET_ID, writable data on
-	// a write, discard or write-zeroes).
-	GuestErrLayout
-	// GuestErrQueue: a broken ring or descriptor chain (an index out of
-	// range, a loop, a buffer outside guest memory, ...), found by the
-	// virtqueue code when taking or returning a chain.
-	GuestErrQueue
-	// NumGuestErrorKinds is the number of kinds.
-	NumGuestErrorKinds
-)
-
-// String is the kind's name as metrics label it.
-func (k GuestErrorKind) String() string {
-	switch k {
-	case GuestErrHeader:
-		return "header"
-	case GuestErrLayout:
-		return "layout"
-	case GuestErrQueue:
-		return "queue"
-	}
-	return fmt.Sprintf("GuestErrorKind(%d)", int(k))
-}
+// GuestErrorKinds are the kinds the device reports
+// (Stats.GuestErrorsByKind). Each stops the device until the driver resets
+// it. virtio.GuestErrHeader: a request chain too short for the 16-byte header, or
+// without a writable status byte. virtio.GuestErrLayout: data buffers in the wrong
+// direction for the request type (readable data on a read or GET_ID,
+// writable data on a write, discard or write-zeroes). virtio.GuestErrQueue: a
+// broken ring or descriptor chain, found by the virtqueue code when taking
+// or returning a chain.
+var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrHeader, virtio.GuestErrLayout, virtio.GuestErrQueue}
 
 // guestErr is a malformed request, with its kind for the counters. It
 // unwraps to the error, which wraps virtio.ErrGuest.
 type guestErr struct {
-	kind GuestErrorKind
+	kind virtio.GuestErrorKind
 	err  error
 }
 
@@ -119,7 +95,7 @@ func (e *guestErr) Unwrap() error { return e.err }
 type counters struct {
 	reads, writes, flushes, discards, writeZeroes, getIDs, bytesRead, bytesWritten,
 	refused, hostErrors, kicks, interrupts, maxInFlight atomic.Uint64
-	guestErrors [NumGuestErrorKinds]atomic.Uint64
+	guestErrors virtio.GuestErrors
 }
 
 // Device is a virtio-blk device (virtio 1.2, 5.2) over a raw image.
@@ -285,10 +261,8 @@ func (d *Device) Stats() Stats {
 		Refused: c.refused.Load(), HostErrors: c.hostErrors.Load(),
 		Kicks: c.kicks.Load(), Interrupts: c.interrupts.Load(), MaxInFlight: c.maxInFlight.Load(),
 	}
-	for k := range c.guestErrors {
-		s.GuestErrorsByKind[k] = c.guestErrors[k].Load()
-		s.GuestErrors += s.GuestErrorsByKind[k]
-	}
+	s.GuestErrorsByKind = c.guestErrors.Counts()
+	s.GuestErrors = s.GuestErrorsByKind.Total()
 	return s
 }
 

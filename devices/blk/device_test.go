@@ -225,39 +225,39 @@ func TestRefused(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		kind blk.GuestErrorKind
+		kind virtio.GuestErrorKind
 		add  func(e *env)
 	}{
-		{"short header", blk.GuestErrHeader, func(e *env) {
+		{"short header", virtio.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(make([]byte, 8)), Len: 8}, virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"header split short", blk.GuestErrHeader, func(e *env) {
+		{"header split short", virtio.GuestErrHeader, func(e *env) {
 			h := header(tIn, 0)
 			e.q.Add(virtiotest.Buf{Addr: e.put(h[:8]), Len: 8}, virtiotest.Buf{Addr: e.put(h[8:15]), Len: 7},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"no status byte", blk.GuestErrHeader, func(e *env) {
+		{"no status byte", virtio.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tFlush, 0)), Len: 16})
 		}},
-		{"only writable", blk.GuestErrHeader, func(e *env) {
+		{"only writable", virtio.GuestErrHeader, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(make([]byte, 17)), Len: 17, Writable: true})
 		}},
-		{"read with readable data", blk.GuestErrLayout, func(e *env) {
+		{"read with readable data", virtio.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tIn, 0)), Len: 16}, virtiotest.Buf{Addr: e.put(make([]byte, 512)), Len: 512},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"write with writable data", blk.GuestErrLayout, func(e *env) {
+		{"write with writable data", virtio.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.put(header(tOut, 0)), Len: 16}, virtiotest.Buf{Addr: e.mem.Alloc(512, 8), Len: 512, Writable: true},
 				virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"buffer outside memory", blk.GuestErrQueue, func(e *env) {
+		{"buffer outside memory", virtio.GuestErrQueue, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: 1 << 40, Len: 16}, virtiotest.Buf{Addr: e.put([]byte{0}), Len: 1, Writable: true})
 		}},
-		{"descriptor loop", blk.GuestErrQueue, func(e *env) {
+		{"descriptor loop", virtio.GuestErrQueue, func(e *env) {
 			e.q.WriteDesc(e.q.Cfg.Desc, 0, e.put(header(tIn, 0)), 16, virtiotest.FlagNext, 0)
 			e.q.PublishHead(0)
 		}},
-		{"avail index far ahead", blk.GuestErrQueue, func(e *env) { e.q.SetAvailIdx(1000) }},
+		{"avail index far ahead", virtio.GuestErrQueue, func(e *env) { e.q.SetAvailIdx(1000) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, blk.Config{})
@@ -271,7 +271,7 @@ func TestMalformed(t *testing.T) {
 			if u := e.q.Reap(); len(u) != 0 {
 				t.Errorf("the device answered a malformed chain: %v", u)
 			}
-			var want [blk.NumGuestErrorKinds]uint64
+			var want virtio.GuestErrorCounts
 			want[tc.kind] = 1
 			if s := e.dev.Stats(); s.GuestErrors != 1 || s.GuestErrorsByKind != want {
 				t.Errorf("GuestErrors = %d, by kind %v; want 1, %v (%v)", s.GuestErrors, s.GuestErrorsByKind, want, tc.kind)

@@ -34,10 +34,10 @@
 // readable data or a write with writable data is malformed: the device
 // cannot answer it, so it reports it through Activation.Fail (the
 // transport sets DEVICE_NEEDS_RESET), counts it in Stats.GuestErrorsByKind
-// (GuestErrHeader: no room for the header or status; GuestErrLayout: data
+// (virtio.GuestErrHeader: no room for the header or status; virtio.GuestErrLayout: data
 // buffers in the wrong direction) and stops taking requests until the
 // driver resets it; broken rings are handled the same way
-// (GuestErrQueue). A well-formed request the device will not do is
+// (virtio.GuestErrQueue). A well-formed request the device will not do is
 // answered: IOERR for sectors beyond the capacity (sector+count checked
 // without overflow), lengths that are not whole sectors, writes to a
 // read-only disk, bad segment counts or lengths; UNSUPP for unknown types,

@@ -77,10 +77,10 @@ type disk struct {
 // guest got wrong is answered with a status.
 func parseRequest(hdr [headerSize]byte, rlen, wlen uint64, d disk) (request, error) {
 	if rlen < headerSize {
-		return request{}, &guestErr{GuestErrHeader, fmt.Errorf("%w: block request with %d readable bytes; the header needs %d", virtio.ErrGuest, rlen, headerSize)}
+		return request{}, &guestErr{virtio.GuestErrHeader, fmt.Errorf("%w: block request with %d readable bytes; the header needs %d", virtio.ErrGuest, rlen, headerSize)}
 	}
 	if wlen < 1 {
-		return request{}, &guestErr{GuestErrHeader, fmt.Errorf("%w: block request without a writable status byte", virtio.ErrGuest)}
+		return request{}, &guestErr{virtio.GuestErrHeader, fmt.Errorf("%w: block request without a writable status byte", virtio.ErrGuest)}
 	}
 	r := request{
 		typ:    binary.LittleEndian.Uint32(hdr[0:]),
@@ -93,12 +93,12 @@ func parseRequest(hdr [headerSize]byte, rlen, wlen uint64, d disk) (request, err
 	switch r.typ {
 	case typeIn, typeGetID:
 		if rlen != headerSize {
-			return r, &guestErr{GuestErrLayout, fmt.Errorf("%w: block read request (type %d) with %d readable bytes after its header", virtio.ErrGuest, r.typ, rlen-headerSize)}
+			return r, &guestErr{virtio.GuestErrLayout, fmt.Errorf("%w: block read request (type %d) with %d readable bytes after its header", virtio.ErrGuest, r.typ, rlen-headerSize)}
 		}
 		r.dataLen = wlen - 1
 	case typeOut, typeDiscard, typeWriteZeroes:
 		if wlen != 1 {
-			return r, &guestErr{GuestErrLayout, fmt.Errorf("%w: block write request (type %d) with %d writable bytes before its status", virtio.ErrGuest, r.typ, wlen-1)}
+			return r, &guestErr{virtio.GuestErrLayout, fmt.Errorf("%w: block write request (type %d) with %d writable bytes before its status", virtio.ErrGuest, r.typ, wlen-1)}
 		}
 		r.dataLen = rlen - headerSize
 	case typeFlush:

@@ -78,14 +78,14 @@ func (s *session) shutdown() {
 
 // guestError stops the device for a malformed chain or a broken ring: the
 // driver must reset it. A *guestErr gives its kind; any other error is
-// the virtqueue code's (GuestErrQueue).
+// the virtqueue code's (virtio.GuestErrQueue).
 func (s *session) guestError(err error) {
-	kind := GuestErrQueue
+	kind := virtio.GuestErrQueue
 	var ge *guestErr
 	if errors.As(err, &ge) {
 		kind = ge.kind
 	}
-	s.d.ctr.guestErrors[kind].Add(1)
+	s.d.ctr.guestErrors.Add(kind)
 	if !s.failed.Swap(true) {
 		s.fail(err)
 	}

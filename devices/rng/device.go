@@ -50,36 +50,15 @@ type Stats struct {
 	GuestErrors uint64 // malformed chains and queue errors: the sum of GuestErrorsByKind
 	Kicks       uint64 // queue notifications observed
 
-	GuestErrorsByKind [NumGuestErrorKinds]uint64
+	GuestErrorsByKind virtio.GuestErrorCounts
 }
 
-// GuestErrorKind classifies a guest error (Stats.GuestErrorsByKind). Each
-// stops the device until the driver resets it.
-type GuestErrorKind int
-
-// Kinds of guest errors.
-const (
-	// GuestErrLayout: a request chain with readable buffers, or with no
-	// writable byte (a request is only writable buffers).
-	GuestErrLayout GuestErrorKind = iota
-	// GuestErrQueue: a broken ring or descriptor chain (an index out of
-	// range, a loop, a buffer outside guest memory, ...), found by the
-	// virtqueue code.
-	GuestErrQueue
-	// NumGuestErrorKinds is the number of kinds.
-	NumGuestErrorKinds
-)
-
-// String is the kind's name as metrics label it.
-func (k GuestErrorKind) String() string {
-	switch k {
-	case GuestErrLayout:
-		return "layout"
-	case GuestErrQueue:
-		return "queue"
-	}
-	return fmt.Sprintf("GuestErrorKind(%d)", int(k))
-}
+// GuestErrorKinds are the kinds the device reports
+// (Stats.GuestErrorsByKind). Each stops the device until the driver resets
+// it. virtio.GuestErrLayout: a request chain with readable buffers, or with no
+// writable byte (a request is only writable buffers). virtio.GuestErrQueue: a
+// broken ring or descriptor chain, found by the virtqueue code.
+var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrLayout, virtio.GuestErrQueue}
 
 // Device is a virtio-rng device.
 type Device struct {
@@ -87,7 +66,7 @@ type Device struct {
 	log logrus.FieldLogger
 
 	requests, bytes, throttled, kicks atomic.Uint64
-	guestErrors                       [NumGuestErrorKinds]atomic.Uint64
+	guestErrors                       virtio.GuestErrors
 
 	mu     sync.Mutex // guards w and closed
 	w      *worker
@@ -138,10 +117,8 @@ func (d *Device) Stats() Stats {
 		Requests: d.requests.Load(), Bytes: d.bytes.Load(), Throttled: d.throttled.Load(),
 		Kicks: d.kicks.Load(),
 	}
-	for k := range d.guestErrors {
-		s.GuestErrorsByKind[k] = d.guestErrors[k].Load()
-		s.GuestErrors += s.GuestErrorsByKind[k]
-	}
+	s.GuestErrorsByKind = d.guestErrors.Counts()
+	s.GuestErrors = s.GuestErrorsByKind.Total()
 	return s
 }
 
@@ -243,20 +220,20 @@ func (w *worker) serve() time.Duration {
 	defer func() {
 		if pushed && !w.failed {
 			if err := w.q.Notify(); err != nil {
-				w.guestError(GuestErrQueue, err)
+				w.guestError(virtio.GuestErrQueue, err)
 			}
 		}
 	}()
 	for {
 		ok, err := w.q.Pop(&w.chain)
 		if err != nil {
-			w.guestError(GuestErrQueue, err)
+			w.guestError(virtio.GuestErrQueue, err)
 			return 0
 		}
 		if !ok {
 			more, err := w.q.EnableNotification()
 			if err != nil {
-				w.guestError(GuestErrQueue, err)
+				w.guestError(virtio.GuestErrQueue, err)
 				return 0
 			}
 			if more {
@@ -265,7 +242,7 @@ func (w *worker) serve() time.Duration {
 			return 0
 		}
 		if w.chain.ReadableLen() > 0 || w.chain.WritableLen() == 0 {
-			w.guestError(GuestErrLayout, fmt.Errorf("%w: rng request chain %d has %d readable and %d writable bytes; want only writable ones",
+			w.guestError(virtio.GuestErrLayout, fmt.Errorf("%w: rng request chain %d has %d readable and %d writable bytes; want only writable ones",
 				virtio.ErrGuest, w.chain.Head, w.chain.ReadableLen(), w.chain.WritableLen()))
 			return 0
 		}
@@ -292,7 +269,7 @@ func (w *worker) serve() time.Duration {
 			w.bucket.take(n)
 		}
 		if err := w.q.Push(w.chain.Head, uint32(n)); err != nil {
-			w.guestError(GuestErrQueue, err)
+			w.guestError(virtio.GuestErrQueue, err)
 			return 0
 		}
 		pushed = true
@@ -326,8 +303,8 @@ func (w *worker) fill(limit uint64) (uint64, error) {
 
 // guestError reports a guest error of kind once: the worker stops serving
 // the queue until the driver resets the device.
-func (w *worker) guestError(kind GuestErrorKind, err error) {
-	w.d.guestErrors[kind].Add(1)
+func (w *worker) guestError(kind virtio.GuestErrorKind, err error) {
+	w.d.guestErrors.Add(kind)
 	w.failed = true
 	w.fail(err)
 }

@@ -196,22 +196,22 @@ func TestResetWhileThrottled(t *testing.T) {
 func TestMalformedChains(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		kind rng.GuestErrorKind
+		kind virtio.GuestErrorKind
 		add  func(e *env)
 	}{
-		{"readable buffer", rng.GuestErrLayout, func(e *env) {
+		{"readable buffer", virtio.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.mem.Alloc(16, 8), Len: 16})
 		}},
-		{"readable then writable", rng.GuestErrLayout, func(e *env) {
+		{"readable then writable", virtio.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.mem.Alloc(16, 8), Len: 16}, virtiotest.Buf{Addr: e.mem.Alloc(16, 8), Len: 16, Writable: true})
 		}},
-		{"zero-length writable", rng.GuestErrLayout, func(e *env) {
+		{"zero-length writable", virtio.GuestErrLayout, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: e.mem.Alloc(16, 8), Len: 0, Writable: true})
 		}},
-		{"buffer outside memory", rng.GuestErrQueue, func(e *env) {
+		{"buffer outside memory", virtio.GuestErrQueue, func(e *env) {
 			e.q.Add(virtiotest.Buf{Addr: 1 << 40, Len: 16, Writable: true})
 		}},
-		{"head out of range", rng.GuestErrQueue, func(e *env) { e.q.PublishHead(1000) }},
+		{"head out of range", virtio.GuestErrQueue, func(e *env) { e.q.PublishHead(1000) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, rng.Config{})
@@ -230,7 +230,7 @@ func TestMalformedChains(t *testing.T) {
 			if u := e.q.Reap(); len(u) != 0 {
 				t.Errorf("the device returned %v for a malformed chain", u)
 			}
-			var want [rng.NumGuestErrorKinds]uint64
+			var want virtio.GuestErrorCounts
 			want[tc.kind] = 1
 			if st := e.dev.Stats(); st.GuestErrors != 1 || st.GuestErrorsByKind != want {
 				t.Errorf("GuestErrors = %d, by kind %v; want 1, %v (%v)", st.GuestErrors, st.GuestErrorsByKind, want, tc.kind)

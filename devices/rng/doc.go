@@ -30,9 +30,9 @@
 // A chain with device-readable buffers or no writable room is not a request
 // the spec allows (5.4.6.1): the device reports it through
 // Activation.Fail (the transport sets DEVICE_NEEDS_RESET), counts it in
-// Stats.GuestErrorsByKind (GuestErrLayout) and stops serving the queue
+// Stats.GuestErrorsByKind (virtio.GuestErrLayout) and stops serving the queue
 // until the driver resets it. Errors from the queue itself (bad rings,
-// descriptors) are handled the same way (GuestErrQueue). Nothing panics on guest input.
+// descriptors) are handled the same way (virtio.GuestErrQueue). Nothing panics on guest input.
 //
 // # Goroutines and locks
 //

@@ -1,4 +1,4 @@
-package microvm
+package vmm
 
 import (
 	"fmt"
@@ -37,7 +37,7 @@ func (m *Machine) setupACPI() (uint64, error) {
 		ResetValue:       devices.ResetValue,
 	}
 	d.Serial.Port, d.Serial.IRQ = devices.COM1Port, devices.COM1IRQ
-	for _, s := range m.virtio {
+	for _, s := range m.slots {
 		d.Virtio = append(d.Virtio, acpi.MMIODevice{Base: uint32(s.base), Size: virtio.MMIOSize, GSI: s.irq})
 	}
 	t, err := acpi.Build(acpi.TablesAddr, d)

@@ -1,4 +1,4 @@
-package microvm
+package vmm
 
 import (
 	"fmt"
@@ -6,8 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 )
-
-func gettid() int { return unix.Gettid() }
 
 // selfCPUTime is the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
 func selfCPUTime() (time.Duration, error) {

@@ -117,7 +117,7 @@ func (m *Machine) DialVsock(ctx context.Context, port uint32) (net.Conn, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, vsockCtxError(err))
 	}
-	if m.hasStopped() {
+	if m.vm.Stopped() {
 		return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, ErrStopped)
 	}
 	devFD, host, err := vsockSocketpair()
@@ -149,7 +149,7 @@ func (m *Machine) DialVsock(ctx context.Context, port uint32) (net.Conn, error) 
 			return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, vsockCtxError(context.DeadlineExceeded))
 		}
 		cerr := <-connErr
-		if m.hasStopped() {
+		if m.vm.Stopped() {
 			// Refused because the machine stopped (its device closes
 			// every connection), not by the guest.
 			return nil, fmt.Errorf("microvm: dial vsock port %d: %w", port, ErrStopped)

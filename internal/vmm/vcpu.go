@@ -1,4 +1,4 @@
-package microvm
+package vmm
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ var bootMSRs = []kvm.MSR{
 // setupVCPU gives a vCPU its CPUID, MSRs and local APIC wiring, and the boot
 // CPU its entry state. Application processors wait in KVM for the guest's
 // INIT/SIPI (the in-kernel LAPIC handles it).
-func (m *Machine) setupVCPU(v *kvm.VCPU, cpuid kvm.CPUID) error {
+func (m *Machine) setupVCPU(v *kvm.VCPU, cpuid kvm.CPUID, b *loader.Boot) error {
 	if err := v.SetCPUID(cpuid); err != nil {
 		return err
 	}
@@ -42,7 +42,6 @@ func (m *Machine) setupVCPU(v *kvm.VCPU, cpuid kvm.CPUID) error {
 	if v.ID() != 0 {
 		return nil
 	}
-	b := m.boot
 	sr, err := v.Sregs()
 	if err != nil {
 		return err

@@ -1,0 +1,794 @@
+package microvm
+
+// The virtio devices a machine can have, one deviceKind each: its
+// configuration (a Config field, its checks, its command-line flags), how
+// New builds it, what it adds to the kernel command line, and its metrics.
+// Its virtio-mmio slot, interrupt, virtio_mmio.device= entry and ACPI
+// description follow from the slot (internal/vmm), whatever the kind.
+//
+// Adding a device is adding its package under devices/ and an entry in
+// deviceKinds (with its Config field, its deviceSet fields and its
+// DeviceMetrics field, all below): nothing else in the root package, the
+// CLI (cmd/microvm makes its flags from DeviceFlags) or the metrics server
+// changes.
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/devices/rng"
+	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/internal/promtext"
+	"github.com/microvm/microvm/internal/vmm"
+	"github.com/microvm/microvm/virtio"
+	"github.com/microvm/microvm/vsock"
+)
+
+// A deviceKind is one kind of virtio device.
+type deviceKind struct {
+	// validate checks the kind's part of a Config (New, before anything
+	// is created).
+	validate func(c *Config) error
+	// add creates the devices c asks for and puts each in the next slot
+	// (Machine.addVirtio), in order.
+	add func(m *Machine) error
+	// cmdline is what the kind adds to the kernel command line, before
+	// the virtio-mmio entries (nil: nothing).
+	cmdline func(c *Config) []string
+	// metrics fills the kind's part of a Metrics snapshot.
+	metrics func(m *Machine, out *DeviceMetrics)
+	// transports are its devices as the virtio families see them.
+	transports func(d *DeviceMetrics) []transport
+	// families writes its own Prometheus families (docs/metrics.md).
+	families func(w *promtext.Writer, d *DeviceMetrics)
+	// flags are its command-line flags; finish checks them together once
+	// all are parsed (nil: nothing to check).
+	flags  []Flag
+	finish func(c *Config, given func(flag string) bool) error
+}
+
+// deviceKinds are the kinds in slot order (docs/machine.md): vsock, rng,
+// the disks, the network devices.
+var deviceKinds = []deviceKind{vsockKind, rngKind, diskKind, netKind}
+
+// deviceSet is the machine's virtio devices and their transports, by kind
+// (Machine embeds it). Set by New and never changed.
+type deviceSet struct {
+	vsock       *vsock.Device
+	vsockMMIO   *virtio.MMIO
+	uds         *vsock.UDS
+	vsockRouter *vsockRouter // the device's Dialer: ListenVsock listeners, else uds_<port>
+
+	rng     *rng.Device
+	rngMMIO *virtio.MMIO
+
+	disks    []*blk.Device // Config.Disks, in order
+	diskMMIO []*virtio.MMIO
+
+	nets    []*virtionet.Device // Config.Nets, in order
+	netMMIO []*virtio.MMIO
+}
+
+// DeviceMetrics are the virtio devices' counters, by kind (Metrics embeds
+// it).
+type DeviceMetrics struct {
+	// Vsock is the vsock device's (nil without one).
+	Vsock *VsockMetrics
+	// RNG is the rng device's (nil without one).
+	RNG *RNGMetrics
+	// Disks and Nets follow Config.Disks and Config.Nets.
+	Disks []DiskMetrics
+	Nets  []NetMetrics
+}
+
+// Flag is a device's command-line flag, as DeviceFlags returns it for a
+// CLI to offer (cmd/microvm makes urfave/cli flags of them).
+type Flag struct {
+	// Name is the flag's name without dashes ("disk").
+	Name string
+	// Usage is its help text.
+	Usage string
+	// Synopsis is how a usage line shows it ("[--disk path=F]...").
+	Synopsis string
+	// Bool says the flag may stand alone (--rng) and takes on or off as
+	// a value (--rng=off); Default is then "on" or "off".
+	Bool    bool
+	Default string
+	// Set applies one occurrence's value to a Config, in command-line
+	// order; a repeatable flag adds a device each time.
+	Set func(c *Config, value string) error
+}
+
+// DeviceFlags returns every device kind's command-line flags, in slot
+// order of their kinds.
+func DeviceFlags() []Flag {
+	var fs []Flag
+	for _, k := range deviceKinds {
+		fs = append(fs, k.flags...)
+	}
+	return fs
+}
+
+// DeviceFlagDefaults sets what the flags configure when none is given: a
+// Config from the command line starts with it (the rng device is on).
+func DeviceFlagDefaults(c *Config) {
+	for _, f := range DeviceFlags() {
+		if f.Bool {
+			_ = f.Set(c, f.Default)
+		}
+	}
+}
+
+// FinishDeviceFlags checks the device flags together once all are set;
+// given says which flags the command line holds. Errors wrap ErrConfig.
+func FinishDeviceFlags(c *Config, given func(flag string) bool) error {
+	for _, k := range deviceKinds {
+		if k.finish != nil {
+			if err := k.finish(c, given); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// onOff parses a Bool flag's value.
+func onOff(flag, v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "on", "true", "1", "yes":
+		return true, nil
+	case "off", "false", "0", "no":
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: --%s %q: want on or off", ErrConfig, flag, v)
+}
+
+// transport is one virtio device as the virtio families see it.
+type transport struct {
+	name  string
+	stats virtio.TransportStats
+	kicks []queueCount // notifications the device's workers observed, by queue
+	full  []queueCount // work held back for want of guest buffers, by queue
+}
+
+type queueCount struct {
+	queue string
+	n     uint64
+}
+
+// --- vsock ---------------------------------------------------------------------
+
+// VsockConfig adds a virtio-vsock device reached from the host through
+// Firecracker-compatible Unix sockets, and in-process through
+// Machine.DialVsock and Machine.ListenVsock.
+type VsockConfig struct {
+	// CID is the guest's context id (>= 3).
+	CID uint64
+	// UDSPath, when set, is the host socket: clients connect to it and
+	// send "CONNECT <port>\n"; guest connections to port P go to
+	// UDSPath_P (when no ListenVsock listener has P). Empty: the device
+	// is reached in-process only (DialVsock, ListenVsock), and guest
+	// connections to ports without a listener are refused.
+	UDSPath string
+	// MaxConnections bounds open connections (default 1023).
+	MaxConnections int
+	// ConnBuffer is the per-connection buffer in bytes (default 256 KiB, at
+	// most MaxVsockConnBuffer).
+	ConnBuffer int
+	// BufferTotal bounds the guest->host bytes all connections together
+	// may make the device buffer (vsock.Config.MaxBuffered; 0: 64 MiB, or
+	// MaxConnections x 4 KiB when more). At least vsock.MinMaxBuffered:
+	// every connection is sure of a 4 KiB window.
+	BufferTotal uint64
+	// ConnectTimeout bounds the CONNECT handshake (default 2 s).
+	ConnectTimeout time.Duration
+	// Options selects data-path optimisations (nil: vsock.DefaultOptions).
+	Options *vsock.Options
+	// Dgram offers experimental vsock datagrams (vsock.Config.Dgram): host
+	// applications send to UDSPath.dgram, guest datagrams to port P go to
+	// UDSPath_P.dgram. It needs UDSPath.
+	Dgram bool
+}
+
+// MaxVsockConnBuffer bounds VsockConfig.ConnBuffer, as the vhost-user
+// back-end's --conn-buffer: the buffer is host memory each connection may
+// hold, and the credit arithmetic is 32-bit.
+const MaxVsockConnBuffer = 1 << 30
+
+// VsockMetrics are the vsock device's counters.
+type VsockMetrics struct {
+	Name      string // "vsock0", the device label of its metrics
+	Dgram     bool   // the device offers datagrams (VsockConfig.Dgram)
+	Transport virtio.TransportStats
+	vsock.Stats
+}
+
+// transport is the vsock device as the virtio families see it.
+func (v *VsockMetrics) transport() transport {
+	t := transport{name: v.Name, stats: v.Transport,
+		kicks: []queueCount{{"rx", v.RxKicks}, {"tx", v.TxKicks}},
+		full:  []queueCount{{"rx", v.RxQueueFull}}}
+	if v.Dgram {
+		t.kicks = append(t.kicks, queueCount{"dgram_tx", v.DgramKicks})
+	}
+	return t
+}
+
+// The vsock device's command-line flags are cmd/microvm's own
+// (vsockflags.go): `run` and `vhost-user-vsock` share them under two sets
+// of names.
+var vsockKind = deviceKind{
+	validate: func(c *Config) error {
+		v := c.Vsock
+		if v == nil {
+			return nil
+		}
+		if v.CID < 3 || v.CID > 0xffffffff-1 {
+			return fmt.Errorf("%w: vsock CID %d: must be at least 3 (0-2 are reserved) and below 2^32-1", ErrConfig, v.CID)
+		}
+		if v.Dgram && v.UDSPath == "" {
+			return fmt.Errorf("%w: vsock datagrams need a Unix socket path (--vsock-uds)", ErrConfig)
+		}
+		if v.ConnBuffer < 0 || v.ConnBuffer > MaxVsockConnBuffer {
+			return fmt.Errorf("%w: vsock connection buffer %d: want 1..%d bytes (0: the default)", ErrConfig, v.ConnBuffer, MaxVsockConnBuffer)
+		}
+		if v.MaxConnections < 0 {
+			return fmt.Errorf("%w: vsock connection limit %d: want at least 1 (0: the default)", ErrConfig, v.MaxConnections)
+		}
+		if v.UDSPath != "" {
+			if err := vsock.CheckUDSPath(v.UDSPath); err != nil {
+				return fmt.Errorf("%w: %w", ErrConfig, err)
+			}
+		}
+		return nil
+	},
+	add: func(m *Machine) error {
+		vc := m.cfg.Vsock
+		if vc == nil {
+			return nil
+		}
+		// Guest connections go to ListenVsock listeners, else to
+		// UDSPath_<port> (refused without UDSPath). Registered before the
+		// device, the router is closed after it.
+		var fallback vsock.Dialer
+		if vc.UDSPath != "" {
+			fallback = vsock.UDSDialer{Path: vc.UDSPath}
+		}
+		router := newVsockRouter(vc.CID, fallback)
+		m.vsockRouter = router
+		m.vm.OnClose(func() error { router.closeAll(); return nil })
+		dev, err := vsock.New(vsock.Config{
+			CID:            vc.CID,
+			MaxConns:       vc.MaxConnections,
+			ConnBuffer:     uint32(vc.ConnBuffer),
+			MaxBuffered:    vc.BufferTotal,
+			ConnectTimeout: vc.ConnectTimeout,
+			Dialer:         router,
+			Options:        vc.Options,
+			Dgram:          vc.Dgram,
+			DgramUDS:       vc.UDSPath,
+			Log:            m.log.WithField("device", "vsock"),
+		})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		m.vsock = dev
+		m.vm.OnClose(func() error { dev.Close(); return nil })
+		if m.vsockMMIO, err = m.vm.AddVirtio(dev); err != nil {
+			return err
+		}
+		if vc.UDSPath == "" {
+			return nil
+		}
+		uds, err := vsock.ListenUDS(vc.UDSPath, dev, vc.ConnectTimeout, m.log.WithField("device", "vsock-uds"))
+		if err != nil {
+			return err
+		}
+		m.uds = uds
+		m.vm.OnClose(func() error {
+			// The device first: host clients still waiting for the guest
+			// driver are released at once instead of at their deadline.
+			dev.Close()
+			return uds.Close()
+		})
+		return nil
+	},
+	metrics: func(m *Machine, out *DeviceMetrics) {
+		if m.vsock != nil {
+			out.Vsock = &VsockMetrics{Name: "vsock0", Dgram: m.cfg.Vsock.Dgram,
+				Transport: m.vsockMMIO.Stats(), Stats: m.vsock.Stats()}
+		}
+	},
+	transports: func(d *DeviceMetrics) []transport {
+		if d.Vsock == nil {
+			return nil
+		}
+		return []transport{d.Vsock.transport()}
+	},
+	families: func(w *promtext.Writer, d *DeviceMetrics) {
+		if d.Vsock != nil {
+			writeVsockFamilies(w, d.Vsock)
+		}
+	},
+}
+
+// writeVsockFamilies writes the vsock device's families (also for
+// `microvm vhost-user-vsock`'s metrics).
+func writeVsockFamilies(w *promtext.Writer, s *VsockMetrics) {
+	v := []*VsockMetrics{s}
+	name := func(v *VsockMetrics) string { return v.Name }
+	c := func(family, help string, f func(*VsockMetrics) uint64) { counter(w, family, help, v, name, f) }
+	c("microvm_vsock_tx_packets_total", "Packets the guest sent (TX queue).", func(v *VsockMetrics) uint64 { return v.TxPackets })
+	c("microvm_vsock_rx_packets_total", "Packets sent to the guest (RX queue).", func(v *VsockMetrics) uint64 { return v.RxPackets })
+	c("microvm_vsock_tx_bytes_total", "Stream and SEQPACKET payload bytes the guest sent.", func(v *VsockMetrics) uint64 { return v.TxBytes })
+	c("microvm_vsock_rx_bytes_total", "Stream and SEQPACKET payload bytes sent to the guest.", func(v *VsockMetrics) uint64 { return v.RxBytes })
+	c("microvm_vsock_connections_opened_total", "Connections added to the device's table, either way.", func(v *VsockMetrics) uint64 { return v.ConnsOpened })
+	c("microvm_vsock_connections_established_total", "Connections that reached the established state, either way.", func(v *VsockMetrics) uint64 { return v.ConnsEstablished })
+	c("microvm_vsock_connections_refused_total", "Connection attempts that never got established: refused by the host or the guest, or timed out.", func(v *VsockMetrics) uint64 { return v.ConnsRefused })
+	c("microvm_vsock_connections_reset_total", "Established connections ended by an RST instead of the orderly shutdown, by either side.", func(v *VsockMetrics) uint64 { return v.ConnsReset })
+	w.Family("microvm_vsock_connections", promtext.Gauge, "Connections open now.")
+	w.Int(s.ConnsOpen, "device", s.Name)
+	c("microvm_vsock_rst_sent_total", "RST packets sent to the guest (resets, refusals, orderly closes, packets for no connection).", func(v *VsockMetrics) uint64 { return v.RstSent })
+	c("microvm_vsock_rst_dropped_total", "RSTs dropped because the device's RST queue was full.", func(v *VsockMetrics) uint64 { return v.DroppedRsts })
+	writeGuestErrors(w, "microvm_vsock_guest_errors_total",
+		"Malformed packets and protocol violations by the guest, by kind (header, address, type, length, op, credit, queue).",
+		s.Name, vsock.GuestErrorKinds, s.GuestErrorsByKind)
+	c("microvm_vsock_host_write_stalls_total", "Writes to host sockets that took only part of the data (the rest is buffered).", func(v *VsockMetrics) uint64 { return v.HostWriteStalls })
+	c("microvm_vsock_credit_updates_sent_total", "CREDIT_UPDATE packets sent to the guest.", func(v *VsockMetrics) uint64 { return v.CreditUpdatesSent })
+	c("microvm_vsock_credit_stalls_total", "Credit grants cut short by the device-wide buffer bound (--vsock-buffer-total).", func(v *VsockMetrics) uint64 { return v.CreditStalls })
+	c("microvm_vsock_transport_resets_total", "Host-side transport resets (Machine.ResetVsockTransport): every connection dropped.", func(v *VsockMetrics) uint64 { return v.TransportResets })
+	c("microvm_vsock_transport_reset_events_total", "TRANSPORT_RESET events written to the guest's event queue.", func(v *VsockMetrics) uint64 { return v.EventsSent })
+	w.Family("microvm_vsock_buffer_granted_bytes", promtext.Gauge, "Guest-to-host buffer space granted to open connections now.")
+	w.Uint(s.BufferGranted, "device", s.Name)
+	c("microvm_vsock_late_rw_dropped_total", "Guest data sent after the host had closed, before the guest saw it: dropped.", func(v *VsockMetrics) uint64 { return v.LateRWDropped })
+	w.Family("microvm_vsock_seqpacket_messages_total", promtext.Counter, "SEQPACKET messages passed whole, by direction.")
+	w.Uint(s.SeqToHost, "device", s.Name, "direction", "to_host")
+	w.Uint(s.SeqToGuest, "device", s.Name, "direction", "to_guest")
+	c("microvm_vsock_direct_enqueues_total", "Connection work a producer put in the RX ring itself (--vsock-opt direct-enqueue).", func(v *VsockMetrics) uint64 { return v.DirectEnqueues })
+	c("microvm_vsock_rx_handoffs_total", "Connection work another goroutine handed to the RX worker with a wake-up (what direct-enqueue avoids).", func(v *VsockMetrics) uint64 { return v.RxHandoffs })
+	c("microvm_vsock_kick_suppressions_total", "TX passes run with the guest's kicks off across host writes (--vsock-opt kick-suppress).", func(v *VsockMetrics) uint64 { return v.KickSuppressions })
+	c("microvm_vsock_batched_packets_total", "TX packets that joined a run already holding their connection's lock (--vsock-opt batch).", func(v *VsockMetrics) uint64 { return v.BatchedPackets })
+	if !s.Dgram {
+		return
+	}
+	c("microvm_vsock_dgram_tx_total", "Datagrams from the guest delivered to a host socket.", func(v *VsockMetrics) uint64 { return v.DgramTx })
+	c("microvm_vsock_dgram_rx_total", "Datagrams from host sockets delivered to the guest.", func(v *VsockMetrics) uint64 { return v.DgramRx })
+	c("microvm_vsock_dgram_tx_bytes_total", "Payload bytes of the datagrams counted in microvm_vsock_dgram_tx_total.", func(v *VsockMetrics) uint64 { return v.DgramTxBytes })
+	c("microvm_vsock_dgram_rx_bytes_total", "Payload bytes of the datagrams counted in microvm_vsock_dgram_rx_total.", func(v *VsockMetrics) uint64 { return v.DgramRxBytes })
+	c("microvm_vsock_dgram_tx_dropped_total", "Guest datagrams no host socket took (none bound, or its queue full).", func(v *VsockMetrics) uint64 { return v.DgramTxDropped })
+	c("microvm_vsock_dgram_rx_dropped_total", "Host datagrams dropped because the guest had no datagram buffer posted.", func(v *VsockMetrics) uint64 { return v.DgramRxDropped })
+	c("microvm_vsock_dgram_rx_rejected_total", "Host datagrams shorter than the address prefix or larger than the guest's buffer.", func(v *VsockMetrics) uint64 { return v.DgramRxRejected })
+}
+
+// --- rng -----------------------------------------------------------------------
+
+// RNGConfig adds a virtio-rng entropy device fed from the host's
+// getrandom(2).
+type RNGConfig struct {
+	// Rate limits the bytes per second the guest gets (0: no limit, at most
+	// rng.MaxRate).
+	Rate uint64
+}
+
+// RNGMetrics are the rng device's counters.
+type RNGMetrics struct {
+	Name      string // "rng0"
+	Transport virtio.TransportStats
+	rng.Stats
+}
+
+var rngKind = deviceKind{
+	validate: func(c *Config) error {
+		if c.RNG != nil && c.RNG.Rate > rng.MaxRate {
+			return fmt.Errorf("%w: rng rate %d B/s: at most %d", ErrConfig, c.RNG.Rate, uint64(rng.MaxRate))
+		}
+		return nil
+	},
+	add: func(m *Machine) error {
+		rc := m.cfg.RNG
+		if rc == nil {
+			return nil
+		}
+		dev, err := rng.New(rng.Config{Rate: rc.Rate, Log: m.log.WithField("device", "rng")})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		m.rng = dev
+		m.vm.OnClose(func() error { dev.Close(); return nil })
+		m.rngMMIO, err = m.vm.AddVirtio(dev)
+		return err
+	},
+	metrics: func(m *Machine, out *DeviceMetrics) {
+		if m.rng != nil {
+			out.RNG = &RNGMetrics{Name: "rng0", Transport: m.rngMMIO.Stats(), Stats: m.rng.Stats()}
+		}
+	},
+	transports: func(d *DeviceMetrics) []transport {
+		if r := d.RNG; r != nil {
+			return []transport{{name: r.Name, stats: r.Transport, kicks: []queueCount{{"request", r.Kicks}}}}
+		}
+		return nil
+	},
+	families: func(w *promtext.Writer, d *DeviceMetrics) {
+		if d.RNG == nil {
+			return
+		}
+		rs := []*RNGMetrics{d.RNG}
+		name := func(r *RNGMetrics) string { return r.Name }
+		c := func(family, help string, f func(*RNGMetrics) uint64) { counter(w, family, help, rs, name, f) }
+		c("microvm_rng_requests_total", "Entropy requests returned to the guest.", func(r *RNGMetrics) uint64 { return r.Requests })
+		c("microvm_rng_bytes_total", "Random bytes written to guest memory.", func(r *RNGMetrics) uint64 { return r.Bytes })
+		c("microvm_rng_throttled_total", "Times the device waited for its rate limit (--rng-rate).", func(r *RNGMetrics) uint64 { return r.Throttled })
+		writeGuestErrors(w, "microvm_rng_guest_errors_total",
+			"Malformed request chains and queue errors, by kind (layout, queue); the device then needs a reset.",
+			d.RNG.Name, rng.GuestErrorKinds, d.RNG.GuestErrorsByKind)
+	},
+	flags: []Flag{
+		{Name: "rng", Bool: true, Default: "on", Synopsis: "[--rng=off]",
+			Usage: "virtio-rng entropy device fed from getrandom (--rng=off leaves it out)",
+			Set: func(c *Config, v string) error {
+				on, err := onOff("rng", v)
+				switch {
+				case err != nil:
+					return err
+				case !on:
+					c.RNG = nil
+				case c.RNG == nil:
+					c.RNG = &RNGConfig{}
+				}
+				return nil
+			}},
+		{Name: "rng-rate", Synopsis: "[--rng-rate RATE]",
+			Usage: "limit the rng device to this many bytes per second (SIZE[/s]; a bare number means bytes; default no limit)",
+			Set: func(c *Config, v string) error {
+				r, err := ParseBytes(strings.TrimSuffix(v, "/s"))
+				if err != nil || r == 0 || r > rng.MaxRate {
+					return fmt.Errorf("%w: --rng-rate %q: want a rate between 1 byte/s and 1G/s", ErrConfig, v)
+				}
+				if c.RNG == nil {
+					return fmt.Errorf("%w: --rng-rate needs the rng device (--rng=off leaves it out)", ErrConfig)
+				}
+				c.RNG.Rate = r
+				return nil
+			}},
+	},
+}
+
+// --- disks (virtio-blk) --------------------------------------------------------
+
+// DiskConfig adds a virtio-blk disk backed by a raw image file. Disks
+// appear in the guest as /dev/vda, /dev/vdb, ... in the order of
+// Config.Disks.
+type DiskConfig struct {
+	// Path is the image: its size must be a multiple of 512 bytes. It is
+	// locked (flock) while the machine exists, so a second microvm cannot
+	// open it at the same time (readers share a read-only image).
+	Path string
+	// ReadOnly opens the image read-only; the guest sees a read-only disk
+	// and writes fail.
+	ReadOnly bool
+	// Serial is what the guest reads as the disk's id (at most 20 bytes;
+	// /sys/block/vdX/serial).
+	Serial string
+}
+
+// DiskMetrics are one disk's counters.
+type DiskMetrics struct {
+	Name      string // "vda", "vdb", ...: what the guest calls it
+	Path      string // the image (DiskConfig.Path)
+	Transport virtio.TransportStats
+	blk.Stats
+}
+
+// maxDisks is what the virtio-mmio slots leave for disks once vsock and
+// rng have theirs; the guest names them vda..vdf.
+const maxDisks = vmm.VirtioSlots - 2
+
+// diskName is the guest's name of disk i.
+func diskName(i int) string { return "/dev/vd" + string(rune('a'+i)) }
+
+// rootDisk is the index of the disk c.Root names, or -1.
+func (c *Config) rootDisk() int {
+	for i := range c.Disks {
+		if c.Root == diskName(i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// rootCmdline is the root= parameter for Config.Root: read-write unless
+// the disk is read-only.
+func (c *Config) rootCmdline() string {
+	i := c.rootDisk()
+	if i < 0 {
+		return ""
+	}
+	mode := "rw"
+	if c.Disks[i].ReadOnly {
+		mode = "ro"
+	}
+	return "root=" + c.Root + " " + mode
+}
+
+// ParseDisk parses a --disk value: path=F[,readonly][,serial=S].
+func ParseDisk(s string) (DiskConfig, error) {
+	var d DiskConfig
+	for _, kv := range strings.Split(s, ",") {
+		k, v, hasV := strings.Cut(kv, "=")
+		switch {
+		case k == "path" && hasV && v != "":
+			d.Path = v
+		case k == "readonly" && !hasV:
+			d.ReadOnly = true
+		case k == "serial" && hasV:
+			d.Serial = v
+		default:
+			return d, fmt.Errorf("%w: --disk %q: unknown or malformed %q; want path=FILE[,readonly][,serial=S]", ErrConfig, s, kv)
+		}
+	}
+	if d.Path == "" {
+		return d, fmt.Errorf("%w: --disk %q: no path=FILE", ErrConfig, s)
+	}
+	return d, nil
+}
+
+var diskKind = deviceKind{
+	validate: func(c *Config) error {
+		if len(c.Disks) > maxDisks {
+			return fmt.Errorf("%w: %d disks; at most %d", ErrConfig, len(c.Disks), maxDisks)
+		}
+		for i, d := range c.Disks {
+			if d.Path == "" {
+				return fmt.Errorf("%w: disk %d has no path", ErrConfig, i)
+			}
+			if len(d.Serial) > blk.MaxSerial {
+				return fmt.Errorf("%w: disk %s: serial %q is longer than %d bytes", ErrConfig, d.Path, d.Serial, blk.MaxSerial)
+			}
+		}
+		if c.Root != "" && c.rootDisk() < 0 {
+			var names []string
+			for i := range c.Disks {
+				names = append(names, diskName(i))
+			}
+			return fmt.Errorf("%w: root %q is none of the disks (%s)", ErrConfig, c.Root, strings.Join(names, ", "))
+		}
+		return nil
+	},
+	add: func(m *Machine) error {
+		for i, dc := range m.cfg.Disks {
+			dev, err := blk.Open(blk.Config{Path: dc.Path, ReadOnly: dc.ReadOnly, Serial: dc.Serial,
+				Log: m.log.WithField("device", diskName(i))})
+			if err != nil {
+				return err
+			}
+			m.disks = append(m.disks, dev)
+			m.vm.OnClose(dev.Close)
+			t, err := m.vm.AddVirtio(dev)
+			if err != nil {
+				return err
+			}
+			m.diskMMIO = append(m.diskMMIO, t)
+		}
+		return nil
+	},
+	cmdline: func(c *Config) []string {
+		if r := c.rootCmdline(); r != "" {
+			return []string{r}
+		}
+		return nil
+	},
+	metrics: func(m *Machine, out *DeviceMetrics) {
+		for i, d := range m.disks {
+			out.Disks = append(out.Disks, DiskMetrics{Name: strings.TrimPrefix(diskName(i), "/dev/"),
+				Path: m.cfg.Disks[i].Path, Transport: m.diskMMIO[i].Stats(), Stats: d.Stats()})
+		}
+	},
+	transports: func(d *DeviceMetrics) []transport {
+		var ts []transport
+		for _, d := range d.Disks {
+			ts = append(ts, transport{name: d.Name, stats: d.Transport, kicks: []queueCount{{"request", d.Kicks}}})
+		}
+		return ts
+	},
+	families: func(w *promtext.Writer, dm *DeviceMetrics) {
+		ds := dm.Disks
+		if len(ds) == 0 {
+			return
+		}
+		name := func(d DiskMetrics) string { return d.Name }
+		c := func(family, help string, f func(DiskMetrics) uint64) { counter(w, family, help, ds, name, f) }
+		w.Family("microvm_blk_requests_total", promtext.Counter, "Requests completed OK, by operation.")
+		for _, d := range ds {
+			for _, op := range []struct {
+				name string
+				n    uint64
+			}{{"read", d.Reads}, {"write", d.Writes}, {"flush", d.Flushes}, {"discard", d.Discards},
+				{"write_zeroes", d.WriteZeroes}, {"get_id", d.GetIDs}} {
+				w.Uint(op.n, "device", d.Name, "op", op.name)
+			}
+		}
+		c("microvm_blk_read_bytes_total", "Bytes read from the image into guest memory.", func(d DiskMetrics) uint64 { return d.BytesRead })
+		c("microvm_blk_written_bytes_total", "Bytes written from guest memory to the image.", func(d DiskMetrics) uint64 { return d.BytesWritten })
+		c("microvm_blk_refused_total", "Requests answered IOERR or UNSUPP because of what the guest asked (out of range, read-only, unknown type).", func(d DiskMetrics) uint64 { return d.Refused })
+		c("microvm_blk_host_errors_total", "Requests answered IOERR because the host file failed.", func(d DiskMetrics) uint64 { return d.HostErrors })
+		w.Family("microvm_blk_guest_errors_total", promtext.Counter,
+			"Malformed request chains and queue errors, by kind (header, layout, queue); the device then needs a reset.")
+		for _, d := range ds {
+			writeGuestErrorSamples(w, d.Name, blk.GuestErrorKinds, d.GuestErrorsByKind)
+		}
+		w.Family("microvm_blk_max_in_flight", promtext.Gauge, "Most requests seen in flight at once.")
+		for _, d := range ds {
+			w.Uint(d.MaxInFlight, "device", d.Name)
+		}
+	},
+	flags: []Flag{
+		{Name: "disk", Synopsis: "[--disk path=F[,readonly][,serial=S]]...",
+			Usage: "add a virtio-blk disk over a raw image: path=FILE[,readonly][,serial=S] (repeatable: /dev/vda, /dev/vdb, ... in order)",
+			Set: func(c *Config, v string) error {
+				d, err := ParseDisk(v)
+				if err != nil {
+					return err
+				}
+				c.Disks = append(c.Disks, d)
+				return nil
+			}},
+		{Name: "root", Synopsis: "[--root /dev/vdX]",
+			Usage: "boot from this disk (/dev/vda, ...) instead of the initramfs: adds root=DEV rw (ro for a read-only disk)",
+			Set:   func(c *Config, v string) error { c.Root = v; return nil }},
+	},
+	finish: func(c *Config, _ func(string) bool) error {
+		if c.Root != "" && len(c.Disks) == 0 {
+			return fmt.Errorf("%w: --root %s needs a --disk", ErrConfig, c.Root)
+		}
+		return nil
+	},
+}
+
+// --- network devices (virtio-net) ------------------------------------------------
+
+// MaxNets bounds Config.Nets: the virtio-mmio slots are shared with the
+// other devices (docs/machine.md).
+const MaxNets = 4
+
+// NetConfig adds a virtio-net device on a host TAP interface
+// (docs/net.md).
+type NetConfig struct {
+	// TAP is the host interface. microvm attaches to it, creating it when
+	// it does not exist and microvm has CAP_NET_ADMIN; the host side's
+	// address and link state are the caller's to set.
+	TAP string
+	// MAC is the guest's address; nil picks a random locally
+	// administered one.
+	MAC net.HardwareAddr
+}
+
+// NetMetrics are one network device's counters.
+type NetMetrics struct {
+	Name      string // "eth0", "eth1", ...: what a Linux guest calls it
+	TAP       string // the host TAP interface (NetConfig.TAP)
+	Transport virtio.TransportStats
+	virtionet.Stats
+}
+
+// ParseNet parses a --net value: tap=NAME[,mac=M].
+func ParseNet(s string) (NetConfig, error) {
+	var nc NetConfig
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || v == "" {
+			return nc, fmt.Errorf("%w: --net %q: want tap=NAME[,mac=M]", ErrConfig, s)
+		}
+		switch k {
+		case "tap":
+			if nc.TAP != "" {
+				return nc, fmt.Errorf("%w: --net %q: tap given twice", ErrConfig, s)
+			}
+			if len(v) > 15 || strings.ContainsAny(v, "/ \t") {
+				return nc, fmt.Errorf("%w: --net %q: TAP name %q: want at most 15 bytes, no '/' or spaces", ErrConfig, s, v)
+			}
+			nc.TAP = v
+		case "mac":
+			if nc.MAC != nil {
+				return nc, fmt.Errorf("%w: --net %q: mac given twice", ErrConfig, s)
+			}
+			m, err := virtionet.ParseMAC(v)
+			if err != nil {
+				return nc, fmt.Errorf("%w: --net %q: %w", ErrConfig, s, err)
+			}
+			nc.MAC = m
+		default:
+			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap or mac)", ErrConfig, s, k)
+		}
+	}
+	if nc.TAP == "" {
+		return nc, fmt.Errorf("%w: --net %q: tap=NAME is required", ErrConfig, s)
+	}
+	return nc, nil
+}
+
+var netKind = deviceKind{
+	validate: func(c *Config) error {
+		if len(c.Nets) > MaxNets {
+			return fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(c.Nets), MaxNets)
+		}
+		for _, n := range c.Nets {
+			if n.TAP == "" {
+				return fmt.Errorf("%w: net: no TAP interface named", ErrConfig)
+			}
+			if len(n.TAP) >= 16 {
+				return fmt.Errorf("%w: net: TAP name %q is longer than 15 bytes", ErrConfig, n.TAP)
+			}
+			if n.MAC != nil && (len(n.MAC) != 6 || n.MAC[0]&1 != 0) {
+				return fmt.Errorf("%w: net %s: MAC %v is not a 6-byte unicast address", ErrConfig, n.TAP, n.MAC)
+			}
+		}
+		return nil
+	},
+	add: func(m *Machine) error {
+		for i, nc := range m.cfg.Nets {
+			dev, err := virtionet.New(virtionet.Config{
+				TAP: nc.TAP, MAC: nc.MAC,
+				Log: m.log.WithField("device", fmt.Sprintf("net%d", i)),
+			})
+			if err != nil {
+				return err
+			}
+			m.nets = append(m.nets, dev)
+			m.vm.OnClose(dev.Close)
+			t, err := m.vm.AddVirtio(dev)
+			if err != nil {
+				return err
+			}
+			m.netMMIO = append(m.netMMIO, t)
+		}
+		return nil
+	},
+	metrics: func(m *Machine, out *DeviceMetrics) {
+		for i, n := range m.nets {
+			out.Nets = append(out.Nets, NetMetrics{Name: fmt.Sprintf("eth%d", i), TAP: m.cfg.Nets[i].TAP,
+				Transport: m.netMMIO[i].Stats(), Stats: n.Stats()})
+		}
+	},
+	transports: func(d *DeviceMetrics) []transport {
+		var ts []transport
+		for _, n := range d.Nets {
+			ts = append(ts, transport{name: n.Name, stats: n.Transport,
+				kicks: []queueCount{{"rx", n.RxKicks}, {"tx", n.TxKicks}},
+				full:  []queueCount{{"rx", n.RxStalls}}})
+		}
+		return ts
+	},
+	families: func(w *promtext.Writer, d *DeviceMetrics) {
+		ns := d.Nets
+		name := func(n NetMetrics) string { return n.Name }
+		c := func(family, help string, f func(NetMetrics) uint64) { counter(w, family, help, ns, name, f) }
+		c("microvm_net_tx_frames_total", "Frames the guest sent to the TAP.", func(n NetMetrics) uint64 { return n.TxFrames })
+		c("microvm_net_rx_frames_total", "Frames from the TAP delivered to the guest.", func(n NetMetrics) uint64 { return n.RxFrames })
+		c("microvm_net_tx_bytes_total", "Bytes of the frames counted in microvm_net_tx_frames_total (virtio-net headers excluded).", func(n NetMetrics) uint64 { return n.TxBytes })
+		c("microvm_net_rx_bytes_total", "Bytes of the frames counted in microvm_net_rx_frames_total (virtio-net headers excluded).", func(n NetMetrics) uint64 { return n.RxBytes })
+		c("microvm_net_tx_errors_total", "Guest TX chains with a bad header or length: dropped (guest errors).", func(n NetMetrics) uint64 { return n.TxErrors })
+		c("microvm_net_tx_dropped_total", "Frames the TAP refused with an error other than EAGAIN.", func(n NetMetrics) uint64 { return n.TxDropped })
+		c("microvm_net_tx_stalls_total", "Writes that found the TAP full (retried when it drains, not dropped).", func(n NetMetrics) uint64 { return n.TxStalls })
+		c("microvm_net_rx_dropped_total", "TAP frames too large for any buffer the guest posted: dropped.", func(n NetMetrics) uint64 { return n.RxDropped })
+		c("microvm_net_rx_errors_total", "TAP reads that failed or returned a runt.", func(n NetMetrics) uint64 { return n.RxErrors })
+	},
+	flags: []Flag{
+		{Name: "net", Synopsis: "[--net tap=NAME[,mac=M]]...",
+			Usage: fmt.Sprintf("add a virtio-net device on host TAP NAME (attached, or created with CAP_NET_ADMIN), guest MAC M or a random one; repeatable, at most %d: tap=NAME[,mac=M]", MaxNets),
+			Set: func(c *Config, v string) error {
+				n, err := ParseNet(v)
+				if err != nil {
+					return err
+				}
+				if len(c.Nets) == MaxNets {
+					return fmt.Errorf("%w: --net: at most %d devices", ErrConfig, MaxNets)
+				}
+				c.Nets = append(c.Nets, n)
+				return nil
+			}},
+	},
+}

@@ -1,0 +1,135 @@
+package microvm
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestDiskConfig(t *testing.T) {
+	disk := DiskConfig{Path: "a.img"}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string // "" for valid
+		root string // rootCmdline of a valid config
+	}{
+		{name: "one disk", cfg: Config{Disks: []DiskConfig{disk}}},
+		{name: "root rw", cfg: Config{Disks: []DiskConfig{disk, disk}, Root: "/dev/vdb"}, root: "root=/dev/vdb rw"},
+		{name: "root ro", cfg: Config{Disks: []DiskConfig{{Path: "a", ReadOnly: true}}, Root: "/dev/vda"}, root: "root=/dev/vda ro"},
+		{name: "too many", cfg: Config{Disks: make([]DiskConfig, maxDisks+1)}, want: "disks; at most"},
+		{name: "no path", cfg: Config{Disks: []DiskConfig{{}}}, want: "no path"},
+		{name: "long serial", cfg: Config{Disks: []DiskConfig{{Path: "a", Serial: strings.Repeat("s", 21)}}}, want: "longer than 20"},
+		{name: "root not a disk", cfg: Config{Disks: []DiskConfig{disk}, Root: "/dev/vdb"}, want: "none of the disks"},
+		{name: "root without disks", cfg: Config{Root: "/dev/sda"}, want: "none of the disks"},
+		{name: "rng rate", cfg: Config{RNG: &RNGConfig{Rate: 1 << 31}}, want: "rng rate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Kernel = "k"
+			c, err := tc.cfg.withDefaults()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := c.rootCmdline(); got != tc.root {
+					t.Errorf("rootCmdline = %q; want %q", got, tc.root)
+				}
+				return
+			}
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("withDefaults: %v; want ErrConfig saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestNetConfigErrors: bad network devices are configuration errors,
+// reported before KVM or a TAP is opened.
+func TestNetConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		nets []NetConfig
+	}{
+		{"no tap", []NetConfig{{}}},
+		{"long name", []NetConfig{{TAP: "sixteen-bytes-xx"}}},
+		{"multicast mac", []NetConfig{{TAP: "t0", MAC: net.HardwareAddr{1, 0, 0x5e, 0, 0, 1}}}},
+		{"short mac", []NetConfig{{TAP: "t0", MAC: net.HardwareAddr{2, 0, 0}}}},
+		{"too many", []NetConfig{{TAP: "a"}, {TAP: "b"}, {TAP: "c"}, {TAP: "d"}, {TAP: "e"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(Config{Kernel: "/nonexistent", Nets: tc.nets})
+			if !errors.Is(err, ErrConfig) {
+				t.Errorf("New: %v, want ErrConfig", err)
+			}
+		})
+	}
+}
+
+func TestParseDisk(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want DiskConfig
+		bad  bool
+	}{
+		{in: "path=a.img", want: DiskConfig{Path: "a.img"}},
+		{in: "path=/x/a.img,readonly,serial=disk0", want: DiskConfig{Path: "/x/a.img", ReadOnly: true, Serial: "disk0"}},
+		{in: "serial=,path=a", want: DiskConfig{Path: "a"}},
+		{in: "a.img", bad: true},
+		{in: "path=", bad: true},
+		{in: "readonly", bad: true},
+		{in: "path=a,readonly=yes", bad: true},
+		{in: "path=a,cache=none", bad: true},
+	} {
+		got, err := ParseDisk(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("ParseDisk(%q) = %+v; want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("ParseDisk(%q): %v", tc.in, err)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("ParseDisk(%q) (-want +got):\n%s", tc.in, diff)
+		}
+	}
+}
+
+func TestParseNet(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		tap     string
+		mac     string
+		wantErr bool
+	}{
+		{in: "tap=tap0", tap: "tap0"},
+		{in: "tap=tap0,mac=02:00:00:00:00:01", tap: "tap0", mac: "02:00:00:00:00:01"},
+		{in: "mac=52:54:00:00:00:01,tap=vm-eth", tap: "vm-eth", mac: "52:54:00:00:00:01"},
+		{in: "", wantErr: true},
+		{in: "tap=", wantErr: true},
+		{in: "tap0", wantErr: true},
+		{in: "mac=02:00:00:00:00:01", wantErr: true},
+		{in: "tap=a,tap=b", wantErr: true},
+		{in: "tap=a,mac=01:00:5e:00:00:01", wantErr: true}, // multicast
+		{in: "tap=a,mac=02:00", wantErr: true},
+		{in: "tap=a,mtu=9000", wantErr: true},
+		{in: "tap=sixteen-bytes-xx", wantErr: true},
+		{in: "tap=a/b", wantErr: true},
+	} {
+		nc, err := ParseNet(tc.in)
+		if tc.wantErr {
+			if err == nil {
+				t.Errorf("ParseNet(%q) = %+v, want an error", tc.in, nc)
+			}
+			continue
+		}
+		if err != nil || nc.TAP != tc.tap || (tc.mac == "") != (nc.MAC == nil) || (nc.MAC != nil && nc.MAC.String() != tc.mac) {
+			t.Errorf("ParseNet(%q) = %+v, %v; want tap %q mac %q", tc.in, nc, err, tc.tap, tc.mac)
+		}
+	}
+}
