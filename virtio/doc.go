@@ -1,7 +1,9 @@
 // Package virtio is the device side of virtio 1.2 (OASIS virtio v1.2,
 // cs01): split virtqueues, the descriptor-chain walker, and the virtio-mmio
-// transport. Devices (package vsock) implement Device and receive activated
-// queues; they never see descriptors or registers.
+// transport (the vhost-user transport is virtio/vhostuser). Devices
+// (package vsock, devices/blk, devices/rng, devices/virtionet) implement
+// Device and receive activated queues; they never see descriptors or
+// registers.
 //
 // Data flow, guest to device: the driver fills descriptors and the available
 // ring (2.7.13), then writes QueueNotify (4.2.2). Under KVM that write is
@@ -26,8 +28,20 @@
 // status moves and register misuse are counted the same way. Nothing the guest
 // writes is trusted as an index, length or address before it is checked.
 //
-// Counters: MMIO.Stats counts guest errors by kind (GuestErrorKind:
-// register, features, queue, status, device), the interrupts raised
+// Guest errors are classified once for the transport and every device
+// (GuestErrorKind; each lists the kinds it reports, TransportGuestErrorKinds
+// here) and counted by one helper (GuestErrors: an atomic per kind, and
+// Report, which counts and logs).
+//
+// A device's life (Lifecycle): Activate starts a Session (the device's
+// workers for the driver's queues) unless one runs or the device is closed;
+// Reset stops the session outside the lock and waits for its workers; Close
+// refuses later activations and resets; Wait lets the host side wait for a
+// driver (vsock's host connects). Every device holds one, so the rules are
+// written once.
+//
+// Counters: MMIO.Stats counts guest errors by kind (register, features,
+// queue, status, device), the interrupts raised
 // (used-buffer and configuration-change), activations and driver resets.
 // They are atomics bumped next to work that already takes a lock or makes
 // a system call (an irqfd signal), so they cost nothing measurable; any
@@ -41,5 +55,6 @@
 // mutex; it calls Device.Activate and Device.Reset with that mutex held, so a
 // device must not call back into the transport from those methods except
 // through Activation.Fail, which only takes the transport's separate
-// interrupt lock. Lock order: MMIO.mu, then MMIO.irqMu.
+// interrupt lock. Lock order: MMIO.mu, then a device's Lifecycle.mu, then
+// MMIO.irqMu.
 package virtio

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -221,11 +220,7 @@ type Device struct {
 	// descriptor is used only by the active session's datagram worker.
 	dgram *dgramHost
 
-	mu      sync.Mutex // guards sess, ready and closing
-	sess    *session
-	ready   chan struct{} // closed while a session is active
-	closing bool
-	done    chan struct{} // closed by Close
+	life virtio.Lifecycle[*session] // the current activation
 }
 
 // New returns a device for cfg.
@@ -267,7 +262,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Options != nil {
 		opts = *cfg.Options
 	}
-	d := &Device{cfg: cfg, opts: opts, log: cfg.Log, ready: make(chan struct{}), done: make(chan struct{})}
+	d := &Device{cfg: cfg, opts: opts, log: cfg.Log, life: virtio.Lifecycle[*session]{Name: "vsock"}}
 	if cfg.Dgram {
 		h, err := openDgramHost(cfg.DgramUDS)
 		if err != nil {
@@ -367,11 +362,9 @@ func (d *Device) Stats() Stats {
 	}
 	st.GuestErrorsByKind = c.guestErrors.Counts()
 	st.GuestErrors = st.GuestErrorsByKind.Total()
-	d.mu.Lock()
-	if d.sess != nil {
-		st.BufferGranted = d.sess.budget.used.Load()
+	if s, ok := d.life.Current(); ok {
+		st.BufferGranted = s.budget.used.Load()
 	}
-	d.mu.Unlock()
 	return st
 }
 
@@ -384,85 +377,32 @@ func (d *Device) Activate(a virtio.Activation) error {
 	if a.Features&FeatureDgram != 0 && (len(a.Queues) <= QueueDgramTX || a.Queues[QueueDgramRX] == nil || a.Queues[QueueDgramTX] == nil) {
 		return fmt.Errorf("%w: vsock datagrams negotiated without the datagram rx and tx queues", virtio.ErrGuest)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.sess != nil {
-		return errors.New("vsock: activated twice without a reset")
-	}
-	if d.closing {
-		return errors.New("vsock: device closed")
-	}
-	s, err := newSession(d, a)
-	if err != nil {
-		return err
-	}
-	d.sess = s
-	s.start()
-	close(d.ready)
-	return nil
+	return d.life.Activate(func() (*session, error) {
+		s, err := newSession(d, a)
+		if err != nil {
+			return nil, err
+		}
+		s.start()
+		return s, nil
+	})
 }
 
 // Reset implements virtio.Device: it stops the workers, closes every host
 // connection and forgets the queues. The guest's queues are gone, so nothing
 // is sent to it.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	s := d.sess
-	d.sess = nil
-	if s != nil {
-		d.ready = make(chan struct{})
-	}
-	d.mu.Unlock()
-	if s != nil {
-		s.shutdown()
-	}
-}
+func (d *Device) Reset() { d.life.Reset() }
 
 // Close resets the device and refuses later activations; host clients
 // waiting for the guest are released.
 func (d *Device) Close() {
-	d.mu.Lock()
-	if !d.closing {
-		d.closing = true
-		close(d.done)
-	}
-	d.mu.Unlock()
-	d.Reset()
-	d.mu.Lock()
-	h := d.dgram
-	d.dgram = nil
-	d.mu.Unlock()
-	if h != nil {
-		h.close() // no session runs: Reset waited for its workers
+	if d.life.Close() && d.dgram != nil {
+		d.dgram.close() // no session runs, nor will: Close waited for its workers
 	}
 }
 
 // session waits until the device is active, or the deadline passes, and
 // returns the active session.
-func (d *Device) session(deadline time.Time) (*session, error) {
-	for {
-		d.mu.Lock()
-		s, ready, closing := d.sess, d.ready, d.closing
-		d.mu.Unlock()
-		if closing {
-			return nil, errors.New("vsock: device closed")
-		}
-		if s != nil {
-			return s, nil
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return nil, errors.New("vsock: the guest driver is not ready")
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ready:
-		case <-t.C:
-		case <-d.done:
-		}
-		t.Stop()
-	}
-}
+func (d *Device) session(deadline time.Time) (*session, error) { return d.life.Wait(deadline) }
 
 // ConnectFromHost starts a host-initiated connection to guest port port over
 // the connected host socket fd (the device takes ownership of fd, closing it

@@ -82,9 +82,10 @@
 //
 // # Locks
 //
-// Device.mu guards the active session; it is never held while a session
-// lock is taken (the MMIO transport calls Activate and Reset with its mu
-// held: MMIO.mu -> Device.mu). In a session: connMu guards the connection
+// The device's virtio.Lifecycle (Device.life) guards the active session;
+// its lock is never held while a session lock is taken, nor while the
+// session stops (the MMIO transport calls Activate and Reset with its mu
+// held: MMIO.mu -> Lifecycle.mu). In a session: connMu guards the connection
 // table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
 // buffered data and host descriptor); rxMu guards the RX queue, the ready
 // list, the RST queue and the event queue. Lock order: conn.mu -> connMu
@@ -323,8 +324,8 @@
 //
 // Every counter is an atomic in Device.ctr, bumped by the goroutine that
 // sees the event, with no lock and no map on the data path; Stats reads
-// them from any goroutine (and takes Device.mu only to read the budget in
-// use). Connection outcomes are counted where a connection ends:
+// them from any goroutine (and takes the Lifecycle's lock only to find the session whose budget
+// in use it reads). Connection outcomes are counted where a connection ends:
 // ConnsEstablished when it reaches stateEstablished, ConnsRefused for an
 // attempt that ends before (or never gets a table entry), ConnsReset for
 // an established connection ended by an RST other than the one that

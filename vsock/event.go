@@ -82,10 +82,8 @@ var ErrNotActive = errors.New("vsock: the guest driver is not using the device")
 // It returns ErrNotActive when no driver uses the device. Stats counts the
 // calls (TransportResets) and the events written (EventsSent).
 func (d *Device) ResetTransport() error {
-	d.mu.Lock()
-	s := d.sess
-	d.mu.Unlock()
-	if s == nil {
+	s, ok := d.life.Current()
+	if !ok {
 		return ErrNotActive
 	}
 	s.resetTransport()

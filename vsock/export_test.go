@@ -36,9 +36,7 @@ type Probe struct {
 // table order; the workers never hold two conn.mu, so this cannot deadlock
 // with them) so that the budget and the exposures are read consistently.
 func (d *Device) Probe() Probe {
-	d.mu.Lock()
-	s := d.sess
-	d.mu.Unlock()
+	s, _ := d.life.Current()
 	p := Probe{ConnsOpenStat: d.ctr.connsOpen.Load()}
 	if s == nil {
 		return p
@@ -126,9 +124,7 @@ func pollIn(fd int) bool {
 // a connect timeout of hours so that time never decides anything, and fire
 // the timers at a point of the input's choosing instead.
 func (d *Device) FireTimers() {
-	d.mu.Lock()
-	s := d.sess
-	d.mu.Unlock()
+	s, _ := d.life.Current()
 	if s == nil {
 		return
 	}

@@ -14,7 +14,7 @@ import (
 )
 
 // session is one activation of the device: the queues, the two workers and
-// the connections. A device reset ends the session (shutdown) and a new
+// the connections. A device reset ends the session (Stop) and a new
 // activation starts a fresh one.
 //
 // Goroutines: the TX worker (txLoop) owns the TX queue; the RX worker
@@ -163,8 +163,9 @@ func (s *session) start() {
 	}
 }
 
-// shutdown stops both workers, then closes every connection's host socket.
-func (s *session) shutdown() {
+// Stop implements virtio.Session: it stops both workers, then closes every
+// connection's host socket.
+func (s *session) Stop() {
 	_ = s.stopRX.Signal()
 	_ = s.stopTX.Signal()
 	if s.stopDgram != nil {
@@ -358,7 +359,7 @@ func (s *session) acceptedLocked(c *conn) bool {
 // releaseLocked lets go of what a connection the state machine closed
 // holds: its timer, its host socket (and epoll registration) and its
 // buffers, whose credit goes back to the device's budget. The caller
-// removes it from the table (removeConnLocked) unless shutdown did.
+// removes it from the table (removeConnLocked) unless Stop did.
 // Called with c.mu held.
 func (s *session) releaseLocked(c *conn) {
 	if c.timer != nil {

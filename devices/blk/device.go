@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
 	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
@@ -109,9 +108,7 @@ type Device struct {
 	id      [idLen]byte
 	ctr     counters
 
-	mu     sync.Mutex // guards sess and closed
-	sess   *session
-	closed bool
+	life virtio.Lifecycle[*session] // the current activation
 }
 
 // Configuration space layout (5.2.4), as far as the offered features use it.
@@ -155,7 +152,8 @@ func Open(cfg Config) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{cfg: cfg, log: cfg.Log, file: f, fd: int(f.Fd()), sectors: sectors}
+	d := &Device{cfg: cfg, log: cfg.Log, file: f, fd: int(f.Fd()), sectors: sectors,
+		life: virtio.Lifecycle[*session]{Name: "blk"}}
 	copy(d.id[:], cfg.Serial)
 	c := d.config[:]
 	binary.LittleEndian.PutUint64(c[cfgCapacity:], sectors)
@@ -272,45 +270,25 @@ func (d *Device) Activate(a virtio.Activation) error {
 	if len(a.Queues) < 1 || a.Queues[0] == nil {
 		return fmt.Errorf("%w: virtio-blk needs its request queue", virtio.ErrGuest)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return errors.New("blk: device closed")
-	}
-	if d.sess != nil {
-		return errors.New("blk: activated twice without a reset")
-	}
-	s, err := newSession(d, a)
-	if err != nil {
-		return err
-	}
-	d.sess = s
-	s.start()
-	return nil
+	return d.life.Activate(func() (*session, error) {
+		s, err := newSession(d, a)
+		if err != nil {
+			return nil, err
+		}
+		s.start()
+		return s, nil
+	})
 }
 
 // Reset implements virtio.Device: it stops taking requests, waits for those
 // in flight to finish (their I/O completes and they are returned to the
 // ring, as QEMU drains on reset), and forgets the queue.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	s := d.sess
-	d.sess = nil
-	d.mu.Unlock()
-	if s != nil {
-		s.shutdown()
-	}
-}
+func (d *Device) Reset() { d.life.Reset() }
 
 // Close resets the device, then unlocks and closes the image.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
+	if !d.life.Close() {
 		return nil
 	}
-	d.closed = true
-	d.mu.Unlock()
-	d.Reset()
 	return d.file.Close() // releases the flock
 }

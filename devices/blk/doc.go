@@ -62,9 +62,10 @@
 // to pop and to re-enable kicks, a worker to push and decide on an
 // interrupt; nothing else is taken under it except the transport's
 // interrupt lock inside ActiveQueue.Interrupt, which is called after
-// qmu is released. Device.mu guards the active session and is taken only
-// by Activate, Reset and Close (the MMIO transport calls the first two
-// with its mu held: MMIO.mu -> Device.mu -> nothing). Reset closes the
+// qmu is released. The device's virtio.Lifecycle guards the active session;
+// its lock is taken only by Activate, Reset and Close, and not while a
+// session stops (the MMIO transport calls the first two with its mu held:
+// MMIO.mu -> Lifecycle.mu -> nothing). Reset closes the
 // quit channel and signals the stop eventfd: the dispatcher stops popping
 // and closes the work channel, the workers finish the I/O of the requests
 // they hold (as QEMU drains in-flight requests on reset) but publish

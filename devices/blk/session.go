@@ -69,7 +69,9 @@ func (s *session) start() {
 
 // shutdown stops the dispatcher, lets the workers finish what is in flight,
 // and waits for all of them.
-func (s *session) shutdown() {
+// Stop implements virtio.Session: it stops taking requests and waits for
+// those in flight.
+func (s *session) Stop() {
 	close(s.quit)
 	_ = s.stop.Signal()
 	s.wg.Wait()

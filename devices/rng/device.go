@@ -1,9 +1,7 @@
 package rng
 
 import (
-	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,9 +66,7 @@ type Device struct {
 	requests, bytes, throttled, kicks atomic.Uint64
 	guestErrors                       virtio.GuestErrors
 
-	mu     sync.Mutex // guards w and closed
-	w      *worker
-	closed bool
+	life virtio.Lifecycle[*worker] // the worker of the current activation
 }
 
 // New returns a device for cfg.
@@ -93,7 +89,7 @@ func New(cfg Config) (*Device, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	return &Device{cfg: cfg, log: cfg.Log}, nil
+	return &Device{cfg: cfg, log: cfg.Log, life: virtio.Lifecycle[*worker]{Name: "rng"}}, nil
 }
 
 // Type implements virtio.Device.
@@ -128,47 +124,25 @@ func (d *Device) Activate(a virtio.Activation) error {
 	if len(a.Queues) < 1 || a.Queues[0] == nil {
 		return fmt.Errorf("%w: virtio-rng needs its request queue", virtio.ErrGuest)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return errors.New("rng: device closed")
-	}
-	if d.w != nil {
-		return errors.New("rng: activated twice without a reset")
-	}
-	stop, err := eventfd.NewNonblocking()
-	if err != nil {
-		return err
-	}
-	w := &worker{d: d, q: a.Queues[0], fail: a.Fail, stop: stop, done: make(chan struct{})}
-	if d.cfg.Rate > 0 {
-		w.bucket = newBucket(d.cfg.Rate, d.cfg.Burst, time.Now())
-	}
-	d.w = w
-	go w.run()
-	return nil
+	return d.life.Activate(func() (*worker, error) {
+		stop, err := eventfd.NewNonblocking()
+		if err != nil {
+			return nil, err
+		}
+		w := &worker{d: d, q: a.Queues[0], fail: a.Fail, stop: stop, done: make(chan struct{})}
+		if d.cfg.Rate > 0 {
+			w.bucket = newBucket(d.cfg.Rate, d.cfg.Burst, time.Now())
+		}
+		go w.run()
+		return w, nil
+	})
 }
 
 // Reset implements virtio.Device: it stops the worker and forgets the queue.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	w := d.w
-	d.w = nil
-	d.mu.Unlock()
-	if w != nil {
-		_ = w.stop.Signal()
-		<-w.done
-		w.stop.Close()
-	}
-}
+func (d *Device) Reset() { d.life.Reset() }
 
 // Close resets the device and refuses later activations.
-func (d *Device) Close() {
-	d.mu.Lock()
-	d.closed = true
-	d.mu.Unlock()
-	d.Reset()
-}
+func (d *Device) Close() { d.life.Close() }
 
 // worker serves one activation's request queue; it owns the queue.
 type worker struct {
@@ -181,6 +155,13 @@ type worker struct {
 	failed bool
 	chain  virtio.Chain
 	views  [][]byte
+}
+
+// Stop implements virtio.Session: it ends the worker and waits for it.
+func (w *worker) Stop() {
+	_ = w.stop.Signal()
+	<-w.done
+	w.stop.Close()
 }
 
 func (w *worker) run() {

@@ -37,8 +37,8 @@
 // # Goroutines and locks
 //
 // One worker per activation owns the request queue; Activate starts it,
-// Reset signals its stop eventfd and waits for it. Device.mu guards the
-// active worker and is taken by Activate, Reset and Close only (the MMIO
-// transport calls the first two with its own mu held: MMIO.mu ->
-// Device.mu). Stats are atomics, readable from any goroutine.
+// Reset signals its stop eventfd and waits for it. The device's
+// virtio.Lifecycle guards the active worker; its lock is taken by Activate,
+// Reset and Close only (the MMIO transport calls the first two with its own
+// mu held: MMIO.mu -> Lifecycle.mu). Stats are atomics, readable from any goroutine.
 package rng

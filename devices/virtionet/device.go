@@ -2,7 +2,6 @@ package virtionet
 
 import (
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -88,9 +87,7 @@ type Device struct {
 	log logrus.FieldLogger
 	ctr counters
 
-	mu     sync.Mutex // guards sess and closed
-	sess   *session
-	closed bool
+	life virtio.Lifecycle[*session] // the current activation
 }
 
 // New opens the TAP cfg.TAP and returns a device on it. The device owns
@@ -119,7 +116,7 @@ func newDevice(cfg Config, be backend) (*Device, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	d := &Device{cfg: cfg, be: be, log: cfg.Log}
+	d := &Device{cfg: cfg, be: be, log: cfg.Log, life: virtio.Lifecycle[*session]{Name: "virtio-net"}}
 	switch {
 	case cfg.MAC == nil:
 		if _, err := rand.Read(d.mac[:]); err != nil {
@@ -193,54 +190,34 @@ func (d *Device) Activate(a virtio.Activation) error {
 	if len(a.Queues) < 2 || a.Queues[QueueRX] == nil || a.Queues[QueueTX] == nil {
 		return fmt.Errorf("%w: virtio-net needs its receive and transmit queues", virtio.ErrGuest)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	switch {
-	case d.closed:
-		return errors.New("virtio-net: device closed")
-	case d.sess != nil:
-		return errors.New("virtio-net: activated twice without a reset")
-	}
-	if err := d.be.SetOffload(offloadFlags(a.Features)); err != nil {
-		return err
-	}
-	// Frames queued before this activation were offloaded for the
-	// previous driver's features: drop them. Bounded, as the TAP's queue.
-	var scratch [HeaderSize + MaxFrame]byte
-	for i := 0; i < 4096; i++ {
-		if _, err := unix.Read(d.be.FD(), scratch[:]); err != nil && err != unix.EINTR {
-			break
+	return d.life.Activate(func() (*session, error) {
+		if err := d.be.SetOffload(offloadFlags(a.Features)); err != nil {
+			return nil, err
 		}
-	}
-	s, err := newSession(d, a)
-	if err != nil {
-		return err
-	}
-	d.sess = s
-	s.start()
-	return nil
+		// Frames queued before this activation were offloaded for the
+		// previous driver's features: drop them. Bounded, as the TAP's queue.
+		var scratch [HeaderSize + MaxFrame]byte
+		for i := 0; i < 4096; i++ {
+			if _, err := unix.Read(d.be.FD(), scratch[:]); err != nil && err != unix.EINTR {
+				break
+			}
+		}
+		s, err := newSession(d, a)
+		if err != nil {
+			return nil, err
+		}
+		s.start()
+		return s, nil
+	})
 }
 
 // Reset implements virtio.Device: it stops the workers; a frame read from
 // the TAP but not yet delivered is dropped with the queues.
-func (d *Device) Reset() {
-	d.mu.Lock()
-	s := d.sess
-	d.sess = nil
-	d.mu.Unlock()
-	if s != nil {
-		s.stop()
-	}
-}
+func (d *Device) Reset() { d.life.Reset() }
 
 // Close resets the device, refuses later activations and closes the TAP.
 func (d *Device) Close() error {
-	d.mu.Lock()
-	already := d.closed
-	d.closed = true
-	d.mu.Unlock()
-	d.Reset()
-	if already {
+	if !d.life.Close() {
 		return nil
 	}
 	return d.be.Close()
@@ -278,7 +255,8 @@ func (s *session) start() {
 }
 
 // stop signals both workers, waits for them and closes their eventfds.
-func (s *session) stop() {
+// Stop implements virtio.Session: it ends both workers and waits for them.
+func (s *session) Stop() {
 	_ = s.stopRX.Signal()
 	_ = s.stopTX.Signal()
 	s.wg.Wait()

@@ -29,9 +29,10 @@
 // other: a full TAP stalls only TX, a guest without RX buffers stalls only
 // RX.
 //
-// Device.mu guards the active session and the closed flag; it is held by
-// Activate, Reset and Close only (the MMIO transport calls the first two
-// with its own mu held: MMIO.mu -> Device.mu). Reset signals each
+// The device's virtio.Lifecycle guards the active session and the closed
+// flag; its lock is held by Activate, Reset and Close only (the MMIO
+// transport calls the first two with its own mu held: MMIO.mu ->
+// Lifecycle.mu). Reset signals each
 // worker's stop eventfd and waits for both. There is no other lock.
 //
 // # A frame's path
