@@ -23,7 +23,6 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
@@ -101,8 +100,7 @@ type execOpts struct {
 	// devices holds the disks, the root disk, the rng and the network devices.
 	devices microvm.Config
 	log     logrus.FieldLogger
-	// root is --chroot's canonical path, or "": the directory of exec's
-	// vsock socket is made inside it.
+	// root is --chroot's canonical path, or "".
 	root string
 	// confine enters --chroot and installs the seccomp filter, between
 	// New and Run.
@@ -160,35 +158,36 @@ func binDir() string {
 }
 
 // runExec boots the VM, waits for the agent, runs the command and returns
-// its exit status as runInGuest does.
+// its exit status as runInGuest does. exec reaches the agent in-process
+// (Machine.DialVsock): the vsock device has no Unix socket, and nothing of
+// exec's lies in the file system once the VM is set up, so --chroot and
+// the seccomp filter need no room for it.
 func runExec(o *execOpts) error {
-	// With --chroot the directory (and the vsock socket in it, which exec
-	// dials to reach the agent) is inside the jail; jail.Path names it
-	// once there.
-	dir, err := os.MkdirTemp(o.root, "microvm-exec-")
-	if err != nil {
-		return err
-	}
-	defer func() { os.RemoveAll(jail.Path(dir)) }()
 	// With --root the guest boots from the disk, whose /init must be
-	// the agent; otherwise from the agent's initramfs.
+	// the agent; otherwise from the agent's initramfs, written to a
+	// temporary file that is removed once New has loaded it.
 	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
 	initrd := ""
 	if o.devices.Root != "" {
 		cmdline += " init=/init"
 	} else {
-		initrd = filepath.Join(dir, "initramfs.cpio")
+		f, err := os.CreateTemp("", "microvm-exec-*.cpio")
+		if err != nil {
+			return fmt.Errorf("exec: guest image: %w", err)
+		}
+		initrd = f.Name()
+		f.Close()
+		defer os.Remove(initrd) // gone already unless New failed
 		if err := writeImage(initrd, o.image); err != nil {
 			return fmt.Errorf("exec: guest image: %w", err)
 		}
 	}
-	uds := filepath.Join(dir, "v.sock")
 	console := &tailBuffer{max: consoleKeep}
 	m, err := microvm.New(microvm.Config{
 		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
 		Cmdline: cmdline,
 		Console: console, Log: o.log,
-		Vsock: &microvm.VsockConfig{CID: execCID, UDSPath: uds},
+		Vsock: &microvm.VsockConfig{CID: execCID},
 		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
 		MetricsSocket: o.devices.MetricsSocket,
 	})
@@ -197,11 +196,7 @@ func runExec(o *execOpts) error {
 	}
 	defer m.Close()
 	if initrd != "" {
-		// Loaded into guest memory by New. Removed now, the
-		// directory holds only the vsock sockets, which Close
-		// removes: RemoveAll then has an empty directory to remove,
-		// which the seccomp filter allows (unlinkat), where listing
-		// one (openat) is not.
+		// Loaded into guest memory by New.
 		if err := os.Remove(initrd); err != nil {
 			return fmt.Errorf("exec: %w", err)
 		}
@@ -223,7 +218,8 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
-	cc, err := waitAgent(ctx, jail.Path(uds), o.bootTimeout, vmDone)
+	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) },
+		o.bootTimeout, vmDone)
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
 			return serr
@@ -305,7 +301,7 @@ const vmEndGrace = 2 * time.Second
 // waitAgent connects to the agent once it answers (before it listens the
 // VMM refuses the CONNECT), giving up when the VM ends or the boot timeout
 // passes.
-func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
+func waitAgent(ctx context.Context, dial agentapi.DialFunc, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
 		fmt.Errorf("the guest agent did not answer on vsock port %d within %v", agentPort, timeout))
 	defer cancel()
@@ -316,7 +312,7 @@ func waitAgent(ctx context.Context, uds string, timeout time.Duration, vmDone <-
 		case <-ctx.Done():
 		}
 	}()
-	cc, err := agentapi.Connect(ctx, agentDialer(uds, agentPort))
+	cc, err := agentapi.Connect(ctx, dial)
 	select {
 	case <-vmDone:
 		if err != nil {

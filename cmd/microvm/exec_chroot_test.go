@@ -16,9 +16,9 @@ import (
 
 // TestExecChroot runs `microvm exec --chroot DIR` as its own process (so
 // the chroot and the seccomp filter apply) with a Linux guest: while the
-// command runs, the process's root is DIR; the command's output and status
-// come back through exec's vsock socket, which lives inside DIR; and once
-// exec is done it has left nothing behind in DIR.
+// command runs, the process's root is DIR; the command's input, output and
+// status travel through the in-process vsock dialer, which needs nothing
+// in DIR; and exec has left nothing behind in DIR.
 func TestExecChroot(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	if os.Geteuid() != 0 {
