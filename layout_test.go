@@ -1,0 +1,206 @@
+package microvm
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+)
+
+// The layout of the design card (docs/architecture.md): product packages
+// live under these top-level folders, or are the root package.
+var productRoots = []string{"cmd", "kvm", "devices", "virtio", "vsock", "guest", "internal"}
+
+// Tooling folders a Go project normally has; their packages may import
+// any product package, and no product package imports them.
+var toolingRoots = []string{"bench", "examples", "conformance"}
+
+// Folders at the top that hold no Go packages of the module's own.
+var otherRoots = []string{"docs", "scripts", "testdata", "build", "bin"}
+
+// maxRootFiles bounds the root package's product files: the embedding API,
+// kept to a handful.
+const maxRootFiles = 8
+
+// layoutRules says which top-level folders a package under each may not
+// import: lower layers never import higher ones. "." is the root package.
+// (internal/ holds packages of several floors and is checked by what
+// imports it, not by what it imports; nothing may import cmd/.)
+var layoutRules = map[string][]string{
+	"kvm":     {".", "cmd", "devices", "virtio", "vsock", "guest", "internal/vmm"},
+	"virtio":  {".", "cmd", "devices", "vsock", "guest", "internal/vmm"},
+	"devices": {".", "cmd", "vsock", "guest", "internal/vmm"},
+	"vsock":   {".", "cmd", "devices", "guest", "internal/vmm"},
+	".":       {"cmd", "guest"},
+	"guest":   {".", "cmd", "devices", "internal/vmm"},
+}
+
+// goPackage is what the layout rules need of `go list`.
+type goPackage struct {
+	ImportPath string
+	Dir        string
+	Imports    []string
+	GoFiles    []string
+}
+
+// rel is a package's path inside the module ("." for the root).
+func rel(module, path string) (string, bool) {
+	if path == module {
+		return ".", true
+	}
+	r, ok := strings.CutPrefix(path, module+"/")
+	return r, ok
+}
+
+// top is a module-relative path's top-level folder ("." for the root).
+func top(r string) string {
+	t, _, _ := strings.Cut(r, "/")
+	return t
+}
+
+// under says whether module-relative path r is folder f or below it.
+func under(r, f string) bool {
+	return r == f || strings.HasPrefix(r, f+"/") || (f == "." && r == ".")
+}
+
+// folder names a top-level folder (or deeper path) in messages.
+func folder(f string) string {
+	if f == "." {
+		return "the root package"
+	}
+	return f + "/"
+}
+
+// layoutViolations checks pkgs (the module's packages) against the rules
+// and returns one line per violation.
+func layoutViolations(module string, pkgs []goPackage) []string {
+	var bad []string
+	in := func(s string, list []string) bool {
+		for _, x := range list {
+			if s == x {
+				return true
+			}
+		}
+		return false
+	}
+	for _, p := range pkgs {
+		r, ok := rel(module, p.ImportPath)
+		if !ok {
+			continue
+		}
+		t := top(r)
+		if r != "." && !in(t, productRoots) && !in(t, toolingRoots) {
+			bad = append(bad, fmt.Sprintf("package %s lies outside the card's folders (%s) and the tooling folders (%s)",
+				r, strings.Join(productRoots, ", "), strings.Join(toolingRoots, ", ")))
+		}
+		if r == "." && len(p.GoFiles) > maxRootFiles {
+			bad = append(bad, fmt.Sprintf("the root package has %d product files (%s); keep it to %d", len(p.GoFiles), strings.Join(p.GoFiles, ", "), maxRootFiles))
+		}
+		for _, imp := range p.Imports {
+			ir, ok := rel(module, imp)
+			if !ok {
+				continue
+			}
+			if top(ir) == "cmd" {
+				bad = append(bad, fmt.Sprintf("%s imports %s: nothing imports cmd/", r, ir))
+			}
+			if !in(t, toolingRoots) && in(top(ir), toolingRoots) {
+				bad = append(bad, fmt.Sprintf("%s imports %s: product code does not import tooling", r, ir))
+			}
+			for _, no := range layoutRules[t] {
+				if no != "cmd" && under(ir, no) {
+					bad = append(bad, fmt.Sprintf("%s imports %s: %s may not import %s (a lower layer imports a higher one)", r, ir, folder(t), folder(no)))
+				}
+			}
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// TestLayout: every package of the module sits where the design card puts
+// it and imports only what lies below it (docs/architecture.md), and the
+// repository's top level holds the card's folders and the tooling folders
+// only.
+func TestLayout(t *testing.T) {
+	out, err := exec.Command("go", "list", "-json", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []goPackage
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p goPackage
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages; want the whole module", len(pkgs))
+	}
+	for _, v := range layoutViolations("github.com/microvm/microvm", pkgs) {
+		t.Error(v)
+	}
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := append(append(append([]string{}, productRoots...), toolingRoots...), otherRoots...)
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		ok := false
+		for _, a := range allowed {
+			ok = ok || e.Name() == a
+		}
+		if !ok {
+			t.Errorf("top-level folder %s/ is none of the card's (%s) or the tooling folders (%s)",
+				e.Name(), strings.Join(productRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
+		}
+	}
+}
+
+// TestLayoutViolations: the checker catches each kind of violation (so
+// TestLayout can fail), and accepts a graph that keeps the rules.
+func TestLayoutViolations(t *testing.T) {
+	const m = "example.com/vmm"
+	good := []goPackage{
+		{ImportPath: m, GoFiles: []string{"a.go"}, Imports: []string{m + "/vsock", m + "/internal/vmm"}},
+		{ImportPath: m + "/cmd/x", Imports: []string{m, m + "/guest/agentapi"}},
+		{ImportPath: m + "/internal/vmm", Imports: []string{m + "/devices", m + "/kvm"}},
+		{ImportPath: m + "/devices/blk", Imports: []string{m + "/virtio", m + "/kvm/eventfd"}},
+		{ImportPath: m + "/bench/y", Imports: []string{m, m + "/vsock"}},
+	}
+	if v := layoutViolations(m, good); len(v) != 0 {
+		t.Errorf("a good graph: %q", v)
+	}
+	for _, tc := range []struct {
+		name string
+		pkg  goPackage
+		want string
+	}{
+		{"outside", goPackage{ImportPath: m + "/loader"}, "outside the card's folders"},
+		{"kvm imports a device", goPackage{ImportPath: m + "/kvm", Imports: []string{m + "/devices"}}, "kvm/ may not import devices/"},
+		{"virtio imports vsock", goPackage{ImportPath: m + "/virtio", Imports: []string{m + "/vsock"}}, "virtio/ may not import vsock/"},
+		{"device imports the root", goPackage{ImportPath: m + "/devices/rng", Imports: []string{m}}, "devices/ may not import the root package"},
+		{"device imports vmm", goPackage{ImportPath: m + "/devices/rng", Imports: []string{m + "/internal/vmm"}}, "devices/ may not import internal/vmm/"},
+		{"vsock imports a device", goPackage{ImportPath: m + "/vsock", Imports: []string{m + "/devices/blk"}}, "vsock/ may not import devices/"},
+		{"root imports guest", goPackage{ImportPath: m, Imports: []string{m + "/guest/agent"}}, "the root package may not import guest/"},
+		{"imports cmd", goPackage{ImportPath: m + "/bench/z", Imports: []string{m + "/cmd/x"}}, "nothing imports cmd/"},
+		{"product imports tooling", goPackage{ImportPath: m + "/internal/q", Imports: []string{m + "/bench/y"}}, "product code does not import tooling"},
+		{"root too big", goPackage{ImportPath: m, GoFiles: make([]string, maxRootFiles+1)}, "keep it to"},
+	} {
+		v := layoutViolations(m, append(append([]goPackage{}, good...), tc.pkg))
+		if len(v) != 1 || !strings.Contains(v[0], tc.want) {
+			t.Errorf("%s: %q; want one violation saying %q", tc.name, v, tc.want)
+		}
+	}
+}
