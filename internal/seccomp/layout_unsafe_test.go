@@ -27,11 +27,18 @@ func TestLayouts(t *testing.T) {
 	var d seccompData
 	var si sigsysInfo
 	var act kernelSigaction
+	var iov iovec
+	name := syscallNames[0]
 	tests := []struct {
 		name      string
 		got, want uintptr
 	}{
 		{"sizeof(struct seccomp_data)", unsafe.Sizeof(d), sizeofData},
+		{"sizeof(struct iovec)", unsafe.Sizeof(iov), 16},
+		{"iovec.iov_len", unsafe.Offsetof(iov.len), 8},
+		{"sizeof(a Go string header), read as an iovec by the SIGSYS handler", unsafe.Sizeof(name), 16},
+		{"a string header's data, at iov_base", uintptr(unsafe.Pointer(unsafe.StringData(name))), (*[2]uintptr)(unsafe.Pointer(&name))[0]},
+		{"a string header's length, at iov_len", uintptr(len(name)), (*[2]uintptr)(unsafe.Pointer(&name))[1]},
 		{"seccomp_data.nr", unsafe.Offsetof(d.Nr), offNr},
 		{"seccomp_data.arch", unsafe.Offsetof(d.Arch), offArch},
 		{"seccomp_data.instruction_pointer", unsafe.Offsetof(d.IP), offIP},

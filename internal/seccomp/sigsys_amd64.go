@@ -2,26 +2,43 @@ package seccomp
 
 import (
 	"fmt"
-	"strconv"
+
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
 
-// The SIGSYS handler (sigsys_amd64.s) reports a forbidden call from this
-// table: one line per system call number, prepared by prepareReport before
-// the filter is installed and only read after (about 90 KiB). Each entry is
-// a length byte and the line's text.
+// The SIGSYS handler (sigsys_amd64.s) reports a forbidden call with one
+// writev(2) of four pieces: the head, the call's name from syscallNames (a
+// Go string header is laid out as a struct iovec), its number, which the
+// handler formats itself into sigsysNum, and the tail. A SIGSYS it cannot
+// name a call for gets one prepared line (sigsysOther). prepareReport
+// fills these before the filter is installed; after that only the handler
+// touches them: a few hundred bytes, where a prepared line per call took
+// 90 KiB of every run's memory.
 const (
-	sigsysLineSize  = 192
-	sigsysEntries   = len(syscallNames) // numbers 0..sigsysEntries-1 have their own line
-	sigsysUnknown   = sigsysEntries     // a number outside the table, an x32 number or another architecture's call
-	sigsysNotFilter = sigsysEntries + 1 // a SIGSYS the filter did not send (kill -SYS)
-	siCodeSeccomp   = 1                 // SYS_SECCOMP, siginfo.si_code of the filter's SIGSYS
+	sigsysEntries  = len(syscallNames) // numbers 0..sigsysEntries-1 have a name (or sigsysNoName)
+	sigsysTextSize = 256               // room for a head, a tail or a whole other line
+	sigsysNumSize  = 16                // room for " (" + a 32-bit number + ")"
+	siCodeSeccomp  = 1                 // SYS_SECCOMP, siginfo.si_code of the filter's SIGSYS
 )
 
-// sigsysLines is the handler's table (see above).
-var sigsysLines [sigsysEntries + 2][sigsysLineSize]byte
+// iovec mirrors struct iovec (include/uapi/linux/uio.h): base and length.
+// Size checked in layout_unsafe_test.go, with a Go string header's.
+type iovec struct {
+	base *byte
+	len  uint64
+}
+
+// The handler's pieces (see above).
+var (
+	sigsysIov              [4]iovec // head, name, number, tail
+	sigsysHead, sigsysTail [sigsysTextSize]byte
+	sigsysNum              [sigsysNumSize]byte // written by the handler
+	sigsysOther            [2]iovec            // a SIGSYS the filter did not send; a call outside the table
+	sigsysOtherText        [2][sigsysTextSize]byte
+	sigsysNoName           = "syscall" // for a number the table has no name for
+)
 
 // sigsysReporting is set (XCHG) by the first thread in the handler: the
 // one that reports. installHandler clears it; after that only the handler
@@ -51,8 +68,8 @@ func installHandler(o Options) error {
 	return nil
 }
 
-// prepareReport writes the handler's table: for each system call number
-// the line reporting it, and the two lines for calls it cannot name.
+// prepareReport writes the handler's pieces: the head and tail of a
+// report, and the two lines for a SIGSYS it cannot name a call for.
 func prepareReport(o Options) error {
 	end := "; stopped\n"
 	if o.Hint != "" {
@@ -62,22 +79,27 @@ func prepareReport(o Options) error {
 	if o.Prefix != "" {
 		head = o.Prefix + ": seccomp: "
 	}
-	start := head + "forbidden system call "
-	set := func(i int, s string) error {
-		if len(s) >= sigsysLineSize {
-			return fmt.Errorf("seccomp: report line %q longer than %d bytes (shorten Options.Prefix or Hint)", s, sigsysLineSize-1)
+	set := func(buf *[sigsysTextSize]byte, iov *iovec, s string) error {
+		if len(s) > len(buf) {
+			return fmt.Errorf("seccomp: report text %q longer than %d bytes (shorten Options.Prefix or Hint)", s, len(buf))
 		}
-		sigsysLines[i][0] = byte(len(s))
-		copy(sigsysLines[i][1:], s)
+		n := copy(buf[:], s)
+		*iov = iovec{base: &buf[0], len: uint64(n)}
 		return nil
 	}
-	for nr := range sigsysEntries {
-		if err := set(nr, start+Name(nr)+" ("+strconv.Itoa(nr)+")"+end); err != nil {
+	for _, p := range []struct {
+		buf  *[sigsysTextSize]byte
+		iov  *iovec
+		text string
+	}{
+		{&sigsysHead, &sigsysIov[0], head + "forbidden system call "},
+		{&sigsysTail, &sigsysIov[3], end},
+		{&sigsysOtherText[0], &sigsysOther[0], head + "SIGSYS sent by another process" + end},
+		{&sigsysOtherText[1], &sigsysOther[1], head + "forbidden system call outside the x86-64 table (an x32 or another architecture's call)" + end},
+	} {
+		if err := set(p.buf, p.iov, p.text); err != nil {
 			return err
 		}
 	}
-	if err := set(sigsysUnknown, start+"outside the x86-64 table (an x32 or another architecture's call)"+end); err != nil {
-		return err
-	}
-	return set(sigsysNotFilter, head+"SIGSYS sent by another process"+end)
+	return nil
 }
