@@ -341,7 +341,7 @@ func (m *Machine) setupDevices() error {
 		return err
 	}
 	m.closers = append(m.closers, irq.Close)
-	if err := m.vm.RegisterIRQFD(irq.FD(), devices.COM1IRQ); err != nil {
+	if err := m.registerIRQFD(irq.FD(), devices.COM1IRQ); err != nil {
 		return err
 	}
 	m.serial = devices.NewSerial(m.cfg.Console, func() { _ = irq.Signal() })
