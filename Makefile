@@ -1,6 +1,7 @@
 # microvm: build, demo, test and benchmark.
 #
-#   make              bin/microvm (static) and bin/testguest
+#   make              bin/microvm and bin/microvm-full (static), bin/microvm-agent,
+#                     bin/testguest
 #   make run          the demo: the test guest, then Linux with the guest agent
 #                     (commands and a gRPC call over vsock)
 #   make test-net     TestNetLinux alone (make test runs it too; docs/net.md)
@@ -42,15 +43,22 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
-all: bin/microvm bin/microvm-agent bin/testguest
+all: bin/microvm bin/microvm-full bin/microvm-agent bin/testguest
 
 # go build is incremental, so the target is always handed to it.
+# bin/microvm is the lean build of the CLI: `run` and `version`, handing
+# every other command to bin/microvm-full, the full build, beside it
+# (cmd/microvm/handoff.go; docs/benchmarks.md, "Start-up").
+LEAN_TAGS := microvm_lean,urfave_cli_no_docs
 bin/microvm:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./cmd/microvm
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags $(LEAN_TAGS) -o $@ ./cmd/microvm
+
+bin/microvm-full:
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags urfave_cli_no_docs -o $@ ./cmd/microvm
 
 # The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
 bin/microvm-agent:
@@ -145,7 +153,7 @@ test-net: all build/nettest kernel
 test-summary:
 	@scripts/test-summary $(RECORD)
 
-guest-test: bin/testguest bin/microvm
+guest-test: bin/testguest bin/microvm bin/microvm-full
 	$(MAKE) -C guest/testguest test qemu-test irq-test OUT=$(CURDIR)/bin/testguest MICROVM=$(CURDIR)/bin/microvm
 
 kernel:
@@ -170,7 +178,7 @@ kvmbox: deps-test
 # built by the tests; about 10 s (30 s with a cold build cache). go-test leaves
 # it to this target (MICROVM_CONFORMANCE=off). Under CI=true a missing kernel
 # or QEMU fails it.
-conformance: deps-test kernel initramfs bin/microvm
+conformance: deps-test kernel initramfs bin/microvm bin/microvm-full
 	$(TEST_ENV) $(GO) test -count=1 -timeout 10m ./conformance
 
 # --- fuzzing -------------------------------------------------------------------
@@ -206,7 +214,7 @@ bench-boot: deps-test all
 # boot Linux (none, or PVM) it runs in the nested-KVM box, at TCG speed: a
 # functional comparison there, not boot times.
 LINUXBOOT_RUNS ?= 5
-bench-linux-boot: bin/microvm kernel initramfs
+bench-linux-boot: bin/microvm bin/microvm-full kernel initramfs
 	CGO_ENABLED=0 $(GO) build -o build/bench/linuxboot ./bench/linuxboot
 	@if build/bench/linuxboot -host-check; then \
 		build/bench/linuxboot -n $(LINUXBOOT_RUNS) -json build/bench/linuxboot.json; \
@@ -246,7 +254,7 @@ build/bench/iobench:
 	CGO_ENABLED=0 $(GO) build -o build/bench/iobench-guest ./bench/iobench/guest
 	CGO_ENABLED=0 $(GO) build -o build/bench/iobench ./bench/iobench
 .PHONY: build/bench/iobench
-bench-blk bench-net: bench-%: bin/microvm kernel build/bench/iobench
+bench-blk bench-net: bench-%: bin/microvm bin/microvm-full kernel build/bench/iobench
 	@if build/bench/iobench $* -host-check; then \
 		build/bench/iobench $* $(IOBENCH_ARGS) -json $(CURDIR)/build/bench/$*.json; \
 	else \
@@ -267,7 +275,7 @@ bench-vsock: all
 # BENCH_DEVICE_FLAGS passes more flags (-pairs, -dur, -mode poll, -quick).
 PEER ?=
 BENCH_DEVICE_FLAGS ?=
-bench-device: bin/microvm
+bench-device: bin/microvm bin/microvm-full
 	$(GO) build -o build/bench/vhostuser ./bench/vhostuser
 	build/bench/vhostuser -microvm bin/microvm -peer "$(PEER)" -json build/bench/device.json \
 		-runs-json build/bench/device-runs.json $(BENCH_DEVICE_FLAGS)

@@ -37,11 +37,11 @@
 // bus and for the paravirtual waits; per virtio device, its transport's
 // virtio.TransportStats and the device's own Stats. WritePrometheus writes
 // a snapshot in the Prometheus text format; with Config.MetricsSocket, New
-// starts a server of it (internal/metricsrv: net/http's accept goroutine
-// and one goroutine per client connection, each serving
-// Machine.MetricsHandler); Close stops it first and waits for its
-// goroutines, so no handler outlives Close. The server's mutex (guarding
-// its closed flag) is a leaf.
+// starts a server of it (internal/metricsrv: an accept goroutine and one
+// goroutine per client connection, each writing a snapshot); Close stops
+// it first and waits for its goroutines, so no snapshot outlives Close.
+// The server's mutex (guarding its closed flag and connections) is a
+// leaf.
 //
 // In-process vsock (vsock.go): DialVsock hands one end of a socket pair
 // to the vsock device on a short-lived goroutine of its own (it ends by the

@@ -92,7 +92,7 @@ func (m *Machine) build() error {
 		return err
 	}
 	if p := m.cfg.MetricsSocket; p != "" {
-		if m.metricsSrv, err = metricsrv.Start(p, m.MetricsHandler(), m.log); err != nil {
+		if m.metricsSrv, err = metricsrv.Start(p, m.writeMetrics, m.log); err != nil {
 			return err
 		}
 	}

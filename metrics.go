@@ -2,12 +2,10 @@ package microvm
 
 import (
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/internal/vmm"
 	"github.com/microvm/microvm/kvm"
@@ -91,12 +89,18 @@ func (m *Machine) Metrics() Metrics {
 	return out
 }
 
-// MetricsHandler serves GET (and HEAD) requests with Metrics in the
-// Prometheus text exposition format, version 0.0.4, for an embedder's own
-// HTTP server (Config.MetricsSocket serves it at /metrics).
-func (m *Machine) MetricsHandler() http.Handler {
-	return metricsrv.Handler(func(w io.Writer) error { return m.Metrics().WritePrometheus(w) })
-}
+// MetricsContentType is the HTTP Content-Type of WritePrometheus's output.
+// An embedder serving metrics from its own HTTP server sets it and writes
+// a snapshot:
+//
+//	w.Header().Set("Content-Type", microvm.MetricsContentType)
+//	m.Metrics().WritePrometheus(w)
+//
+// (Config.MetricsSocket serves the same at /metrics.)
+const MetricsContentType = promtext.ContentType
+
+// writeMetrics writes a snapshot for the metrics server.
+func (m *Machine) writeMetrics(w io.Writer) error { return m.Metrics().WritePrometheus(w) }
 
 // exitLabels are the exit reasons every vCPU reports, zero or not, so a
 // rate can be taken from the first scrape on; others appear once seen.

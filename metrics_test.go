@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -468,14 +469,14 @@ func TestMetricsServer(t *testing.T) {
 	m := bareMachine()
 	path := filepath.Join(shortDir(t), "m.sock")
 	entered, release := make(chan struct{}), make(chan struct{})
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Has("slow") {
+	var slow atomic.Bool
+	s, err := metricsrv.Start(path, func(w io.Writer) error {
+		if slow.Load() {
 			close(entered)
 			<-release
 		}
-		m.MetricsHandler().ServeHTTP(w, r)
-	})
-	s, err := metricsrv.Start(path, slow, quietLog())
+		return m.writeMetrics(w)
+	}, quietLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -519,9 +520,10 @@ func TestMetricsServer(t *testing.T) {
 	}
 
 	// A request in flight holds close until it finishes.
+	slow.Store(true)
 	got := make(chan error, 1)
 	go func() {
-		resp, err := c.Get("http://microvm/metrics?slow=1")
+		resp, err := c.Get("http://microvm/metrics")
 		if err == nil {
 			_, err = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -573,7 +575,7 @@ func TestMetricsSocketErrors(t *testing.T) {
 		{"a live socket", live, "in use by another process"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := metricsrv.Start(tc.path, bareMachine().MetricsHandler(), quietLog())
+			_, err := metricsrv.Start(tc.path, bareMachine().writeMetrics, quietLog())
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "metrics socket") {
 				t.Errorf("metricsrv.Start(%s): %v, want an error containing %q", tc.path, err, tc.want)
 			}

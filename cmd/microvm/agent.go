@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -24,7 +26,7 @@ import (
 func agentCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "agent",
-		Usage:        "talk to the guest agent of a running VM through its vsock Unix socket",
+		Usage:        agentUsage,
 		UsageText:    "microvm agent exec|cp --uds PATH [flags] ...",
 		OnUsageError: onUsageError,
 		Subcommands: []*cli.Command{

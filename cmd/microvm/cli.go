@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -90,6 +92,37 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			},
 		},
 	}
+}
+
+// concatFlags joins flag lists.
+func concatFlags(lists ...[]cli.Flag) []cli.Flag {
+	var all []cli.Flag
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	return all
+}
+
+// binDir is the directory of the running microvm binary, where the default
+// agent and kernel are looked for.
+func binDir() string {
+	exe, _ := os.Executable()
+	return filepath.Dir(exe)
+}
+
+// isSet says whether the command line gave the flag name. It stands in for
+// urfave/cli's Context.IsSet, which looks an unset flag up through every
+// flag's Names, each running a regexp: on `run` that was half of
+// start-up's allocations, and the regexp engine's code on the start-up
+// path (docs/benchmarks.md, "Start-up"). LocalFlagNames visits only the
+// flags given.
+func isSet(c *cli.Context, name string) bool {
+	for _, n := range c.LocalFlagNames() {
+		if n == name {
+			return true
+		}
+	}
+	return false
 }
 
 // onUsageError turns flag parsing errors into usage errors (exit status 2)
@@ -208,11 +241,11 @@ func runConfig(c *cli.Context) (microvm.Config, error) {
 	if err := readDeviceFlags(c, &cfg); err != nil {
 		return cfg, err
 	}
-	if c.IsSet("vsock-opt") && !c.IsSet("vsock-cid") {
+	if isSet(c, "vsock-opt") && !isSet(c, "vsock-cid") {
 		return cfg, usagef("--vsock-opt needs a vsock device (--vsock-cid and --vsock-uds)")
 	}
-	if c.IsSet("vsock-cid") || c.IsSet("vsock-uds") {
-		if !c.IsSet("vsock-cid") || !c.IsSet("vsock-uds") {
+	if isSet(c, "vsock-cid") || isSet(c, "vsock-uds") {
+		if !isSet(c, "vsock-cid") || !isSet(c, "vsock-uds") {
 			return cfg, usagef("--vsock-cid and --vsock-uds go together")
 		}
 		lim, err := readVsockLimits(c, "vsock-")
@@ -275,7 +308,7 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 	}
 	// Left unset, the device's default: 64M, or more when max-conns
 	// connections' minimum windows need it.
-	if c.IsSet(prefix + "buffer-total") {
+	if isSet(c, prefix+"buffer-total") {
 		if least := vsock.MinMaxBuffered(lim.maxConns, lim.connBuffer); total < least {
 			return lim, usagef("--%sbuffer-total %q: below --%smax-conns %d times the minimum window each connection is sure of (%d bytes): want at least %d bytes",
 				prefix, c.String(prefix+"buffer-total"), prefix, lim.maxConns, least/uint64(lim.maxConns), least)

@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -9,8 +11,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/microvm/microvm/vsock/hybrid"
 	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // connectCommand is a host-side client for the vsock Unix socket: it
@@ -20,7 +23,7 @@ import (
 func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vsock-connect",
-		Usage:        "connect stdin/stdout to a guest vsock port through the VM's Unix socket",
+		Usage:        connectUsage,
 		UsageText:    "microvm vsock-connect --uds PATH --port N",
 		OnUsageError: onUsageError,
 		Flags: []cli.Flag{
@@ -32,7 +35,7 @@ func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if c.NArg() > 0 {
 				return usagef("vsock-connect: unexpected argument %q", c.Args().First())
 			}
-			if c.String("uds") == "" || !c.IsSet("port") || c.Uint64("port") > 0xfffffffe {
+			if c.String("uds") == "" || !isSet(c, "port") || c.Uint64("port") > 0xfffffffe {
 				return usagef("vsock-connect: --uds PATH and --port N (0..4294967294) are required")
 			}
 			return vsockConnect(c.String("uds"), uint32(c.Uint64("port")), c.Duration("timeout"), stdin, stdout)

@@ -54,7 +54,7 @@ func deviceSynopsis() string {
 // cfg: the kinds' defaults first, then each flag's values in order.
 func readDeviceFlags(c *cli.Context, cfg *microvm.Config) error {
 	cfg.MetricsSocket = c.String("metrics-socket")
-	if c.IsSet("metrics-socket") && cfg.MetricsSocket == "" {
+	if isSet(c, "metrics-socket") && cfg.MetricsSocket == "" {
 		return usagef("--metrics-socket needs a path")
 	}
 	if err := microvm.CheckMetricsSocket(cfg.MetricsSocket); err != nil {
@@ -77,7 +77,7 @@ func readDeviceFlags(c *cli.Context, cfg *microvm.Config) error {
 			}
 		}
 	}
-	return microvm.FinishDeviceFlags(cfg, c.IsSet)
+	return microvm.FinishDeviceFlags(cfg, func(name string) bool { return isSet(c, name) })
 }
 
 // onOff is a flag that is on when given alone and takes on/off (or

@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -7,11 +9,9 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -40,7 +40,7 @@ const (
 func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "exec",
-		Usage:        "run a command in a fresh VM through the guest agent",
+		Usage:        execUsage,
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
 			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]",
@@ -78,15 +78,6 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			return runExec(o)
 		},
 	}
-}
-
-// concatFlags joins flag lists.
-func concatFlags(lists ...[]cli.Flag) []cli.Flag {
-	var all []cli.Flag
-	for _, l := range lists {
-		all = append(all, l...)
-	}
-	return all
 }
 
 // execOpts is a checked exec command line.
@@ -137,7 +128,7 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if err := chrootPath(o.root, &o.devices.MetricsSocket, "--metrics-socket"); err != nil {
 		return nil, err
 	}
-	if o.devices.Root != "" && c.IsSet("add") {
+	if o.devices.Root != "" && isSet(c, "add") {
 		return nil, usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
 	}
 	o.kernel = c.String("kernel")
@@ -148,13 +139,6 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		o.kernel = filepath.Join(binDir(), "..", "build", "kernel", "bzImage")
 	}
 	return o, nil
-}
-
-// binDir is the directory of the running microvm binary, where the default
-// agent and kernel are looked for.
-func binDir() string {
-	exe, _ := os.Executable()
-	return filepath.Dir(exe)
 }
 
 // runExec boots the VM, waits for the agent, runs the command and returns
@@ -413,43 +397,6 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		return statusError{int(st.Code)}
 	}
 	return nil
-}
-
-// caughtSignal is the cause of a context that interruptible cancelled.
-type caughtSignal struct{ sig syscall.Signal }
-
-func (c caughtSignal) Error() string { return "stopped by " + c.sig.String() }
-
-// interruptible returns a copy of parent that a SIGINT or SIGTERM cancels
-// with cause caughtSignal, and a function that stops catching them and
-// cancels the copy. The goroutine it starts ends with the copy.
-func interruptible(parent context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(parent)
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	go func() {
-		select {
-		case s := <-sigs:
-			sig, _ := s.(syscall.Signal)
-			cancel(caughtSignal{sig})
-		case <-ctx.Done():
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(sigs)
-		cancel(nil)
-	}
-}
-
-// signalStatus returns statusError{128+N} when signal N cancelled ctx (see
-// interruptible), and nil otherwise.
-func signalStatus(ctx context.Context, log logrus.FieldLogger) error {
-	var cs caughtSignal
-	if !errors.As(context.Cause(ctx), &cs) {
-		return nil
-	}
-	log.Warnf("stopped by %v", cs.sig)
-	return statusError{128 + int(cs.sig)}
 }
 
 // tailBuffer keeps the last max bytes written to it.

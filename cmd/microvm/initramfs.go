@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -15,7 +17,7 @@ import (
 func initramfsCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "initramfs",
-		Usage:        "write the guest image exec boots: the agent as /init, busybox and added files",
+		Usage:        initramfsUsage,
 		UsageText:    "microvm initramfs -o OUT [--agent PATH] [--busybox PATH] [--add SRC:DST]...",
 		OnUsageError: onUsageError,
 		Flags: concatFlags([]cli.Flag{

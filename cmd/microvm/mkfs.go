@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -16,7 +18,7 @@ import (
 func mkfsCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "mkfs",
-		Usage:        "build an ext4 disk image from a directory (mkfs.ext4 -d, from e2fsprogs)",
+		Usage:        mkfsUsage,
 		UsageText:    "microvm mkfs -o IMAGE --size SIZE DIR",
 		OnUsageError: onUsageError,
 		Flags: []cli.Flag{

@@ -79,10 +79,10 @@ type identity struct {
 }
 
 func readPrivilegeFlags(c *cli.Context) (identity, error) {
-	if !c.IsSet("uid") && !c.IsSet("gid") {
+	if !isSet(c, "uid") && !isSet(c, "gid") {
 		return identity{}, nil
 	}
-	if !c.IsSet("uid") || !c.IsSet("gid") {
+	if !isSet(c, "uid") || !isSet(c, "gid") {
 		return identity{}, usagef("--uid and --gid go together")
 	}
 	uid, gid := c.Int64("uid"), c.Int64("gid")
@@ -128,7 +128,7 @@ func chrootFlag() cli.Flag {
 // readChroot checks --chroot and returns its directory's canonical host
 // path, or "" when it was not given.
 func readChroot(c *cli.Context) (string, error) {
-	if !c.IsSet("chroot") {
+	if !isSet(c, "chroot") {
 		return "", nil
 	}
 	dir, err := jail.Dir(c.String("chroot"))

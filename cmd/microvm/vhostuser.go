@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (
@@ -24,7 +26,7 @@ import (
 func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
-		Usage:        "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user",
+		Usage:        vhostUserUsage,
 		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--metrics-socket PATH] [--chroot DIR] [--seccomp=off]",
 		OnUsageError: onUsageError,
 		Flags: append(append([]cli.Flag{
@@ -71,7 +73,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			msock := c.String("metrics-socket")
-			if c.IsSet("metrics-socket") && msock == "" {
+			if isSet(c, "metrics-socket") && msock == "" {
 				return usagef("--metrics-socket needs a path")
 			}
 			if err := microvm.CheckMetricsSocket(msock); err != nil {
@@ -118,9 +120,9 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			if msock != "" {
 				// Closed (deferred) before the device: a scrape in
 				// flight ends first.
-				srv, err := metricsrv.Start(msock, metricsrv.Handler(func(w io.Writer) error {
+				srv, err := metricsrv.Start(msock, func(w io.Writer) error {
 					return vhostUserMetrics(dev, opts.Dgram, be).WritePrometheus(w)
-				}), log)
+				}, log)
 				if err != nil {
 					be.Close()
 					return err

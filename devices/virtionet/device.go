@@ -1,7 +1,6 @@
 package virtionet
 
 import (
-	"crypto/rand"
 	"fmt"
 	"net"
 	"sync"
@@ -119,7 +118,7 @@ func newDevice(cfg Config, be backend) (*Device, error) {
 	d := &Device{cfg: cfg, be: be, log: cfg.Log, life: virtio.Lifecycle[*session]{Name: "virtio-net"}}
 	switch {
 	case cfg.MAC == nil:
-		if _, err := rand.Read(d.mac[:]); err != nil {
+		if _, err := unix.Getrandom(d.mac[:], 0); err != nil {
 			return nil, fmt.Errorf("virtio-net: random MAC: %w", err)
 		}
 		d.mac[0] = d.mac[0]&^0x01 | 0x02 // unicast, locally administered

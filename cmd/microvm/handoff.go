@@ -1,0 +1,54 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// The CLI has two builds. The full build of this package (go build
+// ./cmd/microvm, go install, the tests) holds every command. `make` builds
+// two binaries from it: bin/microvm-full, the full build, and bin/microvm,
+// the lean build (tags microvm_lean and urfave_cli_no_docs), which holds
+// `run` and `version` and hands every other command line over to
+// microvm-full (lean.go): exec and agent, the guest image tools initramfs
+// and mkfs, vhost-user-vsock and vsock-connect. So `microvm run` neither
+// links nor initialises what only they use (gRPC, protobuf, whose detrand
+// reads the executable at start-up, the cpio, gzip and ELF readers, the
+// vhost-user back-end, urfave/cli's man-page generator), and the user
+// still types `microvm exec`. docs/benchmarks.md ("Start-up") measures
+// both.
+
+// Usage lines of the handed-over commands, the same in both builds.
+const (
+	execUsage      = "run a command in a fresh VM through the guest agent"
+	agentUsage     = "talk to the guest agent of a running VM through its vsock Unix socket"
+	initramfsUsage = "write the guest image exec boots: the agent as /init, busybox and added files"
+	mkfsUsage      = "build an ext4 disk image from a directory (mkfs.ext4 -d, from e2fsprogs)"
+	vhostUserUsage = "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user"
+	connectUsage   = "connect stdin/stdout to a guest vsock port through the VM's Unix socket"
+)
+
+// fullBuild is the full build's name, looked for beside the running
+// binary first, then on PATH.
+const fullBuild = "microvm-full"
+
+// errNoFullBuild: the lean build found no microvm-full to hand over to.
+var errNoFullBuild = errors.New(fullBuild + " not found")
+
+// findFullBuild returns the path of microvm-full: beside the running
+// binary, else in a directory of $PATH.
+func findFullBuild() (string, error) {
+	dirs := append([]string{binDir()}, filepath.SplitList(os.Getenv("PATH"))...)
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		p := filepath.Join(d, fullBuild)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w beside %s or on PATH: this build of microvm runs only `run` and `version` itself (make builds both into bin/)", errNoFullBuild, binDir())
+}

@@ -1,0 +1,69 @@
+//go:build microvm_lean
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// execCommand, in the lean build, hands `microvm exec ...` to microvm-full
+// (handoff.go).
+func execCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
+	return handoffCommand("exec", execUsage)
+}
+
+// agentCommand, in the lean build, hands `microvm agent ...` to
+// microvm-full.
+func agentCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
+	return handoffCommand("agent", agentUsage)
+}
+
+// initramfsCommand, in the lean build, hands `microvm initramfs ...` to
+// microvm-full.
+func initramfsCommand() *cli.Command { return handoffCommand("initramfs", initramfsUsage) }
+
+// mkfsCommand, in the lean build, hands `microvm mkfs ...` to
+// microvm-full.
+func mkfsCommand() *cli.Command { return handoffCommand("mkfs", mkfsUsage) }
+
+// vhostUserVsockCommand, in the lean build, hands `microvm
+// vhost-user-vsock ...` to microvm-full.
+func vhostUserVsockCommand(io.Writer, io.Writer) *cli.Command {
+	return handoffCommand("vhost-user-vsock", vhostUserUsage)
+}
+
+// connectCommand, in the lean build, hands `microvm vsock-connect ...` to
+// microvm-full.
+func connectCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
+	return handoffCommand("vsock-connect", connectUsage)
+}
+
+// handoffCommand is a command whose flags and arguments, help included,
+// are microvm-full's to parse: it replaces this process with microvm-full
+// and the same command line.
+func handoffCommand(name, usage string) *cli.Command {
+	return &cli.Command{
+		Name:            name,
+		Usage:           usage,
+		SkipFlagParsing: true,
+		HideHelp:        true,
+		Action: func(*cli.Context) error {
+			helper, err := findFullBuild()
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if !ownsProcess {
+				return fmt.Errorf("%s: the lean build hands over to %s only as its own process", name, helper)
+			}
+			// execve keeps the process: its pid, stdio, signal
+			// dispositions reset to default, and the caller's wait.
+			err = syscall.Exec(helper, os.Args, os.Environ())
+			return fmt.Errorf("%s: exec %s: %w", name, helper, err)
+		},
+	}
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// buildCLI builds this package with tags into dir/name.
+func buildCLI(t *testing.T, dir, name, tags string) string {
+	t.Helper()
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-tags", tags, "-o", out, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags %s: %v\n%s", tags, err, b)
+	}
+	return out
+}
+
+// inits lists the packages whose init ran, from GODEBUG=inittrace=1.
+func inits(t *testing.T, bin string) []string {
+	t.Helper()
+	cmd := exec.Command(bin, "version")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s version: %v\n%s", bin, err, &stderr)
+	}
+	var pkgs []string
+	for _, l := range strings.Split(stderr.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "init" {
+			pkgs = append(pkgs, f[1])
+		}
+	}
+	return pkgs
+}
+
+// offRunPath are packages the lean build must not initialise: what only
+// the handed-over commands use.
+var offRunPath = []string{"google.golang.org/grpc", "google.golang.org/protobuf", "github.com/russross/blackfriday",
+	"github.com/cpuguy83/go-md2man", "net/http", "crypto/tls", "compress/gzip", "debug/elf"}
+
+// TestLeanBuild: the lean build (bin/microvm) initialises none of the
+// packages only the handed-over commands use, where the full build does
+// (so the check can fail); it hands `exec ...` to microvm-full beside it
+// with the same arguments; and without microvm-full it says so in one
+// line and exits 1.
+func TestLeanBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the CLI twice")
+	}
+	dir := t.TempDir()
+	lean := buildCLI(t, dir, "microvm", "microvm_lean,urfave_cli_no_docs")
+	full := buildCLI(t, t.TempDir(), "microvm-full", "urfave_cli_no_docs")
+	off := func(pkgs []string) []string {
+		var hit []string
+		for _, p := range pkgs {
+			for _, o := range offRunPath {
+				if p == o || strings.HasPrefix(p, o+"/") {
+					hit = append(hit, p)
+				}
+			}
+		}
+		return hit
+	}
+	if hit := off(inits(t, lean)); len(hit) > 0 {
+		t.Errorf("the lean build initialises %v", hit)
+	}
+	if hit := off(inits(t, full)); len(hit) == 0 {
+		t.Errorf("the full build initialises none of %v: the check above proves nothing", offRunPath)
+	}
+
+	// Without microvm-full beside it or on PATH.
+	cmd := exec.Command(lean, "exec", "--", "true")
+	cmd.Env = append(os.Environ(), "PATH=/nonexistent")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 ||
+		!strings.HasPrefix(stderr.String(), "microvm: exec: microvm-full not found beside "+dir) || strings.Count(stderr.String(), "\n") != 1 {
+		t.Errorf("without microvm-full: %v, stderr %q; want status 1 and one line naming it", err, stderr.String())
+	}
+
+	// With a stand-in beside it that prints its arguments.
+	stand := "#!/bin/sh\necho \"full: $*\"\nexit 7\n"
+	if err := os.WriteFile(filepath.Join(dir, "microvm-full"), []byte(stand), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"exec", "--env", "A=b c", "--", "sh", "-c", "exit 3"},
+		{"agent", "cp", "--help"},
+		{"vhost-user-vsock", "--socket", "x"},
+		{"mkfs", "-o", "i.img"},
+	} {
+		out, err := exec.Command(lean, args...).Output()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 || string(out) != "full: "+strings.Join(args, " ")+"\n" {
+			t.Errorf("%v: %v, stdout %q; want the stand-in's status 7 and its arguments", args, err, out)
+		}
+	}
+	// run is the lean build's own.
+	if out, err := exec.Command(lean, "run").CombinedOutput(); err == nil || !strings.Contains(string(out), "--kernel is required") {
+		t.Errorf("run without --kernel: %v, %q; want the lean build's own usage error", err, out)
+	}
+}

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+)
+
+// caughtSignal is the cause of a context that interruptible cancelled.
+type caughtSignal struct{ sig syscall.Signal }
+
+func (c caughtSignal) Error() string { return "stopped by " + c.sig.String() }
+
+// interruptible returns a copy of parent that a SIGINT or SIGTERM cancels
+// with cause caughtSignal, and a function that stops catching them and
+// cancels the copy. The goroutine it starts ends with the copy.
+func interruptible(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case s := <-sigs:
+			sig, _ := s.(syscall.Signal)
+			cancel(caughtSignal{sig})
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel(nil)
+	}
+}
+
+// signalStatus returns statusError{128+N} when signal N cancelled ctx (see
+// interruptible), and nil otherwise.
+func signalStatus(ctx context.Context, log logrus.FieldLogger) error {
+	var cs caughtSignal
+	if !errors.As(context.Cause(ctx), &cs) {
+		return nil
+	}
+	log.Warnf("stopped by %v", cs.sig)
+	return statusError{128 + int(cs.sig)}
+}
