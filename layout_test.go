@@ -148,6 +148,7 @@ func TestLayout(t *testing.T) {
 	for _, v := range layoutViolations("github.com/microvm/microvm", pkgs) {
 		t.Error(v)
 	}
+	checkArchitectureTable(t, "github.com/microvm/microvm", pkgs)
 	entries, err := os.ReadDir(".")
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +166,43 @@ func TestLayout(t *testing.T) {
 			t.Errorf("top-level folder %s/ is none of the card's (%s) or the tooling folders (%s)",
 				e.Name(), strings.Join(productRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
 		}
+	}
+}
+
+// checkArchitectureTable: docs/architecture.md's "Every package" table has
+// one row per package of the module, and no row for a package that does
+// not exist.
+func checkArchitectureTable(t *testing.T, module string, pkgs []goPackage) {
+	t.Helper()
+	doc, err := os.ReadFile("docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(doc), "### Every package")
+	if !ok {
+		t.Fatal(`docs/architecture.md has no "### Every package" section`)
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	rows := map[string]int{}
+	for _, l := range strings.Split(table, "\n") {
+		if !strings.HasPrefix(l, "| `") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(l, "| `"), "`")
+		if name == "microvm" {
+			name = "."
+		}
+		rows[name]++
+	}
+	for _, p := range pkgs {
+		r, _ := rel(module, p.ImportPath)
+		if rows[r] != 1 {
+			t.Errorf("docs/architecture.md lists package %s %d times; want one row", r, rows[r])
+		}
+		delete(rows, r)
+	}
+	for r := range rows {
+		t.Errorf("docs/architecture.md lists %s, which is no package of the module", r)
 	}
 }
 
