@@ -94,15 +94,6 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 	}
 }
 
-// concatFlags joins flag lists.
-func concatFlags(lists ...[]cli.Flag) []cli.Flag {
-	var all []cli.Flag
-	for _, l := range lists {
-		all = append(all, l...)
-	}
-	return all
-}
-
 // binDir is the directory of the running microvm binary, where the default
 // agent and kernel are looked for.
 func binDir() string {

@@ -423,3 +423,12 @@ func (t *tailBuffer) String() string {
 	defer t.mu.Unlock()
 	return string(t.b[max(0, len(t.b)-t.max):])
 }
+
+// concatFlags joins flag lists.
+func concatFlags(lists ...[]cli.Flag) []cli.Flag {
+	var all []cli.Flag
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	return all
+}

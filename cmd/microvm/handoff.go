@@ -1,12 +1,5 @@
 package main
 
-import (
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-)
-
 // The CLI has two builds. The full build of this package (go build
 // ./cmd/microvm, go install, the tests) holds every command. `make` builds
 // two binaries from it: bin/microvm-full, the full build, and bin/microvm,
@@ -29,26 +22,3 @@ const (
 	vhostUserUsage = "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user"
 	connectUsage   = "connect stdin/stdout to a guest vsock port through the VM's Unix socket"
 )
-
-// fullBuild is the full build's name, looked for beside the running
-// binary first, then on PATH.
-const fullBuild = "microvm-full"
-
-// errNoFullBuild: the lean build found no microvm-full to hand over to.
-var errNoFullBuild = errors.New(fullBuild + " not found")
-
-// findFullBuild returns the path of microvm-full: beside the running
-// binary, else in a directory of $PATH.
-func findFullBuild() (string, error) {
-	dirs := append([]string{binDir()}, filepath.SplitList(os.Getenv("PATH"))...)
-	for _, d := range dirs {
-		if d == "" {
-			continue
-		}
-		p := filepath.Join(d, fullBuild)
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%w beside %s or on PATH: this build of microvm runs only `run` and `version` itself (make builds both into bin/)", errNoFullBuild, binDir())
-}

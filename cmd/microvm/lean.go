@@ -3,9 +3,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -66,4 +68,27 @@ func handoffCommand(name, usage string) *cli.Command {
 			return fmt.Errorf("%s: exec %s: %w", name, helper, err)
 		},
 	}
+}
+
+// fullBuild is the full build's name, looked for beside the running
+// binary first, then on PATH.
+const fullBuild = "microvm-full"
+
+// errNoFullBuild: the lean build found no microvm-full to hand over to.
+var errNoFullBuild = errors.New(fullBuild + " not found")
+
+// findFullBuild returns the path of microvm-full: beside the running
+// binary, else in a directory of $PATH.
+func findFullBuild() (string, error) {
+	dirs := append([]string{binDir()}, filepath.SplitList(os.Getenv("PATH"))...)
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		p := filepath.Join(d, fullBuild)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%w beside %s or on PATH: this build of microvm runs only `run` and `version` itself (make builds both into bin/)", errNoFullBuild, binDir())
 }

@@ -3,10 +3,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -166,4 +168,28 @@ func vhostUserMetrics(dev *vsock.Device, dgram bool, be *vhostuser.Backend) micr
 	m := microvm.VhostUserVsockMetrics{Vsock: microvm.VsockMetrics{Name: "vsock0", Dgram: dgram, Stats: dev.Stats()}}
 	m.Frontends, m.FrontendErrors, m.DeviceFailures = be.Stats()
 	return m
+}
+
+// needProc checks that dir holds a mounted /proc, which vhost-user-vsock
+// reads at run time (it tells eventfds by their /proc/self/fd link).
+func needProc(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "proc", "self", "fd")); err != nil {
+		return usagef("--chroot %s: vhost-user-vsock needs /proc mounted inside it (it checks the front-end's descriptors through /proc/self/fd): %s/proc/self/fd: %v", dir, dir, errors.Unwrap(err))
+	}
+	return nil
+}
+
+// formatVsockOpt is the --vsock-opt value that selects o.
+func formatVsockOpt(o vsockOpt) string {
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,dgram=%s",
+		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), onOff(o.Dgram))
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -76,16 +75,4 @@ func parseVsockOpt(s string) (vsockOpt, error) {
 		}
 	}
 	return o, nil
-}
-
-// formatVsockOpt is the --vsock-opt value that selects o.
-func formatVsockOpt(o vsockOpt) string {
-	onOff := func(b bool) string {
-		if b {
-			return "on"
-		}
-		return "off"
-	}
-	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,dgram=%s",
-		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), onOff(o.Dgram))
 }

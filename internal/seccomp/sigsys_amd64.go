@@ -34,11 +34,19 @@ type iovec struct {
 var (
 	sigsysIov              [4]iovec // head, name, number, tail
 	sigsysHead, sigsysTail [sigsysTextSize]byte
-	sigsysNum              [sigsysNumSize]byte // written by the handler
-	sigsysOther            [2]iovec            // a SIGSYS the filter did not send; a call outside the table
+	sigsysOther            [2]iovec // a SIGSYS the filter did not send; a call outside the table
 	sigsysOtherText        [2][sigsysTextSize]byte
-	sigsysNoName           = "syscall" // for a number the table has no name for
 )
+
+// sigsysNum is where the handler formats the call's number.
+//
+//lint:ignore U1000 written and read by sigsysHandler (sigsys_amd64.s)
+var sigsysNum [sigsysNumSize]byte
+
+// sigsysNoName names a call the table has no name for.
+//
+//lint:ignore U1000 read by sigsysHandler (sigsys_amd64.s)
+var sigsysNoName = "syscall"
 
 // sigsysReporting is set (XCHG) by the first thread in the handler: the
 // one that reports. installHandler clears it; after that only the handler
