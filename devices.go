@@ -6,11 +6,11 @@ package microvm
 // Its virtio-mmio slot, interrupt, virtio_mmio.device= entry and ACPI
 // description follow from the slot (internal/vmm), whatever the kind.
 //
-// Adding a device is adding its package under devices/ and an entry in
-// deviceKinds (with its Config field, its deviceSet fields and its
-// DeviceMetrics field, all below): nothing else in the root package, the
-// CLI (cmd/microvm makes its flags from DeviceFlags) or the metrics server
-// changes.
+// Adding a device is adding its package under devices/, an entry in
+// deviceKinds with its config type, its deviceSet and DeviceMetrics fields
+// (all in this file), and its field in Config (config.go): nothing else in
+// the root package, the CLI (cmd/microvm makes its flags from DeviceFlags)
+// or the metrics server changes.
 
 import (
 	"fmt"

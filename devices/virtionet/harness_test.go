@@ -288,7 +288,16 @@ func (e *env) hostRead() []byte {
 	e.tb.Helper()
 	buf := make([]byte, HeaderSize+MaxFrame+1)
 	fds := []unix.PollFd{{Fd: int32(e.host), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, int(waitTimeout/time.Millisecond))
+	var n int
+	var err error
+	for deadline := time.Now().Add(waitTimeout); ; {
+		// The Go runtime's preemption signal interrupts poll: retry
+		// with what is left of the wait.
+		n, err = unix.Poll(fds, int(max(time.Until(deadline), 0)/time.Millisecond))
+		if err != unix.EINTR {
+			break
+		}
+	}
 	if err != nil || n == 0 {
 		e.tb.Fatalf("host read: nothing after %v (%v; stats %+v)", waitTimeout, err, e.dev.Stats())
 	}
