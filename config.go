@@ -101,6 +101,14 @@ const (
 // ErrConfig marks an invalid Config (the CLI reports it as a usage error).
 var ErrConfig = vmm.ErrConfig
 
+// Check reports what New would refuse in c before it touches the host:
+// the values and their combinations, each device kind's part included
+// (errors wrap ErrConfig). It does not look for the files or at KVM.
+func (c Config) Check() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c *Config) withDefaults() (Config, error) {
 	cfg := *c
 	if cfg.CPUs == 0 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm/guest/agentapi"
@@ -73,8 +74,13 @@ func readAgentAddr(c *cli.Context, name string) (agentAddr, error) {
 	return a, nil
 }
 
-// dial connects to the agent, waiting up to a.timeout for it to accept.
+// dial connects to the agent, waiting up to a.timeout for it to accept. A
+// socket that does not exist fails at once: the VM is not running (or the
+// path is wrong), and waiting would not change that.
 func (a agentAddr) dial(ctx context.Context) (*agentapi.Conn, error) {
+	if _, err := os.Stat(a.uds); err != nil {
+		return nil, fmt.Errorf("--uds %s: %w (is the VM running? give its --vsock-uds)", a.uds, unwrapPathError(err))
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, a.timeout,
 		fmt.Errorf("no agent accepted on vsock port %d within --connect-timeout %v", a.port, a.timeout))
 	defer cancel()
@@ -110,7 +116,7 @@ func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				if serr := signalStatus(ctx, log); serr != nil {
 					return serr
 				}
-				return fmt.Errorf("%s: %w", name, err)
+				return failure{fmt.Errorf("%s: %w", name, err)}
 			}
 			defer cc.Close()
 			return runInGuest(ctx, cc, name, cmd, log)
@@ -151,10 +157,17 @@ func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if serr := signalStatus(ctx, log); serr != nil {
 				return serr
 			}
-			if err != nil {
+			var ge guestError
+			switch {
+			case err == nil:
+				return nil
+			case errors.As(err, &ge) && fileProblem(status.Code(ge.err)):
+				// The guest file is the problem, as for cp(1): status 1.
+				return fmt.Errorf("agent cp: %w", err)
+			case isHostSide(err):
 				return fmt.Errorf("agent cp: %w", err)
 			}
-			return nil
+			return failure{fmt.Errorf("agent cp: %w", err)}
 		},
 	}
 }
@@ -210,23 +223,27 @@ func (cp copySpec) run(ctx context.Context, a agentAddr, stdin io.Reader, stdout
 	}
 	dir := filepath.Dir(target)
 	if st, err := os.Stat(dir); err != nil {
-		return fmt.Errorf("destination %s: %w", cp.host, err)
+		return hostSideError{fmt.Errorf("destination %s: %w", cp.host, err)}
 	} else if !st.IsDir() {
-		return fmt.Errorf("destination %s: %s is not a directory", cp.host, dir)
+		return hostSideError{fmt.Errorf("destination %s: %s is not a directory", cp.host, dir)}
 	}
 	f, err := os.CreateTemp(dir, "."+filepath.Base(target)+".microvm-*")
 	if err != nil {
-		return err
+		return hostSideError{err}
 	}
 	mode, err := cp.get(ctx, a, f)
 	if err == nil {
-		err = f.Chmod(mode) // exactly the guest's bits, whatever the umask
+		if err = f.Chmod(mode); err != nil { // exactly the guest's bits, whatever the umask
+			err = hostSideError{err}
+		}
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = hostSideError{cerr}
 	}
 	if err == nil {
-		err = os.Rename(f.Name(), target)
+		if err = os.Rename(f.Name(), target); err != nil {
+			err = hostSideError{err}
+		}
 	}
 	if err != nil {
 		os.Remove(f.Name())
@@ -240,15 +257,15 @@ func (cp copySpec) put(ctx context.Context, a agentAddr, stdin io.Reader) error 
 	if cp.host != "-" {
 		f, err := os.Open(cp.host)
 		if err != nil {
-			return err
+			return hostSideError{err}
 		}
 		defer f.Close()
 		st, err := f.Stat()
 		if err != nil {
-			return err
+			return hostSideError{err}
 		}
 		if !st.Mode().IsRegular() {
-			return fmt.Errorf("%s: not a regular file", cp.host)
+			return hostSideError{fmt.Errorf("%s: not a regular file", cp.host)}
 		}
 		r, mode = f, st.Mode()
 	}
@@ -302,3 +319,27 @@ func (e guestError) Error() string {
 }
 
 func (e guestError) Unwrap() error { return e.err }
+
+// hostSideError marks a copy's error on the host's side of it (the local
+// file), which, as for cp(1), is status 1 rather than a failure of the VM.
+type hostSideError struct{ err error }
+
+func (e hostSideError) Error() string { return e.err.Error() }
+func (e hostSideError) Unwrap() error { return e.err }
+
+// isHostSide says whether err is the local side's.
+func isHostSide(err error) bool {
+	var h hostSideError
+	return errors.As(err, &h)
+}
+
+// fileProblem says whether an agent call failed because of the file it was
+// asked about (missing, not permitted, not a regular file, a bad path)
+// rather than because of the agent or the VM.
+func fileProblem(c codes.Code) bool {
+	switch c {
+	case codes.NotFound, codes.PermissionDenied, codes.FailedPrecondition, codes.InvalidArgument, codes.AlreadyExists:
+		return true
+	}
+	return false
+}

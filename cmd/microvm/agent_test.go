@@ -119,6 +119,34 @@ func TestAgentExec(t *testing.T) {
 			t.Errorf("status %d stdout %q stderr %q; want 0 and %q", status, stdout, stderr, want)
 		}
 	})
+	// Regression (issue 18): a working directory the guest does not have
+	// came back as gRPC's "rpc error: code = FailedPrecondition desc = ..."
+	// with status 1, like any failure.
+	t.Run("no such working directory", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "nope")
+		status, stdout, stderr := run(t, nil, "--workdir", missing, "--", "true")
+		if status != 126 || stdout != "" {
+			t.Errorf("status %d stdout %q; want 126 (found but cannot run) and nothing", status, stdout)
+		}
+		oneLine(t, "stderr", stderr, "agent exec: true: cannot run it: the agent: exec: working directory: ")
+		if strings.Contains(stderr, "rpc error") || strings.Contains(stderr, "desc =") {
+			t.Errorf("stderr %q shows gRPC's wrapping", stderr)
+		}
+	})
+	// Regression (issue 18): --uds naming no socket waited the whole
+	// --connect-timeout (5 s by default) before saying so.
+	t.Run("missing socket", func(t *testing.T) {
+		missing := filepath.Join(t.TempDir(), "v.sock")
+		start := time.Now()
+		status, stdout, stderr := runMainIn(t, nil, "agent", "exec", "--uds", missing, "--", "true")
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("gave up after %v; want at once", d)
+		}
+		if status != statusFailure || stdout != "" {
+			t.Errorf("status %d stdout %q; want %d and nothing", status, stdout, statusFailure)
+		}
+		oneLine(t, "stderr", stderr, "agent exec: --uds "+missing+": no such file or directory (is the VM running? give its --vsock-uds)")
+	})
 	t.Run("signal", func(t *testing.T) {
 		status, _, stderr := run(t, nil, "--", "sh", "-c", "kill -TERM $$")
 		if status != 128+15 || stderr != "" {
@@ -135,8 +163,8 @@ func TestAgentExec(t *testing.T) {
 	t.Run("nothing on the port", func(t *testing.T) {
 		start := time.Now()
 		status, stdout, stderr := run(t, nil, "--port", "7", "--connect-timeout", "300ms", "--", "true")
-		if status != 1 || stdout != "" {
-			t.Errorf("status %d stdout %q; want 1 and nothing", status, stdout)
+		if status != statusFailure || stdout != "" {
+			t.Errorf("status %d stdout %q; want %d (a failure of the VM, not the command) and nothing", status, stdout, statusFailure)
 		}
 		oneLine(t, "stderr", stderr, "agent exec: agentapi: connect: no agent accepted on vsock port 7 within --connect-timeout 300ms (last try: hybridvsock: ")
 		if d := time.Since(start); d < 300*time.Millisecond || d > 5*time.Second {

@@ -34,6 +34,35 @@ type statusError struct{ status int }
 
 func (s statusError) Error() string { return fmt.Sprintf("exit status %d", s.status) }
 
+// statusFailure is what exec and the agent commands exit with when microvm
+// or the VM failed rather than the command: a kernel, agent or image file
+// that is missing or bad, a VM that did not boot or died, an agent that
+// did not answer or was lost, a guest that had to be stopped. The command's
+// own status passes through unchanged; commands do not normally exit 125
+// (docker run uses it for its own errors too), so a CI driver tells a
+// failed job from a failed runner by it. Usage errors stay 2. README,
+// "Exit status".
+const statusFailure = 125
+
+// failure marks an error of microvm or the VM, not of the guest command:
+// Main exits statusFailure.
+type failure struct{ err error }
+
+func (f failure) Error() string { return f.err.Error() }
+func (f failure) Unwrap() error { return f.err }
+
+// asFailure marks err a failure unless it is nil, the command's own
+// status or a usage error.
+func asFailure(err error) error {
+	var se statusError
+	var ue usageError
+	var fl failure
+	if err == nil || errors.As(err, &se) || errors.As(err, &ue) || errors.As(err, &fl) || errors.Is(err, microvm.ErrConfig) {
+		return err
+	}
+	return failure{err}
+}
+
 // Main runs the CLI and returns the process exit status.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	app := newApp(stdin, stdout, stderr)
@@ -44,18 +73,33 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "microvm: unknown command %q (see microvm --help)\n", unknown)
 		return microvm.StatusUsage
 	}
+	return exitStatus(err, stderr)
+}
+
+// exitStatus is the process exit status for what a command returned, and
+// writes its one line to stderr (when not nil) for an error.
+func exitStatus(err error, stderr io.Writer) int {
+	say := func() {
+		if stderr != nil {
+			fmt.Fprintf(stderr, "microvm: %v\n", err)
+		}
+	}
 	var se statusError
 	var ue usageError
+	var fl failure
 	switch {
 	case err == nil:
 		return 0
 	case errors.As(err, &se):
 		return se.status
 	case errors.As(err, &ue), errors.Is(err, microvm.ErrConfig):
-		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		say()
 		return microvm.StatusUsage
+	case errors.As(err, &fl):
+		say()
+		return statusFailure
 	default:
-		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		say()
 		return microvm.StatusError
 	}
 }

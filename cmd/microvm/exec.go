@@ -66,7 +66,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			}
 			o, err := execOptions(c)
 			if err != nil {
-				return err
+				return asFailure(err)
 			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
 			o.confine = func() error {
@@ -75,7 +75,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				}
 				return confine(c, seccomp.VMM(), log)
 			}
-			return runExec(o)
+			return asFailure(runExec(o))
 		},
 	}
 }
@@ -135,10 +135,49 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if o.kernel == "" {
 		o.kernel = os.Getenv("MICROVM_KERNEL")
 	}
-	if o.kernel == "" {
-		o.kernel = filepath.Join(binDir(), "..", "build", "kernel", "bzImage")
+	defaultKernel := o.kernel == ""
+	if defaultKernel {
+		o.kernel = filepath.Clean(filepath.Join(binDir(), "..", "build", "kernel", "bzImage"))
+	}
+	// Everything New would refuse in the configuration is a usage error
+	// now, before an image is built or a file is looked at.
+	if err := o.machineConfig("", nil).Check(); err != nil {
+		return nil, err
+	}
+	if defaultKernel {
+		if _, err := os.Stat(o.kernel); err != nil {
+			return nil, fmt.Errorf("kernel %s: %w (no --kernel and no $MICROVM_KERNEL, so this is the default: build it with make kernel, or give one)",
+				o.kernel, unwrapPathError(err))
+		}
 	}
 	return o, nil
+}
+
+// machineConfig is the VM exec boots: the kernel, the initrd (none with
+// --root), the devices, the console, the log.
+func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Config {
+	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
+	if o.devices.Root != "" {
+		cmdline += " init=/init"
+	}
+	return microvm.Config{
+		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
+		Cmdline: cmdline,
+		Console: console, Log: o.log,
+		Vsock: &microvm.VsockConfig{CID: execCID},
+		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
+		MetricsSocket: o.devices.MetricsSocket,
+	}
+}
+
+// unwrapPathError drops *os.PathError's operation and path, which the
+// message already names.
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // runExec boots the VM, waits for the agent, runs the command and returns
@@ -150,11 +189,8 @@ func runExec(o *execOpts) error {
 	// With --root the guest boots from the disk, whose /init must be
 	// the agent; otherwise from the agent's initramfs, written to a
 	// temporary file that is removed once New has loaded it.
-	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
 	initrd := ""
-	if o.devices.Root != "" {
-		cmdline += " init=/init"
-	} else {
+	if o.devices.Root == "" {
 		f, err := os.CreateTemp("", "microvm-exec-*.cpio")
 		if err != nil {
 			return fmt.Errorf("exec: guest image: %w", err)
@@ -167,14 +203,7 @@ func runExec(o *execOpts) error {
 		}
 	}
 	console := &tailBuffer{max: consoleKeep}
-	m, err := microvm.New(microvm.Config{
-		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
-		Cmdline: cmdline,
-		Console: console, Log: o.log,
-		Vsock: &microvm.VsockConfig{CID: execCID},
-		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
-		MetricsSocket: o.devices.MetricsSocket,
-	})
+	m, err := microvm.New(o.machineConfig(initrd, console))
 	if err != nil {
 		return err
 	}
@@ -210,7 +239,7 @@ func runExec(o *execOpts) error {
 		}
 		select {
 		case <-vmDone:
-			err = fmt.Errorf("%w (the VM ended: %v, status %d, %v)", err, res.Kind, res.Status, runErr)
+			err = fmt.Errorf("%w (the VM ended: %s)", err, vmEnd(res, runErr))
 		default:
 		}
 		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
@@ -256,10 +285,23 @@ func runExec(o *execOpts) error {
 	}
 	if errors.Is(context.Cause(execCtx), errVMEnded) {
 		<-vmDone
-		return fmt.Errorf("exec: %w while %s ran (%v, status %d, %v); guest console:\n%s",
-			errVMEnded, o.cmd.argv[0], res.Kind, res.Status, runErr, strings.TrimRight(console.String(), "\n"))
+		return fmt.Errorf("exec: %w while %s ran (%s); guest console:\n%s",
+			errVMEnded, o.cmd.argv[0], vmEnd(res, runErr), strings.TrimRight(console.String(), "\n"))
 	}
 	return err
+}
+
+// vmEnd says how the VM ended, for messages: its exit kind, the status the
+// guest chose when it chose one, and the VMM's error when there was one.
+func vmEnd(res microvm.Result, err error) string {
+	s := res.Kind.String()
+	if res.Kind == microvm.ExitDebugPort || res.Kind == microvm.ExitTripleFault {
+		s += fmt.Sprintf(", status %d", res.Status)
+	}
+	if err != nil {
+		s += ": " + err.Error()
+	}
+	return s
 }
 
 // errVMEnded: the VM stopped before the command's exit status came.
@@ -373,19 +415,20 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		return serr
 	}
 	if err != nil {
-		if status.Code(err) == codes.NotFound {
+		switch status.Code(err) {
+		case codes.NotFound:
 			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
 			return statusError{127}
+		case codes.PermissionDenied, codes.FailedPrecondition:
+			// Found but not runnable (not executable, not a program, no
+			// such working directory): the shell's 126.
+			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentMessage(err))
+			return statusError{126}
 		}
 		if errors.Is(err, agentapi.ErrAgentLost) {
-			detail := err.Error()
-			var se interface{ GRPCStatus() *status.Status }
-			if errors.As(err, &se) {
-				detail = se.GRPCStatus().Message()
-			}
-			return fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], detail)
+			return failure{fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentMessage(err))}
 		}
-		return fmt.Errorf("%s: %w", name, err)
+		return failure{fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentMessage(err))}
 	}
 	if st.TimedOut {
 		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
@@ -431,4 +474,19 @@ func concatFlags(lists ...[]cli.Flag) []cli.Flag {
 		all = append(all, l...)
 	}
 	return all
+}
+
+// agentMessage is an agent call's error as a user reads it: the agent's
+// own message for a gRPC status ("the agent: exec: 64 processes already
+// running"), without gRPC's "rpc error: code = ... desc =" wrapping.
+func agentMessage(err error) string {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return err.Error()
+	}
+	msg := se.GRPCStatus().Message()
+	if m, ok := strings.CutPrefix(msg, "agent: "); ok {
+		return "the agent: " + m
+	}
+	return msg
 }

@@ -81,8 +81,8 @@ func TestExec(t *testing.T) {
 		// The guest restarts itself while the command runs: exec must
 		// say so at once, not wait on the agent's dead connection.
 		status, _, stderr, took := run(t, nil, "--", "sh", "-c", "sleep 1; reboot -f; sleep 100")
-		if status != 1 || !strings.Contains(stderr, "the VM ended while sh ran (reset") {
-			t.Errorf("status %d stderr %q; want 1 and the VM's end named", status, stderr)
+		if status != statusFailure || !strings.Contains(stderr, "the VM ended while sh ran (reset)") || strings.Contains(stderr, "<nil>") {
+			t.Errorf("status %d stderr %q; want %d and the VM's end named", status, stderr, statusFailure)
 		}
 		if took > 90*time.Second {
 			t.Errorf("took %v to notice", took)
@@ -105,9 +105,9 @@ func TestExec(t *testing.T) {
 		status, _, stderr, took := run(t, nil, "--memory", "128M", "--timeout", "20s", "--", "sh", "-c",
 			"echo 0 >/proc/sys/kernel/panic && echo 1 >/proc/sys/vm/panic_on_oom && "+
 				"for i in 1 2 3; do dd if=/dev/zero of=/dev/null bs=100M count=1 & done; wait")
-		if status != 1 || !strings.Contains(stderr, "the guest did not report the command's end within --timeout plus 5s") ||
+		if status != statusFailure || !strings.Contains(stderr, "the guest did not report the command's end within --timeout plus 5s") ||
 			!strings.Contains(stderr, "Out of memory") {
-			t.Errorf("status %d stderr %q; want 1, the unresponsive guest named and its panic on the console", status, stderr)
+			t.Errorf("status %d stderr %q; want %d, the unresponsive guest named and its panic on the console", status, stderr, statusFailure)
 		}
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})

@@ -11,8 +11,10 @@ package agentimage
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path"
@@ -80,6 +82,9 @@ func build(cw *initramfs.Writer, o Options) error {
 		return err
 	}
 	agent, err := readStatic("agent", o.Agent)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = fmt.Errorf("%w (the guest agent: make builds bin/microvm-agent; or give --agent)", err)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm"
+)
+
+// TestExecErrors: what exec's own mistakes and failures say, and with which
+// status (a usage error 2, microvm's or the VM's failure 125), each before
+// anything is built or booted. One case per message of issue 18's list.
+func TestExecErrors(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage")
+	if err := os.WriteFile(garbage, []byte("not a kernel\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "nope")
+
+	// Regression: --memory 3M complained about /bin/busybox (status 1),
+	// because the guest image was built before the size was checked.
+	t.Run("memory too small", func(t *testing.T) {
+		wantError(t, microvm.StatusUsage, []string{"exec", "--kernel", garbage, "--busybox", missing, "--memory", "3M", "--", "true"},
+			"memory 3M; microvm supports 8M..1T")
+	})
+	t.Run("too many disks", func(t *testing.T) {
+		args := []string{"exec", "--kernel", garbage, "--busybox", missing}
+		for range 7 {
+			args = append(args, "--disk", "path="+garbage)
+		}
+		wantError(t, microvm.StatusUsage, append(args, "--", "true"), "7 disks; at most 6")
+	})
+	// Regression: with the binary outside the checkout, the default
+	// kernel's error named the path and nothing else.
+	t.Run("default kernel missing", func(t *testing.T) {
+		t.Setenv("MICROVM_KERNEL", "")
+		wantError(t, statusFailure, []string{"exec", "--busybox", missing, "--", "true"},
+			"bzImage: no such file or directory (no --kernel and no $MICROVM_KERNEL, so this is the default: build it with make kernel, or give one)")
+	})
+	// Regression: a missing agent binary was "not an ELF executable".
+	t.Run("agent missing", func(t *testing.T) {
+		wantError(t, statusFailure, []string{"exec", "--kernel", garbage, "--agent", missing, "--busybox", "", "--", "true"},
+			"exec: guest image: agent: "+missing+": no such file or directory (the guest agent: make builds bin/microvm-agent; or give --agent)")
+	})
+	t.Run("kernel not a kernel", func(t *testing.T) {
+		agentFile := filepath.Join(dir, "agent")
+		if err := os.WriteFile(agentFile, []byte("\x7fELF not really"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The agent is checked first (the image is built before the
+		// VM): a file that is there but no ELF says that.
+		wantError(t, statusFailure, []string{"exec", "--kernel", garbage, "--agent", agentFile, "--busybox", "", "--", "true"},
+			"agent: "+agentFile+": not an ELF executable")
+	})
+}
+
+// TestVMEnd: how exec tells a VM's end; regression: "<nil>" appeared when
+// the VM ended without an error.
+func TestVMEnd(t *testing.T) {
+	for _, tc := range []struct {
+		res  microvm.Result
+		err  error
+		want string
+	}{
+		{microvm.Result{Kind: microvm.ExitReset}, nil, "reset"},
+		{microvm.Result{Kind: microvm.ExitPowerOff}, nil, "power-off"},
+		{microvm.Result{Kind: microvm.ExitTripleFault, Status: 125}, nil, "triple-fault, status 125"},
+		{microvm.Result{Kind: microvm.ExitDebugPort, Status: 3}, nil, "debug-exit, status 3"},
+		{microvm.Result{Kind: microvm.ExitError, Status: 1}, errors.New("kvm: run: bad"), "error: kvm: run: bad"},
+	} {
+		if got := vmEnd(tc.res, tc.err); got != tc.want || strings.Contains(got, "<nil>") {
+			t.Errorf("vmEnd(%+v, %v) = %q, want %q", tc.res, tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestAgentMessage: an agent call's error reads as the agent's own message,
+// never as gRPC's "rpc error: code = ... desc = ...".
+func TestAgentMessage(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{status.Error(codes.ResourceExhausted, "agent: exec: 64 processes already running"), "the agent: exec: 64 processes already running"},
+		{status.Error(codes.Unavailable, "connection reset"), "connection reset"},
+		{errors.New("plain"), "plain"},
+	} {
+		got := agentMessage(tc.err)
+		if got != tc.want || strings.Contains(got, "rpc error") {
+			t.Errorf("agentMessage(%v) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestStatuses: which errors exit with which status.
+func TestStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{statusError{7}, 7},
+		{usagef("bad flag"), microvm.StatusUsage},
+		{microvm.ErrConfig, microvm.StatusUsage},
+		{asFailure(errors.New("the VM ended")), statusFailure},
+		{asFailure(statusError{3}), 3},
+		{asFailure(usagef("x")), microvm.StatusUsage},
+		{errors.New("other"), microvm.StatusError},
+	} {
+		if got := exitStatus(tc.err, nil); got != tc.want {
+			t.Errorf("%v: status %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
