@@ -45,12 +45,11 @@ func agentCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 
 // agentDialFlags say where the agent is; readAgentAddr reads them.
 func agentDialFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "uds", Usage: "the VM's vsock Unix socket (--vsock-uds of microvm run) (required)"},
 		&cli.Uint64Flag{Name: "port", Value: agentPort, Usage: "the agent's guest vsock port"},
 		&cli.DurationFlag{Name: "connect-timeout", Value: 5 * time.Second, Usage: "how long to wait for the agent to accept"},
-		logFlag(),
-	}
+	}, logFlags()...)
 }
 
 // agentAddr is where an agent listens.

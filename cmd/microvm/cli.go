@@ -164,8 +164,12 @@ func isSet(c *cli.Context, name string) bool {
 // without printing the whole help text.
 func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
 
-func logFlag() cli.Flag {
-	return &cli.StringFlag{Name: "log-level", Value: "warn", Usage: "diagnostics on stderr: panic, fatal, error, warn, info, debug or trace"}
+// logFlags are --log-level and --log-format, on every command that logs.
+func logFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "log-level", Value: "warn", Usage: "diagnostics on stderr: panic, fatal, error, warn, info, debug or trace"},
+		&cli.StringFlag{Name: "log-format", Value: "text", Usage: "diagnostics as text lines, or json: one JSON object a line, for machines"},
+	}
 }
 
 func setupLog(c *cli.Context, stderr io.Writer) (*logrus.Logger, error) {
@@ -176,7 +180,14 @@ func setupLog(c *cli.Context, stderr io.Writer) (*logrus.Logger, error) {
 	l := logrus.New()
 	l.SetOutput(stderr)
 	l.SetLevel(lvl)
-	l.SetFormatter(&logrus.TextFormatter{DisableTimestamp: false, FullTimestamp: true, TimestampFormat: "15:04:05.000"})
+	switch f := c.String("log-format"); f {
+	case "text", "":
+		l.SetFormatter(&logrus.TextFormatter{DisableTimestamp: false, FullTimestamp: true, TimestampFormat: "15:04:05.000"})
+	case "json":
+		l.SetFormatter(&logrus.JSONFormatter{TimestampFormat: "2006-01-02T15:04:05.000Z07:00"})
+	default:
+		return nil, usagef("--log-format %q: want text or json", f)
+	}
 	return l, nil
 }
 
@@ -197,7 +208,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(privilegeFlags(), seccompFlag(), logFlag())...),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(append(privilegeFlags(), seccompFlag()), logFlags()...)...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())

@@ -55,10 +55,11 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			deviceFlags(),
 			[]cli.Flag{
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
+				&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "say nothing while the VM boots (on a terminal, a line tells the wait after a second)"},
 				chrootFlag(),
 				seccompFlag(),
-				logFlag(),
-			}),
+			},
+			logFlags()),
 		Action: func(c *cli.Context) error {
 			log, err := setupLog(c, stderr)
 			if err != nil {
@@ -88,6 +89,7 @@ type execOpts struct {
 	cpus        int
 	memory      uint64
 	bootTimeout time.Duration
+	quiet       bool // no progress line while booting (--quiet)
 	// devices holds the disks, the root disk, the rng and the network devices.
 	devices microvm.Config
 	log     logrus.FieldLogger
@@ -99,7 +101,7 @@ type execOpts struct {
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
-	o := &execOpts{cpus: c.Int("cpus"), bootTimeout: c.Duration("boot-timeout")}
+	o := &execOpts{cpus: c.Int("cpus"), bootTimeout: c.Duration("boot-timeout"), quiet: c.Bool("quiet")}
 	cmd, err := readGuestCmd(c, "exec", "microvm exec [flags] -- CMD [ARG...]")
 	if err != nil {
 		return nil, err
@@ -231,8 +233,10 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
+	stopProgress := startProgress(o.cmd.stderr, o.quiet, "exec: booting the VM and waiting for its agent")
 	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) },
 		o.bootTimeout, vmDone)
+	stopProgress()
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
 			return serr

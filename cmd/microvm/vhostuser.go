@@ -31,12 +31,12 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 		Usage:        vhostUserUsage,
 		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--metrics-socket PATH] [--chroot DIR] [--seccomp=off]",
 		OnUsageError: onUsageError,
-		Flags: append(append([]cli.Flag{
+		Flags: concatFlags([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
 			&cli.StringFlag{Name: "metrics-socket", Usage: "serve the device's counters in the Prometheus text format over HTTP on this Unix socket (docs/metrics.md)"},
-		}, append(vsockLimitFlags(""), vsockOptFlag())...), chrootFlag(), seccompFlag(), logFlag()),
+		}, vsockLimitFlags(""), []cli.Flag{vsockOptFlag(), chrootFlag(), seccompFlag()}, logFlags()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
