@@ -51,18 +51,6 @@ type failure struct{ err error }
 func (f failure) Error() string { return f.err.Error() }
 func (f failure) Unwrap() error { return f.err }
 
-// asFailure marks err a failure unless it is nil, the command's own
-// status or a usage error.
-func asFailure(err error) error {
-	var se statusError
-	var ue usageError
-	var fl failure
-	if err == nil || errors.As(err, &se) || errors.As(err, &ue) || errors.As(err, &fl) || errors.Is(err, microvm.ErrConfig) {
-		return err
-	}
-	return failure{err}
-}
-
 // Main runs the CLI and returns the process exit status.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	app := newApp(stdin, stdout, stderr)

@@ -494,3 +494,15 @@ func agentMessage(err error) string {
 	}
 	return msg
 }
+
+// asFailure marks err a failure unless it is nil, the command's own
+// status or a usage error.
+func asFailure(err error) error {
+	var se statusError
+	var ue usageError
+	var fl failure
+	if err == nil || errors.As(err, &se) || errors.As(err, &ue) || errors.As(err, &fl) || errors.Is(err, microvm.ErrConfig) {
+		return err
+	}
+	return failure{err}
+}
