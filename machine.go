@@ -115,6 +115,22 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 	return r, err
 }
 
+// Pause stops every vCPU and returns once all have left the guest (or ctx
+// ends first). The devices keep serving the host side; the guest's clock
+// keeps running and jumps when it resumes. Errors wrap ErrNotRunning
+// before Run or once the machine stopped.
+func (m *Machine) Pause(ctx context.Context) error { return m.vm.Pause(ctx) }
+
+// Resume lets the vCPUs run again after Pause.
+func (m *Machine) Resume() error { return m.vm.Resume() }
+
+// Paused says whether the machine's vCPUs are held by Pause.
+func (m *Machine) Paused() bool { return m.vm.Paused() }
+
+// ErrNotRunning is returned by Pause and Resume before Run or once the
+// machine stopped.
+var ErrNotRunning = vmm.ErrNotRunning
+
 // ReadMemory copies guest-physical memory at gpa into p (for example a
 // result the guest left behind). A range outside guest RAM is an error; it
 // is valid until Close.

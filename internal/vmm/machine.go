@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sirupsen/logrus"
 
@@ -126,6 +127,9 @@ type Machine struct {
 	stopOnce sync.Once
 	result   Result
 	stopped  chan struct{}
+
+	running atomic.Bool // Run started the vCPUs
+	pause   pauseState  // pause.go
 }
 
 // New creates the VM described by cfg up to its virtio devices: the
@@ -421,6 +425,7 @@ func (m *Machine) stop(r Result) {
 		m.result = r
 		close(m.stopped)
 		m.pvwait.Close()
+		m.wakeParked()
 		for _, v := range m.vcpus {
 			v.Kick()
 		}
@@ -444,6 +449,7 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 	if m.cfg.ConsoleInput != nil {
 		go m.pumpConsoleInput()
 	}
+	m.running.Store(true)
 	var wg sync.WaitGroup
 	for i, v := range m.vcpus {
 		wg.Add(1)
@@ -503,6 +509,9 @@ func (m *Machine) runVCPU(v *kvm.VCPU, ctr *vcpuCounters) {
 		case <-m.stopped:
 			return
 		default:
+		}
+		if m.park() {
+			return
 		}
 		reason, err := v.Run()
 		if err != nil {

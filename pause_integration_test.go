@@ -1,0 +1,71 @@
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/kvm"
+)
+
+// exitsTotal sums every vCPU's exits.
+func exitsTotal(m *Machine) uint64 {
+	var n uint64
+	for _, v := range m.Metrics().VCPUs {
+		for _, c := range v.Exits {
+			n += c
+		}
+	}
+	return n
+}
+
+// TestPauseResume: a paused machine's vCPUs leave the guest and stay out
+// (no exit is counted while paused, though the echo guest polls its wait
+// port at least every 100 ms), the machine resumes, and a vsock echo works
+// afterwards; Pause before Run and after the end is ErrNotRunning.
+func TestPauseResume(t *testing.T) {
+	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
+	if err := g.m.Pause(context.Background()); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Pause before Run: %v, want ErrNotRunning", err)
+	}
+	g.start()
+	g.waitListening(vsockTestPort)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.m.Pause(ctx); err != nil {
+		t.Fatalf("Pause: %v", err)
+	}
+	if !g.m.Paused() {
+		t.Error("Paused() = false after Pause")
+	}
+	before := exitsTotal(g.m)
+	time.Sleep(300 * time.Millisecond)
+	// One exit may still be counted: a vCPU kicked while handling one
+	// counts the interrupted KVM_RUN as it parks.
+	if after := exitsTotal(g.m); after > before+uint64(len(g.m.Metrics().VCPUs)) {
+		t.Errorf("%d exits while paused", after-before)
+	}
+	if err := g.m.Pause(ctx); err != nil {
+		t.Errorf("Pause when paused: %v", err)
+	}
+	if err := g.m.Resume(); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	c, err := g.connect(vsockTestPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echo(c, randomBytes(t, 1<<20)); err != nil {
+		t.Fatalf("echo after resume: %v; console:\n%s", err, g.console)
+	}
+	c.Close()
+	g.wait(0, 30*time.Second)
+	if err := g.m.Resume(); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Resume after the end: %v, want ErrNotRunning", err)
+	}
+	if n := g.m.Metrics().VCPUs[0].Exits[kvm.ExitIO]; n == 0 {
+		t.Error("no I/O exits counted: the guest never ran")
+	}
+}
