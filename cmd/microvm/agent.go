@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -150,23 +151,7 @@ func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := interruptible(context.Background())
-			defer stop()
-			err = cp.run(ctx, a, stdin, stdout)
-			if serr := signalStatus(ctx, log); serr != nil {
-				return serr
-			}
-			var ge guestError
-			switch {
-			case err == nil:
-				return nil
-			case errors.As(err, &ge) && fileProblem(status.Code(ge.err)):
-				// The guest file is the problem, as for cp(1): status 1.
-				return fmt.Errorf("agent cp: %w", err)
-			case isHostSide(err):
-				return fmt.Errorf("agent cp: %w", err)
-			}
-			return failure{fmt.Errorf("agent cp: %w", err)}
+			return copyWithAgent("agent cp", cp, a, stdin, stdout, log)
 		},
 	}
 }
@@ -341,4 +326,27 @@ func fileProblem(c codes.Code) bool {
 		return true
 	}
 	return false
+}
+
+// copyWithAgent carries out cp through the agent at a, and turns its end
+// into a status: 1 when a file is the problem (on either side, as cp(1)),
+// a failure (125) when the agent or the VM is.
+func copyWithAgent(name string, cp copySpec, a agentAddr, stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) error {
+	ctx, stop := interruptible(context.Background())
+	defer stop()
+	err := cp.run(ctx, a, stdin, stdout)
+	if serr := signalStatus(ctx, log); serr != nil {
+		return serr
+	}
+	var ge guestError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ge) && fileProblem(status.Code(ge.err)):
+		// The guest file is the problem, as for cp(1): status 1.
+		return fmt.Errorf("%s: %w", name, err)
+	case isHostSide(err):
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return failure{fmt.Errorf("%s: %w", name, err)}
 }

@@ -102,7 +102,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		// Errors are printed once, by Main, with the right exit status.
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError:   onUsageError,
-		Commands: []*cli.Command{
+		Commands: append([]*cli.Command{
 			runCommand(stdin, stdout, stderr),
 			execCommand(stdin, stdout, stderr),
 			agentCommand(stdin, stdout, stderr),
@@ -122,7 +122,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 					return nil
 				},
 			},
-		},
+		}, namedCommands(stdin, stdout, stderr)...),
 	}
 }
 
@@ -196,10 +196,13 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "acpi", Value: "on", Usage: "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"},
 			&cli.Uint64Flag{Name: "vsock-cid", Usage: "add a virtio-vsock device with this guest CID (>= 3)"},
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
-		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(append(privilegeFlags(), seccompFlag()), logFlags()...)...),
+		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(append(append(privilegeFlags(), seccompFlag()), logFlags()...), namedFlags()...)...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
+			}
+			if isSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") {
+				return runNamed(c, stdin, stdout, stderr)
 			}
 			log, err := setupLog(c, stderr)
 			if err != nil {
@@ -242,12 +245,18 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 }
 
 func runConfig(c *cli.Context) (microvm.Config, error) {
+	if c.String("kernel") == "" {
+		return microvm.Config{}, usagef("run: --kernel is required")
+	}
+	return runConfigNoKernelCheck(c)
+}
+
+// runConfigNoKernelCheck is runConfig for a named VM, whose kernel may
+// default (named.go).
+func runConfigNoKernelCheck(c *cli.Context) (microvm.Config, error) {
 	mem, err := microvm.ParseSize(c.String("memory"))
 	if err != nil {
 		return microvm.Config{}, usagef("--memory: %v", err)
-	}
-	if c.String("kernel") == "" {
-		return microvm.Config{}, usagef("run: --kernel is required")
 	}
 	if n := c.Int("cpus"); n < 1 || n > microvm.MaxCPUs {
 		return microvm.Config{}, usagef("--cpus %d: want 1..%d", n, microvm.MaxCPUs)
@@ -353,6 +362,27 @@ func readVsockLimits(c *cli.Context, prefix string) (vsockLimits, error) {
 		return lim, usagef("--%sconnect-timeout %v: want a positive duration", prefix, lim.connectTimeout)
 	}
 	return lim, nil
+}
+
+// namedFlags are run's flags for a named VM (named.go): --name, --detach,
+// --with-agent and the agent image's flags.
+func namedFlags() []cli.Flag {
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "name", Usage: "a named VM: its state, control socket, vsock socket and console log live under $MICROVM_STATE_DIR/vms/NAME; microvm ls, stop, kill, rm, logs, exec --vm and cp reach it by name"},
+		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "with --name: return once the VM runs (and its agent answers, with --with-agent); the VM goes on in the background"},
+		&cli.BoolFlag{Name: "with-agent", Usage: "the guest runs microvm's agent: boot exec's agent image (unless --initrd or --root gives one whose /init is the agent)"},
+		&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "with --detach --with-agent: how long to wait for the agent"},
+	}, imageFlags()...)
+}
+
+// imageFlags say what goes into the agent image, for exec, initramfs and
+// run --with-agent; readImageFlags reads them.
+func imageFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "agent", Usage: "static guest agent binary (default: microvm-agent next to the microvm binary)"},
+		&cli.StringFlag{Name: "busybox", Value: "/bin/busybox", Usage: "static busybox for sh and the core utilities in the guest (\"\" leaves it out)"},
+		&cli.StringSliceFlag{Name: "add", Usage: "copy host file or directory SRC to guest path DST (repeatable)"},
+	}
 }
 
 // runMachine boots the guest and turns its end into an exit status: the

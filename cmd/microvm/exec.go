@@ -24,6 +24,7 @@ import (
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/seccomp"
+	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
 
@@ -43,9 +44,13 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage:        execUsage,
 		OnUsageError: onUsageError,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
-			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]",
+			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]\n" +
+			"microvm exec --vm NAME [--env K=V]... [--workdir DIR] [--timeout D] -- CMD [ARG...]",
 		Flags: concatFlags(
-			[]cli.Flag{&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"}},
+			[]cli.Flag{
+				&cli.StringFlag{Name: "vm", Usage: "run CMD in the running named VM NAME (microvm run --name NAME --with-agent) instead of a fresh one"},
+				&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
+			},
 			imageFlags(),
 			[]cli.Flag{
 				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
@@ -64,6 +69,9 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err
+			}
+			if isSet(c, "vm") {
+				return asFailure(execInVM(c, stdin, stdout, stderr, log))
 			}
 			o, err := execOptions(c)
 			if err != nil {
@@ -139,7 +147,7 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	}
 	defaultKernel := o.kernel == ""
 	if defaultKernel {
-		o.kernel = filepath.Clean(filepath.Join(binDir(), "..", "build", "kernel", "bzImage"))
+		o.kernel = defaultKernelPath()
 	}
 	// Everything New would refuse in the configuration is a usage error
 	// now, before an image is built or a file is looked at.
@@ -153,6 +161,13 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		}
 	}
 	return o, nil
+}
+
+// defaultKernelPath is the kernel exec (and run --with-agent) boot without
+// --kernel or $MICROVM_KERNEL: build/kernel/bzImage beside the binary's
+// bin/ (make kernel).
+func defaultKernelPath() string {
+	return filepath.Clean(filepath.Join(binDir(), "..", "build", "kernel", "bzImage"))
 }
 
 // machineConfig is the VM exec boots: the kernel, the initrd (none with
@@ -505,4 +520,44 @@ func asFailure(err error) error {
 		return err
 	}
 	return failure{err}
+}
+
+// execInVM is `microvm exec --vm NAME -- CMD`: CMD through the agent of a
+// running named VM, with exec's streams and statuses.
+func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log logrus.FieldLogger) error {
+	name := c.String("vm")
+	if err := vms.CheckName(name); err != nil {
+		return usageError{fmt.Errorf("--vm: %w", err)}
+	}
+	for _, f := range c.LocalFlagNames() {
+		switch f {
+		case "vm", "env", "workdir", "timeout", "log-level", "log-format", "quiet", "q":
+		default:
+			return usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
+		}
+	}
+	cmd, err := readGuestCmd(c, "exec", "microvm exec --vm NAME [flags] -- CMD [ARG...]")
+	if err != nil {
+		return err
+	}
+	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
+	e, err := liveVM(name)
+	if err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if !e.Agent {
+		return fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", name)
+	}
+	ctx, stop := interruptible(context.Background())
+	defer stop()
+	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}
+	cc, err := a.dial(ctx)
+	if err != nil {
+		if serr := signalStatus(ctx, log); serr != nil {
+			return serr
+		}
+		return fmt.Errorf("exec: VM %s: %w", name, err)
+	}
+	defer cc.Close()
+	return runInGuest(ctx, cc, "exec", cmd, log)
 }

@@ -22,3 +22,16 @@ const (
 	vhostUserUsage = "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user"
 	connectUsage   = "connect stdin/stdout to a guest vsock port through the VM's Unix socket"
 )
+
+// namedCommandNames are the named VMs' commands (named.go), with the
+// usage lines both builds show.
+var namedCommandNames = []struct{ name, usage string }{
+	{"ls", "list the named VMs"},
+	{"stop", "stop a named VM: its agent powers the guest off, or it is stopped after --timeout"},
+	{"kill", "stop a named VM at once"},
+	{"rm", "remove stopped named VMs (-f: stop them first)"},
+	{"logs", "print a named VM's console (-f: follow it)"},
+	{"cp", "copy a file into or out of a named VM: NAME:/PATH as SRC or DST"},
+	{"pause", "hold a named VM's vCPUs"},
+	{"resume", "let a paused VM run"},
+}

@@ -51,16 +51,6 @@ func initramfsCommand() *cli.Command {
 	}
 }
 
-// imageFlags say what goes into the exec image, for exec and initramfs;
-// readImageFlags reads them.
-func imageFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "agent", Usage: "static guest agent binary (default: microvm-agent next to the microvm binary)"},
-		&cli.StringFlag{Name: "busybox", Value: "/bin/busybox", Usage: "static busybox for sh and the core utilities in the guest (\"\" leaves it out)"},
-		&cli.StringSliceFlag{Name: "add", Usage: "copy host file or directory SRC to guest path DST (repeatable)"},
-	}
-}
-
 func readImageFlags(c *cli.Context) (agentimage.Options, error) {
 	o := agentimage.Options{Agent: c.String("agent"), Busybox: c.String("busybox")}
 	for _, a := range c.StringSlice("add") {

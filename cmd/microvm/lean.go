@@ -45,6 +45,19 @@ func connectCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
 	return handoffCommand("vsock-connect", connectUsage)
 }
 
+// runNamed, in the lean build, hands `microvm run` with --name, --detach
+// or --with-agent to microvm-full, which runs named VMs.
+func runNamed(*cli.Context, io.Reader, io.Writer, io.Writer) error { return handOff("run") }
+
+// The named VMs' commands, in the lean build, hand over to microvm-full.
+func namedCommands(io.Reader, io.Writer, io.Writer) []*cli.Command {
+	var cs []*cli.Command
+	for _, n := range namedCommandNames {
+		cs = append(cs, handoffCommand(n.name, n.usage))
+	}
+	return cs
+}
+
 // handoffCommand is a command whose flags and arguments, help included,
 // are microvm-full's to parse: it replaces this process with microvm-full
 // and the same command line.
@@ -54,20 +67,24 @@ func handoffCommand(name, usage string) *cli.Command {
 		Usage:           usage,
 		SkipFlagParsing: true,
 		HideHelp:        true,
-		Action: func(*cli.Context) error {
-			helper, err := findFullBuild()
-			if err != nil {
-				return fmt.Errorf("%s: %w", name, err)
-			}
-			if !ownsProcess {
-				return fmt.Errorf("%s: the lean build hands over to %s only as its own process", name, helper)
-			}
-			// execve keeps the process: its pid, stdio, signal
-			// dispositions reset to default, and the caller's wait.
-			err = syscall.Exec(helper, os.Args, os.Environ())
-			return fmt.Errorf("%s: exec %s: %w", name, helper, err)
-		},
+		Action:          func(*cli.Context) error { return handOff(name) },
 	}
+}
+
+// handOff replaces this process with microvm-full and the same command
+// line.
+func handOff(name string) error {
+	helper, err := findFullBuild()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if !ownsProcess {
+		return fmt.Errorf("%s: the lean build hands over to %s only as its own process", name, helper)
+	}
+	// execve keeps the process: its pid, stdio, signal dispositions
+	// reset to default, and the caller's wait.
+	err = syscall.Exec(helper, os.Args, os.Environ())
+	return fmt.Errorf("%s: exec %s: %w", name, helper, err)
 }
 
 // fullBuild is the full build's name, looked for beside the running

@@ -1,0 +1,387 @@
+// Package vms keeps the named VMs of a host: one directory each under the
+// state directory, holding the VM's record (vm.json), its lock, its
+// control socket, its vsock socket and its console log.
+//
+//	$MICROVM_STATE_DIR/vms/NAME/
+//	    vm.json       the Record: JSON padded with spaces to RecordSize,
+//	                  rewritten in place (the VM's process may be confined
+//	                  by seccomp by then: no open, no rename)
+//	    lock          flock'd by the VM's process for as long as it lives
+//	    api.sock      the control API (internal/vmctl)
+//	    vsock.sock    the vsock device's Unix socket (and vsock.sock_PORT)
+//	    console.log   the console, two files of at most ConsoleMax bytes
+//	    console.log.1 each, written in turn (ConsoleLog)
+//	    microvm.log   a detached VM's own diagnostics (its stderr)
+//
+// Liveness is the lock, not the pid: a process that crashed (SIGKILL, a
+// panic) leaves its directory, but not its lock, so the entry reads as
+// exited and its name can be taken again; a pid can be reused, a lock
+// cannot outlive its holder.
+//
+// Owner: a Lease belongs to the process that created the VM; List, Get
+// and Remove only read locks (or take them briefly, to remove).
+package vms
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Files in a VM's directory.
+const (
+	RecordFile  = "vm.json"
+	LockFile    = "lock"
+	APISocket   = "api.sock"
+	VsockSocket = "vsock.sock"
+	ConsoleFile = "console.log"
+	LogFile     = "microvm.log"
+)
+
+// States of a VM as its record and its lock tell them.
+const (
+	StateStarting = "starting" // the process holds the lock, the VM is being built
+	StateRunning  = "running"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	StateExited   = "exited" // ended; or its process died without saying so
+)
+
+// ErrNameInUse is returned by Create for a name a live VM has.
+var ErrNameInUse = errors.New("a running VM has that name")
+
+// ErrNotFound is returned for a name no VM has.
+var ErrNotFound = errors.New("no such VM")
+
+// ErrRunning is returned by Remove for a VM that is still running.
+var ErrRunning = errors.New("the VM is running")
+
+// StateDir is where microvm keeps its state: $MICROVM_STATE_DIR, else
+// /var/lib/microvm for root, else $XDG_DATA_HOME/microvm
+// (~/.local/share/microvm).
+func StateDir() string {
+	if d := os.Getenv("MICROVM_STATE_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/microvm"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "microvm")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), fmt.Sprintf("microvm-%d", os.Geteuid()))
+	}
+	return filepath.Join(home, ".local", "share", "microvm")
+}
+
+// CheckName accepts 1 to 63 letters, digits, '_', '.' and '-', starting
+// with a letter or digit: a name that is a safe directory name and keeps
+// the socket paths short.
+func CheckName(name string) error {
+	if name == "" || len(name) > 63 {
+		return fmt.Errorf("VM name %q: want 1 to 63 characters", name)
+	}
+	for i, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || i > 0 && (c == '_' || c == '.' || c == '-')
+		if !ok {
+			return fmt.Errorf("VM name %q: want letters, digits, '_', '.' and '-', starting with a letter or digit", name)
+		}
+	}
+	return nil
+}
+
+// Record is what vm.json holds about a VM.
+type Record struct {
+	Name        string    `json:"name"`
+	State       string    `json:"state"`
+	PID         int       `json:"pid"`
+	Created     time.Time `json:"created"`
+	Ended       time.Time `json:"ended,omitzero"`
+	ExitStatus  int       `json:"exit_status"` // once exited: what `microvm run` exited with
+	ExitReason  string    `json:"exit_reason,omitempty"`
+	CPUs        int       `json:"cpus"`
+	MemoryBytes uint64    `json:"memory_bytes"`
+	Kernel      string    `json:"kernel"`
+	Initrd      string    `json:"initrd,omitempty"`
+	Disks       []string  `json:"disks,omitempty"`
+	// Agent says the guest runs microvm's agent on AgentPort: exec --vm,
+	// cp and a graceful stop use it.
+	Agent     bool   `json:"agent"`
+	AgentPort uint32 `json:"agent_port,omitempty"`
+	VsockCID  uint64 `json:"vsock_cid"`
+}
+
+// Store is the VMs under one state directory.
+type Store struct {
+	dir string // STATE/vms
+}
+
+// Open returns the store under stateDir, creating it (0700) if needed.
+func Open(stateDir string) (*Store, error) {
+	dir := filepath.Join(stateDir, "vms")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Dir is the directory of the VM named name.
+func (s *Store) Dir(name string) string { return filepath.Join(s.dir, name) }
+
+// RecordSize is vm.json's size: the record's JSON, padded with spaces.
+const RecordSize = 4096
+
+// Lease is a created VM's hold on its name: its lock, held until Release,
+// and its record file, open for rewriting in place.
+type Lease struct {
+	dir     string
+	lock    *os.File
+	recFile *os.File
+	rec     Record
+}
+
+// Create claims rec.Name: it makes the VM's directory, takes its lock and
+// writes the record (state starting, this process's pid). A directory left
+// by a VM that is no longer running is cleared first; a live one is
+// ErrNameInUse. The socket paths must fit a Unix socket address.
+func (s *Store) Create(rec Record) (*Lease, error) {
+	if err := CheckName(rec.Name); err != nil {
+		return nil, err
+	}
+	dir := s.Dir(rec.Name)
+	if p := filepath.Join(dir, VsockSocket) + "_4294967295.dgram"; len(p) > 107 {
+		return nil, fmt.Errorf("state directory %s: a VM's socket paths there would be %d bytes, over the 107 a Unix socket address holds (set $MICROVM_STATE_DIR to a shorter path)", s.dir, len(p))
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("VM %s: %w (microvm rm -f %s, or another name)", rec.Name, ErrNameInUse, rec.Name)
+		}
+		return nil, fmt.Errorf("VM %s: lock: %w", rec.Name, err)
+	}
+	// The name was free: whatever an earlier VM of that name left goes.
+	if err := clearDir(dir); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
+	}
+	rec.State, rec.PID = StateStarting, os.Getpid()
+	if rec.Created.IsZero() {
+		rec.Created = time.Now().UTC()
+	}
+	f, err := os.OpenFile(filepath.Join(dir, RecordFile), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
+	}
+	l := &Lease{dir: dir, lock: lock, recFile: f, rec: rec}
+	if err := l.write(); err != nil {
+		f.Close()
+		lock.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// clearDir removes everything in dir but the lock.
+func clearDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Name() == LockFile {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Dir is the VM's directory.
+func (l *Lease) Dir() string { return l.dir }
+
+// Path is the file name in the VM's directory.
+func (l *Lease) Path(name string) string { return filepath.Join(l.dir, name) }
+
+// Record is the lease's record as last written.
+func (l *Lease) Record() Record { return l.rec }
+
+// Update changes the record with f and writes it.
+func (l *Lease) Update(f func(*Record)) error {
+	f(&l.rec)
+	return l.write()
+}
+
+// write rewrites vm.json in place: the JSON, padded with spaces to
+// RecordSize, in one pwrite (a reader that meets a write half done retries:
+// Get).
+func (l *Lease) write() error {
+	b, err := json.MarshalIndent(l.rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	if len(b) >= RecordSize {
+		return fmt.Errorf("VM %s: record of %d bytes, over %d", l.rec.Name, len(b), RecordSize)
+	}
+	buf := append(b, bytes.Repeat([]byte{' '}, RecordSize-1-len(b))...)
+	buf = append(buf, '\n')
+	if _, err := l.recFile.WriteAt(buf, 0); err != nil {
+		return fmt.Errorf("VM %s: %w", l.rec.Name, err)
+	}
+	return nil
+}
+
+// Release gives the name up: the record stays (state exited, for ls and
+// logs) until Remove.
+func (l *Lease) Release() error {
+	if l.lock == nil {
+		return nil
+	}
+	err := errors.Join(l.recFile.Close(), l.lock.Close()) // the lock's close drops the flock
+	l.lock = nil
+	return err
+}
+
+// Entry is one VM as List and Get find it.
+type Entry struct {
+	Record
+	Dir string
+	// Alive says a process holds the VM's lock. A record that says it
+	// runs while nothing holds the lock is a VM whose process died: its
+	// State is reported as exited.
+	Alive bool
+}
+
+// Get returns the VM named name.
+func (s *Store) Get(name string) (Entry, error) {
+	if err := CheckName(name); err != nil {
+		return Entry{}, err
+	}
+	dir := s.Dir(name)
+	e := Entry{Dir: dir}
+	for try := 0; ; try++ {
+		b, err := os.ReadFile(filepath.Join(dir, RecordFile))
+		if errors.Is(err, fs.ErrNotExist) {
+			return Entry{}, fmt.Errorf("VM %s: %w", name, ErrNotFound)
+		} else if err != nil {
+			return Entry{}, fmt.Errorf("VM %s: %w", name, err)
+		}
+		if len(bytes.TrimSpace(b)) == 0 {
+			return Entry{}, fmt.Errorf("VM %s: %w", name, ErrNotFound) // being created
+		}
+		err = json.Unmarshal(b, &e.Record)
+		if err == nil {
+			break
+		}
+		if try == 3 {
+			return Entry{}, fmt.Errorf("VM %s: %s: %w", name, RecordFile, err)
+		}
+		time.Sleep(time.Millisecond) // a rewrite half done
+	}
+	e.Alive = locked(filepath.Join(dir, LockFile))
+	if !e.Alive && e.State != StateExited {
+		e.State, e.ExitReason = StateExited, "the microvm process ended without saying how (killed?)"
+	}
+	return e, nil
+}
+
+// locked says whether a process holds the lock at path.
+func locked(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+	if err == nil {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		return false
+	}
+	return errors.Is(err, unix.EWOULDBLOCK)
+}
+
+// List returns every VM, by name.
+func (s *Store) List() ([]Entry, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	var out []Entry
+	for _, d := range entries {
+		if !d.IsDir() || CheckName(d.Name()) != nil {
+			continue
+		}
+		e, err := s.Get(d.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue // being created, or half removed
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Remove deletes a VM that is not running (ErrRunning otherwise). It takes
+// the VM's lock while it removes, so a VM starting under the same name
+// meanwhile either waits for the name or finds it gone.
+func (s *Store) Remove(name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	dir := s.Dir(name)
+	if _, err := os.Stat(filepath.Join(dir, RecordFile)); errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("VM %s: %w", name, ErrNotFound)
+		}
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("VM %s: %w", name, err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("VM %s: %w (microvm stop %s first, or rm -f)", name, ErrRunning, name)
+		}
+		return fmt.Errorf("VM %s: lock: %w", name, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("VM %s: %w", name, err)
+	}
+	return nil
+}
+
+// Describe is a record's configuration in a few words, for ls.
+func (r Record) Describe() string {
+	var parts []string
+	if r.Agent {
+		parts = append(parts, "agent")
+	}
+	for _, d := range r.Disks {
+		parts = append(parts, "disk "+filepath.Base(d))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,177 @@
+package vms
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestCheckName(t *testing.T) {
+	for _, ok := range []string{"a", "ci-job.42", "A_b", strings.Repeat("x", 63)} {
+		if err := CheckName(ok); err != nil {
+			t.Errorf("CheckName(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "-a", ".a", "a/b", "..", "a b", strings.Repeat("x", 64), "ä"} {
+		if err := CheckName(bad); err == nil {
+			t.Errorf("CheckName(%q) = nil, want an error", bad)
+		}
+	}
+}
+
+// TestLifecycle: a created VM is alive and its name taken; released, it
+// reads as exited and the name is free; Remove deletes it, and refuses a
+// live one.
+func TestLifecycle(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Create(Record{Name: "vm1", CPUs: 2, MemoryBytes: 64 << 20, Agent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := s.Get("vm1")
+	if err != nil || !e.Alive || e.State != StateStarting || e.PID != os.Getpid() || e.CPUs != 2 {
+		t.Fatalf("Get: %+v, %v", e, err)
+	}
+	if err := l.Update(func(r *Record) { r.State = StateRunning }); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get("vm1"); e.State != StateRunning {
+		t.Errorf("state %q after Update, want running", e.State)
+	}
+	if _, err := s.Create(Record{Name: "vm1"}); !errors.Is(err, ErrNameInUse) {
+		t.Errorf("second Create: %v, want ErrNameInUse", err)
+	}
+	if err := s.Remove("vm1"); !errors.Is(err, ErrRunning) {
+		t.Errorf("Remove of a live VM: %v, want ErrRunning", err)
+	}
+	if err := os.WriteFile(l.Path(ConsoleFile), []byte("old console\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	// Released without saying it exited: a crashed process.
+	if e, _ := s.Get("vm1"); e.Alive || e.State != StateExited || e.ExitReason == "" {
+		t.Errorf("after Release: %+v; want exited, not alive, with a reason", e)
+	}
+	list, err := s.List()
+	if err != nil || len(list) != 1 || list[0].Name != "vm1" {
+		t.Fatalf("List: %+v, %v", list, err)
+	}
+	// The name is free again: a new VM clears what the old one left.
+	l2, err := s.Create(Record{Name: "vm1"})
+	if err != nil {
+		t.Fatalf("Create over an exited VM: %v", err)
+	}
+	if _, err := os.Stat(l2.Path(ConsoleFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the old console log survived: %v", err)
+	}
+	l2.Release()
+	if err := s.Remove("vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get("vm1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get after Remove: %v, want ErrNotFound", err)
+	}
+	if err := s.Remove("vm1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second Remove: %v, want ErrNotFound", err)
+	}
+}
+
+// TestLockHeldByAnotherProcess: the lock is what tells a live VM, across
+// processes: a child holding it makes the VM alive; killed, the VM is
+// exited and the name free.
+func TestLockHeldByAnotherProcess(t *testing.T) {
+	flock, err := exec.LookPath("flock")
+	if err != nil {
+		t.Skip("no flock(1)")
+	}
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Create(Record{Name: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	child := exec.Command(flock, "-o", "-x", filepath.Join(s.Dir("other"), LockFile), "sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	for i := 0; i < 500; i++ {
+		if e, _ := s.Get("other"); e.Alive {
+			break
+		}
+		if i == 499 {
+			t.Fatal("the child's lock never showed")
+		}
+		sleepMs(10)
+	}
+	if _, err := s.Create(Record{Name: "other"}); !errors.Is(err, ErrNameInUse) {
+		t.Errorf("Create while another process holds the lock: %v", err)
+	}
+	child.Process.Kill()
+	child.Wait()
+	if e, _ := s.Get("other"); e.Alive {
+		t.Error("still alive after its process died")
+	}
+}
+
+// TestSocketPathTooLong: a state directory too deep for socket paths is
+// refused with a message saying how to fix it.
+func TestSocketPathTooLong(t *testing.T) {
+	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 60))
+	s, err := Open(deep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(Record{Name: strings.Repeat("n", 40)}); err == nil || !strings.Contains(err.Error(), "MICROVM_STATE_DIR") {
+		t.Errorf("Create: %v, want the socket path refused", err)
+	}
+}
+
+// TestConsoleLog: writes rotate at the bound; ReadConsole gives the two
+// files oldest first; nothing is lost below twice the bound.
+func TestConsoleLog(t *testing.T) {
+	dir := t.TempDir()
+	c, err := OpenConsoleLog(dir, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all bytes.Buffer
+	for i := 0; i < 30; i++ {
+		line := []byte(strings.Repeat(string(rune('a'+i%26)), 9) + "\n")
+		all.Write(line)
+		if n, err := c.Write(line); n != len(line) || err != nil {
+			t.Fatalf("Write: %d, %v", n, err)
+		}
+		time.Sleep(2 * time.Millisecond) // the files' modification times tell their order
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadConsole(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) > 200 || !bytes.HasSuffix(all.Bytes(), got) || len(got) < 100 {
+		t.Errorf("console holds %d bytes %q; want the last 100..200 of what was written", len(got), got)
+	}
+	for _, name := range []string{ConsoleFile, ConsoleFile + ".1"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Size() > 100 {
+			t.Errorf("%s: %v, %v; want at most 100 bytes", name, fi, err)
+		}
+	}
+}
+
+func sleepMs(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }
