@@ -218,6 +218,9 @@ func writeVirtio(w *promtext.Writer, ts []transport, mmio bool) {
 		ts, func(t transport) string { return t.name }, func(t transport) uint64 { return t.stats.Activations })
 	counter(w, "microvm_virtio_driver_resets_total", "Times the driver reset the device (status 0).",
 		ts, func(t transport) string { return t.name }, func(t transport) uint64 { return t.stats.DriverResets })
+	counter(w, "microvm_virtio_notify_exits_total",
+		"Queue notifications that reached microvm as register writes (a vCPU exit each), not through an ioeventfd.",
+		ts, func(t transport) string { return t.name }, func(t transport) uint64 { return t.stats.NotifyExits })
 }
 
 // writeGuestErrors writes a guest-error family of one device: a sample

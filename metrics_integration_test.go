@@ -170,6 +170,10 @@ func TestMetricsVsockTransfer(t *testing.T) {
 	if v.TxKicks == 0 || v.Transport.Activations != 1 {
 		t.Errorf("tx kicks %d, activations %d; want some, 1", v.TxKicks, v.Transport.Activations)
 	}
+	if v.Transport.NotifyExits != 0 {
+		t.Errorf("%d queue notifications exited to microvm; want 0: every one through the ioeventfds bound at DRIVER_OK",
+			v.Transport.NotifyExits)
+	}
 	if len(m.VCPUs) != 1 || m.VCPUs[0].Exits[kvm.ExitIO] == 0 || m.VCPUs[0].CPUTime <= 0 {
 		t.Errorf("vCPUs %+v: want one, with port I/O exits and CPU time", m.VCPUs)
 	}

@@ -172,10 +172,12 @@ const pitSpeakerDummy = 1
 // RuntimeIoctls are the KVM requests a machine issues once it runs, after
 // setup: KVM_RUN on every vCPU exit, KVM_SET_GSI_ROUTING when the guest
 // reprograms the split irqchip's IOAPIC, KVM_GET_REGS / KVM_GET_SREGS
-// when a stopped vCPU's registers are logged, and KVM_IRQFD / KVM_IOEVENTFD
-// at teardown, which unregisters each before closing the VM (closing a VM
-// that still has them costs 6-12 ms more on the hosts measured:
-// docs/benchmarks.md, "Start-up"). Everything else (creating the VM, its
+// when a stopped vCPU's registers are logged, KVM_IOEVENTFD when a guest
+// driver first starts a virtio device (its queues' ioeventfds are
+// registered then), and KVM_IRQFD / KVM_IOEVENTFD at teardown, which
+// unregisters each before closing the VM (closing a VM that still has
+// them costs 6-12 ms more on the hosts measured: docs/benchmarks.md,
+// "Start-up"). Everything else (creating the VM, its
 // memory, irqchip and vCPUs, CPUID, MSRs) is done by then. Package seccomp allows ioctl only with these requests (and a
 // few non-KVM ones), so a new request issued at run time belongs here.
 func RuntimeIoctls() []uint32 {

@@ -7,8 +7,9 @@
 //
 // Data flow, guest to device: the driver fills descriptors and the available
 // ring (2.7.13), then writes QueueNotify (4.2.2). Under KVM that write is
-// caught by an ioeventfd registered with a datamatch on the queue index, so
-// the vCPU never leaves the kernel; the eventfd wakes the device worker that
+// caught by an ioeventfd with a datamatch on the queue index, registered
+// when the driver first started the device (MMIO.BindKicks), so the vCPU
+// never leaves the kernel; the eventfd wakes the device worker that
 // owns the queue. The worker calls Queue.Pop, which walks the chain once
 // (Walker: bounds, loops, indirect tables, readable-before-writable) and
 // returns a Chain of bounded guest-memory views. The worker consumes the

@@ -73,6 +73,12 @@ type MMIO struct {
 	mem   *guestmem.Memory
 	raise func() // pulses the device's interrupt line
 	kicks []*eventfd.EventFD
+	// bind, when set (BindKicks), routes queue i's notifications to
+	// kicks[i] without a vCPU exit (under KVM: an ioeventfd). It is called
+	// once per queue, the first time an activation hands that queue to
+	// the device; bound records which were, under mu.
+	bind  func(queue int, kick *eventfd.EventFD) error
+	bound []bool
 
 	mu         sync.Mutex // guards the fields below
 	status     uint32     // driver-visible bits except NEEDS_RESET
@@ -95,6 +101,7 @@ type MMIO struct {
 	guestErrors             GuestErrors
 	usedIRQs, configIRQs    atomic.Uint64
 	activated, driverResets atomic.Uint64
+	notifyExits             atomic.Uint64
 }
 
 // TransportGuestErrorKinds are the kinds the transport reports
@@ -115,6 +122,12 @@ type TransportStats struct {
 	// Activations counts DRIVER_OK moves that started the device;
 	// DriverResets the driver's writes of 0 to the status register.
 	Activations, DriverResets uint64
+	// NotifyExits counts queue notifications that reached the transport
+	// as register writes, each a vCPU exit: those before the queue was
+	// bound (BindKicks), or all of them where nothing binds. Under KVM a
+	// driver that notifies only after DRIVER_OK, as the spec has it,
+	// leaves this at 0.
+	NotifyExits uint64
 }
 
 // GuestErrorsTotal is the sum of GuestErrors.
@@ -135,12 +148,29 @@ func NewMMIO(dev Device, mem *guestmem.Memory, raise func(), log logrus.FieldLog
 		t.kicks = append(t.kicks, e)
 	}
 	t.queues = make([]queueRegs, len(t.kicks))
+	t.bound = make([]bool, len(t.kicks))
 	return t, nil
 }
 
-// KickFDs returns the (non-blocking) eventfd of each queue: the VMM registers each as an
-// ioeventfd on RegQueueNotify with a datamatch on the queue index.
+// KickFDs returns the (non-blocking) eventfd of each queue. A driver's
+// write of queue i to RegQueueNotify signals KickFDs()[i]: through Write,
+// or without a vCPU exit once BindKicks's bind has routed it.
 func (t *MMIO) KickFDs() []*eventfd.EventFD { return t.kicks }
+
+// BindKicks has the transport call bind(i, KickFDs()[i]) the first time a
+// DRIVER_OK hands queue i to the device, on the vCPU goroutine writing the
+// status: the VMM registers an ioeventfd on RegQueueNotify with a datamatch
+// on i there. Binding at first use rather than at creation means a device
+// its driver never starts costs no ioeventfd: KVM waits for an SRCU grace
+// period on each registration and each removal, which a short-lived VM
+// pays in its start-up and teardown (docs/benchmarks.md, "Start-up"). A
+// failed bind is logged and the queue's kicks keep arriving through
+// Write. Call before the guest runs.
+func (t *MMIO) BindKicks(bind func(queue int, kick *eventfd.EventFD) error) {
+	t.mu.Lock()
+	t.bind = bind
+	t.mu.Unlock()
+}
 
 // Close resets the device and closes the kick eventfds.
 func (t *MMIO) Close() error {
@@ -167,6 +197,7 @@ func (t *MMIO) Stats() TransportStats {
 	return TransportStats{
 		UsedBufferInterrupts: t.usedIRQs.Load(), ConfigInterrupts: t.configIRQs.Load(),
 		Activations: t.activated.Load(), DriverResets: t.driverResets.Load(),
+		NotifyExits: t.notifyExits.Load(),
 		GuestErrors: t.guestErrors.Counts(),
 	}
 }
@@ -304,9 +335,11 @@ func (t *MMIO) Write(offset uint64, data []byte) {
 	}
 	v := binary.LittleEndian.Uint32(data)
 	if offset == RegQueueNotify {
-		// Normally caught by the ioeventfd; this path serves setups
+		// Once the device has started, normally caught by the ioeventfd
+		// (BindKicks); this path serves kicks before that and setups
 		// without one (tests, or a failed registration).
 		if int(v) < len(t.kicks) {
+			t.notifyExits.Add(1)
 			_ = t.kicks[v].Signal()
 		} else {
 			t.guestError(GuestErrRegister, "notify of queue %d; the device has %d", v, len(t.kicks))
@@ -502,10 +535,30 @@ func (t *MMIO) activate() error {
 	if err := t.dev.Activate(a); err != nil {
 		return fmt.Errorf("activate %s device: %w", deviceName(t.dev.Type()), err)
 	}
+	t.bindReadyQueues()
 	t.active = true
 	t.activated.Add(1)
 	t.log.WithField("features", fmt.Sprintf("%#x", t.drvFeat)).Debug("virtio-mmio: device activated")
 	return nil
+}
+
+// bindReadyQueues binds each queue the activation handed over that has no
+// binding yet (BindKicks). Until a binding is in place the queue's kicks
+// come through Write, so a kick racing this loses nothing. Called with mu
+// held.
+func (t *MMIO) bindReadyQueues() {
+	if t.bind == nil {
+		return
+	}
+	for i, r := range t.queues {
+		if !r.ready || t.bound[i] {
+			continue
+		}
+		if err := t.bind(i, t.kicks[i]); err != nil {
+			t.log.WithError(err).Warnf("virtio-mmio: queue %d notifications stay on the MMIO exit path", i)
+		}
+		t.bound[i] = true // tried once: a failure would fail the same way again
+	}
 }
 
 // reset returns the transport to its initial state (4.2.3.1), resetting an

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 )
@@ -447,6 +448,57 @@ func TestMMIOQueueNotify(t *testing.T) {
 	}
 }
 
+// TestMMIOBindKicks checks when the transport asks the VMM to route a
+// queue's notifications (BindKicks): once per queue, at the first
+// activation that hands it over, never for a queue the driver left unset
+// or a device it never started, and a failed bind leaves the queue's kicks
+// on the Write path.
+func TestMMIOBindKicks(t *testing.T) {
+	dev := newFakeDevice()
+	e := newMEnv(t, dev)
+	var bound []int
+	e.m.BindKicks(func(q int, k *eventfd.EventFD) error {
+		if k != e.m.KickFDs()[q] {
+			t.Errorf("bind of queue %d with another queue's eventfd", q)
+		}
+		bound = append(bound, q)
+		if q == 2 {
+			return errors.New("no ioeventfd for you")
+		}
+		return nil
+	})
+	qs := e.driverQueues(true, 256, 64)
+	if !e.negotiate(allQueueFeatures) {
+		t.Fatal("FEATURES_OK did not stick")
+	}
+	for i, q := range qs {
+		e.setupQueue(uint32(i), q.Cfg)
+	}
+	if len(bound) != 0 {
+		t.Fatalf("queues %v bound before DRIVER_OK", bound)
+	}
+	e.addStatus(virtio.StatusDriverOK)
+	if diff := cmp.Diff([]int{0, 1}, bound); diff != "" {
+		t.Fatalf("bound after the first DRIVER_OK (-want +got):\n%s", diff)
+	}
+	// Reset and start again with queues 1 and 2: only 2 is new.
+	e.w(virtio.RegStatus, 0)
+	e.start(t, allQueueFeatures, e.driverQueues(true, 0, 64, 16))
+	// And again: queue 2's bind failed, it is not tried again.
+	e.w(virtio.RegStatus, 0)
+	e.start(t, allQueueFeatures, e.driverQueues(true, 0, 64, 16))
+	if diff := cmp.Diff([]int{0, 1, 2}, bound); diff != "" {
+		t.Errorf("bound after three activations (-want +got):\n%s", diff)
+	}
+	e.w(virtio.RegQueueNotify, 2)
+	if n, _ := e.m.KickFDs()[2].Wait(); n != 1 {
+		t.Errorf("queue 2 (bind failed): %d kicks through Write; want 1", n)
+	}
+	if n := e.m.GuestErrors(); n != 0 {
+		t.Errorf("GuestErrors = %d; a failed bind is the host's, not the guest's", n)
+	}
+}
+
 // TestMMIORegisterWidths checks that register accesses other than aligned 4
 // bytes are ignored (reads return zeros) and counted.
 func TestMMIORegisterWidths(t *testing.T) {
@@ -690,6 +742,8 @@ func TestMMIOStats(t *testing.T) {
 	a.Queues[0].Interrupt()
 	a.Queues[0].Interrupt()
 	a.Fail(errors.New("bad ring"))
+	e.w(virtio.RegQueueNotify, 0)
+	e.w(virtio.RegQueueNotify, 0)
 
 	var want virtio.TransportStats
 	want.GuestErrors[virtio.GuestErrRegister] = 3
@@ -701,6 +755,7 @@ func TestMMIOStats(t *testing.T) {
 	want.ConfigInterrupts = 2 // the illegal move and the failure
 	want.Activations = 1
 	want.DriverResets = 3 // two above, one in start
+	want.NotifyExits = 2  // the register notifies below, before Stats
 	if diff := cmp.Diff(want, e.m.Stats()); diff != "" {
 		t.Errorf("Stats (-want +got):\n%s", diff)
 	}

@@ -12,9 +12,11 @@
 // KVM's PIC, IOAPIC and PIT) and builds the port I/O and MMIO buses with the
 // platform devices (package devices). AddVirtio puts a virtio device behind
 // the next virtio-mmio window (virtio.MMIO), with an irqfd for its
-// interrupt and an ioeventfd per queue. Boot writes the ACPI tables (one
-// entry per slot), loads the kernel, initrd and command line (package
-// kvm/loader; one virtio_mmio.device= entry per slot) and creates the vCPUs.
+// interrupt and, from the driver's first DRIVER_OK, an ioeventfd per queue
+// it uses (registered on the vCPU goroutine that wrote the status). Boot
+// writes the ACPI tables (one entry per slot), loads the kernel, initrd and
+// command line (package kvm/loader; one virtio_mmio.device= entry per slot)
+// and creates the vCPUs.
 // Run starts one goroutine per vCPU, each locked to its OS thread; every
 // exit KVM hands back is decoded and dispatched to a bus. A virtio queue
 // kick never reaches these goroutines: KVM turns it into an ioeventfd

@@ -1,7 +1,9 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/kvm/eventfd"
@@ -24,9 +26,9 @@ type virtioSlot struct {
 }
 
 // AddVirtio puts dev in the next virtio-mmio slot: register window on the
-// MMIO bus, an irqfd for its interrupt, and one ioeventfd per queue on
-// QueueNotify (datamatch = queue index) so a kick never exits to a vCPU
-// goroutine. The slot's place on the command line and in the ACPI tables
+// MMIO bus, an irqfd for its interrupt, and, once the driver first starts
+// the device, one ioeventfd per queue it uses on QueueNotify (datamatch =
+// queue index) so a kick never exits to a vCPU goroutine. The slot's place on the command line and in the ACPI tables
 // follows from it (Boot). It returns the device's transport (for its
 // counters); Close closes the transport.
 func (m *Machine) AddVirtio(dev virtio.Device) (*virtio.MMIO, error) {
@@ -53,21 +55,56 @@ func (m *Machine) AddVirtio(dev virtio.Device) (*virtio.MMIO, error) {
 		return nil, err
 	}
 	m.closers = append(m.closers, t.Close)
-	for i, k := range t.KickFDs() {
-		dm := uint64(i)
-		e := kvm.IOEventFD{FD: k.FD(), Addr: slot.base + virtio.RegQueueNotify, Len: 4, Datamatch: &dm}
-		if err := m.vm.RegisterIOEventFD(e); err != nil {
-			return nil, err
-		}
-		// Unregistered before the transport closes the eventfd (closers
-		// run in reverse): see registerIRQFD.
-		m.closers = append(m.closers, func() error { return m.vm.UnregisterIOEventFD(e) })
-	}
+	kicks := &ioEventFDs{vm: m.vm, addr: slot.base + virtio.RegQueueNotify}
+	t.BindKicks(kicks.register)
+	// Unregistered before the transport closes the eventfds (closers run
+	// in reverse): see registerIRQFD.
+	m.closers = append(m.closers, kicks.close)
 	if err := m.mmio.Register(slot.base, virtio.MMIOSize, "virtio-mmio", t); err != nil {
 		return nil, err
 	}
 	m.slots = append(m.slots, slot)
 	return t, nil
+}
+
+// ioEventFDs are the ioeventfds of one virtio-mmio slot's QueueNotify
+// register. register runs on a vCPU goroutine (the transport's BindKicks),
+// close on the goroutine closing the Machine, after the vCPUs stopped or
+// not: mu orders them, and nothing registers after close.
+type ioEventFDs struct {
+	vm   *kvm.VM
+	addr uint64
+
+	mu     sync.Mutex
+	fds    []kvm.IOEventFD
+	closed bool
+}
+
+func (s *ioEventFDs) register(queue int, kick *eventfd.EventFD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("queue %d: the machine is closing", queue)
+	}
+	dm := uint64(queue)
+	e := kvm.IOEventFD{FD: kick.FD(), Addr: s.addr, Len: 4, Datamatch: &dm}
+	if err := s.vm.RegisterIOEventFD(e); err != nil {
+		return fmt.Errorf("queue %d: %w", queue, err)
+	}
+	s.fds = append(s.fds, e)
+	return nil
+}
+
+func (s *ioEventFDs) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	var errs []error
+	for _, e := range s.fds {
+		errs = append(errs, s.vm.UnregisterIOEventFD(e))
+	}
+	s.fds = nil
+	return errors.Join(errs...)
 }
 
 // virtioCmdline returns the virtio_mmio.device= entries for the kernel
