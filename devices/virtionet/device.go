@@ -29,9 +29,14 @@ const (
 	FeatureMrgRxbuf  = 1 << 15 // VIRTIO_NET_F_MRG_RXBUF: a frame may span several RX chains
 	FeatureStatus    = 1 << 16 // VIRTIO_NET_F_STATUS: the config space holds the link status
 
-	// Offered is what the device offers on top of the queue features.
+	// Offered is what the device offers on top of the queue features,
+	// on a TAP.
 	Offered = FeatureCsum | FeatureGuestCsum | FeatureMAC | FeatureGuestTSO4 | FeatureGuestTSO6 |
 		FeatureGuestUFO | FeatureHostTSO4 | FeatureHostTSO6 | FeatureHostUFO | FeatureMrgRxbuf | FeatureStatus
+	// OfferedPlain is what it offers on a socket of plain frames
+	// (NewSocket): no checksum or segmentation offload, as nothing on
+	// the other side would finish the work.
+	OfferedPlain = FeatureMAC | FeatureMrgRxbuf | FeatureStatus
 )
 
 // Queue indices (5.1.2): one receive/transmit pair, no control queue.
@@ -104,7 +109,25 @@ func New(cfg Config) (*Device, error) {
 	return d, nil
 }
 
-// newDevice returns a device on be (a TAP, or a test's packet socket).
+// NewSocket returns a device on fd, a connected AF_UNIX SOCK_DGRAM socket
+// where each datagram is one plain Ethernet frame, without a virtio-net
+// header: what user-mode network stacks speak (gvisor-tap-vsock's vfkit
+// protocol, passt's and QEMU's dgram netdev). cfg.TAP is ignored. The
+// device owns fd from the call on, also when it fails.
+func NewSocket(cfg Config, fd int) (*Device, error) {
+	s, err := newSocket(fd)
+	if err != nil {
+		return nil, err
+	}
+	d, err := newDevice(cfg, s)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDevice returns a device on be (a TAP, a socket, or a test's socketpair).
 func newDevice(cfg Config, be backend) (*Device, error) {
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -148,8 +171,14 @@ func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d
 // Type implements virtio.Device.
 func (d *Device) Type() uint32 { return virtio.DeviceNet }
 
-// Features implements virtio.Device.
-func (d *Device) Features() uint64 { return Offered }
+// Features implements virtio.Device: Offered on a TAP, OfferedPlain on a
+// socket of plain frames.
+func (d *Device) Features() uint64 {
+	if d.be.VnetHeader() {
+		return Offered
+	}
+	return OfferedPlain
+}
 
 // QueueSizes implements virtio.Device: receive and transmit.
 func (d *Device) QueueSizes() []uint16 { return []uint16{d.cfg.QueueSize, d.cfg.QueueSize} }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 )
@@ -423,4 +425,79 @@ func TestCloseRefusesActivation(t *testing.T) {
 
 func virtiotestBuf(addr uint64, n uint32, writable ...bool) virtiotest.Buf {
 	return virtiotest.Buf{Addr: addr, Len: n, Writable: len(writable) > 0 && writable[0]}
+}
+
+// TestPlainFrames: on a socket of plain frames (NewSocket) the device
+// offers no offload, strips the header the driver wrote from each frame
+// it sends, and gives each frame it receives a header of its own (no
+// flags, no GSO, num_buffers).
+func TestPlainFrames(t *testing.T) {
+	e := newEnv(t, envOpts{plain: true, features: OfferedPlain, eventIdx: true})
+	if got := e.dev.Features(); got != OfferedPlain {
+		t.Fatalf("features %#x on a socket, want %#x", got, uint64(OfferedPlain))
+	}
+	for i := 0; i < 50; i++ {
+		f := frame(60+i*29, i)
+		head := e.sendTX(hdrBytes(Header{NumBuffers: 3}), f)
+		if got := e.hostRead(); !bytes.Equal(got, f) {
+			t.Fatalf("TX frame %d: the socket got %d bytes % x..., want the %d-byte frame alone", i, len(got), got[:min(len(got), 16)], len(f))
+		}
+		if u := e.reap(e.tx, 1)[0]; u.ID != head {
+			t.Fatalf("TX used %+v, want id %d", u, head)
+		}
+	}
+	// An offload request the device never offered is refused, not sent.
+	e.sendTX(hdrBytes(Header{Flags: FlagNeedsCsum, CsumStart: 34, CsumOffset: 16}), frame(100, 0))
+	e.reap(e.tx, 1)
+
+	bufs := e.postRX(8, 1600)
+	for i := 0; i < 20; i++ {
+		f := frame(60+i*70, i)
+		e.hostWrite(f)
+		u := e.reap(e.rx, 1)[0]
+		if int(u.Len) != HeaderSize+len(f) {
+			t.Fatalf("RX frame %d: used len %d, want %d", i, u.Len, HeaderSize+len(f))
+		}
+		got := e.read(bufs[u.ID], u.Len)
+		var gh Header
+		gh.Decode(got)
+		if gh != (Header{NumBuffers: 1}) {
+			t.Errorf("RX frame %d: header %+v, want only num_buffers 1", i, gh)
+		}
+		if !bytes.Equal(got[HeaderSize:], f) {
+			t.Fatalf("RX frame %d: payload differs", i)
+		}
+		e.rx.Add(virtiotestBuf(bufs[u.ID].addr[0], bufs[u.ID].size[0], true))
+		_ = e.rxKick.Signal()
+	}
+	e.hostWrite(make([]byte, MinFrame-1)) // a runt
+	s := e.dev.Stats()
+	if s.TxFrames != 50 || s.TxErrors != 1 || s.RxFrames != 20 {
+		t.Errorf("stats %+v, want 50 frames sent, 1 refused, 20 received", s)
+	}
+	var txBytes, rxBytes uint64
+	for i := 0; i < 50; i++ {
+		txBytes += uint64(60 + i*29)
+	}
+	for i := 0; i < 20; i++ {
+		rxBytes += uint64(60 + i*70)
+	}
+	if s.TxBytes != txBytes || s.RxBytes != rxBytes {
+		t.Errorf("bytes %d sent, %d received; want the frames' own, %d and %d", s.TxBytes, s.RxBytes, txBytes, rxBytes)
+	}
+}
+
+// TestNewSocketRefusesStream: a stream socket has no frame boundaries.
+func TestNewSocketRefusesStream(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[1])
+	if _, err := NewSocket(Config{Log: quietLog()}, fds[0]); err == nil {
+		t.Fatal("NewSocket accepted a SOCK_STREAM socket")
+	}
+	if _, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("NewSocket left the refused descriptor open (F_GETFD: %v)", err)
+	}
 }

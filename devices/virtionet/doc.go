@@ -1,5 +1,14 @@
 // Package virtionet is microvm's virtio-net device (virtio 1.2, 5.1) on a
-// host TAP interface: one receive/transmit queue pair, no control queue.
+// host TAP interface or a socket of plain frames: one receive/transmit
+// queue pair, no control queue.
+//
+// On a socket (NewSocket: AF_UNIX SOCK_DGRAM, one Ethernet frame per
+// datagram, as user-mode network stacks such as package usernet speak it)
+// there is no virtio-net header on the wire and no kernel to finish an
+// offload, so the device offers none (OfferedPlain): TX writes the frame
+// without the header the driver wrote (CheckTX has refused any offload
+// request in it), RX reads the frame after room for a header it fills
+// with zeroes and num_buffers. Everything below holds for both.
 //
 // The TAP is opened with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR and its header size
 // set to 12 bytes (TUNSETVNETHDRSZ), the VERSION_1 struct virtio_net_hdr

@@ -31,6 +31,8 @@ type fakeTAP struct {
 
 func (f *fakeTAP) FD() int { return f.fd }
 
+func (f *fakeTAP) VnetHeader() bool { return true }
+
 func (f *fakeTAP) SetOffload(flags uint) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -76,6 +78,9 @@ type envOpts struct {
 	// socketpair block (EAGAIN) on the sender's buffer alone, not on the
 	// peer's queue length.
 	tapSndBuf int
+	// plain puts the device on its socket back-end (NewSocket): frames
+	// without a virtio-net header. e.tap is nil then.
+	plain bool
 }
 
 func quietLog() logrus.FieldLogger {
@@ -101,12 +106,19 @@ func newEnv(tb testing.TB, o envOpts) *env {
 			tb.Fatal(err)
 		}
 	}
-	e := &env{tb: tb, tap: &fakeTAP{fd: fds[0]}, host: fds[1], irq: make(chan struct{}, 1)}
+	e := &env{tb: tb, host: fds[1], irq: make(chan struct{}, 1)}
 	tb.Cleanup(func() { unix.Close(e.host) })
 	if o.queueSize == 0 {
 		o.queueSize = 256
 	}
-	dev, err := newDevice(Config{QueueSize: o.queueSize, Log: quietLog()}, e.tap)
+	cfg := Config{QueueSize: o.queueSize, Log: quietLog()}
+	var dev *Device
+	if o.plain {
+		dev, err = NewSocket(cfg, fds[0])
+	} else {
+		e.tap = &fakeTAP{fd: fds[0]}
+		dev, err = newDevice(cfg, e.tap)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

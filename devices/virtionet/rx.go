@@ -139,7 +139,15 @@ func (s *session) rxPass(st *rxState) bool {
 // when the TAP has nothing (EAGAIN) or failed.
 func (s *session) readFrame(st *rxState) bool {
 	for {
-		n, err := unix.Read(s.d.be.FD(), st.buf)
+		buf, hdr := st.buf, s.d.be.VnetHeader()
+		if !hdr {
+			buf = st.buf[HeaderSize:]
+		}
+		n, err := unix.Read(s.d.be.FD(), buf)
+		if !hdr && err == nil {
+			clear(st.buf[:HeaderSize]) // no offload: flags 0, GSO_NONE
+			n += HeaderSize
+		}
 		switch {
 		case err == unix.EINTR:
 			continue

@@ -17,11 +17,16 @@ const (
 
 // backend is the host side of the device: a packet descriptor where one
 // read returns one frame and one write sends one (a TAP opened with
-// IFF_VNET_HDR, or in tests a SOCK_DGRAM socketpair), plus the TAP's offload
-// switch.
+// IFF_VNET_HDR; a SOCK_DGRAM socket of plain frames, socket.go; in tests a
+// socketpair), plus the TAP's offload switch.
 type backend interface {
 	// FD is the non-blocking packet descriptor.
 	FD() int
+	// VnetHeader reports whether every frame on FD carries the
+	// HeaderSize-byte virtio-net header (a TAP), so the kernel on the
+	// other side does the offloads; without it frames are plain and
+	// the device offers no offload.
+	VnetHeader() bool
 	// SetOffload tells the TAP which TUN_F_ flags the guest accepts.
 	SetOffload(flags uint) error
 	// Close closes the descriptor.
@@ -74,6 +79,9 @@ func (t *TAP) Name() string { return t.name }
 
 // FD is the non-blocking descriptor.
 func (t *TAP) FD() int { return t.fd }
+
+// VnetHeader is true: the TAP was opened with IFF_VNET_HDR.
+func (t *TAP) VnetHeader() bool { return true }
 
 // SetOffload sets the TAP's TUN_F_ offload flags (TUNSETOFFLOAD).
 func (t *TAP) SetOffload(flags uint) error {

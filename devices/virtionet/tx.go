@@ -146,7 +146,13 @@ func (s *session) txError(format string, args ...any) {
 // guest memory; it returns false when the TAP is full (the views stay for
 // the retry). Other errors drop the frame and are counted.
 func (s *session) sendTX(st *txState) bool {
-	n, err := st.iov.writev(s.d.be.FD(), st.views)
+	views, hdr := st.views, HeaderSize
+	if !s.d.be.VnetHeader() {
+		// A plain frame: the header was checked (CheckTX refuses offload
+		// requests that were not negotiated, and none were offered).
+		views, hdr = st.views[1:], 0
+	}
+	n, err := st.iov.writev(s.d.be.FD(), views)
 	if err == unix.EAGAIN {
 		return false
 	}
@@ -158,7 +164,7 @@ func (s *session) sendTX(st *txState) bool {
 		return true
 	}
 	s.d.ctr.txFrames.Add(1)
-	s.d.ctr.txBytes.Add(uint64(max(n-HeaderSize, 0)))
+	s.d.ctr.txBytes.Add(uint64(max(n-hdr, 0)))
 	return true
 }
 
