@@ -141,16 +141,27 @@ func newDevice(cfg Config, be backend) (*Device, error) {
 	d := &Device{cfg: cfg, be: be, log: cfg.Log, life: virtio.Lifecycle[*session]{Name: "virtio-net"}}
 	switch {
 	case cfg.MAC == nil:
-		if _, err := unix.Getrandom(d.mac[:], 0); err != nil {
-			return nil, fmt.Errorf("virtio-net: random MAC: %w", err)
+		m, err := RandomMAC()
+		if err != nil {
+			return nil, err
 		}
-		d.mac[0] = d.mac[0]&^0x01 | 0x02 // unicast, locally administered
+		copy(d.mac[:], m)
 	case len(cfg.MAC) != 6 || cfg.MAC[0]&0x01 != 0:
 		return nil, fmt.Errorf("virtio-net: MAC %v: want a 6-byte unicast address", cfg.MAC)
 	default:
 		copy(d.mac[:], cfg.MAC)
 	}
 	return d, nil
+}
+
+// RandomMAC returns a random unicast, locally administered address.
+func RandomMAC() (net.HardwareAddr, error) {
+	m := make(net.HardwareAddr, 6)
+	if _, err := unix.Getrandom(m, 0); err != nil {
+		return nil, fmt.Errorf("virtio-net: random MAC: %w", err)
+	}
+	m[0] = m[0]&^0x01 | 0x02
+	return m, nil
 }
 
 // ParseMAC parses a unicast Ethernet address (aa:bb:cc:dd:ee:ff).

@@ -1,0 +1,55 @@
+// Package usernet is a VM's network without root: a user-mode TCP/IP
+// stack on the host side of the virtio-net device, with DHCP, DNS and NAT
+// out through the host's own sockets, and host ports published into the
+// guest. No TAP, bridge, iptables rule or capability is involved.
+//
+// The stack is gvisor-tap-vsock's virtual network (the one podman machine
+// and CRC use): a gVisor netstack behind a virtual switch. microvm
+// connects the virtio-net device to the switch over a SOCK_DGRAM
+// socketpair, one Ethernet frame per datagram (the switch's "vfkit"
+// protocol; virtionet.NewSocket on the device's end).
+//
+// # A frame's path
+//
+// Guest to world: the driver's TX frame -> virtio-net TX worker -> one
+// datagram on the socketpair -> the switch's reader goroutine -> the
+// netstack. DHCP (UDP 67) and DNS (UDP/TCP 53 at GatewayIP) are answered
+// by servers on the stack; a TCP connection or UDP flow to any other
+// address is terminated in the stack and re-originated by the host
+// process with an ordinary socket (connect(2) to the same address and
+// port), HostIP being rewritten to 127.0.0.1 first. World to guest runs
+// the other way: the host socket's data is written into the stack's
+// connection, which frames it towards the guest's MAC -> one datagram ->
+// the virtio-net RX worker -> an RX chain.
+//
+// Published ports (Config.Publish): a host listener per port; each
+// accepted connection (TCP) or client address (UDP) gets a connection
+// from the stack to GuestIP:GuestPort, and bytes are copied both ways.
+//
+// # Addresses
+//
+//	192.168.127.0/24  Subnet
+//	192.168.127.1     GatewayIP: default route, DHCP and DNS server
+//	192.168.127.2     GuestIP: the guest's lease (a static lease on its MAC)
+//	192.168.127.254   HostIP: the host's 127.0.0.1; host.microvm.internal
+//
+// DNS answers the names of the microvm.internal zone (HostName,
+// gateway.microvm.internal; NXDOMAIN for the rest of it) from its own
+// records, and looks every other name up with the host's resolver, which
+// asks the host's DNS servers: the query is fully qualified, and Go's
+// resolver does not look those up in the host's /etc/hosts.
+//
+// A frame from the guest reaches the switch only through the virtio-net
+// device, which refuses frames shorter than an Ethernet header (the
+// switch would index past them).
+//
+// # Goroutines and lifetime
+//
+// New starts the stack's own goroutines (the switch's reader for the
+// socketpair, the DHCP and DNS servers, one per published listener and
+// per forwarded connection). Close stops the reader (the socketpair is
+// closed) and the listeners; gvisor-tap-vsock has no way to stop its
+// DHCP and DNS servers, so those two goroutines and the stack's memory
+// stay until the process exits: nothing for the CLI, which runs one VM per
+// process, and a few KiB per network for a Go program that runs many.
+package usernet
