@@ -8,6 +8,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/internal/vmm"
 )
 
@@ -58,8 +59,9 @@ type Config struct {
 	Root string
 	// RNG, when set, adds a virtio-rng device (/dev/hwrng in the guest).
 	RNG *RNGConfig
-	// Nets adds a virtio-net device on a host TAP per entry, in order
-	// (eth0, eth1, ... in a Linux guest), after the vsock, rng and disk devices.
+	// Nets adds a virtio-net device per entry, on a host TAP or a
+	// user-mode network, in order (eth0, eth1, ... in a Linux guest), after
+	// the vsock, rng and disk devices.
 	Nets []NetConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
@@ -80,6 +82,11 @@ type Config struct {
 	// Any logrus.FieldLogger works: a *logrus.Logger, or an *logrus.Entry
 	// carrying the caller's fields (a job ID, say).
 	Log logrus.FieldLogger
+
+	// pendingPublish holds --publish values (DeviceFlags) until
+	// FinishDeviceFlags gives them to the --net user device: the two flags
+	// come in any order.
+	pendingPublish []virtionet.Publish
 }
 
 // IRQChip is the interrupt controller model.

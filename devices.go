@@ -654,33 +654,58 @@ var diskKind = deviceKind{
 // other devices (docs/machine.md).
 const MaxNets = 4
 
-// NetConfig adds a virtio-net device on a host TAP interface
-// (docs/net.md).
+// NetConfig adds a virtio-net device on a host TAP interface or on a
+// user-mode network (docs/net.md).
 type NetConfig struct {
 	// TAP is the host interface. microvm attaches to it, creating it when
 	// it does not exist and microvm has CAP_NET_ADMIN; the host side's
 	// address and link state are the caller's to set.
 	TAP string
+	// User, instead of a TAP, puts the device on a user-mode network
+	// (devices/virtionet/usernet): DHCP, DNS and NAT through microvm's
+	// own sockets, no privilege needed. The kernel command line gets
+	// ip=...:ethN:dhcp, so a Linux guest with IP_PNP (the project
+	// kernel) has the address before /init. At most one device has it.
+	// Not in the lean build of the CLI, which hands such runs to
+	// microvm-full.
+	User bool
+	// Publish forwards host ports to the guest (User only).
+	Publish []virtionet.Publish
 	// MAC is the guest's address; nil picks a random locally
 	// administered one.
 	MAC net.HardwareAddr
 }
 
+// HasUserNet reports whether a device is on a user-mode network.
+func (c *Config) HasUserNet() bool {
+	for _, n := range c.Nets {
+		if n.User {
+			return true
+		}
+	}
+	return false
+}
+
 // NetMetrics are one network device's counters.
 type NetMetrics struct {
 	Name      string // "eth0", "eth1", ...: what a Linux guest calls it
-	TAP       string // the host TAP interface (NetConfig.TAP)
+	TAP       string // the host TAP interface (NetConfig.TAP); "" on a user-mode network
+	User      bool   // on a user-mode network (NetConfig.User)
 	Transport virtio.TransportStats
 	virtionet.Stats
 }
 
-// ParseNet parses a --net value: tap=NAME[,mac=M].
+// ParseNet parses a --net value: user[,mac=M] or tap=NAME[,mac=M].
 func ParseNet(s string) (NetConfig, error) {
 	var nc NetConfig
-	for _, kv := range strings.Split(s, ",") {
+	for i, kv := range strings.Split(s, ",") {
+		if kv == "user" && i == 0 {
+			nc.User = true
+			continue
+		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || v == "" {
-			return nc, fmt.Errorf("%w: --net %q: want tap=NAME[,mac=M]", ErrConfig, s)
+			return nc, fmt.Errorf("%w: --net %q: want user[,mac=M] or tap=NAME[,mac=M]", ErrConfig, s)
 		}
 		switch k {
 		case "tap":
@@ -704,36 +729,70 @@ func ParseNet(s string) (NetConfig, error) {
 			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap or mac)", ErrConfig, s, k)
 		}
 	}
-	if nc.TAP == "" {
-		return nc, fmt.Errorf("%w: --net %q: tap=NAME is required", ErrConfig, s)
+	switch {
+	case nc.User && nc.TAP != "":
+		return nc, fmt.Errorf("%w: --net %q: user or tap=NAME, not both", ErrConfig, s)
+	case !nc.User && nc.TAP == "":
+		return nc, fmt.Errorf("%w: --net %q: want user or tap=NAME", ErrConfig, s)
 	}
 	return nc, nil
 }
+
+// userNetCmdline is the kernel's ip= parameter for user-mode network
+// device i: DHCP on ethN alone.
+func userNetCmdline(i int) string { return fmt.Sprintf("ip=:::::eth%d:dhcp", i) }
 
 var netKind = deviceKind{
 	validate: func(c *Config) error {
 		if len(c.Nets) > MaxNets {
 			return fmt.Errorf("%w: %d network devices; at most %d", ErrConfig, len(c.Nets), MaxNets)
 		}
+		users := 0
 		for _, n := range c.Nets {
-			if n.TAP == "" {
-				return fmt.Errorf("%w: net: no TAP interface named", ErrConfig)
-			}
-			if len(n.TAP) >= 16 {
+			switch {
+			case n.User && n.TAP != "":
+				return fmt.Errorf("%w: net: a TAP (%s) or a user-mode network, not both", ErrConfig, n.TAP)
+			case n.User:
+				users++
+			case n.TAP == "":
+				return fmt.Errorf("%w: net: no TAP interface named and not a user-mode network", ErrConfig)
+			case len(n.TAP) >= 16:
 				return fmt.Errorf("%w: net: TAP name %q is longer than 15 bytes", ErrConfig, n.TAP)
+			case len(n.Publish) > 0:
+				return fmt.Errorf("%w: net %s: --publish needs a user-mode network (--net user), not a TAP", ErrConfig, n.TAP)
 			}
 			if n.MAC != nil && (len(n.MAC) != 6 || n.MAC[0]&1 != 0) {
-				return fmt.Errorf("%w: net %s: MAC %v is not a 6-byte unicast address", ErrConfig, n.TAP, n.MAC)
+				return fmt.Errorf("%w: net: MAC %v is not a 6-byte unicast address", ErrConfig, n.MAC)
+			}
+			for _, p := range n.Publish {
+				if p.HostPort == 0 || p.GuestPort == 0 || (p.Proto != "tcp" && p.Proto != "udp") || net.ParseIP(p.HostIP) == nil {
+					return fmt.Errorf("%w: net: publish %+v: want tcp or udp, a host IP and two ports", ErrConfig, p)
+				}
+			}
+		}
+		if users > 1 {
+			return fmt.Errorf("%w: %d devices on user-mode networks; at most one", ErrConfig, users)
+		}
+		return nil
+	},
+	cmdline: func(c *Config) []string {
+		for i, n := range c.Nets {
+			if n.User {
+				return []string{userNetCmdline(i)}
 			}
 		}
 		return nil
 	},
 	add: func(m *Machine) error {
 		for i, nc := range m.cfg.Nets {
-			dev, err := virtionet.New(virtionet.Config{
-				TAP: nc.TAP, MAC: nc.MAC,
-				Log: m.log.WithField("device", fmt.Sprintf("net%d", i)),
-			})
+			cfg := virtionet.Config{TAP: nc.TAP, MAC: nc.MAC, Log: m.log.WithField("device", fmt.Sprintf("net%d", i))}
+			var dev *virtionet.Device
+			var err error
+			if nc.User {
+				dev, err = m.userNet(cfg, nc.Publish)
+			} else {
+				dev, err = virtionet.New(cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -749,7 +808,7 @@ var netKind = deviceKind{
 	},
 	metrics: func(m *Machine, out *DeviceMetrics) {
 		for i, n := range m.nets {
-			out.Nets = append(out.Nets, NetMetrics{Name: fmt.Sprintf("eth%d", i), TAP: m.cfg.Nets[i].TAP,
+			out.Nets = append(out.Nets, NetMetrics{Name: fmt.Sprintf("eth%d", i), TAP: m.cfg.Nets[i].TAP, User: m.cfg.Nets[i].User,
 				Transport: m.netMMIO[i].Stats(), Stats: n.Stats()})
 		}
 	},
@@ -777,8 +836,8 @@ var netKind = deviceKind{
 		c("microvm_net_rx_errors_total", "TAP reads that failed or returned a runt.", func(n NetMetrics) uint64 { return n.RxErrors })
 	},
 	flags: []Flag{
-		{Name: "net", Synopsis: "[--net tap=NAME[,mac=M]]...",
-			Usage: fmt.Sprintf("add a virtio-net device on host TAP NAME (attached, or created with CAP_NET_ADMIN), guest MAC M or a random one; repeatable, at most %d: tap=NAME[,mac=M]", MaxNets),
+		{Name: "net", Synopsis: "[--net user|tap=NAME[,mac=M]]...",
+			Usage: fmt.Sprintf("add a virtio-net device: user: on a user-mode network (NAT, DHCP, DNS; no root; guest %s, host's 127.0.0.1 at %s); tap=NAME: on host TAP NAME (attached, or created with CAP_NET_ADMIN); guest MAC M or a random one; repeatable, at most %d", usernetGuestIP, usernetHostIP, MaxNets),
 			Set: func(c *Config, v string) error {
 				n, err := ParseNet(v)
 				if err != nil {
@@ -790,5 +849,35 @@ var netKind = deviceKind{
 				c.Nets = append(c.Nets, n)
 				return nil
 			}},
+		{Name: "publish", Synopsis: "[--publish [IP:]PORT:GUESTPORT[/udp]]...",
+			Usage: "forward host port PORT (on IP, default 127.0.0.1) to the guest's GUESTPORT on the --net user device; tcp unless /udp; repeatable",
+			Set: func(c *Config, v string) error {
+				p, err := virtionet.ParsePublish(v)
+				if err != nil {
+					return fmt.Errorf("%w: --%w", ErrConfig, err)
+				}
+				c.pendingPublish = append(c.pendingPublish, p)
+				return nil
+			}},
+	},
+	finish: func(c *Config, _ func(string) bool) error {
+		if len(c.pendingPublish) == 0 {
+			return nil
+		}
+		for i := range c.Nets {
+			if c.Nets[i].User {
+				c.Nets[i].Publish = append(c.Nets[i].Publish, c.pendingPublish...)
+				c.pendingPublish = nil
+				return nil
+			}
+		}
+		return fmt.Errorf("%w: --publish needs --net user", ErrConfig)
 	},
 }
+
+// The user-mode network's addresses as the flags' help shows them
+// (devices/virtionet/usernet, which the lean build does not link).
+const (
+	usernetGuestIP = "192.168.127.2"
+	usernetHostIP  = "192.168.127.254"
+)

@@ -32,10 +32,6 @@ import (
 // a network namespace of its own.
 const envNetNS = "MICROVM_NET_TEST_IN_NETNS"
 
-// envNetTest names the static guest helper (guest/nettest); without it the
-// test builds one.
-const envNetTest = "MICROVM_NETTEST"
-
 // Addresses on the test's TAP link.
 const (
 	netTAP     = "mvtest0"
@@ -357,24 +353,5 @@ func hostIP(t *testing.T, busybox string, args ...string) {
 	}
 }
 
-// netTestHelper returns the static guest helper: $MICROVM_NETTEST, else one
-// built now (slow inside the box: build it on the host and set the
-// variable).
-func netTestHelper(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv(envNetTest); p != "" {
-		return p
-	}
-	root, err := testenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "nettest")
-	cmd := exec.Command("go", "build", "-o", out, "./guest/nettest")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		testenv.Missing(t, "build guest/nettest: %v\n%s", err, b)
-	}
-	return out
-}
+// netTestHelper returns the static guest helper (testenv.NetTest).
+func netTestHelper(t *testing.T) string { return testenv.NetTest(t) }

@@ -14,7 +14,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -212,6 +211,9 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if elsewhere, err := runInFullBuild(cfg); elsewhere {
+				return err
+			}
 			ids, err := readPrivilegeFlags(c)
 			if err != nil {
 				return err
@@ -228,6 +230,10 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err := chrootPath(root, &cfg.MetricsSocket, "--metrics-socket"); err != nil {
 				return err
 			}
+			if err := checkUserNet(cfg, root); err != nil {
+				return err
+			}
+			prepareUserNet(cfg, log)
 			cfg.Log = log
 			cfg.Console = stdout
 			cfg.ConsoleInput = stdin
@@ -238,10 +244,19 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				if err := dropPrivileges(ids, log); err != nil {
 					return err
 				}
-				return confine(c, seccomp.VMM(), log)
+				return confine(c, vmmPolicy(cfg), log)
 			})
 		},
 	}
+}
+
+// checkUserNet refuses what a user-mode network (--net user) cannot do
+// with: --chroot, as the network's DNS reads the host's /etc/resolv.conf.
+func checkUserNet(cfg microvm.Config, chroot string) error {
+	if cfg.HasUserNet() && chroot != "" {
+		return usagef("--net user with --chroot: not supported (the network's DNS reads the host's /etc/resolv.conf)")
+	}
+	return nil
 }
 
 func runConfig(c *cli.Context) (microvm.Config, error) {

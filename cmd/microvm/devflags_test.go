@@ -64,8 +64,14 @@ func TestDeviceFlags(t *testing.T) {
 // before any KVM or TAP is touched.
 func TestNetUsageErrors(t *testing.T) {
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "tap=a,bogus=1"}, "unknown key")
-	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "mac=02:00:00:00:00:01"}, "tap=NAME is required")
-	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=", "--", "true"}, "want tap=NAME")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "mac=02:00:00:00:00:01"}, "want user or tap=NAME")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=", "--", "true"}, "want user[,mac=M] or tap=NAME")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user,tap=t0"}, "not both")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user", "--net", "user"}, "at most one")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--publish", "8080:80"}, "--publish needs --net user")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user", "--publish", "80"}, "want [HOSTIP:]HOSTPORT:GUESTPORT")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user", "--publish", "8080:80/sctp", "--", "true"}, "want tcp or udp")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user", "--chroot", "/tmp", "--", "true"}, "--net user with --chroot")
 	five := []string{"run", "--kernel", "k"}
 	for _, n := range []string{"a", "b", "c", "d", "e"} {
 		five = append(five, "--net", "tap="+n)

@@ -23,7 +23,6 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
@@ -78,11 +77,12 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return asFailure(err)
 			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
+			prepareUserNet(o.devices, log)
 			o.confine = func() error {
 				if err := enterChroot(o.root, log); err != nil {
 					return err
 				}
-				return confine(c, seccomp.VMM(), log)
+				return confine(c, vmmPolicy(o.devices), log)
 			}
 			return asFailure(runExec(o))
 		},
@@ -136,6 +136,9 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		return nil, err
 	}
 	if err := chrootPath(o.root, &o.devices.MetricsSocket, "--metrics-socket"); err != nil {
+		return nil, err
+	}
+	if err := checkUserNet(o.devices, o.root); err != nil {
 		return nil, err
 	}
 	if o.devices.Root != "" && isSet(c, "add") {

@@ -35,7 +35,6 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
-	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -278,6 +277,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		cfg.Initrd = f.Name()
 		_ = lease.Update(func(r *vms.Record) { r.Initrd = "(the agent image)" })
 	}
+	prepareUserNet(cfg, log)
 	m, err := microvm.New(cfg)
 	if err != nil {
 		return err
@@ -297,7 +297,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		return err
 	}
 	defer srv.Close()
-	if err := confine(c, seccomp.VMM(), log); err != nil {
+	if err := confine(c, vmmPolicy(cfg), log); err != nil {
 		return err
 	}
 

@@ -14,6 +14,7 @@ import (
 // not need the missing piece can still run.
 func setupSystem() {
 	pid1.MountAll(pid1.Basic, func(format string, args ...any) { fmt.Printf("init: "+format+"\n", args...) })
+	pid1.LinkResolvConf(func(format string, args ...any) { fmt.Printf("init: "+format+"\n", args...) })
 	// The kernel opens /dev/console as fds 0-2 before starting /init; if the
 	// initramfs had no /dev/console that failed, and we retry on devtmpfs.
 	if _, err := unix.FcntlInt(1, unix.F_GETFD, 0); err != nil {

@@ -4,6 +4,8 @@
 //
 //	nettest udp-recv PORT N TIMEOUT   print "ready", then "got K" after N datagrams or TIMEOUT
 //	nettest udp-send HOST:PORT N SIZE  send N datagrams of SIZE bytes, each carrying its index
+//	nettest udp-ask HOST:PORT MSG TIMEOUT  send MSG (again every 200 ms) until a reply comes; print it
+//	nettest udp-echo PORT STOP TIMEOUT  echo every datagram back until one reads STOP (echoed too) or TIMEOUT
 package main
 
 import (
@@ -28,7 +30,13 @@ func main() {
 
 func run(args []string) error {
 	if len(args) != 4 {
-		return fmt.Errorf("usage: nettest udp-recv PORT N TIMEOUT | udp-send HOST:PORT N SIZE")
+		return fmt.Errorf("usage: nettest udp-recv PORT N TIMEOUT | udp-send HOST:PORT N SIZE | udp-ask HOST:PORT MSG TIMEOUT | udp-echo PORT STOP TIMEOUT")
+	}
+	switch args[0] {
+	case "udp-ask":
+		return udpAsk(args[1], args[2], args[3])
+	case "udp-echo":
+		return udpEcho(args[1], args[2], args[3])
 	}
 	n, err := strconv.Atoi(args[2])
 	if err != nil {
@@ -99,4 +107,59 @@ func run(args []string) error {
 		return nil
 	}
 	return fmt.Errorf("unknown mode %q", args[0])
+}
+
+// udpAsk sends msg to addr until an answer comes, and prints it.
+func udpAsk(addr, msg, timeout string) error {
+	d, err := time.ParseDuration(timeout)
+	if err != nil {
+		return err
+	}
+	c, err := net.Dial("udp4", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	deadline := time.Now().Add(d)
+	buf := make([]byte, 65536)
+	for time.Now().Before(deadline) {
+		if _, err := c.Write([]byte(msg)); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		k, err := c.Read(buf)
+		if err == nil {
+			fmt.Printf("%s\n", buf[:k])
+			return nil
+		}
+	}
+	return fmt.Errorf("no answer from %s within %v", addr, d)
+}
+
+// udpEcho echoes datagrams on port until one reads stop.
+func udpEcho(port, stop, timeout string) error {
+	d, err := time.ParseDuration(timeout)
+	if err != nil {
+		return err
+	}
+	c, err := net.ListenPacket("udp4", ":"+port)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Println("echoing")
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 65536)
+	for {
+		k, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("udp-echo: %w", err)
+		}
+		if _, err := c.WriteTo(buf[:k], from); err != nil {
+			return err
+		}
+		if string(buf[:k]) == stop {
+			return nil
+		}
+	}
 }

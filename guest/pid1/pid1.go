@@ -4,14 +4,17 @@
 // by the test /init (guest/init) and the agent (guest/agent): mounting the
 // kernel's file systems (the kernel mounts nothing for an initramfs root,
 // not even devtmpfs), loading the kernel modules an image lists (for
-// distribution kernels, whose virtio drivers are modules) and ending the
-// machine: powering off where ACPI can, else restarting.
+// distribution kernels, whose virtio drivers are modules), naming the DNS
+// servers the kernel learnt by DHCP, and ending the machine: powering off
+// where ACPI can, else restarting.
 package pid1
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -130,4 +133,57 @@ func LoadModules(path string, logf func(format string, args ...any)) int {
 		n++
 	}
 	return n
+}
+
+// PNP is where the kernel lists what its IP autoconfiguration (ip=dhcp on
+// the command line, as microvm's --net user adds) learnt, DNS servers
+// among it, in resolv.conf's syntax.
+const PNP = "/proc/net/pnp"
+
+// LinkResolvConf makes /etc/resolv.conf a link to PNP when the kernel
+// configured a network by DHCP and the root file system has no
+// resolv.conf of its own; it reports whether it made the link. /proc must
+// be mounted.
+func LinkResolvConf(logf func(format string, args ...any)) bool {
+	return linkResolvConf(PNP, "/etc/resolv.conf", logf)
+}
+
+func linkResolvConf(pnp, resolv string, logf func(format string, args ...any)) bool {
+	b, err := os.ReadFile(pnp)
+	if err != nil || !bytes.Contains(b, []byte("nameserver")) {
+		return false
+	}
+	if _, err := os.Lstat(resolv); err == nil {
+		return false
+	}
+	if err := os.MkdirAll(filepath.Dir(resolv), 0o755); err != nil {
+		logf("resolv.conf: %v", err)
+		return false
+	}
+	if err := os.Symlink(pnp, resolv); err != nil {
+		logf("resolv.conf: %v", err)
+		return false
+	}
+	return true
+}
+
+// LinkUp sets IFF_UP on a network interface (SIOCGIFFLAGS, SIOCSIFFLAGS).
+func LinkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("link %s up: socket: %w", name, err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return fmt.Errorf("link %s up: %w", name, err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("link %s up: get flags: %w", name, err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("link %s up: set flags: %w", name, err)
+	}
+	return nil
 }

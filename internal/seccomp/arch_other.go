@@ -13,6 +13,9 @@ var syscallNames [0]string
 // VMM has no rules off x86-64; Install refuses it.
 func VMM() Policy { return Policy{name: "microvm"} }
 
+// VMMUserNet has no rules off x86-64; Install refuses it.
+func VMMUserNet() Policy { return Policy{name: "microvm --net user"} }
+
 // VhostUserVsock has no rules off x86-64; Install refuses it.
 func VhostUserVsock() Policy { return Policy{name: "microvm vhost-user-vsock"} }
 

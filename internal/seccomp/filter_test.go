@@ -164,6 +164,39 @@ func TestVMMPolicy(t *testing.T) {
 	}
 }
 
+// TestVMMUserNetPolicy: on a user-mode network the VMM may open IPv4 and
+// IPv6 sockets and stat files, opening one fails without killing, and the
+// rest of VMM's refusals stand.
+func TestVMMUserNetPolicy(t *testing.T) {
+	prog, err := compile(VMMUserNet(), unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		d    seccompData
+		want string
+	}{
+		{"socket AF_UNIX", call(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM), "allow"},
+		{"socket AF_INET", call(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM), "allow"},
+		{"socket AF_INET6 UDP", call(unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_DGRAM), "allow"},
+		{"socket AF_NETLINK", call(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW), "deny"},
+		{"socket AF_PACKET", call(unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_RAW), "deny"},
+		{"connect", call(unix.SYS_CONNECT), "allow"},
+		{"setsockopt", call(unix.SYS_SETSOCKOPT), "allow"},
+		{"newfstatat", call(unix.SYS_NEWFSTATAT), "allow"},
+		{"openat", call(unix.SYS_OPENAT, 0xffffffffffffff9c, 0x1000, unix.O_RDONLY), fmt.Sprintf("errno %d", unix.EACCES)},
+		{"bind", call(unix.SYS_BIND), "deny"},
+		{"listen", call(unix.SYS_LISTEN), "deny"},
+		{"execve", call(unix.SYS_EXECVE), "deny"},
+		{"KVM_RUN", call(unix.SYS_IOCTL, 12, uint64(kvm.RuntimeIoctls()[0])), "allow"},
+	} {
+		if got := actionName(runFilter(t, prog, tc.d)); got != tc.want {
+			t.Errorf("%s (nr %d, args %#x): %s, want %s", tc.name, tc.d.Nr, tc.d.Args[:3], got, tc.want)
+		}
+	}
+}
+
 // TestVhostUserPolicy: the back-end gets its vhost-user calls and no KVM
 // request.
 func TestVhostUserPolicy(t *testing.T) {

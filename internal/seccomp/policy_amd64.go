@@ -93,8 +93,15 @@ func goRuntime(pid int) []rule {
 // to <uds>_<port> (socket and connect, Unix domain only), the byte streams
 // and records themselves, and removing the socket files at teardown.
 func unixSockets() []rule {
+	return append([]rule{
+		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX))},
+		socketCalls()...)
+}
+
+// socketCalls are what every socket needs once created; unixSockets and
+// ipSockets add the socket call itself.
+func socketCalls() []rule {
 	return []rule{
-		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX)),
 		allow(unix.SYS_CONNECT, "vsock: guest connections to <uds>_<port>"),
 		allowIf(unix.SYS_SOCKETPAIR, "vsock: Machine.DialVsock and ListenVsock (Go API)", argIn(0, unix.AF_UNIX)),
 		allow(unix.SYS_ACCEPT4, "vsock: host clients on <uds>"),
@@ -126,6 +133,38 @@ const (
 	reqTUNOffload = unix.TUNSETOFFLOAD // virtio-net: the guest's offloads, at activation
 )
 
+// ipSockets replace unixSockets for a machine on a user-mode network
+// (devices/virtionet/usernet): the stack re-originates the guest's TCP
+// connections and UDP flows, and its DNS server's lookups, with the
+// host's own IPv4 and IPv6 sockets (socket, connect, setsockopt: Go sets
+// TCP_NODELAY and SO_BROADCAST on what it creates). Go's resolver checks
+// /etc/resolv.conf, nsswitch.conf and hosts for changes every five
+// seconds: stat is allowed, and opening one again (after it changed)
+// fails with EACCES, which leaves the resolver with what it read before
+// the filter (the CLI looks a name up first) or its defaults. Still no
+// bind or listen: the published ports are bound before Install.
+func ipSockets() []rule {
+	rules := []rule{
+		allowIf(unix.SYS_SOCKET, "vsock's Unix sockets; the user-mode network's egress (IPv4, IPv6)",
+			argIn(0, unix.AF_UNIX, unix.AF_INET, unix.AF_INET6)),
+		allow(unix.SYS_SETSOCKOPT, "net: TCP_NODELAY, SO_BROADCAST on the egress sockets"),
+		allow(unix.SYS_NEWFSTATAT, "net: the resolver's checks of /etc/resolv.conf and /etc/hosts"),
+	}
+	if !hasRule(cgoRules(), unix.SYS_OPENAT) { // a cgo build fails it already
+		rules = append(rules, fail(unix.SYS_OPENAT, unix.EACCES, "net: the resolver re-reading a changed /etc/resolv.conf: refused, not fatal"))
+	}
+	return append(rules, socketCalls()...)
+}
+
+func hasRule(rules []rule, nr int) bool {
+	for _, r := range rules {
+		if r.nr == nr {
+			return true
+		}
+	}
+	return false
+}
+
 // VMM is the allow-list of `microvm run` and `microvm exec` once the
 // machine is built: the Go runtime, KVM_RUN and the few other KVM requests
 // a running machine makes (kvm.RuntimeIoctls), the devices' I/O on
@@ -135,11 +174,17 @@ const (
 // ptrace, no mount: a guest that took over the VMM process gets none of
 // those. Building the machine (opening /dev/kvm, files, TAPs, binding the
 // vsock sockets) is done before Install.
-func VMM() Policy {
+func VMM() Policy { return vmm("microvm", unixSockets()) }
+
+// VMMUserNet is VMM for a machine on a user-mode network: IPv4 and IPv6
+// sockets too (ipSockets), for the network's egress.
+func VMMUserNet() Policy { return vmm("microvm --net user", ipSockets()) }
+
+func vmm(name string, sockets []rule) Policy {
 	req := append(kvm.RuntimeIoctls(), reqFIONREAD, reqTCGETS, reqTUNOffload)
 	rules := []rule{ioctls("KVM_RUN first: it is the hottest call", req...)}
 	rules = append(rules, goRuntime(os.Getpid())...)
-	rules = append(rules, unixSockets()...)
+	rules = append(rules, sockets...)
 	rules = append(rules,
 		allow(unix.SYS_PWRITE64, "disks"),
 		allow(unix.SYS_PREADV, "disks: reads into guest buffers"),
@@ -148,7 +193,7 @@ func VMM() Policy {
 		allow(unix.SYS_FALLOCATE, "disks: discard and write-zeroes punch holes"),
 		allow(unix.SYS_FTRUNCATE, "named VMs: emptying the console file that takes over (internal/vms)"),
 	)
-	return Policy{name: "microvm", rules: rules}
+	return Policy{name: name, rules: rules}
 }
 
 // VhostUserVsock is the allow-list of `microvm vhost-user-vsock` once its

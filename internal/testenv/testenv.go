@@ -255,6 +255,9 @@ const (
 	// vmlinuz and its initramfs as initramfs.cpio.gz (make debian-kernel:
 	// build/debian).
 	EnvDebian = "MICROVM_DEBIAN"
+	// EnvNetTest names the static guest network helper (make
+	// build/nettest: guest/nettest).
+	EnvNetTest = "MICROVM_NETTEST"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -271,6 +274,14 @@ func Binary(tb testing.TB) string {
 func Agent(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvAgent, "bin/microvm-agent", "bin/microvm-agent")
+}
+
+// NetTest returns the static guest network helper (guest/nettest, UDP
+// that busybox's nc cannot do): $MICROVM_NETTEST, else build/nettest
+// built by `make build/nettest`.
+func NetTest(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvNetTest, "build/nettest", "build/nettest")
 }
 
 // Example returns the built example program name (build/examples/NAME,

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"fmt"
 	"log"
 	"os"
 
@@ -24,34 +23,14 @@ var mounts = append(append([]pid1.Mount(nil), pid1.Basic...), []pid1.Mount{
 func setupSystem() {
 	pid1.MountAll(mounts, log.Printf)
 	pid1.LoadModules(pid1.ModuleOrder, log.Printf) // a distribution kernel's virtio modules
+	pid1.LinkResolvConf(log.Printf)                // --net user: the DNS server DHCP named
 	// Programs open /dev/ptmx; with devpts mounted, point it at its ptmx.
 	if _, err := os.Lstat("/dev/ptmx"); err != nil {
 		os.Symlink("pts/ptmx", "/dev/ptmx")
 	}
-	if err := linkUp("lo"); err != nil {
+	if err := pid1.LinkUp("lo"); err != nil {
 		log.Print(err)
 	}
-}
-
-// linkUp sets IFF_UP on a network interface (SIOCGIFFLAGS, SIOCSIFFLAGS).
-func linkUp(name string) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("link %s up: socket: %w", name, err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq(name)
-	if err != nil {
-		return fmt.Errorf("link %s up: %w", name, err)
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("link %s up: get flags: %w", name, err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("link %s up: set flags: %w", name, err)
-	}
-	return nil
 }
 
 // powerOff ends the machine (pid1.End: power off with ACPI, else a
