@@ -22,7 +22,8 @@
 #                     make bench-exec: agent boot, exec latency, stdout MB/s;
 #                     make bench-device: the vsock device through vhost-user, no KVM;
 #                     make bench-blk, bench-net: virtio-blk MB/s and IOPS, TCP
-#                     Mbit/s over a TAP, microvm and QEMU)
+#                     Mbit/s over a TAP, microvm and QEMU; make bench-usernet:
+#                     the --net user network's TCP MB/s and set-up, no VM)
 #   make soak         the scale and soak runs (docs/soak.md): make soak-conns
 #                     (10,000 vsock connections open at once), soak-bytes (10 GiB
 #                     each way, SHA-256 checked), soak-cycles (1000 VM start/stop
@@ -43,7 +44,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-usernet bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
@@ -207,7 +208,7 @@ fuzz-smoke:
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet
 
 # Against QEMU and against BASELINE_REV, the last commit before the guest
 # agent (the start-up figures of issue 17: docs/benchmarks.md, "Start-up"),
@@ -276,6 +277,13 @@ bench-blk bench-net: bench-%: bin/microvm bin/microvm-full kernel build/bench/io
 
 # vsock throughput and CPU time through the test guest vs an AF_UNIX pair
 # (docs/benchmarks.md); a few minutes.
+# The user-mode network of --net user on its own, in process (no VM):
+# TCP MB/s, CPU per MiB and connection set-up, guest to host and host to
+# guest through --publish, next to the host's loopback (docs/benchmarks.md).
+bench-usernet:
+	@mkdir -p build/bench
+	$(GO) run ./bench/usernet -json build/bench/usernet.json
+
 bench-vsock: all
 	$(GO) run ./bench/vsock -microvm bin/microvm -guest bin/testguest -json build/bench/vsock.json
 

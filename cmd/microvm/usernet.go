@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"io"
+	stdlog "log"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -39,6 +41,19 @@ func prepareUserNet(cfg microvm.Config, log logrus.FieldLogger) {
 	std := logrus.StandardLogger()
 	std.SetOutput(io.Discard)
 	std.AddHook(debugHook{log})
+	// Its port forwarder (inetaf/tcpproxy) writes to the standard
+	// library's logger: a guest port that refuses a published
+	// connection, say.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(debugWriter{log})
+}
+
+// debugWriter turns the standard library logger's lines into debug lines.
+type debugWriter struct{ to logrus.FieldLogger }
+
+func (w debugWriter) Write(p []byte) (int, error) {
+	w.to.WithField("from", "usernet").Debug(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // debugHook passes another logger's entries on as debug lines.

@@ -109,11 +109,14 @@ func New(cfg Config) (*Device, error) {
 	return d, nil
 }
 
-// NewSocket returns a device on fd, a connected AF_UNIX SOCK_DGRAM socket
-// where each datagram is one plain Ethernet frame, without a virtio-net
-// header: what user-mode network stacks speak (gvisor-tap-vsock's vfkit
-// protocol, passt's and QEMU's dgram netdev). cfg.TAP is ignored. The
-// device owns fd from the call on, also when it fails.
+// NewSocket returns a device on fd, a connected AF_UNIX socket where each
+// record (SOCK_SEQPACKET) or datagram (SOCK_DGRAM) is one plain Ethernet
+// frame, without a virtio-net header: what user-mode network stacks speak
+// (gvisor-tap-vsock's bess and vfkit protocols, QEMU's dgram netdev).
+// SOCK_SEQPACKET is the better of the two: Linux queues at most
+// net.unix.max_dgram_qlen (10 by default) datagrams on a SOCK_DGRAM
+// socket, which caps the frames in flight. cfg.TAP is ignored. The device
+// owns fd from the call on, also when it fails.
 func NewSocket(cfg Config, fd int) (*Device, error) {
 	s, err := newSocket(fd)
 	if err != nil {

@@ -2,8 +2,9 @@
 // host TAP interface or a socket of plain frames: one receive/transmit
 // queue pair, no control queue.
 //
-// On a socket (NewSocket: AF_UNIX SOCK_DGRAM, one Ethernet frame per
-// datagram, as user-mode network stacks such as package usernet speak it)
+// On a socket (NewSocket: AF_UNIX SOCK_SEQPACKET or SOCK_DGRAM, one
+// Ethernet frame per record, as user-mode network stacks such as package
+// usernet speak it)
 // there is no virtio-net header on the wire and no kernel to finish an
 // offload, so the device offers none (OfferedPlain): TX writes the frame
 // without the header the driver wrote (CheckTX has refused any offload

@@ -6,18 +6,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// socket is a back-end of plain Ethernet frames: an AF_UNIX SOCK_DGRAM
-// socket, one datagram per frame, no virtio-net header (NewSocket).
+// socket is a back-end of plain Ethernet frames: an AF_UNIX SOCK_SEQPACKET
+// or SOCK_DGRAM socket, one record or datagram per frame, no virtio-net
+// header (NewSocket).
 type socket struct {
 	fd int
 }
 
-// newSocket checks that fd is a datagram socket and makes it
-// non-blocking. On error fd is closed.
+// newSocket checks that fd keeps frame boundaries (SOCK_SEQPACKET or
+// SOCK_DGRAM) and makes it non-blocking. On error fd is closed.
 func newSocket(fd int) (*socket, error) {
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
-	if err == nil && typ != unix.SOCK_DGRAM {
-		err = fmt.Errorf("socket type %d, want SOCK_DGRAM (one frame per datagram)", typ)
+	if err == nil && typ != unix.SOCK_SEQPACKET && typ != unix.SOCK_DGRAM {
+		err = fmt.Errorf("socket type %d, want SOCK_SEQPACKET or SOCK_DGRAM (one frame per record)", typ)
 	}
 	if err == nil {
 		err = unix.SetNonblock(fd, true)

@@ -5,21 +5,24 @@
 //
 // The stack is gvisor-tap-vsock's virtual network (the one podman machine
 // and CRC use): a gVisor netstack behind a virtual switch. microvm
-// connects the virtio-net device to the switch over a SOCK_DGRAM
-// socketpair, one Ethernet frame per datagram (the switch's "vfkit"
-// protocol; virtionet.NewSocket on the device's end).
+// connects the virtio-net device to the switch over a SOCK_SEQPACKET
+// socketpair, one Ethernet frame per record (the switch's "bess" protocol;
+// virtionet.NewSocket on the device's end). Not SOCK_DGRAM (the "vfkit"
+// protocol): Linux queues at most net.unix.max_dgram_qlen, 10 by default,
+// datagrams on it, which stalls TCP (13 MB/s instead of hundreds in
+// bench/usernet).
 //
 // # A frame's path
 //
 // Guest to world: the driver's TX frame -> virtio-net TX worker -> one
-// datagram on the socketpair -> the switch's reader goroutine -> the
+// record on the socketpair -> the switch's reader goroutine -> the
 // netstack. DHCP (UDP 67) and DNS (UDP/TCP 53 at GatewayIP) are answered
 // by servers on the stack; a TCP connection or UDP flow to any other
 // address is terminated in the stack and re-originated by the host
 // process with an ordinary socket (connect(2) to the same address and
 // port), HostIP being rewritten to 127.0.0.1 first. World to guest runs
 // the other way: the host socket's data is written into the stack's
-// connection, which frames it towards the guest's MAC -> one datagram ->
+// connection, which frames it towards the guest's MAC -> one record ->
 // the virtio-net RX worker -> an RX chain.
 //
 // Published ports (Config.Publish): a host listener per port; each

@@ -88,12 +88,14 @@ func New(cfg Config) (n *Network, err error) {
 				{Name: "gateway", IP: net.ParseIP(GatewayIP)},
 			},
 		}},
-		Protocol: types.VfkitProtocol,
+		Protocol: types.BessProtocol,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("usernet: %w", err)
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	// SEQPACKET, not DGRAM: Linux queues at most net.unix.max_dgram_qlen
+	// (10) datagrams, too few frames in flight for TCP's window.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("usernet: socketpair: %w", err)
 	}
@@ -109,7 +111,7 @@ func New(cfg Config) (n *Network, err error) {
 	go func() {
 		defer close(n.served)
 		// Returns when conn is closed (Close); its error then says so.
-		_ = vn.AcceptVfkit(ctx, conn)
+		_ = vn.AcceptBess(ctx, conn)
 	}()
 	defer func() {
 		if err != nil {
@@ -254,7 +256,11 @@ func (n *Network) Close() error {
 		}
 	}
 	n.cancel()
-	errs = append(errs, n.conn.Close())
+	// The switch closes conn itself when the device's end closes first
+	// (end of stream on a SEQPACKET socket).
+	if err := n.conn.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		errs = append(errs, err)
+	}
 	<-n.served
 	return errors.Join(errs...)
 }

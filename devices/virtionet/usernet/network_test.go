@@ -1,4 +1,4 @@
-package usernet
+package usernet_test
 
 import (
 	"bytes"
@@ -16,6 +16,7 @@ import (
 	"github.com/google/gopacket/layers"
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/devices/virtionet/usernet"
 	"github.com/miekg/dns"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -27,9 +28,9 @@ func quietLog() logrus.FieldLogger {
 	return l
 }
 
-func newNetwork(t *testing.T, publish ...virtionet.Publish) *Network {
+func newNetwork(t *testing.T, publish ...virtionet.Publish) *usernet.Network {
 	t.Helper()
-	n, err := New(Config{GuestMAC: testMAC, Publish: publish, Log: quietLog()})
+	n, err := usernet.New(usernet.Config{GuestMAC: testMAC, Publish: publish, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func freePort(t *testing.T, proto string) uint16 {
 }
 
 // TestGuestFetchesFromHost: the guest reaches a server on the host's
-// loopback through HostIP, and the bytes arrive intact (SHA-256).
+// loopback through usernet.HostIP, and the bytes arrive intact (SHA-256).
 func TestGuestFetchesFromHost(t *testing.T) {
 	body := make([]byte, 4<<20)
 	rand.Read(body)
@@ -82,8 +83,8 @@ func TestGuestFetchesFromHost(t *testing.T) {
 	port := uint16(l.Addr().(*net.TCPAddr).Port)
 
 	g := newTestGuest(t, newNetwork(t))
-	c := g.dial(t, HostIP, port)
-	fmt.Fprintf(c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", HostName)
+	c := g.dial(t, usernet.HostIP, port)
+	fmt.Fprintf(c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", usernet.HostName)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	resp, err := io.ReadAll(c)
 	if err != nil {
@@ -152,7 +153,7 @@ func TestUDPBothWays(t *testing.T) {
 	n := newNetwork(t, virtionet.Publish{Proto: "udp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 7000})
 	g := newTestGuest(t, n)
 
-	out := g.udp(t, 0, HostIP, uint16(hostEcho.LocalAddr().(*net.UDPAddr).Port))
+	out := g.udp(t, 0, usernet.HostIP, uint16(hostEcho.LocalAddr().(*net.UDPAddr).Port))
 	out.SetDeadline(time.Now().Add(10 * time.Second))
 	if _, err := out.Write([]byte("guest to host")); err != nil {
 		t.Fatal(err)
@@ -192,7 +193,7 @@ func TestUDPBothWays(t *testing.T) {
 // resolver; they are not asked here.)
 func TestDNS(t *testing.T) {
 	g := newTestGuest(t, newNetwork(t))
-	c := g.udp(t, 0, GatewayIP, 53)
+	c := g.udp(t, 0, usernet.GatewayIP, 53)
 	ask := func(name string) *dns.Msg {
 		t.Helper()
 		q := new(dns.Msg)
@@ -225,11 +226,11 @@ func TestDNS(t *testing.T) {
 		}
 		return ips
 	}
-	if got := aOf(ask(HostName)); len(got) != 1 || got[0] != HostIP {
-		t.Errorf("%s: A %v, want [%s]", HostName, got, HostIP)
+	if got := aOf(ask(usernet.HostName)); len(got) != 1 || got[0] != usernet.HostIP {
+		t.Errorf("%s: A %v, want [%s]", usernet.HostName, got, usernet.HostIP)
 	}
-	if got := aOf(ask("gateway.microvm.internal")); len(got) != 1 || got[0] != GatewayIP {
-		t.Errorf("gateway.microvm.internal: A %v, want [%s]", got, GatewayIP)
+	if got := aOf(ask("gateway.microvm.internal")); len(got) != 1 || got[0] != usernet.GatewayIP {
+		t.Errorf("gateway.microvm.internal: A %v, want [%s]", got, usernet.GatewayIP)
 	}
 	// A name in the zone that has no record: NXDOMAIN from the zone, not
 	// a query to the host's servers.
@@ -238,8 +239,8 @@ func TestDNS(t *testing.T) {
 	}
 }
 
-// TestDHCP: a DHCP DISCOVER from the guest's MAC is offered GuestIP with
-// GatewayIP as router and DNS server and the link's MTU.
+// TestDHCP: a DHCP DISCOVER from the guest's MAC is offered usernet.GuestIP with
+// usernet.GatewayIP as router and DNS server and the link's usernet.MTU.
 func TestDHCP(t *testing.T) {
 	n := newNetwork(t)
 	fd, err := n.TakeDeviceFD()
@@ -284,17 +285,17 @@ func TestDHCP(t *testing.T) {
 		if offer.MessageType() != dhcpv4.MessageTypeOffer || offer.TransactionID != disc.TransactionID {
 			t.Fatalf("reply %v xid %v, want an OFFER for xid %v", offer.MessageType(), offer.TransactionID, disc.TransactionID)
 		}
-		if !offer.YourIPAddr.Equal(net.ParseIP(GuestIP)) {
-			t.Errorf("offered %v, want %s", offer.YourIPAddr, GuestIP)
+		if !offer.YourIPAddr.Equal(net.ParseIP(usernet.GuestIP)) {
+			t.Errorf("offered %v, want %s", offer.YourIPAddr, usernet.GuestIP)
 		}
-		if r := offer.Router(); len(r) != 1 || !r[0].Equal(net.ParseIP(GatewayIP)) {
-			t.Errorf("router %v, want %s", r, GatewayIP)
+		if r := offer.Router(); len(r) != 1 || !r[0].Equal(net.ParseIP(usernet.GatewayIP)) {
+			t.Errorf("router %v, want %s", r, usernet.GatewayIP)
 		}
-		if d := offer.DNS(); len(d) != 1 || !d[0].Equal(net.ParseIP(GatewayIP)) {
-			t.Errorf("DNS %v, want %s", d, GatewayIP)
+		if d := offer.DNS(); len(d) != 1 || !d[0].Equal(net.ParseIP(usernet.GatewayIP)) {
+			t.Errorf("DNS %v, want %s", d, usernet.GatewayIP)
 		}
-		if m, err := dhcpv4.GetUint16(dhcpv4.OptionInterfaceMTU, offer.Options); err != nil || m != MTU {
-			t.Errorf("MTU option %d (%v), want %d", m, err, MTU)
+		if m, err := dhcpv4.GetUint16(dhcpv4.OptionInterfaceMTU, offer.Options); err != nil || m != usernet.MTU {
+			t.Errorf("usernet.MTU option %d (%v), want %d", m, err, usernet.MTU)
 		}
 		return
 	}
@@ -320,7 +321,7 @@ func TestPublishErrors(t *testing.T) {
 		{"twice", []virtionet.Publish{{Proto: "tcp", HostIP: "127.0.0.1", HostPort: free, GuestPort: 80}, {Proto: "tcp", HostIP: "127.0.0.1", HostPort: free, GuestPort: 81}}, "published twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n, err := New(Config{GuestMAC: testMAC, Publish: tc.ps, Log: quietLog()})
+			n, err := usernet.New(usernet.Config{GuestMAC: testMAC, Publish: tc.ps, Log: quietLog()})
 			if err == nil {
 				n.Close()
 				t.Fatal("New succeeded")
@@ -342,7 +343,7 @@ func TestPublishErrors(t *testing.T) {
 func TestCloseUnpublishes(t *testing.T) {
 	hp := freePort(t, "tcp")
 	up := freePort(t, "udp")
-	n, err := New(Config{GuestMAC: testMAC, Log: quietLog(), Publish: []virtionet.Publish{
+	n, err := usernet.New(usernet.Config{GuestMAC: testMAC, Log: quietLog(), Publish: []virtionet.Publish{
 		{Proto: "tcp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 80}, {Proto: "udp", HostIP: "127.0.0.1", HostPort: up, GuestPort: 53}}})
 	if err != nil {
 		t.Fatal(err)
