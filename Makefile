@@ -44,11 +44,11 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-usernet bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-usernet bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
-all: bin/microvm bin/microvm-full bin/microvm-agent bin/testguest
+all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest
 
 # go build is incremental, so the target is always handed to it.
 # bin/microvm is the lean build of the CLI: `run` and `version`, handing
@@ -64,6 +64,11 @@ bin/microvm-full:
 # The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
 bin/microvm-agent:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./guest/agent/cmd/microvm-agent
+
+# The process of a --net user network (gVisor's netstack): microvm starts it
+# from beside its own binary, so neither VMM binary links the netstack.
+bin/microvm-net:
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./cmd/microvm-net
 
 # The Go API examples (examples/): built static, so greeterd can go into a
 # guest image as it is.
@@ -101,7 +106,7 @@ RECORD      := $(CURDIR)/build/test-record
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
-	MICROVM_NETTEST=$(CURDIR)/build/nettest
+	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net
 
 test: deps-test
 	$(MAKE) test-steps

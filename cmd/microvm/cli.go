@@ -14,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -230,10 +231,6 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err := chrootPath(root, &cfg.MetricsSocket, "--metrics-socket"); err != nil {
 				return err
 			}
-			if err := checkUserNet(cfg, root); err != nil {
-				return err
-			}
-			prepareUserNet(cfg, log)
 			cfg.Log = log
 			cfg.Console = stdout
 			cfg.ConsoleInput = stdin
@@ -250,13 +247,13 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	}
 }
 
-// checkUserNet refuses what a user-mode network (--net user) cannot do
-// with: --chroot, as the network's DNS reads the host's /etc/resolv.conf.
-func checkUserNet(cfg microvm.Config, chroot string) error {
-	if cfg.HasUserNet() && chroot != "" {
-		return usagef("--net user with --chroot: not supported (the network's DNS reads the host's /etc/resolv.conf)")
+// vmmPolicy is the seccomp allow-list for a machine of cfg: on a
+// user-mode network microvm also reaps its microvm-net process.
+func vmmPolicy(cfg microvm.Config) seccomp.Policy {
+	if cfg.HasUserNet() {
+		return seccomp.VMMUserNet()
 	}
-	return nil
+	return seccomp.VMM()
 }
 
 func runConfig(c *cli.Context) (microvm.Config, error) {

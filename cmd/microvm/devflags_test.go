@@ -71,7 +71,6 @@ func TestNetUsageErrors(t *testing.T) {
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--publish", "8080:80"}, "--publish needs --net user")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user", "--publish", "80"}, "want [HOSTIP:]HOSTPORT:GUESTPORT")
 	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user", "--publish", "8080:80/sctp", "--", "true"}, "want tcp or udp")
-	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user", "--chroot", "/tmp", "--", "true"}, "--net user with --chroot")
 	five := []string{"run", "--kernel", "k"}
 	for _, n := range []string{"a", "b", "c", "d", "e"} {
 		five = append(five, "--net", "tap="+n)

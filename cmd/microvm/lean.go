@@ -10,11 +10,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/seccomp"
 )
 
 // execCommand, in the lean build, hands `microvm exec ...` to microvm-full
@@ -63,20 +61,14 @@ func namedCommands(io.Reader, io.Writer, io.Writer) []*cli.Command {
 }
 
 // runInFullBuild, in the lean build, hands `microvm run` to microvm-full
-// when the machine needs what only that links: a user-mode network
-// (gVisor's netstack).
+// when the machine is on a user-mode network: starting and reaping its
+// microvm-net process is code the lean build leaves out.
 func runInFullBuild(cfg microvm.Config) (bool, error) {
 	if cfg.HasUserNet() {
 		return true, handOff("run")
 	}
 	return false, nil
 }
-
-// vmmPolicy: the lean build runs no user-mode network (runInFullBuild).
-func vmmPolicy(microvm.Config) seccomp.Policy { return seccomp.VMM() }
-
-// prepareUserNet: nothing to prepare in the lean build (runInFullBuild).
-func prepareUserNet(microvm.Config, logrus.FieldLogger) {}
 
 // handoffCommand is a command whose flags and arguments, help included,
 // are microvm-full's to parse: it replaces this process with microvm-full

@@ -277,7 +277,6 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		cfg.Initrd = f.Name()
 		_ = lease.Update(func(r *vms.Record) { r.Initrd = "(the agent image)" })
 	}
-	prepareUserNet(cfg, log)
 	m, err := microvm.New(cfg)
 	if err != nil {
 		return err

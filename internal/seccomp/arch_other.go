@@ -16,6 +16,9 @@ func VMM() Policy { return Policy{name: "microvm"} }
 // VMMUserNet has no rules off x86-64; Install refuses it.
 func VMMUserNet() Policy { return Policy{name: "microvm --net user"} }
 
+// UserNet has no rules off x86-64; Install refuses it.
+func UserNet() Policy { return Policy{name: "microvm-net"} }
+
 // VhostUserVsock has no rules off x86-64; Install refuses it.
 func VhostUserVsock() Policy { return Policy{name: "microvm vhost-user-vsock"} }
 

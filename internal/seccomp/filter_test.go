@@ -164,35 +164,46 @@ func TestVMMPolicy(t *testing.T) {
 	}
 }
 
-// TestVMMUserNetPolicy: on a user-mode network the VMM may open IPv4 and
-// IPv6 sockets and stat files, opening one fails without killing, and the
-// rest of VMM's refusals stand.
-func TestVMMUserNetPolicy(t *testing.T) {
-	prog, err := compile(VMMUserNet(), unix.AUDIT_ARCH_X86_64, testDeny)
+// TestUserNetPolicies: the VMM of a machine on a user-mode network may
+// reap and kill its network process but still opens no IP socket; that
+// process (microvm-net) may open IPv4 and IPv6 sockets and stat files,
+// opening one fails without killing it, and it makes no KVM request.
+func TestUserNetPolicies(t *testing.T) {
+	vmmProg, err := compile(VMMUserNet(), unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	netProg, err := compile(UserNet(), unix.AUDIT_ARCH_X86_64, testDeny)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name string
-		d    seccompData
-		want string
+		name      string
+		d         seccompData
+		vmm, unet string
 	}{
-		{"socket AF_UNIX", call(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM), "allow"},
-		{"socket AF_INET", call(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM), "allow"},
-		{"socket AF_INET6 UDP", call(unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_DGRAM), "allow"},
-		{"socket AF_NETLINK", call(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW), "deny"},
-		{"socket AF_PACKET", call(unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_RAW), "deny"},
-		{"connect", call(unix.SYS_CONNECT), "allow"},
-		{"setsockopt", call(unix.SYS_SETSOCKOPT), "allow"},
-		{"newfstatat", call(unix.SYS_NEWFSTATAT), "allow"},
-		{"openat", call(unix.SYS_OPENAT, 0xffffffffffffff9c, 0x1000, unix.O_RDONLY), fmt.Sprintf("errno %d", unix.EACCES)},
-		{"bind", call(unix.SYS_BIND), "deny"},
-		{"listen", call(unix.SYS_LISTEN), "deny"},
-		{"execve", call(unix.SYS_EXECVE), "deny"},
-		{"KVM_RUN", call(unix.SYS_IOCTL, 12, uint64(kvm.RuntimeIoctls()[0])), "allow"},
+		{"socket AF_UNIX", call(unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM), "allow", "allow"},
+		{"socket AF_INET", call(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM), "deny", "allow"},
+		{"socket AF_INET6 UDP", call(unix.SYS_SOCKET, unix.AF_INET6, unix.SOCK_DGRAM), "deny", "allow"},
+		{"socket AF_NETLINK", call(unix.SYS_SOCKET, unix.AF_NETLINK, unix.SOCK_RAW), "deny", "deny"},
+		{"socket AF_PACKET", call(unix.SYS_SOCKET, unix.AF_PACKET, unix.SOCK_RAW), "deny", "deny"},
+		{"connect", call(unix.SYS_CONNECT), "allow", "allow"},
+		{"accept4", call(unix.SYS_ACCEPT4), "allow", "allow"},
+		{"setsockopt", call(unix.SYS_SETSOCKOPT), "deny", "allow"},
+		{"newfstatat", call(unix.SYS_NEWFSTATAT), "deny", "allow"},
+		{"openat", call(unix.SYS_OPENAT, 0xffffffffffffff9c, 0x1000, unix.O_RDONLY), ifCgo(fmt.Sprintf("errno %d", unix.EACCES), "deny"), fmt.Sprintf("errno %d", unix.EACCES)},
+		{"waitid", call(unix.SYS_WAITID), "allow", "deny"},
+		{"pidfd_send_signal", call(unix.SYS_PIDFD_SEND_SIGNAL), "allow", "deny"},
+		{"bind", call(unix.SYS_BIND), "deny", "deny"},
+		{"listen", call(unix.SYS_LISTEN), "deny", "deny"},
+		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
+		{"KVM_RUN", call(unix.SYS_IOCTL, 12, uint64(kvm.RuntimeIoctls()[0])), "allow", "deny"},
 	} {
-		if got := actionName(runFilter(t, prog, tc.d)); got != tc.want {
-			t.Errorf("%s (nr %d, args %#x): %s, want %s", tc.name, tc.d.Nr, tc.d.Args[:3], got, tc.want)
+		if got := actionName(runFilter(t, vmmProg, tc.d)); got != tc.vmm {
+			t.Errorf("VMMUserNet: %s (nr %d, args %#x): %s, want %s", tc.name, tc.d.Nr, tc.d.Args[:3], got, tc.vmm)
+		}
+		if got := actionName(runFilter(t, netProg, tc.d)); got != tc.unet {
+			t.Errorf("UserNet: %s (nr %d, args %#x): %s, want %s", tc.name, tc.d.Nr, tc.d.Args[:3], got, tc.unet)
 		}
 	}
 }

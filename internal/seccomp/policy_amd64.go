@@ -133,19 +133,20 @@ const (
 	reqTUNOffload = unix.TUNSETOFFLOAD // virtio-net: the guest's offloads, at activation
 )
 
-// ipSockets replace unixSockets for a machine on a user-mode network
-// (devices/virtionet/usernet): the stack re-originates the guest's TCP
+// ipSockets are the user-mode network's (devices/virtionet/usernet, in
+// the microvm-net process): the stack re-originates the guest's TCP
 // connections and UDP flows, and its DNS server's lookups, with the
 // host's own IPv4 and IPv6 sockets (socket, connect, setsockopt: Go sets
-// TCP_NODELAY and SO_BROADCAST on what it creates). Go's resolver checks
-// /etc/resolv.conf, nsswitch.conf and hosts for changes every five
-// seconds: stat is allowed, and opening one again (after it changed)
-// fails with EACCES, which leaves the resolver with what it read before
-// the filter (the CLI looks a name up first) or its defaults. Still no
-// bind or listen: the published ports are bound before Install.
+// TCP_NODELAY and SO_BROADCAST on what it creates), and accepts on the
+// published ports. Go's resolver checks /etc/resolv.conf, nsswitch.conf
+// and hosts for changes every five seconds: stat is allowed, and opening
+// one again (after it changed) fails with EACCES, which leaves the
+// resolver with what it read before the filter (microvm-net looks a name
+// up first) or its defaults. Still no bind or listen: the published ports
+// are bound before Install.
 func ipSockets() []rule {
 	rules := []rule{
-		allowIf(unix.SYS_SOCKET, "vsock's Unix sockets; the user-mode network's egress (IPv4, IPv6)",
+		allowIf(unix.SYS_SOCKET, "the user-mode network's egress (IPv4, IPv6)",
 			argIn(0, unix.AF_UNIX, unix.AF_INET, unix.AF_INET6)),
 		allow(unix.SYS_SETSOCKOPT, "net: TCP_NODELAY, SO_BROADCAST on the egress sockets"),
 		allow(unix.SYS_NEWFSTATAT, "net: the resolver's checks of /etc/resolv.conf and /etc/hosts"),
@@ -176,9 +177,30 @@ func hasRule(rules []rule, nr int) bool {
 // vsock sockets) is done before Install.
 func VMM() Policy { return vmm("microvm", unixSockets()) }
 
-// VMMUserNet is VMM for a machine on a user-mode network: IPv4 and IPv6
-// sockets too (ipSockets), for the network's egress.
-func VMMUserNet() Policy { return vmm("microvm --net user", ipSockets()) }
+// VMMUserNet is VMM for a machine on a user-mode network, whose network
+// runs in a child process (microvm-net): VMM's calls, and reaping that
+// child (waitid, wait4) or, when it does not end, killing it through its
+// pidfd (pidfd_send_signal reaches only the process the pidfd names).
+func VMMUserNet() Policy {
+	p := vmm("microvm --net user", unixSockets())
+	p.rules = append(p.rules,
+		allow(unix.SYS_WAITID, "--net user: reaping microvm-net (os.Process.Wait with a pidfd)"),
+		allow(unix.SYS_WAIT4, "--net user: reaping microvm-net (without a pidfd)"),
+		allow(unix.SYS_PIDFD_SEND_SIGNAL, "--net user: killing microvm-net when it does not end"),
+	)
+	return p
+}
+
+// UserNet is the allow-list of microvm-net, the process of a user-mode
+// network (cmd/microvm-net), once its published ports are bound: the Go
+// runtime and the network's sockets (ipSockets). No KVM, no open, no
+// exec, no bind or listen.
+func UserNet() Policy {
+	rules := []rule{ioctls("logrus: is stderr a terminal", reqTCGETS)}
+	rules = append(rules, goRuntime(os.Getpid())...)
+	rules = append(rules, ipSockets()...)
+	return Policy{name: "microvm-net", rules: rules}
+}
 
 func vmm(name string, sockets []rule) Policy {
 	req := append(kvm.RuntimeIoctls(), reqFIONREAD, reqTCGETS, reqTUNOffload)

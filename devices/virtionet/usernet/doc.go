@@ -4,9 +4,9 @@
 // guest. No TAP, bridge, iptables rule or capability is involved.
 //
 // The stack is gvisor-tap-vsock's virtual network (the one podman machine
-// and CRC use): a gVisor netstack behind a virtual switch. microvm
-// connects the virtio-net device to the switch over a SOCK_SEQPACKET
-// socketpair, one Ethernet frame per record (the switch's "bess" protocol;
+// and CRC use): a gVisor netstack behind a virtual switch. microvm runs it
+// in a process of its own (cmd/microvm-net, on NewOnSocket) and connects
+// the virtio-net device to the switch over a SOCK_SEQPACKET socketpair, one Ethernet frame per record (the switch's "bess" protocol;
 // virtionet.NewSocket on the device's end). Not SOCK_DGRAM (the "vfkit"
 // protocol): Linux queues at most net.unix.max_dgram_qlen, 10 by default,
 // datagrams on it, which stalls TCP (13 MB/s instead of hundreds in
@@ -53,6 +53,7 @@
 // per forwarded connection). Close stops the reader (the socketpair is
 // closed) and the listeners; gvisor-tap-vsock has no way to stop its
 // DHCP and DNS servers, so those two goroutines and the stack's memory
-// stay until the process exits: nothing for the CLI, which runs one VM per
-// process, and a few KiB per network for a Go program that runs many.
+// stay until the process exits: nothing for microvm-net, which serves one
+// network, and a few KiB per network for a Go program that runs many in
+// process (New).
 package usernet

@@ -60,17 +60,46 @@ type Network struct {
 	closed bool
 }
 
-// New starts a network for one guest NIC and binds the published ports.
-// Every port is checked before anything is bound, and a failure leaves
-// nothing listening.
-func New(cfg Config) (n *Network, err error) {
+// New starts a network for one guest NIC and binds the published ports;
+// the device's end of its socketpair is TakeDeviceFD's. Every port is
+// checked before anything is bound, and a failure leaves nothing
+// listening.
+func New(cfg Config) (*Network, error) {
+	// SEQPACKET, not DGRAM: Linux queues at most net.unix.max_dgram_qlen
+	// (10) datagrams, too few frames in flight for TCP's window.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("usernet: socketpair: %w", err)
+	}
+	n, err := NewOnSocket(cfg, fds[1])
+	if err != nil {
+		unix.Close(fds[0])
+		return nil, err
+	}
+	n.devFD = fds[0]
+	return n, nil
+}
+
+// NewOnSocket is New on a connected AF_UNIX SOCK_SEQPACKET socket whose
+// other end the device holds, in this process or another (microvm-net):
+// one Ethernet frame per record. The network owns fd from the call on,
+// also when it fails; it has no device end to take.
+func NewOnSocket(cfg Config, fd int) (n *Network, err error) {
+	f := os.NewFile(uintptr(fd), "usernet-switch")
+	conn, err := net.FileConn(f) // dups fd
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("usernet: %w", err)
+	}
 	if len(cfg.GuestMAC) != 6 {
+		conn.Close()
 		return nil, fmt.Errorf("usernet: guest MAC %v: want 6 bytes", cfg.GuestMAC)
 	}
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
 	if err := checkPublish(cfg.Publish); err != nil {
+		conn.Close()
 		return nil, err
 	}
 	vn, err := virtualnetwork.New(&types.Configuration{
@@ -91,26 +120,15 @@ func New(cfg Config) (n *Network, err error) {
 		Protocol: types.BessProtocol,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("usernet: %w", err)
-	}
-	// SEQPACKET, not DGRAM: Linux queues at most net.unix.max_dgram_qlen
-	// (10) datagrams, too few frames in flight for TCP's window.
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("usernet: socketpair: %w", err)
-	}
-	f := os.NewFile(uintptr(fds[1]), "usernet-switch")
-	conn, err := net.FileConn(f) // dups fds[1]
-	f.Close()
-	if err != nil {
-		unix.Close(fds[0])
+		conn.Close()
 		return nil, fmt.Errorf("usernet: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	n = &Network{vn: vn, log: cfg.Log, conn: conn, cancel: cancel, served: make(chan struct{}), devFD: fds[0]}
+	n = &Network{vn: vn, log: cfg.Log, conn: conn, cancel: cancel, served: make(chan struct{}), devFD: -1}
 	go func() {
 		defer close(n.served)
-		// Returns when conn is closed (Close); its error then says so.
+		// Returns when conn is closed (Close) or the device's end is
+		// (end of stream).
 		_ = vn.AcceptBess(ctx, conn)
 	}()
 	defer func() {
@@ -126,6 +144,11 @@ func New(cfg Config) (n *Network, err error) {
 	}
 	return n, nil
 }
+
+// Done is closed when the switch stops reading the device's socket: its
+// other end was closed (the device, or the process holding it, went away)
+// or Close was called.
+func (n *Network) Done() <-chan struct{} { return n.served }
 
 // checkPublish refuses duplicate host ports and ports another process
 // holds, with one line that names the flag, before the stack binds any.
