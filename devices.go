@@ -72,6 +72,15 @@ type deviceSet struct {
 	netMMIO []*virtio.MMIO
 }
 
+// addVirtio puts dev in the machine's next virtio-mmio slot and has
+// closeDev run when the machine closes, after the slot's transport has
+// reset the device and its eventfds are gone (OnClose runs last in, first
+// out).
+func (m *Machine) addVirtio(dev virtio.Device, closeDev func() error) (*virtio.MMIO, error) {
+	m.vm.OnClose(closeDev)
+	return m.vm.AddVirtio(dev)
+}
+
 // DeviceMetrics are the virtio devices' counters, by kind (Metrics embeds
 // it).
 type DeviceMetrics struct {
@@ -276,8 +285,7 @@ var vsockKind = deviceKind{
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		m.vsock = dev
-		m.vm.OnClose(func() error { dev.Close(); return nil })
-		if m.vsockMMIO, err = m.vm.AddVirtio(dev); err != nil {
+		if m.vsockMMIO, err = m.addVirtio(dev, func() error { dev.Close(); return nil }); err != nil {
 			return err
 		}
 		if vc.UDSPath == "" {
@@ -397,8 +405,7 @@ var rngKind = deviceKind{
 			return fmt.Errorf("%w: %w", ErrConfig, err)
 		}
 		m.rng = dev
-		m.vm.OnClose(func() error { dev.Close(); return nil })
-		m.rngMMIO, err = m.vm.AddVirtio(dev)
+		m.rngMMIO, err = m.addVirtio(dev, func() error { dev.Close(); return nil })
 		return err
 	},
 	metrics: func(m *Machine, out *DeviceMetrics) {
@@ -566,8 +573,7 @@ var diskKind = deviceKind{
 				return err
 			}
 			m.disks = append(m.disks, dev)
-			m.vm.OnClose(dev.Close)
-			t, err := m.vm.AddVirtio(dev)
+			t, err := m.addVirtio(dev, dev.Close)
 			if err != nil {
 				return err
 			}
@@ -797,8 +803,7 @@ var netKind = deviceKind{
 				return err
 			}
 			m.nets = append(m.nets, dev)
-			m.vm.OnClose(dev.Close)
-			t, err := m.vm.AddVirtio(dev)
+			t, err := m.addVirtio(dev, dev.Close)
 			if err != nil {
 				return err
 			}
