@@ -9,9 +9,7 @@ import (
 // socket is a back-end of plain Ethernet frames: an AF_UNIX SOCK_SEQPACKET
 // or SOCK_DGRAM socket, one record or datagram per frame, no virtio-net
 // header (NewSocket).
-type socket struct {
-	fd int
-}
+type socket struct{ packetFD }
 
 // newSocket checks that fd keeps frame boundaries (SOCK_SEQPACKET or
 // SOCK_DGRAM) and makes it non-blocking. On error fd is closed.
@@ -27,10 +25,8 @@ func newSocket(fd int) (*socket, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("virtio-net: frame socket: %w", err)
 	}
-	return &socket{fd: fd}, nil
+	return &socket{packetFD{fd}}, nil
 }
-
-func (s *socket) FD() int { return s.fd }
 
 // VnetHeader is false: frames are plain.
 func (s *socket) VnetHeader() bool { return false }
@@ -42,13 +38,4 @@ func (s *socket) SetOffload(flags uint) error {
 		return fmt.Errorf("virtio-net: offloads %#x on a socket of plain frames", flags)
 	}
 	return nil
-}
-
-func (s *socket) Close() error {
-	if s.fd < 0 {
-		return nil
-	}
-	err := unix.Close(s.fd)
-	s.fd = -1
-	return err
 }

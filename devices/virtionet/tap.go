@@ -33,9 +33,27 @@ type backend interface {
 	Close() error
 }
 
-// TAP is an open TAP device with virtio-net headers (IFF_VNET_HDR).
+// packetFD is a back-end's descriptor: FD, and a Close that closes it
+// once.
+type packetFD struct{ fd int }
+
+// FD is the non-blocking descriptor.
+func (p *packetFD) FD() int { return p.fd }
+
+// Close closes the descriptor; later calls do nothing.
+func (p *packetFD) Close() error {
+	if p.fd < 0 {
+		return nil
+	}
+	err := unix.Close(p.fd)
+	p.fd = -1
+	return err
+}
+
+// TAP is an open TAP device with virtio-net headers (IFF_VNET_HDR). Its
+// Close closes the descriptor: a TAP that is not persistent goes away.
 type TAP struct {
-	fd   int
+	packetFD
 	name string
 }
 
@@ -65,7 +83,7 @@ func OpenTAP(name string) (*TAP, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("virtio-net: TAP %s: TUNSETVNETHDRSZ: %w", name, err)
 	}
-	t := &TAP{fd: fd, name: ifr.Name()}
+	t := &TAP{packetFD: packetFD{fd}, name: ifr.Name()}
 	// Until the guest negotiates offloads it takes plain frames only.
 	if err := t.SetOffload(0); err != nil {
 		t.Close()
@@ -77,9 +95,6 @@ func OpenTAP(name string) (*TAP, error) {
 // Name is the interface name.
 func (t *TAP) Name() string { return t.name }
 
-// FD is the non-blocking descriptor.
-func (t *TAP) FD() int { return t.fd }
-
 // VnetHeader is true: the TAP was opened with IFF_VNET_HDR.
 func (t *TAP) VnetHeader() bool { return true }
 
@@ -89,16 +104,6 @@ func (t *TAP) SetOffload(flags uint) error {
 		return fmt.Errorf("virtio-net: TAP %s: TUNSETOFFLOAD %#x: %w", t.name, flags, err)
 	}
 	return nil
-}
-
-// Close closes the descriptor (a TAP that is not persistent goes away).
-func (t *TAP) Close() error {
-	if t.fd < 0 {
-		return nil
-	}
-	err := unix.Close(t.fd)
-	t.fd = -1
-	return err
 }
 
 // offloadFlags maps the negotiated GUEST_ features to TUN_F_ flags: the
