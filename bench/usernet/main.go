@@ -33,6 +33,7 @@ import (
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
 	"github.com/microvm/microvm/devices/virtionet/usernet/usernettest"
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 type row struct {
@@ -70,7 +71,7 @@ func run(mib, conns int, jsonPath string) error {
 	go serveSink(sink)
 	sinkPort := uint16(sink.Addr().(*net.TCPAddr).Port)
 
-	pubPort, err := freePort()
+	pubPort, err := testenv.FreeLoopbackPort("tcp")
 	if err != nil {
 		return err
 	}
@@ -213,13 +214,4 @@ func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func freePort() (uint16, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return uint16(l.Addr().(*net.TCPAddr).Port), nil
 }

@@ -54,7 +54,7 @@ func TestExecUserNet(t *testing.T) {
 			echo.WriteTo(append([]byte("host got "), b[:k]...), a)
 		}
 	}()
-	tcpPub, udpPub := freeHostPort(t, "tcp"), freeHostPort(t, "udp")
+	tcpPub, udpPub := testenv.FreePort(t, "tcp"), testenv.FreePort(t, "udp")
 
 	script := strings.Join([]string{
 		"set -e",
@@ -162,23 +162,4 @@ func TestExecUserNet(t *testing.T) {
 			t.Errorf("guest output lacks %q", want)
 		}
 	}
-}
-
-// freeHostPort returns a port of proto that nothing on 127.0.0.1 holds now.
-func freeHostPort(t *testing.T, proto string) int {
-	t.Helper()
-	if proto == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		return c.LocalAddr().(*net.UDPAddr).Port
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
+	"github.com/microvm/microvm/internal/testenv"
 	"github.com/miekg/dns"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -39,31 +40,6 @@ func newNetwork(t *testing.T, publish ...virtionet.Publish) *usernet.Network {
 			t.Errorf("Close: %v", err)
 		}
 	})
-	return n
-}
-
-// freePort returns a port of proto that nothing on 127.0.0.1 holds now.
-func freePort(t *testing.T, proto string) uint16 {
-	t.Helper()
-	var a net.Addr
-	if proto == "udp" {
-		c, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a = c.LocalAddr()
-		c.Close()
-	} else {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a = l.Addr()
-		l.Close()
-	}
-	_, p, _ := net.SplitHostPort(a.String())
-	var n uint16
-	fmt.Sscan(p, &n)
 	return n
 }
 
@@ -99,7 +75,7 @@ func TestGuestFetchesFromHost(t *testing.T) {
 // TestPublishTCP: a host connection to a published port reaches the
 // guest's listener, both directions intact.
 func TestPublishTCP(t *testing.T) {
-	hp := freePort(t, "tcp")
+	hp := testenv.FreePort(t, "tcp")
 	n := newNetwork(t, virtionet.Publish{Proto: "tcp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 8080})
 	g := newTestGuest(t, n)
 	l := g.listen(t, 8080)
@@ -149,7 +125,7 @@ func TestUDPBothWays(t *testing.T) {
 			hostEcho.WriteTo(b[:k], a)
 		}
 	}()
-	hp := freePort(t, "udp")
+	hp := testenv.FreePort(t, "udp")
 	n := newNetwork(t, virtionet.Publish{Proto: "udp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 7000})
 	g := newTestGuest(t, n)
 
@@ -311,7 +287,7 @@ func TestPublishErrors(t *testing.T) {
 	}
 	defer busy.Close()
 	bp := uint16(busy.Addr().(*net.TCPAddr).Port)
-	free := freePort(t, "tcp")
+	free := testenv.FreePort(t, "tcp")
 	for _, tc := range []struct {
 		name string
 		ps   []virtionet.Publish
@@ -341,8 +317,8 @@ func TestPublishErrors(t *testing.T) {
 // TestCloseUnpublishes: after Close the host port is free again and the
 // device's end can no longer be taken.
 func TestCloseUnpublishes(t *testing.T) {
-	hp := freePort(t, "tcp")
-	up := freePort(t, "udp")
+	hp := testenv.FreePort(t, "tcp")
+	up := testenv.FreePort(t, "udp")
 	n, err := usernet.New(usernet.Config{GuestMAC: testMAC, Log: quietLog(), Publish: []virtionet.Publish{
 		{Proto: "tcp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 80}, {Proto: "udp", HostIP: "127.0.0.1", HostPort: up, GuestPort: 53}}})
 	if err != nil {
