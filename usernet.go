@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -138,6 +139,10 @@ func (m *Machine) relayNetHelperLog(r *os.File) {
 		}
 		m.log.WithField("from", "microvm-net").Log(lvl, line)
 	}
+	// A line past the scanner's 64 KiB ends the loop: read on regardless,
+	// or microvm-net would block on a full pipe, or die of SIGPIPE on
+	// stderr once it closed.
+	_, _ = io.Copy(io.Discard, r)
 }
 
 // logLevel is l's level, for the loggers that have one.
