@@ -73,15 +73,15 @@ type MMIO struct {
 	mem   *guestmem.Memory
 	raise func() // pulses the device's interrupt line
 	kicks []*eventfd.EventFD
+
+	mu sync.Mutex // guards the fields below
 	// bind, when set (BindKicks), routes queue i's notifications to
 	// kicks[i] without a vCPU exit (under KVM: an ioeventfd). It is called
 	// once per queue, the first time an activation hands that queue to
-	// the device; bound records which were, under mu.
-	bind  func(queue int, kick *eventfd.EventFD) error
-	bound []bool
-
-	mu         sync.Mutex // guards the fields below
-	status     uint32     // driver-visible bits except NEEDS_RESET
+	// the device; bound records which were.
+	bind       func(queue int, kick *eventfd.EventFD) error
+	bound      []bool
+	status     uint32 // driver-visible bits except NEEDS_RESET
 	devFeatSel uint32
 	drvFeatSel uint32
 	drvFeat    uint64

@@ -28,8 +28,8 @@ type virtioSlot struct {
 // AddVirtio puts dev in the next virtio-mmio slot: register window on the
 // MMIO bus, an irqfd for its interrupt, and, once the driver first starts
 // the device, one ioeventfd per queue it uses on QueueNotify (datamatch =
-// queue index) so a kick never exits to a vCPU goroutine. The slot's place on the command line and in the ACPI tables
-// follows from it (Boot). It returns the device's transport (for its
+// queue index) so a kick never exits to a vCPU goroutine. The slot's place
+// on the command line and in the ACPI tables follows from it (Boot). It returns the device's transport (for its
 // counters); Close closes the transport.
 func (m *Machine) AddVirtio(dev virtio.Device) (*virtio.MMIO, error) {
 	n := len(m.slots)
