@@ -118,10 +118,32 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 				return nil, fmt.Errorf("agentapi: exec: write stderr: %w", err)
 			}
 		case *ExecResponse_Exit:
+			if err := checkExit(m.Exit); err != nil {
+				return nil, fmt.Errorf("agentapi: exec: %w", err)
+			}
 			return m.Exit, nil
 		}
 	}
 }
+
+// checkExit refuses an exit status no process can have (agent.proto:
+// code 0..255 with signal 0, or code -1 with signal 1..64): the agent runs
+// in the guest, and a caller turns Code or 128+Signal into its own exit
+// status, where 256 would read as success.
+func checkExit(st *ExitStatus) error {
+	switch {
+	case st == nil:
+		return fmt.Errorf("no exit status in the exit message: %w", ErrProtocol)
+	case st.Signal == 0 && (st.Code < 0 || st.Code > 255):
+		return fmt.Errorf("exit status %d (want 0..255): %w", st.Code, ErrProtocol)
+	case st.Signal != 0 && (st.Signal < 0 || st.Signal > maxSignal || st.Code != -1):
+		return fmt.Errorf("signal %d with exit status %d (want 1..%d with -1): %w", st.Signal, st.Code, maxSignal, ErrProtocol)
+	}
+	return nil
+}
+
+// maxSignal is Linux's highest signal number (SIGRTMAX).
+const maxSignal = 64
 
 // execErr prefers the call's status to the local error of a failed Send:
 // when the server ends the call, Send returns io.EOF and Recv the status.
