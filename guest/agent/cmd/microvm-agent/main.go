@@ -6,7 +6,9 @@
 //	microvm-agent [-listen vsock://:1024 | -listen unix:///path] [-poweroff-after-exec] [-v]
 //
 // Run as PID 1 (the guest's /init) it first mounts /proc, /sys, devtmpfs on
-// /dev, tmpfs on /tmp and /run, and brings up lo; it reaps every orphan
+// /dev, devpts, tmpfs on /dev/shm, /tmp and /run, and brings up lo; with
+// microvm.root=DEV on the kernel command line (microvm --image) it first
+// makes an overlay of the image on DEV and a tmpfs its root (pid1.ImageRoot); it reaps every orphan
 // (agent.Reaper) and powers the machine off on Shutdown, or when the last
 // Exec ends with -poweroff-after-exec, or if serving fails: PID 1 must never
 // exit. Run otherwise it is an ordinary service that waits for its own
@@ -64,7 +66,10 @@ func main() {
 			}
 		}()
 		end = func(int) { powerOff() }
-		setupSystem()
+		if err := setupSystem(); err != nil {
+			log.Print(err)
+			powerOff()
+		}
 		reaper = agent.NewReaper()
 	}
 

@@ -11,19 +11,41 @@ import (
 	"github.com/microvm/microvm/guest/pid1"
 )
 
-// mounts are what a guest needs before running commands.
-var mounts = append(append([]pid1.Mount(nil), pid1.Basic...), []pid1.Mount{
+// mounts are what a guest needs before running commands, after Basic (and,
+// for an image, after the switch into the image's root).
+var mounts = []pid1.Mount{
 	{Source: "devpts", Target: "/dev/pts", FSType: "devpts", Flags: unix.MS_NOSUID | unix.MS_NOEXEC, Data: "mode=0620,ptmxmode=0666"},
-	{Source: "tmpfs", Target: "/tmp", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"},
+	{Source: "tmpfs", Target: "/dev/shm", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"},
 	{Source: "tmpfs", Target: "/run", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=0755"},
-}...)
+}
 
-// setupSystem mounts the file systems and brings up lo. Failures are
-// logged, not fatal: an Exec that needs nothing missing still works.
-func setupSystem() {
-	pid1.MountAll(mounts, log.Printf)
+// initramfsTmp is /tmp for the agent's own initramfs; an image keeps its
+// /tmp in its writable layer, as a container does.
+var initramfsTmp = pid1.Mount{Source: "tmpfs", Target: "/tmp", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"}
+
+// setupSystem mounts the file systems, enters the image's root when the
+// kernel command line names one (microvm --image), and brings up lo.
+// Failures are logged, not fatal: an Exec that needs nothing missing still
+// works; but an image root that cannot be entered is fatal, since commands
+// would run in the wrong file system.
+func setupSystem() error {
+	pid1.MountAll(pid1.Basic, log.Printf)
 	pid1.LoadModules(pid1.ModuleOrder, log.Printf) // a distribution kernel's virtio modules
-	pid1.LinkResolvConf(log.Printf)                // --net user: the DNS server DHCP named
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		log.Print(err)
+	}
+	root, image := pid1.ParseImageRoot(string(cmdline))
+	if image {
+		if err := root.Enter(); err != nil {
+			return err
+		}
+		pid1.MountAll(mounts, log.Printf)
+		pid1.WriteNetworkFiles(log.Printf) // --net user: the DNS server DHCP named
+	} else {
+		pid1.MountAll(append(mounts, initramfsTmp), log.Printf)
+		pid1.LinkResolvConf(log.Printf) // --net user: the DNS server DHCP named
+	}
 	// Programs open /dev/ptmx; with devpts mounted, point it at its ptmx.
 	if _, err := os.Lstat("/dev/ptmx"); err != nil {
 		os.Symlink("pts/ptmx", "/dev/ptmx")
@@ -31,6 +53,7 @@ func setupSystem() {
 	if err := pid1.LinkUp("lo"); err != nil {
 		log.Print(err)
 	}
+	return nil
 }
 
 // powerOff ends the machine (pid1.End: power off with ACPI, else a
