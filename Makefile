@@ -1,7 +1,7 @@
 # microvm: build, demo, test and benchmark.
 #
 #   make              bin/microvm and bin/microvm-full (static), bin/microvm-agent,
-#                     bin/testguest
+#                     bin/microvm-net, bin/testguest and the guest kernel (make kernel)
 #   make run          the demo: the test guest, then Linux with the guest agent
 #                     (commands and a gRPC call over vsock)
 #   make test-net     TestNetLinux alone (make test runs it too; docs/net.md)
@@ -9,6 +9,8 @@
 #                     every fuzz target for 30 s (fuzz-smoke),
 #                     the test guest's host and QEMU tests, the Linux test kernel
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
+#   make debian-image build/images/debian-12.tar: Debian 12 (minbase) from Debian's
+#                     archive with mmdebstrap, for microvm image import --rootfs
 #   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
 #   make kvmbox       the nested-KVM box's L1 kernel and init (build/kvmbox; 7 min once)
 #   make debian-kernel build/debian: Debian's cloud kernel (apt-get download, once) and
@@ -23,7 +25,9 @@
 #                     make bench-device: the vsock device through vhost-user, no KVM;
 #                     make bench-blk, bench-net: virtio-blk MB/s and IOPS, TCP
 #                     Mbit/s over a TAP, microvm and QEMU; make bench-usernet:
-#                     the --net user network's TCP MB/s and set-up, no VM)
+#                     the --net user network's TCP MB/s and set-up, no VM;
+#                     make bench-images: image pull and conversion, VM start for a
+#                     16 MiB and a 1 GiB image, exec --vm against exec --image)
 #   make soak         the scale and soak runs (docs/soak.md): make soak-conns
 #                     (10,000 vsock connections open at once), soak-bytes (10 GiB
 #                     each way, SHA-256 checked), soak-cycles (1000 VM start/stop
@@ -44,11 +48,13 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-usernet bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
-	build/nettest test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
+	bench bench-boot bench-usernet bench-images bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	build/nettest debian-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
-all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest
+# The binaries and the guest kernel that exec, run --with-agent and
+# --image boot by default (built once, minutes; nothing after that).
+all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest kernel
 
 # go build is incremental, so the target is always handed to it.
 # bin/microvm is the lean build of the CLI: `run` and `version`, handing
@@ -82,6 +88,12 @@ build/nettest:
 	@mkdir -p build
 	CGO_ENABLED=0 $(GO) build -o $@ ./guest/nettest
 
+# A Debian 12 (minbase) root file system from Debian's archive, for the
+# image tests (microvm image import --rootfs); rebuilt only when
+# scripts/debian-image changes.
+debian-image:
+	scripts/debian-image build/images/debian-12.tar
+
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
 
@@ -106,12 +118,13 @@ RECORD      := $(CURDIR)/build/test-record
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
-	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net
+	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net \
+	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar
 
 test: deps-test
 	$(MAKE) test-steps
 
-test-steps: test-start all examples build/nettest kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test-steps: test-start all examples build/nettest debian-image kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	fuzz-smoke guest-test box-test test-summary
 
 test-start:
@@ -213,7 +226,26 @@ fuzz-smoke:
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images
+
+# Images (docs/benchmarks.md, "Images"): on this host, pull and convert a
+# 16 MiB and a 1 GiB image from a registry in the benchmark's own process
+# (loopback); then, where Linux boots (here on hardware KVM, else the
+# nested-KVM box: TCG times, read the ratios), VM start to agent ready for
+# each, exec --vm against exec --image; and bench-usernet's --net user TCP
+# MB/s against the loopback.
+IMAGES_STATE := $(CURDIR)/build/bench/images-state
+IMAGES_BOOT_ARGS = boot -state $(IMAGES_STATE) -microvm $(CURDIR)/bin/microvm -kernel $(CURDIR)/build/kernel/bzImage \
+	-agent $(CURDIR)/bin/microvm-agent -json $(CURDIR)/build/bench/images-boot.json
+bench-images: all bench-usernet
+	CGO_ENABLED=0 $(GO) build -o build/bench/images-bench ./bench/images
+	build/bench/images-bench prepare -state $(IMAGES_STATE) -json $(CURDIR)/build/bench/images-prepare.json
+	@if [ "$$(scripts/host-kvm)" = hardware ]; then \
+		build/bench/images-bench $(IMAGES_BOOT_ARGS); \
+	else \
+		echo "bench-images: this host's KVM cannot boot Linux; VM starts in the nested-KVM box"; \
+		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/images-bench $(IMAGES_BOOT_ARGS); \
+	fi
 
 # Against QEMU and against BASELINE_REV, the last commit before the guest
 # agent (the start-up figures of issue 17: docs/benchmarks.md, "Start-up"),

@@ -110,6 +110,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			mkfsCommand(),
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
+			imageCommand(stdout, stderr),
 			{
 				Name:         "version",
 				Usage:        "print the version",
@@ -201,7 +202,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if c.NArg() > 0 {
 				return usagef("run: unexpected argument %q", c.Args().First())
 			}
-			if isSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") {
+			if isSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") || isSet(c, "image") {
 				return runNamed(c, stdin, stdout, stderr)
 			}
 			log, err := setupLog(c, stderr)
@@ -384,7 +385,16 @@ func namedFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "with --name: return once the VM runs (and its agent answers, with --with-agent); the VM goes on in the background"},
 		&cli.BoolFlag{Name: "with-agent", Usage: "the guest runs microvm's agent: boot exec's agent image (unless --initrd or --root gives one whose /init is the agent)"},
 		&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "with --detach --with-agent: how long to wait for the agent"},
-	}, imageFlags()...)
+	}, append(rootImageFlags(), imageFlags()...)...)
+}
+
+// rootImageFlags choose an OCI image as the guest's root file system, for
+// exec and run; readRootImageFlags reads them.
+func rootImageFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "image", Usage: "an OCI image (microvm image pull/import/ls) as the root file system, read-only and shared, under a private copy-on-write layer; pulled when not stored; implies --with-agent"},
+		&cli.StringFlag{Name: "overlay-size", Usage: "with --image: the limit of the copy-on-write layer, a tmpfs in guest RAM (SIZE; default half of --memory)"},
+	}
 }
 
 // imageFlags say what goes into the agent image, for exec, initramfs and

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
@@ -50,6 +52,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				&cli.StringFlag{Name: "vm", Usage: "run CMD in the running named VM NAME (microvm run --name NAME --with-agent) instead of a fresh one"},
 				&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
 			},
+			rootImageFlags(),
 			imageFlags(),
 			[]cli.Flag{
 				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
@@ -77,6 +80,11 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return asFailure(err)
 			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
+			if ref := c.String("image"); ref != "" {
+				if err := o.useImage(c, ref); err != nil {
+					return asFailure(err)
+				}
+			}
 			o.confine = func() error {
 				if err := enterChroot(o.root, log); err != nil {
 					return err
@@ -102,6 +110,10 @@ type execOpts struct {
 	log     logrus.FieldLogger
 	// root is --chroot's canonical path, or "".
 	root string
+	// img is --image's image, once found (or pulled); overlay is the size
+	// of its writable layer (--overlay-size, 0 for the default).
+	img     *image.Image
+	overlay uint64
 	// confine enters --chroot and installs the seccomp filter, between
 	// New and Run.
 	confine func() error
@@ -140,6 +152,9 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if o.devices.Root != "" && isSet(c, "add") {
 		return nil, usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
 	}
+	if o.overlay, err = readRootImageFlags(c, &o.image, o.devices.Root != ""); err != nil {
+		return nil, err
+	}
 	o.kernel = c.String("kernel")
 	if o.kernel == "" {
 		o.kernel = os.Getenv("MICROVM_KERNEL")
@@ -162,6 +177,34 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	return o, nil
 }
 
+// useImage finds (or pulls) --image's image and applies its
+// configuration to the command, as docker run does (applyImage).
+func (o *execOpts) useImage(c *cli.Context, ref string) error {
+	ctx, stop := interruptible(context.Background())
+	defer stop()
+	img, err := findImage(ctx, ref, o.cmd.stderr, o.quiet)
+	if err != nil {
+		if serr := signalStatus(ctx, o.log); serr != nil {
+			return serr
+		}
+		return failure{fmt.Errorf("exec: %w", err)}
+	}
+	workdir := ""
+	if isSet(c, "workdir") {
+		workdir = o.cmd.workdir
+	}
+	p, err := applyImage(img.Config, c.Args().Slice(), c.StringSlice("env"), workdir)
+	if err != nil {
+		return err
+	}
+	o.img = img
+	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.argv, p.env, p.workdir
+	if o.cmd.uid == nil {
+		o.cmd.uid, o.cmd.gid = p.uid, p.gid
+	}
+	return nil
+}
+
 // defaultKernelPath is the kernel exec (and run --with-agent) boot without
 // --kernel or $MICROVM_KERNEL: build/kernel/bzImage beside the binary's
 // bin/ (make kernel).
@@ -176,7 +219,7 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 	if o.devices.Root != "" {
 		cmdline += " init=/init"
 	}
-	return microvm.Config{
+	cfg := microvm.Config{
 		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
 		Cmdline: cmdline,
 		Console: console, Log: o.log,
@@ -184,6 +227,10 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
 		MetricsSocket: o.devices.MetricsSocket,
 	}
+	if o.img != nil {
+		imageMachine(&cfg, o.img, o.overlay)
+	}
+	return cfg
 }
 
 // unwrapPathError drops *os.PathError's operation and path, which the
@@ -379,6 +426,7 @@ func guestCmdFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment (repeatable)"},
 		&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
 		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
+		&cli.StringFlag{Name: "user", Usage: "UID[:GID] to run the command as (default: the image's User, else the agent's, root)"},
 	}
 }
 
@@ -389,6 +437,9 @@ type guestCmd struct {
 	env     []string
 	workdir string
 	timeout time.Duration
+	// uid and gid, when not nil, are the process's credentials (--user,
+	// or an image's User).
+	uid, gid *uint32
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -399,7 +450,7 @@ type guestCmd struct {
 // is given.
 func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 	cmd := guestCmd{argv: c.Args().Slice(), workdir: c.String("workdir"), timeout: c.Duration("timeout")}
-	if len(cmd.argv) == 0 {
+	if len(cmd.argv) == 0 && !isSet(c, "image") { // an image has its own command
 		return cmd, usagef("%s: no command given (%s)", name, form)
 	}
 	if cmd.timeout < 0 {
@@ -407,6 +458,13 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 	}
 	if !strings.HasPrefix(cmd.workdir, "/") {
 		return cmd, usagef("--workdir %q: want an absolute guest path", cmd.workdir)
+	}
+	if u := c.String("user"); u != "" {
+		uid, gid, err := parseUser(u)
+		if err != nil {
+			return cmd, usageError{err}
+		}
+		cmd.uid, cmd.gid = &uid, &gid
 	}
 	cmd.env = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
 	for _, e := range c.StringSlice("env") {
@@ -418,6 +476,23 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 	return cmd, nil
 }
 
+// parseUser reads --user: UID or UID:GID, numbers (a GID defaults to the
+// UID, as a user's own group usually has its number).
+func parseUser(s string) (uid, gid uint32, err error) {
+	us, gs, hasGID := strings.Cut(s, ":")
+	u, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--user %q: want UID[:GID], numbers", s)
+	}
+	g := u
+	if hasGID {
+		if g, err = strconv.ParseUint(gs, 10, 32); err != nil {
+			return 0, 0, fmt.Errorf("--user %q: want UID[:GID], numbers", s)
+		}
+	}
+	return uint32(u), uint32(g), nil
+}
+
 // runInGuest runs cmd through the agent on cc and turns its end into an
 // exit status: nil for 0, statusError{N} for exit status N, and
 // statusError{128+N} for signal N, whether the command died of it or a
@@ -426,7 +501,7 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 // --timeout kill (status 137). name starts messages.
 func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
 	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{
-		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, Timeout: cmd.timeout,
+		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
 		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
 	})
 	if serr := signalStatus(ctx, log); serr != nil {
@@ -530,7 +605,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	}
 	for _, f := range c.LocalFlagNames() {
 		switch f {
-		case "vm", "env", "workdir", "timeout", "log-level", "log-format", "quiet", "q":
+		case "vm", "env", "workdir", "timeout", "user", "log-level", "log-format", "quiet", "q":
 		default:
 			return usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
 		}
@@ -547,6 +622,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	if !e.Agent {
 		return fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", name)
 	}
+	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := interruptible(context.Background())
 	defer stop()
 	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}

@@ -41,6 +41,10 @@ func vhostUserVsockCommand(io.Writer, io.Writer) *cli.Command {
 	return handoffCommand("vhost-user-vsock", vhostUserUsage)
 }
 
+// imageCommand, in the lean build, hands `microvm image ...` to
+// microvm-full.
+func imageCommand(io.Writer, io.Writer) *cli.Command { return handoffCommand("image", imageUsage) }
+
 // connectCommand, in the lean build, hands `microvm vsock-connect ...` to
 // microvm-full.
 func connectCommand(io.Reader, io.Writer, io.Writer) *cli.Command {

@@ -35,6 +35,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -52,13 +53,13 @@ const defaultAgentCmdline = "console=ttyS0 reboot=k panic=-1 quiet"
 func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	name := c.String("name")
 	detach := c.Bool("detach")
-	withAgent := c.Bool("with-agent")
+	withAgent := c.Bool("with-agent") || isSet(c, "image")
 	child := os.Getenv(detachFD) != ""
 	switch {
 	case detach && name == "":
 		return usagef("--detach needs --name (the detached VM is reached by its name)")
 	case name == "" && withAgent:
-		return usagef("--with-agent needs --name (exec --vm and cp reach the agent by the VM's name)")
+		return usagef("--with-agent and --image need --name (exec --vm and cp reach the agent by the VM's name)")
 	case isSet(c, "vsock-uds"):
 		return usagef("--vsock-uds: a named VM's vsock socket is in its state directory (%s)", vms.VsockSocket)
 	case isSet(c, "chroot") || isSet(c, "uid") || isSet(c, "gid"):
@@ -87,6 +88,17 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err := cfg.Check(); err != nil {
 		return err
 	}
+	if ref := c.String("image"); ref != "" {
+		// Found, or pulled with its progress on this terminal, before a
+		// detached VM's process starts: it finds the image stored.
+		ctx, stop := interruptible(context.Background())
+		img.root, err = findImage(ctx, ref, stderr, child)
+		stop()
+		if err != nil {
+			return failure{fmt.Errorf("run: %w", err)}
+		}
+		img.rootRef = ref
+	}
 	if detach && !child {
 		return startDetached(name, c.Duration("boot-timeout"), withAgent)
 	}
@@ -97,6 +109,11 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 type imageOpts struct {
 	build bool // build exec's image (no --initrd, no --root)
 	exec  *execOpts
+	// root is --image's image (rootRef as the user named it) and overlay
+	// its copy-on-write layer's size, when the VM runs one.
+	root    *image.Image
+	rootRef string
+	overlay uint64
 }
 
 // readAgentImage reads the image flags for --with-agent.
@@ -109,7 +126,11 @@ func readAgentImage(c *cli.Context) (imageOpts, error) {
 	if o.image, err = readImageFlags(c); err != nil {
 		return imageOpts{}, err
 	}
-	return imageOpts{build: true, exec: o}, nil
+	overlay, err := readRootImageFlags(c, &o.image, false)
+	if err != nil {
+		return imageOpts{}, err
+	}
+	return imageOpts{build: true, exec: o, overlay: overlay}, nil
 }
 
 // namedConfig is run's configuration for a named VM: the kernel defaults
@@ -228,12 +249,16 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	if err != nil {
 		return err
 	}
-	var disks []string
-	for _, d := range cfg.Disks {
-		disks = append(disks, d.Path)
+	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
+		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
+	if img.root != nil {
+		imageMachine(&cfg, img.root, img.overlay)
+		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
 	}
-	lease, err := store.Create(vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
-		Initrd: cfg.Initrd, Disks: disks, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID})
+	for _, d := range cfg.Disks {
+		rec.Disks = append(rec.Disks, d.Path)
+	}
+	lease, err := store.Create(rec)
 	if err != nil {
 		return failure{err}
 	}

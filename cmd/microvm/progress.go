@@ -22,13 +22,15 @@ import (
 // Owner: the goroutine that called startProgress; its ticker goroutine
 // writes to w only under mu, and stop waits for it.
 type progress struct {
-	w     io.Writer
-	what  string
-	start time.Time
-	done  chan struct{}
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	shown bool // a line is on the terminal
+	w    io.Writer
+	what string
+	// detail, when not nil, says how far the step is (a bar), after what.
+	detail func() string
+	start  time.Time
+	done   chan struct{}
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	shown  bool // a line is on the terminal
 }
 
 // progressAfter is how long a step runs before progress says anything.
@@ -47,16 +49,26 @@ func isTerminal(w io.Writer) bool {
 // startProgress starts telling what on w when w is a terminal and quiet is
 // false, and returns the function that ends it (and erases the line).
 func startProgress(w io.Writer, quiet bool, what string) (stop func()) {
+	return startProgressDetail(w, quiet, what, nil)
+}
+
+// startProgressDetail is startProgress with detail's answer (a phase and a
+// bar) shown after what, refreshed with the line.
+func startProgressDetail(w io.Writer, quiet bool, what string, detail func() string) (stop func()) {
 	if quiet || !isTerminal(w) {
 		return func() {}
 	}
-	return runProgress(w, what, progressAfter, time.Second)
+	tick := time.Second
+	if detail != nil {
+		tick = time.Second / 4 // a bar moves
+	}
+	return runProgress(w, what, detail, progressAfter, tick)
 }
 
 // runProgress is startProgress on any writer, first after wait, then every
 // tick.
-func runProgress(w io.Writer, what string, wait, tick time.Duration) (stop func()) {
-	p := &progress{w: w, what: what, start: time.Now(), done: make(chan struct{})}
+func runProgress(w io.Writer, what string, detail func() string, wait, tick time.Duration) (stop func()) {
+	p := &progress{w: w, what: what, detail: detail, start: time.Now(), done: make(chan struct{})}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -89,6 +101,12 @@ func runProgress(w io.Writer, what string, wait, tick time.Duration) (stop func(
 func (p *progress) show() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fmt.Fprintf(p.w, "\r\x1b[Kmicrovm: %s (%ds)", p.what, int(time.Since(p.start).Round(time.Second)/time.Second))
+	what := p.what
+	if p.detail != nil {
+		if d := p.detail(); d != "" {
+			what += ": " + d
+		}
+	}
+	fmt.Fprintf(p.w, "\r\x1b[Kmicrovm: %s (%ds)", what, int(time.Since(p.start).Round(time.Second)/time.Second))
 	p.shown = true
 }

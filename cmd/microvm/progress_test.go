@@ -35,7 +35,7 @@ func (l *lockedBuffer) String() string {
 // place; erased at the end; nothing at all off a terminal or with --quiet.
 func TestProgress(t *testing.T) {
 	var quick lockedBuffer
-	stop := runProgress(&quick, "booting", time.Hour, time.Hour)
+	stop := runProgress(&quick, "booting", nil, time.Hour, time.Hour)
 	stop()
 	stop() // twice is harmless
 	if quick.String() != "" {
@@ -43,7 +43,7 @@ func TestProgress(t *testing.T) {
 	}
 
 	var slow lockedBuffer
-	stop = runProgress(&slow, "booting", 10*time.Millisecond, 10*time.Millisecond)
+	stop = runProgress(&slow, "booting", nil, 10*time.Millisecond, 10*time.Millisecond)
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(slow.String(), "microvm: booting (") < 2 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
@@ -92,5 +92,27 @@ func TestLogFormat(t *testing.T) {
 	var ue usageError
 	if !errors.As(got, &ue) || !strings.Contains(got.Error(), `--log-format "xml": want text or json`) {
 		t.Errorf("--log-format xml: %v, want a usage error", got)
+	}
+}
+
+// TestProgressDetail: the detail (a phase and a bar) follows what.
+func TestProgressDetail(t *testing.T) {
+	var b lockedBuffer
+	stop := runProgress(&b, "image pull x", func() string { return progressBar("download", 1<<20, 4<<20) },
+		time.Millisecond, time.Hour)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(b.String(), "%") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	want := "microvm: image pull x: downloading 1.0/4.0 MiB [#####...............] 25% ("
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("output %q: want %q", b.String(), want)
+	}
+	if got := progressBar("convert", 1, 2); got != "making the ext4 root file system" {
+		t.Errorf("unknown total: %q", got)
+	}
+	if got := progressBar("", 1, 2); got != "" {
+		t.Errorf("no phase yet: %q", got)
 	}
 }

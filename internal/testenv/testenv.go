@@ -258,6 +258,10 @@ const (
 	// EnvNetTest names the static guest network helper (make
 	// build/nettest: guest/nettest).
 	EnvNetTest = "MICROVM_NETTEST"
+	// EnvDebianImage names a Debian 12 root file system tarball (make
+	// debian-image: build/images/debian-12.tar, built with mmdebstrap
+	// from Debian's archive).
+	EnvDebianImage = "MICROVM_DEBIAN_IMAGE"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -282,6 +286,16 @@ func Agent(tb testing.TB) string {
 func NetTest(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvNetTest, "build/nettest", "build/nettest")
+}
+
+// DebianImage returns a Debian 12 (minbase) root file system as a
+// tarball, for microvm image import --rootfs: $MICROVM_DEBIAN_IMAGE, else
+// build/images/debian-12.tar built by `make debian-image`
+// (scripts/debian-image, which needs Debian's archive: call it before
+// RequireKVM, so that the host builds it for a test queued for the box).
+func DebianImage(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvDebianImage, "build/images/debian-12.tar", "debian-image")
 }
 
 // Example returns the built example program name (build/examples/NAME,

@@ -120,6 +120,21 @@ type Record struct {
 	Agent     bool   `json:"agent"`
 	AgentPort uint32 `json:"agent_port,omitempty"`
 	VsockCID  uint64 `json:"vsock_cid"`
+	// Image is the OCI image the VM runs as its root (run --image), as the
+	// user named it; Process holds its configuration's defaults, which
+	// exec --vm applies as docker exec applies a container's.
+	Image   string   `json:"image,omitempty"`
+	Process *Process `json:"process,omitempty"`
+}
+
+// Process is what an image says a command runs with: exec --vm's defaults.
+type Process struct {
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	// UID and GID, when HasUser, are the image's User, resolved.
+	HasUser bool   `json:"has_user,omitempty"`
+	UID     uint32 `json:"uid,omitempty"`
+	GID     uint32 `json:"gid,omitempty"`
 }
 
 // Store is the VMs under one state directory.
@@ -377,10 +392,17 @@ func (s *Store) Remove(name string) error {
 // Describe is a record's configuration in a few words, for ls.
 func (r Record) Describe() string {
 	var parts []string
+	if r.Image != "" {
+		parts = append(parts, "image "+r.Image)
+	}
 	if r.Agent {
 		parts = append(parts, "agent")
 	}
-	for _, d := range r.Disks {
+	disks := r.Disks
+	if r.Image != "" && len(disks) > 0 {
+		disks = disks[1:] // the image's own
+	}
+	for _, d := range disks {
 		parts = append(parts, "disk "+filepath.Base(d))
 	}
 	return strings.Join(parts, ", ")

@@ -1,0 +1,429 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// imageCommand is `microvm image pull|import|ls|rm`: OCI and Docker images
+// turned into read-only ext4 root file systems, kept by digest under
+// $MICROVM_STATE_DIR/images (internal/image).
+func imageCommand(stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "image",
+		Usage:        imageUsage,
+		OnUsageError: onUsageError,
+		Subcommands: []*cli.Command{
+			{
+				Name:         "pull",
+				Usage:        "fetch an image from its registry and make its root file system",
+				UsageText:    "microvm image pull [--platform OS/ARCH] [--quiet] REF",
+				OnUsageError: onUsageError,
+				Flags:        imagePullFlags(),
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return usagef("image pull: want one image reference (microvm image pull REF)")
+					}
+					log, err := setupLog(c, stderr)
+					if err != nil {
+						return err
+					}
+					_ = log
+					ctx, stop := interruptible(context.Background())
+					defer stop()
+					img, err := pullImage(ctx, c.Args().First(), c.String("platform"), stderr, c.Bool("quiet"))
+					if err != nil {
+						return failure{err}
+					}
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					return nil
+				},
+			},
+			{
+				Name:         "import",
+				Usage:        "store an image from a docker save tarball, an OCI archive or an OCI layout directory",
+				UsageText:    "microvm image import [--name REF] [--platform OS/ARCH] FILE|DIR\nmicrovm image import --rootfs --name REF FILE",
+				OnUsageError: onUsageError,
+				Flags: append(imagePullFlags(),
+					&cli.StringFlag{Name: "name", Usage: "the name to store it under (default: the tag the archive names)"},
+					&cli.BoolFlag{Name: "rootfs", Usage: "FILE is a root file system tarball, plain or gzipped (mmdebstrap, docker export): a one-layer image, as docker import makes; needs --name"}),
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return usagef("image import: want one file or directory (microvm image import [--name REF] FILE|DIR)")
+					}
+					if c.Bool("rootfs") && c.String("name") == "" {
+						return usagef("image import --rootfs: a root file system tarball names no image: give --name REF")
+					}
+					if _, err := setupLog(c, stderr); err != nil {
+						return err
+					}
+					ctx, stop := interruptible(context.Background())
+					defer stop()
+					s, err := openImages()
+					if err != nil {
+						return failure{err}
+					}
+					o, done := imageOptions(c.String("platform"), stderr, c.Bool("quiet"), "image import "+c.Args().First())
+					var img *image.Image
+					if c.Bool("rootfs") {
+						img, err = s.ImportRootfs(ctx, c.Args().First(), c.String("name"), image.Config{}, o)
+					} else {
+						img, err = s.Import(ctx, c.Args().First(), c.String("name"), o)
+					}
+					done()
+					if err != nil {
+						return failure{fmt.Errorf("image %w", err)} // "import PATH: ..."
+					}
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					return nil
+				},
+			},
+			{
+				Name:         "ls",
+				Usage:        "list the stored images",
+				UsageText:    "microvm image ls [--json]",
+				OnUsageError: onUsageError,
+				Flags:        []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "one JSON array of the images, for machines"}},
+				Action: func(c *cli.Context) error {
+					if c.NArg() > 0 {
+						return usagef("image ls takes no arguments")
+					}
+					s, err := openImages()
+					if err != nil {
+						return failure{err}
+					}
+					list, err := s.List()
+					if err != nil {
+						return failure{err}
+					}
+					return printImages(stdout, list, c.Bool("json"))
+				},
+			},
+			{
+				Name:         "rm",
+				Usage:        "remove images by name or ID (VMs running one keep it until they end)",
+				UsageText:    "microvm image rm REF...",
+				OnUsageError: onUsageError,
+				Action: func(c *cli.Context) error {
+					if c.NArg() == 0 {
+						return usagef("image rm: want at least one name or ID")
+					}
+					s, err := openImages()
+					if err != nil {
+						return failure{err}
+					}
+					var errs []error
+					for _, ref := range c.Args().Slice() {
+						if err := s.Remove(ref); err != nil {
+							errs = append(errs, fmt.Errorf("image rm: %w", err))
+						}
+					}
+					if err := errors.Join(errs...); err != nil {
+						return failure{err}
+					}
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func imagePullFlags() []cli.Flag {
+	return append([]cli.Flag{
+		&cli.StringFlag{Name: "platform", Value: "linux/amd64", Usage: "the platform to take from a multi-platform image"},
+		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
+	}, logFlags()...)
+}
+
+// openImages opens the image store under the state directory.
+func openImages() (*image.Store, error) {
+	return image.Open(filepath.Join(vms.StateDir(), "images"))
+}
+
+// shortID is the image ID as ls shows it.
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// pullImage pulls ref into the store with a progress bar on a terminal.
+func pullImage(ctx context.Context, ref, platform string, stderr io.Writer, quiet bool) (*image.Image, error) {
+	s, err := openImages()
+	if err != nil {
+		return nil, err
+	}
+	o, done := imageOptions(platform, stderr, quiet, "image pull "+ref)
+	img, err := s.Pull(ctx, ref, o)
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("image %w", err) // the store's error starts "pull REF: "
+	}
+	return img, nil
+}
+
+// findImage is the image --image names: from the store, else pulled from
+// its registry, as docker run does.
+func findImage(ctx context.Context, ref string, stderr io.Writer, quiet bool) (*image.Image, error) {
+	s, err := openImages()
+	if err != nil {
+		return nil, err
+	}
+	img, err := s.Get(ref)
+	if err == nil {
+		return img, nil
+	}
+	if !errors.Is(err, image.ErrNotFound) {
+		return nil, err
+	}
+	return pullImage(ctx, ref, "", stderr, quiet)
+}
+
+// imageOptions are the store's options with a progress callback that, on a
+// terminal and without --quiet, shows the phase and a bar after a second.
+// done ends the progress line.
+func imageOptions(platform string, stderr io.Writer, quiet bool, what string) (image.Options, func()) {
+	var phase atomic.Value
+	phase.Store("")
+	var doneB, totalB atomic.Int64
+	o := image.Options{Platform: platform, Progress: func(p image.Progress) {
+		phase.Store(p.Phase)
+		doneB.Store(p.Done)
+		totalB.Store(p.Total)
+	}}
+	stop := startProgressDetail(stderr, quiet, what, func() string {
+		return progressBar(phase.Load().(string), doneB.Load(), totalB.Load())
+	})
+	return o, stop
+}
+
+// familiar shortens stored names as docker shows them: Docker Hub's
+// index.docker.io/library/debian:12 is debian:12.
+func familiar(refs []string) []string {
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		r = strings.TrimPrefix(r, "index.docker.io/")
+		out[i] = strings.TrimPrefix(r, "library/")
+	}
+	return out
+}
+
+// phaseWords say what a phase of the store is doing.
+var phaseWords = map[string]string{
+	image.PhaseDownload: "downloading",
+	image.PhaseRead:     "reading layers",
+	image.PhaseConvert:  "making the ext4 root file system",
+}
+
+// progressBar formats one phase's progress: "downloading 12.0/48.0 MiB
+// [#####.....] 25%", or the phase alone when its total is unknown.
+func progressBar(phase string, done, total int64) string {
+	if phase == "" {
+		return ""
+	}
+	if w, ok := phaseWords[phase]; ok {
+		phase = w
+	}
+	if total <= 0 || phase == phaseWords[image.PhaseConvert] {
+		return phase
+	}
+	done = min(done, total)
+	const width = 20
+	n := int(done * width / total)
+	return fmt.Sprintf("%s %.1f/%.1f MiB [%s%s] %d%%", phase, float64(done)/(1<<20), float64(total)/(1<<20),
+		strings.Repeat("#", n), strings.Repeat(".", width-n), done*100/total)
+}
+
+// printImages is `microvm image ls`.
+func printImages(w io.Writer, list []image.Image, asJSON bool) error {
+	if asJSON {
+		if list == nil {
+			list = []image.Image{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSIZE\tCREATED")
+	for _, img := range list {
+		refs := familiar(img.Refs)
+		if len(refs) == 0 {
+			refs = []string{"<none>"}
+		}
+		for _, r := range refs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\n", r, shortID(img.ID), microvm.FormatSize(uint64(img.Size)),
+				time.Since(img.Created).Round(time.Second))
+		}
+	}
+	return tw.Flush()
+}
+
+// imageProcess is what a command in an image runs as, the way docker run
+// applies the image's configuration: argv is the Entrypoint followed by the
+// given command, or by the image's Cmd when none is given; the environment
+// is the image's with HOME added when it has none and each --env replacing
+// the variable of its name; the working directory is --workdir, else the
+// image's; the user is the image's.
+type imageProcess struct {
+	argv    []string
+	env     []string
+	workdir string
+	uid     *uint32
+	gid     *uint32
+}
+
+func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imageProcess, error) {
+	var p imageProcess
+	if len(args) > 0 {
+		p.argv = append(append([]string(nil), cfg.Entrypoint...), args...)
+	} else {
+		p.argv = append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)
+	}
+	if len(p.argv) == 0 {
+		return p, usagef("the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])")
+	}
+	p.env, p.workdir, p.uid, p.gid = withDefaults(processDefaults(cfg), envFlags, workdir)
+	return p, nil
+}
+
+// withDefaults is a command's environment, working directory and user
+// from an image's defaults d and the command line's --env and --workdir
+// (workdir "" when not given): the image's environment with HOME added
+// when it has none and each --env replacing the variable of its name; the
+// working directory given, else the image's; the image's user, if it
+// names one (uid and gid nil otherwise).
+func withDefaults(d *vms.Process, envFlags []string, workdir string) (env []string, dir string, uid, gid *uint32) {
+	env = mergeEnv(d.Env, envFlags)
+	if _, ok := lookupEnv(env, "HOME"); !ok {
+		home := "/root"
+		if d.HasUser && d.UID != 0 {
+			home = "/"
+		}
+		env = append(env, "HOME="+home)
+	}
+	dir = workdir
+	if dir == "" {
+		dir = d.WorkingDir
+	}
+	if d.HasUser {
+		u, g := d.UID, d.GID
+		uid, gid = &u, &g
+	}
+	return env, dir, uid, gid
+}
+
+// mergeEnv is base with each KEY=VALUE of over replacing base's KEY (or
+// appended): one entry per name, so every reader of the environment
+// (getenv takes the first, some shells the last) sees the same value.
+func mergeEnv(base, over []string) []string {
+	out := append([]string(nil), base...)
+	for _, e := range over {
+		k, _, _ := strings.Cut(e, "=")
+		replaced := false
+		for i, b := range out {
+			if bk, _, _ := strings.Cut(b, "="); bk == k {
+				out[i], replaced = e, true
+			}
+		}
+		if !replaced {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func lookupEnv(env []string, key string) (string, bool) {
+	for _, e := range env {
+		if k, v, _ := strings.Cut(e, "="); k == key {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// imageMachine adds an image's root file system to a machine
+// configuration: the image's ext4 as the first disk, read-only and shared
+// with every VM that runs it (/dev/vda), and microvm.root= on the kernel
+// command line, which makes the agent mount it under an overlayfs with a
+// private tmpfs as its writable layer (pid1.ImageRoot). overlay is the
+// tmpfs's size (0: the kernel's default, half of guest RAM).
+func imageMachine(cfg *microvm.Config, img *image.Image, overlay uint64) {
+	cfg.Disks = append([]microvm.DiskConfig{{Path: img.Rootfs, ReadOnly: true}}, cfg.Disks...)
+	cfg.Cmdline = strings.TrimSpace(cfg.Cmdline + " microvm.root=/dev/vda")
+	if overlay > 0 {
+		cfg.Cmdline += fmt.Sprintf(" microvm.rootsize=%dk", overlay>>10)
+	}
+}
+
+// readRootImageFlags checks --image and --overlay-size against the other
+// flags and returns the overlay size; with --image the agent image needs
+// no busybox (the image has its own programs) unless --busybox asks.
+func readRootImageFlags(c *cli.Context, agent *agentimage.Options, hasRoot bool) (uint64, error) {
+	if c.String("image") == "" {
+		if isSet(c, "overlay-size") {
+			return 0, usagef("--overlay-size: only with --image")
+		}
+		return 0, nil
+	}
+	switch {
+	case hasRoot:
+		return 0, usagef("--image and --root both name the root file system: give one")
+	case isSet(c, "initrd"):
+		return 0, usagef("--image boots the agent's initramfs: --initrd cannot replace it")
+	case isSet(c, "add"):
+		return 0, usagef("--add puts files in the initramfs, which --image leaves for the image's root: copy them in with microvm cp, or build them into the image")
+	}
+	if !isSet(c, "busybox") {
+		agent.Busybox = ""
+	}
+	var size uint64
+	if v := c.String("overlay-size"); v != "" {
+		var err error
+		if size, err = microvm.ParseSize(v); err != nil || size < 1<<20 {
+			return 0, usagef("--overlay-size %q: want a SIZE of at least 1M", v)
+		}
+	}
+	return size, nil
+}
+
+// processDefaults are an image's process settings as a named VM's record
+// keeps them for exec --vm.
+func processDefaults(cfg image.Config) *vms.Process {
+	return &vms.Process{Env: cfg.Env, WorkingDir: cfg.WorkingDir, HasUser: cfg.User != "", UID: cfg.UID, GID: cfg.GID}
+}
+
+// applyDefaults gives a command for exec --vm the image's environment,
+// working directory and user where the command line does not set them.
+func applyDefaults(cmd *guestCmd, p *vms.Process, c *cli.Context) {
+	if p == nil {
+		return
+	}
+	workdir := ""
+	if isSet(c, "workdir") {
+		workdir = cmd.workdir
+	}
+	var uid, gid *uint32
+	cmd.env, cmd.workdir, uid, gid = withDefaults(p, c.StringSlice("env"), workdir)
+	if cmd.uid == nil { // --user wins
+		cmd.uid, cmd.gid = uid, gid
+	}
+}

@@ -1,0 +1,229 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// tarEntry is one entry of a test layer.
+type tarEntry struct {
+	hdr  tar.Header
+	body []byte
+}
+
+// testLayer is an uncompressed layer holding entries.
+func testLayer(t *testing.T, entries []tarEntry) v1.Layer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := e.hdr
+		h.Size = int64(len(e.body))
+		if h.ModTime.IsZero() {
+			h.ModTime = time.Unix(1700000000, 0)
+		}
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// writeBusyboxImage writes, as an OCI layout directory, a two-layer image
+// of Debian's static busybox: the second layer deletes a file of the first
+// (a whiteout) and adds one; the configuration sets Env, WorkingDir, User
+// (a name, resolved from the image's /etc/passwd) and Cmd.
+func writeBusyboxImage(t *testing.T) string {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		testenv.Missing(t, "static busybox: %v (apt-get install busybox-static)", err)
+	}
+	dir := func(name string, mode int64, uid int) tarEntry {
+		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, Uid: uid, Gid: uid}}
+	}
+	file := func(name string, mode int64, uid int, body string) tarEntry {
+		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Uid: uid, Gid: uid}, body: []byte(body)}
+	}
+	base := []tarEntry{
+		dir("bin/", 0o755, 0), dir("etc/", 0o755, 0), dir("data/", 0o755, 1000), dir("tmp/", 0o1777, 0),
+		{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, body: bb},
+		file("etc/passwd", 0o644, 0, "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/data:/bin/sh\n"),
+		file("etc/group", 0o644, 0, "root:x:0:\napp:x:1000:\n"),
+		file("data/old.txt", 0o644, 1000, "old\n"),
+		file("data/keep.txt", 0o644, 1000, "keep\n"),
+	}
+	for _, applet := range []string{"sh", "id", "pwd", "ls", "cat", "echo", "mount", "grep", "touch", "rm", "stat", "tr"} {
+		base = append(base, tarEntry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + applet, Linkname: "busybox", Mode: 0o777}})
+	}
+	top := []tarEntry{
+		file("data/.wh.old.txt", 0o644, 0, ""),
+		file("data/new.txt", 0o644, 1000, "new\n"),
+	}
+	img, err := mutate.AppendLayers(empty.Image, testLayer(t, base), testLayer(t, top))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = []string{"PATH=/bin", "FOO=from-image"}
+	cf.Config.WorkingDir = "/data"
+	cf.Config.User = "app"
+	cf.Config.Cmd = []string{"sh", "-c", "echo default-cmd as $(id -u)"}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "oci")
+	p, err := layout.Write(out, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestExecImage: OCI images as root file systems under Linux. A two-layer
+// busybox image, imported from an OCI layout: exec --image applies its
+// Env, WorkingDir, User and Cmd as docker run does, shows the whiteout's
+// effect and the image's owners, writes go to the VM's own layer (a second
+// VM does not see them) and the image's file is untouched; a named VM from
+// the image gives exec --vm the same defaults. Then Debian 12, built from
+// Debian's archive, imported as a root file system tarball: dpkg and apt
+// run in it.
+func TestExecImage(t *testing.T) {
+	debian := testenv.DebianImage(t) // built on the host, before the box
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	oci := writeBusyboxImage(t)
+	state := t.TempDir()
+	bin, kernel, agent := testenv.Binary(t), testenv.BzImage(t), testenv.Agent(t)
+	microvmCmd := func(args ...string) (stdout, stderr string, code int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "MICROVM_STATE_DIR="+state)
+		var o, e strings.Builder
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err := cmd.Run()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &ee):
+			code = ee.ExitCode()
+		default:
+			t.Fatal(err)
+		}
+		return o.String(), e.String(), code
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := microvmCmd(args...)
+		if code != 0 {
+			t.Fatalf("microvm %s: status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	vmFlags := []string{"--kernel", kernel, "--agent", agent, "--memory", "256M"}
+	execImage := func(img string, cmd ...string) string {
+		t.Helper()
+		return must(append(append(append([]string{"exec"}, vmFlags...), "--image", img, "--"), cmd...)...)
+	}
+
+	must("image", "import", "--name", "bb:1", oci)
+	if ls := must("image", "ls"); !strings.Contains(ls, "bb:1") {
+		t.Fatalf("image ls after the import:\n%s", ls)
+	}
+
+	script := strings.Join([]string{
+		"echo id=$(id -u):$(id -g) pwd=$(pwd) foo=$FOO home=$HOME",
+		"ls /data | tr '\\n' ' '; echo",
+		"stat -c 'owner=%u:%g' /data/keep.txt",
+		"echo written > /data/w && cat /data/w",
+		"grep -c ' / overlay ' /proc/mounts",
+	}, "; ")
+	out := execImage("bb:1", "sh", "-c", script)
+	for _, want := range []string{
+		"id=1000:1000 pwd=/data foo=from-image home=/",
+		"keep.txt new.txt \n",
+		"owner=1000:1000",
+		"written",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("exec --image bb:1 output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "old.txt") {
+		t.Errorf("the whiteout's file is visible:\n%s", out)
+	}
+	// A second VM from the same image: the first one's write is gone.
+	if out := execImage("bb:1", "sh", "-c", "ls /data/w 2>&1 || echo absent"); !strings.Contains(out, "absent") {
+		t.Errorf("a second VM sees the first one's write:\n%s", out)
+	}
+	// No command: the image's Cmd, as the image's User.
+	if out := must(append(append([]string{"exec"}, vmFlags...), "--image", "bb:1")...); !strings.Contains(out, "default-cmd as 1000") {
+		t.Errorf("exec --image without a command: %q, want the image's Cmd run as 1000", out)
+	}
+	// --user and --env override the image's.
+	if out := execImage("bb:1", "sh", "-c", "echo $(id -u) $FOO"); !strings.Contains(out, "1000 from-image") {
+		t.Errorf("defaults: %q", out)
+	}
+	if out := must(append(append([]string{"exec"}, vmFlags...), "--image", "bb:1", "--user", "0", "--env", "FOO=flag",
+		"--", "sh", "-c", "echo $(id -u) $FOO")...); !strings.Contains(out, "0 flag") {
+		t.Errorf("--user 0 --env FOO=flag: %q", out)
+	}
+
+	// A named VM from the image: exec --vm has the image's defaults.
+	must(append(append([]string{"run", "--name", "imgvm", "--detach"}, vmFlags...), "--image", "bb:1")...)
+	defer microvmCmd("rm", "-f", "imgvm")
+	if out := must("exec", "--vm", "imgvm", "--", "sh", "-c", "echo $(id -u) $(pwd) $FOO"); !strings.Contains(out, "1000 /data from-image") {
+		t.Errorf("exec --vm in an image VM: %q, want the image's user, directory and environment", out)
+	}
+	if ls := must("ls"); !strings.Contains(ls, "image bb:1") {
+		t.Errorf("ls does not show the image:\n%s", ls)
+	}
+	must("stop", "imgvm")
+
+	// Debian 12 from Debian's archive.
+	must("image", "import", "--rootfs", "--name", "debian:12", debian)
+	out = execImage("debian:12", "sh", "-c",
+		"cat /etc/debian_version; dpkg-query -W -f='${Package} ${Status}\\n' dpkg; apt-get --version | head -n 1; "+
+			"echo x > /usr/local/w && cat /usr/local/w")
+	for _, want := range []string{"12.", "dpkg install ok installed", "apt 2.", "x"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("Debian 12: output lacks %q:\n%s", want, out)
+		}
+	}
+}
