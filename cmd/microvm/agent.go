@@ -108,6 +108,9 @@ func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkTTY(cmd, stdin); err != nil {
+				return err
+			}
 			cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
 			ctx, stop := interruptible(context.Background())
 			defer stop()

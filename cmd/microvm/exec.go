@@ -79,6 +79,9 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return asFailure(err)
 			}
+			if err := checkTTY(o.cmd, stdin); err != nil {
+				return err
+			}
 			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
 			if ref := c.String("image"); ref != "" {
 				if err := o.useImage(c, ref); err != nil {
@@ -427,6 +430,7 @@ func guestCmdFlags() []cli.Flag {
 		&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
 		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
 		&cli.StringFlag{Name: "user", Usage: "UID[:GID] to run the command as (default: the image's User, else the agent's, root)"},
+		&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "run the command on a pseudo-terminal of the host terminal's size, the terminal in raw mode (stdin must be a terminal; stdout carries everything)"},
 	}
 }
 
@@ -440,6 +444,9 @@ type guestCmd struct {
 	// uid and gid, when not nil, are the process's credentials (--user,
 	// or an image's User).
 	uid, gid *uint32
+	// tty runs the command on a pseudo-terminal in the guest, the host's
+	// terminal in raw mode (-t).
+	tty bool
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -449,7 +456,7 @@ type guestCmd struct {
 // starts error messages; form is the command line shown when no command
 // is given.
 func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
-	cmd := guestCmd{argv: c.Args().Slice(), workdir: c.String("workdir"), timeout: c.Duration("timeout")}
+	cmd := guestCmd{argv: c.Args().Slice(), workdir: c.String("workdir"), timeout: c.Duration("timeout"), tty: c.Bool("tty")}
 	if len(cmd.argv) == 0 && !isSet(c, "image") { // an image has its own command
 		return cmd, usagef("%s: no command given (%s)", name, form)
 	}
@@ -500,10 +507,26 @@ func parseUser(s string) (uid, gid uint32, err error) {
 // does not have is statusError{127} after one line on stderr, as is a
 // --timeout kill (status 137). name starts messages.
 func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
-	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{
+	ac := &agentapi.Cmd{
 		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
 		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
-	})
+	}
+	if cmd.tty {
+		tty, size, err := openTTY(cmd.stdin)
+		if err != nil {
+			return usageError{err}
+		}
+		defer tty.restore()
+		ac.Pty, ac.Resize = size, tty.resize
+		if _, ok := lookupEnv(ac.Env, "TERM"); !ok {
+			t := os.Getenv("TERM")
+			if t == "" {
+				t = "xterm"
+			}
+			ac.Env = append(ac.Env[:len(ac.Env):len(ac.Env)], "TERM="+t)
+		}
+	}
+	st, err := agentapi.NewClient(cc).Exec(ctx, ac)
 	if serr := signalStatus(ctx, log); serr != nil {
 		return serr
 	}
@@ -605,13 +628,16 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	}
 	for _, f := range c.LocalFlagNames() {
 		switch f {
-		case "vm", "env", "workdir", "timeout", "user", "log-level", "log-format", "quiet", "q":
+		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "log-level", "log-format", "quiet", "q":
 		default:
 			return usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
 		}
 	}
 	cmd, err := readGuestCmd(c, "exec", "microvm exec --vm NAME [flags] -- CMD [ARG...]")
 	if err != nil {
+		return err
+	}
+	if err := checkTTY(cmd, stdin); err != nil {
 		return err
 	}
 	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr

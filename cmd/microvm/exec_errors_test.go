@@ -30,6 +30,12 @@ func TestExecErrors(t *testing.T) {
 		wantError(t, microvm.StatusUsage, []string{"exec", "--kernel", garbage, "--busybox", missing, "--memory", "3M", "--", "true"},
 			"memory 3M; microvm supports 8M..1T")
 	})
+	t.Run("tty without a terminal", func(t *testing.T) {
+		wantError(t, microvm.StatusUsage, []string{"exec", "--kernel", garbage, "--busybox", missing, "-t", "--", "sh"},
+			"-t: stdin is not a terminal")
+		wantError(t, microvm.StatusUsage, []string{"exec", "--vm", "somevm", "-t", "--", "sh"},
+			"-t: stdin is not a terminal")
+	})
 	t.Run("too many disks", func(t *testing.T) {
 		args := []string{"exec", "--kernel", garbage, "--busybox", missing}
 		for range 7 {

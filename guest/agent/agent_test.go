@@ -378,6 +378,38 @@ func TestExecPty(t *testing.T) {
 	}
 }
 
+// TestExecPtyResize: a size sent on Cmd.Resize reaches the terminal, in
+// order with stdin.
+func TestExecPtyResize(t *testing.T) {
+	if _, err := os.Stat("/dev/ptmx"); err != nil {
+		t.Skip("no /dev/ptmx")
+	}
+	if _, err := exec.LookPath("stty"); err != nil {
+		t.Skip("no stty")
+	}
+	h := newHarness(t, Options{}, false)
+	pr, pw := io.Pipe()
+	resize := make(chan *agentapi.PtySize)
+	go func() {
+		resize <- &agentapi.PtySize{Rows: 41, Cols: 123}
+		pw.Write([]byte("go\n"))
+		pw.Close()
+		close(resize)
+	}()
+	r := run(testCtx(t), h.client, &agentapi.Cmd{
+		Argv:   sh("read line; stty size"),
+		Pty:    &agentapi.PtySize{Rows: 30, Cols: 100},
+		Stdin:  pr,
+		Resize: resize,
+	})
+	if r.err != nil || r.exit.Code != 0 {
+		t.Fatalf("exec: %v, %v, output %q", r.exit, r.err, r.stdout.String())
+	}
+	if out := r.stdout.String(); !strings.Contains(out, "41 123\r\n") {
+		t.Errorf("pty output %q: want the new size 41 123", out)
+	}
+}
+
 func TestPutGetFile(t *testing.T) {
 	h := newHarness(t, Options{}, false)
 	ctx := testCtx(t)

@@ -61,6 +61,9 @@ type Cmd struct {
 	Timeout time.Duration
 	// Pty, when not nil, runs the process on a pseudo-terminal.
 	Pty *PtySize
+	// Resize, when not nil, carries new sizes of that terminal (a host
+	// terminal's SIGWINCH), sent in order with stdin until the call ends.
+	Resize <-chan *PtySize
 
 	// Stdin, when not nil, is copied to the process's standard input,
 	// which is closed when Stdin returns io.EOF; a nil Stdin closes it at
@@ -98,7 +101,7 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 	// The stdin copier is the only sender from here on (gRPC allows one
 	// sender and one receiver at a time). It ends when Stdin does or when
 	// the stream is over (Send fails once ctx is cancelled on return).
-	go sendStdin(stream, cmd.Stdin)
+	go sendInput(ctx, stream, cmd.Stdin, cmd.Resize)
 
 	for {
 		resp, err := stream.Recv()
@@ -156,25 +159,63 @@ func execErr(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], err err
 	return callErr("exec", err)
 }
 
-func sendStdin(stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], r io.Reader) {
-	if r != nil {
+// sendInput is the call's one sender: stdin's chunks, then CloseStdin,
+// and each size from resize as it comes. Stdin is read by a goroutine of
+// its own (a Read may block for ever on a terminal), which ends when stdin
+// does or when the call is over.
+func sendInput(ctx context.Context, stream grpc.BidiStreamingClient[ExecRequest, ExecResponse], r io.Reader, resize <-chan *PtySize) {
+	chunks := make(chan []byte)
+	go func() {
+		defer close(chunks)
+		if r == nil {
+			return
+		}
 		for {
 			buf := make([]byte, ChunkSize) // gRPC may keep a sent message
 			n, err := r.Read(buf)
 			if n > 0 {
-				if stream.Send(&ExecRequest{Msg: &ExecRequest_Stdin{Stdin: buf[:n]}}) != nil {
+				select {
+				case chunks <- buf[:n]:
+				case <-ctx.Done():
 					return
 				}
 			}
 			if err != nil {
-				break // io.EOF or a failed Stdin: either way stdin ends
+				return // io.EOF or a failed Stdin: either way stdin ends
 			}
 		}
+	}()
+	for chunks != nil || resize != nil {
+		select {
+		case b, ok := <-chunks:
+			if !ok {
+				chunks = nil
+				if stream.Send(&ExecRequest{Msg: &ExecRequest_CloseStdin{CloseStdin: &CloseStdin{}}}) != nil {
+					return
+				}
+				if resize == nil {
+					stream.CloseSend()
+				}
+				continue
+			}
+			if stream.Send(&ExecRequest{Msg: &ExecRequest_Stdin{Stdin: b}}) != nil {
+				return
+			}
+		case sz, ok := <-resize:
+			if !ok {
+				resize = nil
+				if chunks == nil {
+					stream.CloseSend()
+				}
+				continue
+			}
+			if stream.Send(&ExecRequest{Msg: &ExecRequest_Resize{Resize: sz}}) != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
 	}
-	if stream.Send(&ExecRequest{Msg: &ExecRequest_CloseStdin{CloseStdin: &CloseStdin{}}}) != nil {
-		return
-	}
-	stream.CloseSend()
 }
 
 func write(w io.Writer, b []byte) error {
