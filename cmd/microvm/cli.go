@@ -199,7 +199,7 @@ func runCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			&cli.StringFlag{Name: "vsock-uds", Usage: "host Unix socket of the vsock device (clients send CONNECT <port>)"},
 		}, append(vsockLimitFlags("vsock-"), vsockOptFlag())...), deviceFlags()...), append(append(append(privilegeFlags(), seccompFlag()), logFlags()...), namedFlags()...)...),
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
+			if c.NArg() > 0 && !isSet(c, "image") { // an image's main process takes arguments
 				return usagef("run: unexpected argument %q", c.Args().First())
 			}
 			if isSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") || isSet(c, "image") {
@@ -385,6 +385,7 @@ func namedFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "with --name: return once the VM runs (and its agent answers, with --with-agent); the VM goes on in the background"},
 		&cli.BoolFlag{Name: "with-agent", Usage: "the guest runs microvm's agent: boot exec's agent image (unless --initrd or --root gives one whose /init is the agent)"},
 		&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "with --detach --with-agent: how long to wait for the agent"},
+		&cli.BoolFlag{Name: "idle", Usage: "with --image: start no main process (the image's Entrypoint/Cmd); the VM runs until stopped, for exec --vm"},
 	}, append(rootImageFlags(), imageFlags()...)...)
 }
 

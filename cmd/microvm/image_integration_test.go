@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/internal/testenv"
 )
@@ -206,15 +208,29 @@ func TestExecImage(t *testing.T) {
 	}
 
 	// A named VM from the image: exec --vm has the image's defaults.
-	must(append(append([]string{"run", "--name", "imgvm", "--detach"}, vmFlags...), "--image", "bb:1")...)
+	must(append(append([]string{"run", "--name", "imgvm", "--detach"}, vmFlags...), "--image", "bb:1", "--idle")...)
 	defer microvmCmd("rm", "-f", "imgvm")
 	if out := must("exec", "--vm", "imgvm", "--", "sh", "-c", "echo $(id -u) $(pwd) $FOO"); !strings.Contains(out, "1000 /data from-image") {
 		t.Errorf("exec --vm in an image VM: %q, want the image's user, directory and environment", out)
+	}
+	// exec --vm -t: the command runs on a pty of the host terminal's size.
+	if out := execTTY(t, bin, state, "exec", "--vm", "imgvm", "-t", "--", "sh", "-c", "tty; stty size"); !strings.Contains(out, "/dev/pts/") ||
+		!strings.Contains(out, "33 77") {
+		t.Errorf("exec --vm -t: terminal output %q, want a /dev/pts/N of 33 rows, 77 columns", out)
 	}
 	if ls := must("ls"); !strings.Contains(ls, "image bb:1") {
 		t.Errorf("ls does not show the image:\n%s", ls)
 	}
 	must("stop", "imgvm")
+
+	// run --image: the image's main process, its output on the console and
+	// its status the run's, as docker run.
+	out, errOut, code := microvmCmd(append(append([]string{"run", "--name", "mainvm"}, vmFlags...),
+		"--image", "bb:1", "--", "sh", "-c", "echo main-out as $(id -u); exit 7")...)
+	if code != 7 || !strings.Contains(out, "main-out as 1000") {
+		t.Errorf("run --image -- CMD: status %d, want 7; stdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	must("rm", "mainvm")
 
 	// Debian 12 from Debian's archive.
 	must("image", "import", "--rootfs", "--name", "debian:12", debian)
@@ -226,4 +242,49 @@ func TestExecImage(t *testing.T) {
 			t.Errorf("Debian 12: output lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// execTTY runs microvm with a new pseudo-terminal of 33x77 as its stdin
+// and stdout, as a user's terminal, and returns what the terminal shows.
+func execTTY(t *testing.T, bin, state string, args ...string) string {
+	t.Helper()
+	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetUint32(int(m.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.IoctlSetWinsize(int(s.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 33, Col: 77}); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "MICROVM_STATE_DIR="+state)
+	var stderr strings.Builder
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = s, s, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	var out bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&out, m); close(done) }() // EIO once the last slave fd closes
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("microvm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("the terminal did not close")
+	}
+	return out.String()
 }

@@ -98,6 +98,17 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 			return failure{fmt.Errorf("run: %w", err)}
 		}
 		img.rootRef = ref
+		if !c.Bool("idle") {
+			// The image's main process, as docker run starts it; an
+			// image that names none (a root file system import) idles.
+			if p, err := applyImage(img.root.Config, c.Args().Slice(), nil, ""); err == nil {
+				img.main = &p
+			} else if c.NArg() > 0 {
+				return err
+			}
+		}
+	} else if isSet(c, "idle") {
+		return usagef("--idle: only with --image")
 	}
 	if detach && !child {
 		return startDetached(name, c.Duration("boot-timeout"), withAgent)
@@ -114,6 +125,10 @@ type imageOpts struct {
 	root    *image.Image
 	rootRef string
 	overlay uint64
+	// main is the image's main process (Entrypoint and Cmd, or the
+	// command line's arguments), run once the agent answers: the VM ends
+	// when it does, with its status. nil with --idle.
+	main *imageProcess
 }
 
 // readAgentImage reads the image flags for --with-agent.
@@ -287,7 +302,9 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	cfg.Console = clog
 	if !detached {
 		cfg.Console = io.MultiWriter(stdout, clog)
-		cfg.ConsoleInput = stdin
+		if img.main == nil { // else stdin is the main process's
+			cfg.ConsoleInput = stdin
+		}
 	}
 	if img.build {
 		f, err := os.CreateTemp("", "microvm-run-*.cpio")
@@ -333,6 +350,17 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		res, runErr = m.Run(runCtx)
 	}()
 	_ = lease.Update(func(r *vms.Record) { r.State = vms.StateRunning })
+	var mainDone chan mainEnd
+	if img.main != nil {
+		mainDone = make(chan mainEnd, 1)
+		var in io.Reader
+		if !detached {
+			in = stdin
+		}
+		go func() {
+			mainDone <- be.runMain(runCtx, *img.main, c.Duration("boot-timeout"), vmDone, in, cfg.Console)
+		}()
+	}
 	if ready != nil {
 		if withAgent {
 			if err := be.waitAgent(runCtx, c.Duration("boot-timeout"), vmDone); err != nil {
@@ -347,6 +375,18 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	}
 	<-vmDone
 	exitStatus, exitReason = namedEnd(res, runErr, be.stopRequested(), sigCtx)
+	select {
+	case me := <-mainDone:
+		switch {
+		case runErr != nil:
+		case me.failed:
+			exitStatus, exitReason = statusFailure, fmt.Sprintf("its main process %s could not run: %v", img.main.argv[0], me.err)
+			return failure{fmt.Errorf("VM %s: main process %s: %w", name, img.main.argv[0], me.err)}
+		case me.err == nil:
+			exitStatus, exitReason = me.status, fmt.Sprintf("its main process %s ended with status %d", img.main.argv[0], me.status)
+		}
+	default:
+	}
 	if runErr != nil {
 		return runErr
 	}
@@ -480,6 +520,50 @@ func (b *vmBackend) shutdownThroughAgent(timeout time.Duration) {
 	if _, err := agentapi.NewAgentClient(cc).Shutdown(ctx, &agentapi.ShutdownRequest{}); err != nil {
 		b.log.WithError(err).Warn("stop: the agent refused to power the guest off; the VM is stopped after the timeout")
 	}
+}
+
+// mainEnd is how an image VM's main process ended: its status (128+N
+// for signal N), or why it could not be run.
+type mainEnd struct {
+	status int
+	err    error
+	// failed: the main process could not be run (or the agent was lost
+	// while the VM was not being stopped), and the VM was stopped for it.
+	failed bool
+}
+
+// runMain runs an image VM's main process through the agent once it
+// answers, its output on the console (and the terminal, in the
+// foreground), stdin from in, and then powers the guest off, as a
+// container ends with its main process.
+func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Duration, vmDone <-chan struct{},
+	in io.Reader, console io.Writer) mainEnd {
+	fail := func(err error) mainEnd {
+		if ctx.Err() != nil || b.stopRequested() {
+			return mainEnd{err: err} // the VM is ending anyway: not the cause
+		}
+		b.cancel(fmt.Errorf("main process %s: %w", p.argv[0], err))
+		return mainEnd{err: err, failed: true}
+	}
+	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentPort) }, timeout, vmDone)
+	if err != nil {
+		return fail(err)
+	}
+	defer cc.Close()
+	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{Argv: p.argv, Env: p.env, Dir: p.workdir, UID: p.uid, GID: p.gid,
+		Stdin: in, Stdout: console, Stderr: console})
+	if err != nil {
+		return fail(errors.New(agentMessage(err)))
+	}
+	status := int(st.Code)
+	if st.Signal != 0 {
+		status = 128 + int(st.Signal)
+	}
+	b.mu.Lock()
+	b.stopping = true
+	b.mu.Unlock()
+	go b.shutdownThroughAgent(10 * time.Second)
+	return mainEnd{status: status}
 }
 
 // waitAgent waits until the VM's agent answers, the boot timeout passes or
