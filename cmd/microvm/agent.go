@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/dirtar"
 )
 
 // agentCommand groups the clients of the agent of a running VM: one
@@ -202,6 +203,9 @@ func (cp copySpec) run(ctx context.Context, a agentAddr, stdin io.Reader, stdout
 	}
 	if cp.host == "-" {
 		_, err := cp.get(ctx, a, stdout)
+		if isNotRegular(err) { // a directory: a tar archive on stdout, as docker cp writes
+			err = cp.getTree(ctx, a, stdout)
+		}
 		return err
 	}
 	target := cp.host
@@ -235,7 +239,103 @@ func (cp copySpec) run(ctx context.Context, a agentAddr, stdin io.Reader, stdout
 	if err != nil {
 		os.Remove(f.Name())
 	}
+	if isNotRegular(err) {
+		return cp.getDir(ctx, a, target)
+	}
 	return err
+}
+
+// isNotRegular says whether a guest copy failed because the guest path is
+// not a regular file (a directory: copied as a tree instead).
+func isNotRegular(err error) bool {
+	var ge guestError
+	return errors.As(err, &ge) && status.Code(ge.err) == codes.FailedPrecondition &&
+		strings.Contains(agentMessage(ge.err), "not a regular file")
+}
+
+// getDir copies the guest directory to target: made whole in a temporary
+// directory beside it and renamed into place when target does not exist
+// (a failure leaves nothing), merged into it when it does. Owners are the
+// copying user's; modes and times are the guest's.
+func (cp copySpec) getDir(ctx context.Context, a agentAddr, target string) error {
+	if _, err := os.Lstat(target); err == nil {
+		return cp.getTreeInto(ctx, a, target)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".microvm-*")
+	if err != nil {
+		return hostSideError{err}
+	}
+	if err := cp.getTreeInto(ctx, a, tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, target); err != nil {
+		os.RemoveAll(tmp)
+		return hostSideError{err}
+	}
+	return nil
+}
+
+// getTreeInto extracts the guest tree into dir as it streams.
+func (cp copySpec) getTreeInto(ctx context.Context, a agentAddr, dir string) error {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := dirtar.Extract(pr, dir, false)
+		pr.CloseWithError(err) // a failed extraction stops the stream
+		done <- err
+	}()
+	err := cp.getTree(ctx, a, pw)
+	pw.CloseWithError(err)
+	xerr := <-done
+	if err != nil {
+		return err
+	}
+	if xerr != nil {
+		return hostSideError{fmt.Errorf("%s: %w", dir, xerr)}
+	}
+	return nil
+}
+
+// getTree writes the guest tree to w as a tar archive.
+func (cp copySpec) getTree(ctx context.Context, a agentAddr, w io.Writer) error {
+	cc, err := a.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	if err := agentapi.NewClient(cc).GetTree(ctx, cp.guest, w); err != nil {
+		return guestError{cp.guest, err}
+	}
+	return nil
+}
+
+// putDir copies a host directory to the guest path, which it becomes (made
+// when missing, merged into when it exists).
+func (cp copySpec) putDir(ctx context.Context, a agentAddr) error {
+	cc, err := a.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := dirtar.Write(pw, cp.host)
+		if err != nil {
+			err = hostSideError{err}
+		}
+		pw.CloseWithError(err)
+	}()
+	_, err = agentapi.NewClient(cc).PutTree(ctx, cp.guest, pr)
+	pr.Close()
+	if err != nil {
+		var hs hostSideError
+		if errors.As(err, &hs) {
+			return hs
+		}
+		return guestError{cp.guest, err}
+	}
+	return nil
 }
 
 // put copies the host side (a regular file, or stdin) to the guest.
@@ -250,6 +350,9 @@ func (cp copySpec) put(ctx context.Context, a agentAddr, stdin io.Reader) error 
 		st, err := f.Stat()
 		if err != nil {
 			return hostSideError{err}
+		}
+		if st.IsDir() {
+			return cp.putDir(ctx, a)
 		}
 		if !st.Mode().IsRegular() {
 			return hostSideError{fmt.Errorf("%s: not a regular file", cp.host)}

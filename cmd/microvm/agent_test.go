@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"crypto/rand"
 	"fmt"
@@ -265,6 +266,54 @@ func TestAgentCp(t *testing.T) {
 		}
 	})
 
+	t.Run("directories", func(t *testing.T) {
+		tree := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(tree, "a", "b"), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(tree, "a", "b", "f"), content, 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("a/b/f", filepath.Join(tree, "l")); err != nil {
+			t.Fatal(err)
+		}
+		// In: the guest path becomes the directory (made with its parents).
+		gdst := filepath.Join(dir, "tree-in", "copy")
+		status, stdout, stderr := cp(t, nil, tree, "guest:"+gdst)
+		ok(t, status, stdout, stderr)
+		wantFile(t, filepath.Join(gdst, "a", "b", "f"), content, 0o640)
+		if l, err := os.Readlink(filepath.Join(gdst, "l")); err != nil || l != "a/b/f" {
+			t.Errorf("the link: %q, %v", l, err)
+		}
+		// Out to a new path: it becomes the directory; into an existing
+		// directory: under the guest directory's name.
+		out := t.TempDir()
+		status, stdout, stderr = cp(t, nil, "guest:"+gdst, filepath.Join(out, "new"))
+		ok(t, status, stdout, stderr)
+		wantFile(t, filepath.Join(out, "new", "a", "b", "f"), content, 0o640)
+		status, stdout, stderr = cp(t, nil, "guest:"+gdst, out)
+		ok(t, status, stdout, stderr)
+		wantFile(t, filepath.Join(out, "copy", "a", "b", "f"), content, 0o640)
+		wantEntries(t, out, "copy", "new") // no temporary directory left
+		// Out to stdout: a tar archive, as docker cp writes.
+		status, stdout, stderr = cp(t, nil, "guest:"+gdst, "-")
+		if status != 0 || stderr != "" {
+			t.Fatalf("to stdout: status %d stderr %q", status, stderr)
+		}
+		names := map[string]bool{}
+		tr := tar.NewReader(strings.NewReader(stdout))
+		for {
+			h, err := tr.Next()
+			if err != nil {
+				break
+			}
+			names[h.Name] = true
+		}
+		if !names["a/b/f"] || !names["l"] {
+			t.Errorf("the tar on stdout holds %v, want a/b/f and l", names)
+		}
+	})
+
 	t.Run("errors", func(t *testing.T) {
 		out := t.TempDir()
 		for _, tc := range []struct {
@@ -273,9 +322,8 @@ func TestAgentCp(t *testing.T) {
 			want     string
 		}{
 			{"missing host file", filepath.Join(dir, "nope"), "guest:" + filepath.Join(dir, "x"), "agent cp: open " + filepath.Join(dir, "nope") + ": no such file or directory"},
-			{"host source a directory", dir, "guest:" + filepath.Join(dir, "x"), "not a regular file"},
 			{"missing guest file", "guest:" + filepath.Join(dir, "nope"), filepath.Join(out, "x"), "agent cp: guest:" + filepath.Join(dir, "nope") + ": no such file or directory"},
-			{"guest source a directory", "guest:" + dir, filepath.Join(out, "x"), "agent cp: guest:" + dir + ": not a regular file"},
+			{"missing guest directory to stdout", "guest:" + filepath.Join(dir, "nope") + "/", "-", "no such file or directory"},
 			{"missing host directory", "guest:" + gsrc, filepath.Join(out, "no", "x"), "agent cp: destination " + filepath.Join(out, "no", "x")},
 			{"guest parent a file", src, "guest:" + filepath.Join(gsrc, "x"), "agent cp: guest:" + filepath.Join(gsrc, "x") + ": not a directory"},
 		} {

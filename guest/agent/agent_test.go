@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -29,6 +30,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/dirtar"
 )
 
 // TestMain makes the test process a child subreaper, as the agent is when
@@ -432,6 +434,63 @@ func TestPutGetFile(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(path))
 	if len(ents) != 1 {
 		t.Errorf("directory holds %d entries, want the file only", len(ents))
+	}
+}
+
+// TestPutGetTree: a directory goes in as a tar stream and comes back the
+// same; a tar entry that climbs out is refused with InvalidArgument.
+func TestPutGetTree(t *testing.T) {
+	h := newHarness(t, Options{}, false)
+	ctx := testCtx(t)
+	src := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 3*agentapi.ChunkSize+11)
+	rand.Read(big)
+	if err := os.WriteFile(filepath.Join(src, "sub", "big"), big, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/big", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	var archive bytes.Buffer
+	if _, err := dirtar.Write(&archive, src); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "made", "here")
+	resp, err := h.client.PutTree(ctx, dst, &archive)
+	if err != nil || resp.Entries != 4 || resp.Bytes != uint64(len(big)) {
+		t.Fatalf("PutTree = %v, %v; want 4 entries, %d bytes", resp, err, len(big))
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "link")); err != nil || !bytes.Equal(b, big) {
+		t.Errorf("through the link: %d bytes, %v", len(b), err)
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "sub")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("sub: %v, %v; want 0750", fi, err)
+	}
+
+	var back bytes.Buffer
+	if err := h.client.GetTree(ctx, dst, &back); err != nil {
+		t.Fatal(err)
+	}
+	again := t.TempDir()
+	if _, err := dirtar.Extract(&back, again, false); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(again, "sub", "big")); err != nil || !bytes.Equal(b, big) {
+		t.Errorf("GetTree round trip: %d bytes, %v", len(b), err)
+	}
+	if err := h.client.GetTree(ctx, filepath.Join(dst, "nothing"), io.Discard); status.Code(err) != codes.NotFound {
+		t.Errorf("GetTree of a missing path: %v, want NotFound", err)
+	}
+
+	var evil bytes.Buffer
+	tw := tar.NewWriter(&evil)
+	tw.WriteHeader(&tar.Header{Name: "../escape", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.Close()
+	if _, err := h.client.PutTree(ctx, filepath.Join(t.TempDir(), "in"), &evil); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("PutTree of ../escape: %v, want InvalidArgument", err)
 	}
 }
 

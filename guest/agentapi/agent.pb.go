@@ -901,6 +901,244 @@ func (*GetFileResponse_Info) isGetFileResponse_Msg() {}
 
 func (*GetFileResponse_Data) isGetFileResponse_Msg() {}
 
+// PutTreeRequest is one client message of a PutTree call.
+type PutTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*PutTreeRequest_Dir
+	//	*PutTreeRequest_Data
+	Msg           isPutTreeRequest_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutTreeRequest) Reset() {
+	*x = PutTreeRequest{}
+	mi := &file_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutTreeRequest) ProtoMessage() {}
+
+func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
+func (*PutTreeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *PutTreeRequest) GetDir() string {
+	if x != nil {
+		if x, ok := x.Msg.(*PutTreeRequest_Dir); ok {
+			return x.Dir
+		}
+	}
+	return ""
+}
+
+func (x *PutTreeRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*PutTreeRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isPutTreeRequest_Msg interface {
+	isPutTreeRequest_Msg()
+}
+
+type PutTreeRequest_Dir struct {
+	// dir, absolute, must be the first message, and only the first.
+	Dir string `protobuf:"bytes,1,opt,name=dir,proto3,oneof"`
+}
+
+type PutTreeRequest_Data struct {
+	// data chunks of the tar archive follow.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*PutTreeRequest_Dir) isPutTreeRequest_Msg() {}
+
+func (*PutTreeRequest_Data) isPutTreeRequest_Msg() {}
+
+// PutTreeResponse counts what PutTree made.
+type PutTreeResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries uint64                 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes   uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// skipped counts entries not made (device nodes, FIFOs, sockets).
+	Skipped       uint64 `protobuf:"varint,3,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutTreeResponse) Reset() {
+	*x = PutTreeResponse{}
+	mi := &file_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutTreeResponse) ProtoMessage() {}
+
+func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
+func (*PutTreeResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PutTreeResponse) GetEntries() uint64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *PutTreeResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PutTreeResponse) GetSkipped() uint64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+// GetTreeRequest names the directory or file to read.
+type GetTreeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is absolute.
+	Path          string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTreeRequest) Reset() {
+	*x = GetTreeRequest{}
+	mi := &file_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTreeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTreeRequest) ProtoMessage() {}
+
+func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
+func (*GetTreeRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetTreeRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// GetTreeResponse is one chunk (at most 32 KiB) of the tar archive.
+type GetTreeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTreeResponse) Reset() {
+	*x = GetTreeResponse{}
+	mi := &file_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTreeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTreeResponse) ProtoMessage() {}
+
+func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
+func (*GetTreeResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetTreeResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // InfoRequest is empty.
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -910,7 +1148,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1160,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1173,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -960,7 +1198,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1210,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1223,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1046,7 +1284,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1296,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1309,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 // ShutdownResponse is empty.
@@ -1083,7 +1321,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1333,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1346,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -1168,7 +1406,19 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fGetFileResponse\x120\n" +
 	"\x04info\x18\x01 \x01(\v2\x1a.microvm.agent.v1.FileInfoH\x00R\x04info\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"\r\n" +
+	"\x03msg\"A\n" +
+	"\x0ePutTreeRequest\x12\x12\n" +
+	"\x03dir\x18\x01 \x01(\tH\x00R\x03dir\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"[\n" +
+	"\x0fPutTreeResponse\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x04R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x03 \x01(\x04R\askipped\"$\n" +
+	"\x0eGetTreeRequest\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"%\n" +
+	"\x0fGetTreeResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"\r\n" +
 	"\vInfoRequest\"\x8e\x02\n" +
 	"\fInfoResponse\x12%\n" +
 	"\x0ekernel_release\x18\x01 \x01(\tR\rkernelRelease\x12\x1b\n" +
@@ -1179,11 +1429,13 @@ const file_agent_proto_rawDesc = "" +
 	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\x12\x17\n" +
 	"\anum_cpu\x18\a \x01(\rR\x06numCpu\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\x90\x03\n" +
+	"\x10ShutdownResponse2\xb4\x04\n" +
 	"\x05Agent\x12I\n" +
 	"\x04Exec\x12\x1d.microvm.agent.v1.ExecRequest\x1a\x1e.microvm.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\aPutFile\x12 .microvm.agent.v1.PutFileRequest\x1a!.microvm.agent.v1.PutFileResponse(\x01\x12P\n" +
-	"\aGetFile\x12 .microvm.agent.v1.GetFileRequest\x1a!.microvm.agent.v1.GetFileResponse0\x01\x12E\n" +
+	"\aGetFile\x12 .microvm.agent.v1.GetFileRequest\x1a!.microvm.agent.v1.GetFileResponse0\x01\x12P\n" +
+	"\aPutTree\x12 .microvm.agent.v1.PutTreeRequest\x1a!.microvm.agent.v1.PutTreeResponse(\x01\x12P\n" +
+	"\aGetTree\x12 .microvm.agent.v1.GetTreeRequest\x1a!.microvm.agent.v1.GetTreeResponse0\x01\x12E\n" +
 	"\x04Info\x12\x1d.microvm.agent.v1.InfoRequest\x1a\x1e.microvm.agent.v1.InfoResponse\x12Q\n" +
 	"\bShutdown\x12!.microvm.agent.v1.ShutdownRequest\x1a\".microvm.agent.v1.ShutdownResponseB+Z)github.com/microvm/microvm/guest/agentapib\x06proto3"
 
@@ -1199,7 +1451,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_agent_proto_goTypes = []any{
 	(*ExecStart)(nil),        // 0: microvm.agent.v1.ExecStart
 	(*PtySize)(nil),          // 1: microvm.agent.v1.PtySize
@@ -1213,10 +1465,14 @@ var file_agent_proto_goTypes = []any{
 	(*GetFileRequest)(nil),   // 9: microvm.agent.v1.GetFileRequest
 	(*FileInfo)(nil),         // 10: microvm.agent.v1.FileInfo
 	(*GetFileResponse)(nil),  // 11: microvm.agent.v1.GetFileResponse
-	(*InfoRequest)(nil),      // 12: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),     // 13: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),  // 14: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 15: microvm.agent.v1.ShutdownResponse
+	(*PutTreeRequest)(nil),   // 12: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),  // 13: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),   // 14: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),  // 15: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),      // 16: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),     // 17: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),  // 18: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil), // 19: microvm.agent.v1.ShutdownResponse
 }
 var file_agent_proto_depIdxs = []int32{
 	1,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
@@ -1229,15 +1485,19 @@ var file_agent_proto_depIdxs = []int32{
 	3,  // 7: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
 	7,  // 8: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
 	9,  // 9: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	12, // 10: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	14, // 11: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	5,  // 12: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	8,  // 13: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	11, // 14: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	13, // 15: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	15, // 16: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
+	12, // 10: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	14, // 11: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	16, // 12: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	18, // 13: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	5,  // 14: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	8,  // 15: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	11, // 16: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	13, // 17: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	15, // 18: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	17, // 19: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	19, // 20: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1269,13 +1529,17 @@ func file_agent_proto_init() {
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
+	file_agent_proto_msgTypes[12].OneofWrappers = []any{
+		(*PutTreeRequest_Dir)(nil),
+		(*PutTreeRequest_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

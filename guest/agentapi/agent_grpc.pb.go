@@ -25,6 +25,8 @@ const (
 	Agent_Exec_FullMethodName     = "/microvm.agent.v1.Agent/Exec"
 	Agent_PutFile_FullMethodName  = "/microvm.agent.v1.Agent/PutFile"
 	Agent_GetFile_FullMethodName  = "/microvm.agent.v1.Agent/GetFile"
+	Agent_PutTree_FullMethodName  = "/microvm.agent.v1.Agent/PutTree"
+	Agent_GetTree_FullMethodName  = "/microvm.agent.v1.Agent/GetTree"
 	Agent_Info_FullMethodName     = "/microvm.agent.v1.Agent/Info"
 	Agent_Shutdown_FullMethodName = "/microvm.agent.v1.Agent/Shutdown"
 )
@@ -51,6 +53,15 @@ type AgentClient interface {
 	// GetFile reads a file: the first message carries its metadata, the
 	// rest data.
 	GetFile(ctx context.Context, in *GetFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetFileResponse], error)
+	// PutTree unpacks a tar archive into a directory, which it creates
+	// (with its parents) when missing: the first message names the
+	// directory, the rest carry the archive. Entries keep their modes, owners
+	// and times; device nodes and FIFOs are skipped; an entry that would
+	// leave the directory ends the call with INVALID_ARGUMENT.
+	PutTree(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutTreeRequest, PutTreeResponse], error)
+	// GetTree reads a directory (or one file) as a tar archive whose names
+	// are relative to it, streamed in chunks.
+	GetTree(ctx context.Context, in *GetTreeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetTreeResponse], error)
 	// Info describes the guest.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
@@ -111,6 +122,38 @@ func (c *agentClient) GetFile(ctx context.Context, in *GetFileRequest, opts ...g
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_GetFileClient = grpc.ServerStreamingClient[GetFileResponse]
 
+func (c *agentClient) PutTree(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PutTreeRequest, PutTreeResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[3], Agent_PutTree_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PutTreeRequest, PutTreeResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_PutTreeClient = grpc.ClientStreamingClient[PutTreeRequest, PutTreeResponse]
+
+func (c *agentClient) GetTree(ctx context.Context, in *GetTreeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetTreeResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Agent_ServiceDesc.Streams[4], Agent_GetTree_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetTreeRequest, GetTreeResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_GetTreeClient = grpc.ServerStreamingClient[GetTreeResponse]
+
 func (c *agentClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(InfoResponse)
@@ -153,6 +196,15 @@ type AgentServer interface {
 	// GetFile reads a file: the first message carries its metadata, the
 	// rest data.
 	GetFile(*GetFileRequest, grpc.ServerStreamingServer[GetFileResponse]) error
+	// PutTree unpacks a tar archive into a directory, which it creates
+	// (with its parents) when missing: the first message names the
+	// directory, the rest carry the archive. Entries keep their modes, owners
+	// and times; device nodes and FIFOs are skipped; an entry that would
+	// leave the directory ends the call with INVALID_ARGUMENT.
+	PutTree(grpc.ClientStreamingServer[PutTreeRequest, PutTreeResponse]) error
+	// GetTree reads a directory (or one file) as a tar archive whose names
+	// are relative to it, streamed in chunks.
+	GetTree(*GetTreeRequest, grpc.ServerStreamingServer[GetTreeResponse]) error
 	// Info describes the guest.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
@@ -176,6 +228,12 @@ func (UnimplementedAgentServer) PutFile(grpc.ClientStreamingServer[PutFileReques
 }
 func (UnimplementedAgentServer) GetFile(*GetFileRequest, grpc.ServerStreamingServer[GetFileResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetFile not implemented")
+}
+func (UnimplementedAgentServer) PutTree(grpc.ClientStreamingServer[PutTreeRequest, PutTreeResponse]) error {
+	return status.Error(codes.Unimplemented, "method PutTree not implemented")
+}
+func (UnimplementedAgentServer) GetTree(*GetTreeRequest, grpc.ServerStreamingServer[GetTreeResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetTree not implemented")
 }
 func (UnimplementedAgentServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
@@ -228,6 +286,24 @@ func _Agent_GetFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Agent_GetFileServer = grpc.ServerStreamingServer[GetFileResponse]
+
+func _Agent_PutTree_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServer).PutTree(&grpc.GenericServerStream[PutTreeRequest, PutTreeResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_PutTreeServer = grpc.ClientStreamingServer[PutTreeRequest, PutTreeResponse]
+
+func _Agent_GetTree_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetTreeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServer).GetTree(m, &grpc.GenericServerStream[GetTreeRequest, GetTreeResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Agent_GetTreeServer = grpc.ServerStreamingServer[GetTreeResponse]
 
 func _Agent_Info_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(InfoRequest)
@@ -296,6 +372,16 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "GetFile",
 			Handler:       _Agent_GetFile_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "PutTree",
+			Handler:       _Agent_PutTree_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "GetTree",
+			Handler:       _Agent_GetTree_Handler,
 			ServerStreams: true,
 		},
 	},

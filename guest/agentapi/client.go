@@ -327,3 +327,70 @@ func FileMode(b uint32) fs.FileMode {
 	}
 	return m
 }
+
+// PutTree unpacks the tar archive r into dir in the guest (created when
+// missing) and reports what was made. A failed read of r cancels the call.
+func (c *Client) PutTree(ctx context.Context, dir string, r io.Reader) (*PutTreeResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Agent.PutTree(ctx)
+	if err != nil {
+		return nil, callErr("put tree "+dir, err)
+	}
+	if err := stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Dir{Dir: dir}}); err != nil {
+		return nil, treeSendErr(stream, dir, err)
+	}
+	for {
+		buf := make([]byte, ChunkSize) // gRPC may keep a sent message
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Data{Data: buf[:n]}}); err != nil {
+				return nil, treeSendErr(stream, dir, err)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return nil, fmt.Errorf("agentapi: put tree %s: read: %w", dir, rerr)
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, callErr("put tree "+dir, err)
+	}
+	return resp, nil
+}
+
+// treeSendErr prefers the call's status to a failed Send's io.EOF.
+func treeSendErr(stream grpc.ClientStreamingClient[PutTreeRequest, PutTreeResponse], dir string, err error) error {
+	if err == io.EOF {
+		if _, rerr := stream.CloseAndRecv(); rerr != nil {
+			err = rerr
+		}
+	}
+	return callErr("put tree "+dir, err)
+}
+
+// GetTree writes the guest's directory (or file) at path to w as a tar
+// archive, names relative to it.
+func (c *Client) GetTree(ctx context.Context, path string, w io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Agent.GetTree(ctx, &GetTreeRequest{Path: path})
+	if err != nil {
+		return callErr("get tree "+path, err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return callErr("get tree "+path, err)
+		}
+		if _, err := w.Write(resp.Data); err != nil {
+			return fmt.Errorf("agentapi: get tree %s: write: %w", path, err)
+		}
+	}
+}
