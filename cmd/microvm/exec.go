@@ -231,7 +231,7 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 		MetricsSocket: o.devices.MetricsSocket,
 	}
 	if o.img != nil {
-		imageMachine(&cfg, o.img, o.overlay)
+		cfg.UseImage(o.img, o.overlay)
 	}
 	return cfg
 }

@@ -360,20 +360,6 @@ func lookupEnv(env []string, key string) (string, bool) {
 	return "", false
 }
 
-// imageMachine adds an image's root file system to a machine
-// configuration: the image's ext4 as the first disk, read-only and shared
-// with every VM that runs it (/dev/vda), and microvm.root= on the kernel
-// command line, which makes the agent mount it under an overlayfs with a
-// private tmpfs as its writable layer (pid1.ImageRoot). overlay is the
-// tmpfs's size (0: the kernel's default, half of guest RAM).
-func imageMachine(cfg *microvm.Config, img *image.Image, overlay uint64) {
-	cfg.Disks = append([]microvm.DiskConfig{{Path: img.Rootfs, ReadOnly: true}}, cfg.Disks...)
-	cfg.Cmdline = strings.TrimSpace(cfg.Cmdline + " microvm.root=/dev/vda")
-	if overlay > 0 {
-		cfg.Cmdline += fmt.Sprintf(" microvm.rootsize=%dk", overlay>>10)
-	}
-}
-
 // readRootImageFlags checks --image and --overlay-size against the other
 // flags and returns the overlay size; with --image the agent image needs
 // no busybox (the image has its own programs) unless --busybox asks.

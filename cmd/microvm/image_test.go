@@ -87,20 +87,6 @@ func TestParseUser(t *testing.T) {
 	}
 }
 
-// TestImageMachine: the image is the first disk, read-only, and the
-// kernel command line names it and the overlay's size.
-func TestImageMachine(t *testing.T) {
-	cfg := microvm.Config{Cmdline: "console=ttyS0", Disks: []microvm.DiskConfig{{Path: "/data.img"}}}
-	imageMachine(&cfg, &image.Image{Rootfs: "/state/images/abc/rootfs.ext4"}, 64<<20)
-	if len(cfg.Disks) != 2 || cfg.Disks[0] != (microvm.DiskConfig{Path: "/state/images/abc/rootfs.ext4", ReadOnly: true}) ||
-		cfg.Disks[1].Path != "/data.img" {
-		t.Errorf("disks %+v: want the image first, read-only, then /data.img", cfg.Disks)
-	}
-	if want := "console=ttyS0 microvm.root=/dev/vda microvm.rootsize=65536k"; cfg.Cmdline != want {
-		t.Errorf("cmdline %q, want %q", cfg.Cmdline, want)
-	}
-}
-
 // TestImageErrors: bad input around images gets one line and its status:
 // 2 for the command line, checked before anything is fetched or booted;
 // 125 for an image that cannot be had. Nothing reaches outside this

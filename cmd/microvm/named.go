@@ -267,7 +267,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
 		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
 	if img.root != nil {
-		imageMachine(&cfg, img.root, img.overlay)
+		cfg.UseImage(img.root, img.overlay)
 		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
 	}
 	for _, d := range cfg.Disks {
