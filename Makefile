@@ -49,7 +49,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
-	build/nettest debian-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
+	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
 # The binaries and the guest kernel that exec, run --with-agent and
@@ -94,6 +94,10 @@ build/nettest:
 debian-image:
 	scripts/debian-image build/images/debian-12.tar
 
+# The same with what a CI job needs (the GitLab executor's test image).
+debian-build-image:
+	scripts/debian-image build/images/debian-12-build.tar bash,git,gcc,libc6-dev,make,curl,ca-certificates
+
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest
 
@@ -119,12 +123,13 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
 	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net \
-	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar
+	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar \
+	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar
 
 test: deps-test
 	$(MAKE) test-steps
 
-test-steps: test-start all examples build/nettest debian-image kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
+test-steps: test-start all examples build/nettest debian-image debian-build-image kernel initramfs kvmbox conformance vet fmt-check staticcheck go-test \
 	fuzz-smoke guest-test box-test test-summary
 
 test-start:

@@ -111,6 +111,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			imageCommand(stdout, stderr),
+			ciCommand(stdout, stderr),
 			{
 				Name:         "version",
 				Usage:        "print the version",

@@ -21,6 +21,7 @@ const (
 	mkfsUsage      = "build an ext4 disk image from a directory (mkfs.ext4 -d, from e2fsprogs)"
 	vhostUserUsage = "serve the vsock device to QEMU (vhost-user-vsock-device) over vhost-user"
 	connectUsage   = "connect stdin/stdout to a guest vsock port through the VM's Unix socket"
+	ciUsage        = "CI executors: GitLab Runner's custom executor (ci gitlab config|prepare|run|cleanup)"
 	imageUsage     = "pull, import, list and remove OCI images, the root file systems of exec --image and run --image"
 )
 

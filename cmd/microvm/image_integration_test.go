@@ -129,7 +129,7 @@ func writeBusyboxImage(t *testing.T) string {
 // run in it.
 func TestExecImage(t *testing.T) {
 	debian := testenv.DebianImage(t) // built on the host, before the box
-	testenv.RequireKVM(t, testenv.NeedLinux)
+	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
 	oci := writeBusyboxImage(t)
 	state := t.TempDir()
 	bin, kernel, agent := testenv.Binary(t), testenv.BzImage(t), testenv.Agent(t)

@@ -45,6 +45,9 @@ func vhostUserVsockCommand(io.Writer, io.Writer) *cli.Command {
 // microvm-full.
 func imageCommand(io.Writer, io.Writer) *cli.Command { return handoffCommand("image", imageUsage) }
 
+// ciCommand, in the lean build, hands `microvm ci ...` to microvm-full.
+func ciCommand(io.Writer, io.Writer) *cli.Command { return handoffCommand("ci", ciUsage) }
+
 // connectCommand, in the lean build, hands `microvm vsock-connect ...` to
 // microvm-full.
 func connectCommand(io.Reader, io.Writer, io.Writer) *cli.Command {

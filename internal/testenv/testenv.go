@@ -262,6 +262,10 @@ const (
 	// debian-image: build/images/debian-12.tar, built with mmdebstrap
 	// from Debian's archive).
 	EnvDebianImage = "MICROVM_DEBIAN_IMAGE"
+	// EnvDebianBuildImage names the same with bash, git, gcc, make and
+	// curl (make debian-build-image: build/images/debian-12-build.tar), a
+	// CI job's image.
+	EnvDebianBuildImage = "MICROVM_DEBIAN_BUILD_IMAGE"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -296,6 +300,15 @@ func NetTest(tb testing.TB) string {
 func DebianImage(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvDebianImage, "build/images/debian-12.tar", "debian-image")
+}
+
+// DebianBuildImage returns Debian 12 with bash, git, gcc, make and curl
+// as a root file system tarball (a CI job's image): $MICROVM_DEBIAN_BUILD_IMAGE,
+// else build/images/debian-12-build.tar built by `make debian-build-image`.
+// Call it before RequireKVM, as DebianImage.
+func DebianBuildImage(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvDebianBuildImage, "build/images/debian-12-build.tar", "debian-build-image")
 }
 
 // Example returns the built example program name (build/examples/NAME,

@@ -4,8 +4,9 @@
 //
 //	scripts/box-test RECORD_DIR
 //
-// Environment: BOX_TIMEOUT (one box, default 12m), BOX_TEST_TIMEOUT (the
-// test binary's -test.timeout in the box, default 8m), BOX_BUDGET (no box
+// Environment: BOX_TIMEOUT (one box, default 16m), BOX_TEST_TIMEOUT (the
+// test binary's -test.timeout in the box, default 12m: a CI job's whole
+// scenario under TCG takes minutes), BOX_BUDGET (no box
 // starts after this long, default 40m), BOX_RERUNS (default 3).
 // Exit status: 0 when every queued test passed in the box, 1 when one
 // failed, 2 on bad usage.
@@ -58,8 +59,8 @@ func run(ctx context.Context, args []string) int {
 		dst *time.Duration
 		def time.Duration
 	}{
-		{"BOX_TIMEOUT", &c.BoxTimeout, 12 * time.Minute},
-		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 8 * time.Minute},
+		{"BOX_TIMEOUT", &c.BoxTimeout, 16 * time.Minute},
+		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 12 * time.Minute},
 		{"BOX_BUDGET", &c.Budget, 40 * time.Minute},
 	} {
 		*d.dst = d.def

@@ -1,0 +1,375 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// The GitLab Runner custom executor (docs/ci.md): GitLab Runner calls
+// `microvm ci gitlab config`, then `prepare` once per job, `run SCRIPT
+// STAGE` once per sub-stage (prepare_script, get_sources, restore_cache,
+// step_script, after_script, archive_cache, upload_artifacts_on_*, ...),
+// and `cleanup` at the end, whatever happened. The job's variables come as
+// CUSTOM_ENV_*; a failure of the job's own script exits
+// $BUILD_FAILURE_EXIT_CODE, a failure of microvm or the VM
+// $SYSTEM_FAILURE_EXIT_CODE, so GitLab tells a failed job from a broken
+// runner.
+//
+// One named VM per job (gitlab-RUNNER-JOB) from the job's image (or
+// --default-image) with --net user, and a cache disk per project and
+// concurrency slot, an ext4 image kept under --cache-dir and mounted at
+// /cache, so that caches survive from one job to the next.
+
+// ciGitLab names the environment variables of GitLab's custom executor
+// contract.
+const (
+	envBuildFailure  = "BUILD_FAILURE_EXIT_CODE"
+	envSystemFailure = "SYSTEM_FAILURE_EXIT_CODE"
+	envJobPrefix     = "CUSTOM_ENV_"
+)
+
+// In the guest: where jobs build, where the cache disk is mounted, and
+// where run puts each stage's script.
+const (
+	ciBuildsDir = "/builds"
+	ciCacheDir  = "/cache"
+	ciScriptDir = "/tmp/microvm-ci"
+)
+
+func ciCommand(stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "ci",
+		Usage:        ciUsage,
+		OnUsageError: onUsageError,
+		Subcommands: []*cli.Command{{
+			Name:         "gitlab",
+			Usage:        "GitLab Runner's custom executor: config, prepare, run SCRIPT STAGE, cleanup (docs/ci.md)",
+			OnUsageError: onUsageError,
+			Subcommands: []*cli.Command{
+				{
+					Name: "config", Usage: "print the executor's configuration (config_exec)", OnUsageError: onUsageError,
+					Action: func(c *cli.Context) error { return ciExit(gitlabConfig(stdout), stderr) },
+				},
+				{
+					Name: "prepare", Usage: "start the job's VM (prepare_exec)", OnUsageError: onUsageError,
+					Flags: []cli.Flag{
+						&cli.StringFlag{Name: "default-image", Value: "debian:12", Usage: "the image of a job that names none ($CUSTOM_ENV_CI_JOB_IMAGE)"},
+						&cli.IntFlag{Name: "cpus", Value: 2, Usage: "the job VM's vCPUs"},
+						&cli.StringFlag{Name: "memory", Value: "2G", Usage: "the job VM's RAM (SIZE); half of it bounds what the job writes outside /cache"},
+						&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: exec's)"},
+						&cli.StringFlag{Name: "agent", Usage: "guest agent (default: exec's)"},
+						&cli.StringFlag{Name: "cache-dir", Usage: "where the cache disks live (default: $MICROVM_STATE_DIR/ci-cache)"},
+						&cli.StringFlag{Name: "cache-size", Value: "4G", Usage: "size of a new cache disk (SIZE; sparse)"},
+						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the job VM's agent"},
+					},
+					Action: func(c *cli.Context) error { return ciExit(gitlabPrepare(c, stderr), stderr) },
+				},
+				{
+					Name: "run", Usage: "run one stage's script in the job's VM (run_exec)", UsageText: "microvm ci gitlab run SCRIPT STAGE",
+					OnUsageError: onUsageError,
+					Action: func(c *cli.Context) error {
+						if c.NArg() != 2 {
+							return ciExit(usagef("ci gitlab run: want SCRIPT and STAGE (GitLab Runner passes both)"), stderr)
+						}
+						return ciExit(gitlabRun(c.Args().Get(0), c.Args().Get(1), stdout, stderr), stderr)
+					},
+				},
+				{
+					Name: "cleanup", Usage: "remove the job's VM (cleanup_exec)", OnUsageError: onUsageError,
+					Action: func(c *cli.Context) error { return ciExit(gitlabCleanup(), stderr) },
+				},
+			},
+		}},
+	}
+}
+
+// ciExit maps an executor error to the contract's statuses: a build
+// failure (the job's script failed) to $BUILD_FAILURE_EXIT_CODE, anything
+// else to $SYSTEM_FAILURE_EXIT_CODE; without the variables (not run by
+// GitLab Runner) microvm's own statuses stay.
+func ciExit(err error, stderr io.Writer) error {
+	if err == nil {
+		return nil
+	}
+	var bf buildFailure
+	code, ok := exitCodeEnv(envSystemFailure)
+	if errors.As(err, &bf) {
+		code, ok = exitCodeEnv(envBuildFailure)
+	}
+	if !ok {
+		if errors.As(err, &bf) {
+			return statusError{bf.status}
+		}
+		return err
+	}
+	if !errors.As(err, &bf) { // a failed script's own output says why
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+	}
+	return statusError{code}
+}
+
+// buildFailure: the job's script ran and failed.
+type buildFailure struct {
+	stage  string
+	status int
+}
+
+func (b buildFailure) Error() string {
+	return fmt.Sprintf("stage %s: the script exited with status %d", b.stage, b.status)
+}
+
+func exitCodeEnv(name string) (int, bool) {
+	n, err := strconv.Atoi(os.Getenv(name))
+	return n, err == nil && n > 0 && n < 256
+}
+
+// jobEnv is a variable of the job (CUSTOM_ENV_NAME), or def.
+func jobEnv(name, def string) string {
+	if v := os.Getenv(envJobPrefix + name); v != "" {
+		return v
+	}
+	return def
+}
+
+// jobVMName is the job's VM: gitlab-RUNNER-JOB, made a valid VM name.
+func jobVMName() (string, error) {
+	name := "gitlab-" + jobEnv("CI_RUNNER_ID", "0") + "-" + jobEnv("CI_JOB_ID", "0")
+	if err := vms.CheckName(name); err != nil {
+		return "", fmt.Errorf("job VM name from $CUSTOM_ENV_CI_RUNNER_ID and $CUSTOM_ENV_CI_JOB_ID: %w", err)
+	}
+	return name, nil
+}
+
+// gitlabConfig prints config_exec's JSON.
+func gitlabConfig(stdout io.Writer) error {
+	host, _ := os.Hostname()
+	cfg := map[string]any{
+		"builds_dir":           ciBuildsDir,
+		"cache_dir":            ciCacheDir,
+		"builds_dir_is_shared": false,
+		"hostname":             "microvm-" + host,
+		"driver":               map[string]string{"name": "microvm", "version": Version},
+	}
+	return json.NewEncoder(stdout).Encode(cfg)
+}
+
+// gitlabPrepare starts the job's VM (run --name --detach --image --idle
+// --net user, with the cache disk) and mounts the cache and makes the
+// builds directory in it. A VM that did not come up is removed.
+func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
+	name, err := jobVMName()
+	if err != nil {
+		return err
+	}
+	mem, err := microvm.ParseSize(c.String("memory"))
+	if err != nil {
+		return usagef("--memory: %v", err)
+	}
+	cacheSize, err := microvm.ParseSize(c.String("cache-size"))
+	if err != nil || cacheSize < 16<<20 {
+		return usagef("--cache-size %q: want a SIZE of at least 16M", c.String("cache-size"))
+	}
+	cacheDir := c.String("cache-dir")
+	if cacheDir == "" {
+		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")
+	}
+	key := sanitizeKey(jobEnv("CI_PROJECT_PATH_SLUG", "default") + "-" + jobEnv("CI_CONCURRENT_PROJECT_ID", "0"))
+	disk := filepath.Join(cacheDir, key+".ext4")
+	if err := ensureCacheDisk(disk, cacheSize); err != nil {
+		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
+	}
+	img := jobEnv("CI_JOB_IMAGE", c.String("default-image"))
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	args := []string{"run", "--name", name, "--detach", "--image", img, "--idle", "--net", "user",
+		"--cpus", strconv.Itoa(c.Int("cpus")), "--memory", microvm.FormatSize(mem),
+		"--disk", "path=" + disk, "--boot-timeout", c.Duration("boot-timeout").String()}
+	if k := c.String("kernel"); k != "" {
+		args = append(args, "--kernel", k)
+	}
+	if a := c.String("agent"); a != "" {
+		args = append(args, "--agent", a)
+	}
+	fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, c.Int("cpus"), microvm.FormatSize(mem), key)
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	if err := cmd.Run(); err != nil {
+		_ = exec.Command(exe, "rm", "-f", name).Run()
+		return fmt.Errorf("ci gitlab prepare: VM %s did not start (%v)", name, err)
+	}
+	// The cache disk is the second disk (/dev/vdb: the image is the first).
+	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
+	if err := runJobCommand(name, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
+		_ = exec.Command(exe, "rm", "-f", name).Run()
+		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", name, err)
+	}
+	return nil
+}
+
+// sanitizeKey keeps what a file name may hold.
+func sanitizeKey(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// ensureCacheDisk makes a sparse ext4 image at path unless one is there:
+// written beside it and renamed, so that two jobs never see half a disk.
+func ensureCacheDisk(path string, size uint64) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	empty, err := os.MkdirTemp(filepath.Dir(path), ".empty-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(empty)
+	tmp := path + ".new"
+	if err := mkfs(tmp, empty, size, "microvm-cache"); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// gitlabRun copies the stage's script into the job's VM and runs it with
+// bash, its output streamed: the script's own failure is a build failure.
+func gitlabRun(script, stage string, stdout, stderr io.Writer) error {
+	name, err := jobVMName()
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(script)
+	if err != nil {
+		return fmt.Errorf("ci gitlab run: %w", err)
+	}
+	defer f.Close()
+	guestScript := ciScriptDir + "/" + sanitizeKey(stage) + ".sh"
+	if err := putJobFile(name, guestScript, f); err != nil {
+		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
+	}
+	err = runJobCommand(name, []string{"bash", guestScript}, nil, stdout, stderr)
+	var se statusError
+	if errors.As(err, &se) {
+		return buildFailure{stage: stage, status: se.status}
+	}
+	if err != nil {
+		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
+	}
+	return nil
+}
+
+// gitlabCleanup removes the job's VM, stopping it first; a VM that is
+// already gone is fine.
+func gitlabCleanup() error {
+	name, err := jobVMName()
+	if err != nil {
+		return err
+	}
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return err
+	}
+	e, err := store.Get(name)
+	if err != nil {
+		return nil // never started, or removed already
+	}
+	if e.Alive {
+		if err := stopVM(name, true, 0); err != nil {
+			return fmt.Errorf("ci gitlab cleanup: %w", err)
+		}
+	}
+	if err := store.Remove(name); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	return nil
+}
+
+// jobAgent dials the job VM's agent.
+func jobAgent(ctx context.Context, name string) (*agentapi.Client, func(), error) {
+	e, err := liveVM(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}
+	cc, err := a.dial(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("VM %s: %w", name, err)
+	}
+	return agentapi.NewClient(cc), func() { cc.Close() }, nil
+}
+
+// putJobFile writes r to path in the job's VM (mode 0755, parents made).
+func putJobFile(name, path string, r io.Reader) error {
+	ctx, stop := interruptible(context.Background())
+	defer stop()
+	c, done, err := jobAgent(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	_, err = c.PutFile(ctx, path, 0o755, true, r)
+	return err
+}
+
+// runJobCommand runs argv in the job's VM as root in /, its output
+// streamed; SIGINT or SIGTERM (GitLab cancelling the job) ends it, killing
+// its process group in the guest. A command that ran and failed is a
+// statusError; a missing program or a lost VM is another error.
+func runJobCommand(name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	ctx, stop := interruptible(context.Background())
+	defer stop()
+	c, done, err := jobAgent(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := c.Exec(ctx, &agentapi.Cmd{Argv: argv, Env: []string{"PATH=" + ciPath, "HOME=/root"},
+		Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	var cs caughtSignal
+	if errors.As(context.Cause(ctx), &cs) {
+		return fmt.Errorf("cancelled by %v", cs.sig)
+	}
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			return fmt.Errorf("%s: not found in the job's image", argv[0])
+		}
+		return errors.New(agentMessage(err))
+	}
+	switch {
+	case st.Signal != 0:
+		return statusError{128 + int(st.Signal)}
+	case st.Code != 0:
+		return statusError{int(st.Code)}
+	}
+	return nil
+}
+
+// ciPath is a job's PATH: the usual one of a Debian-like image.
+const ciPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,0 +1,343 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// GitLab's exit-code variables as this scenario sets them: distinct, so
+// that a build failure cannot pass for a system failure.
+const (
+	testBuildFailure  = 11
+	testSystemFailure = 12
+)
+
+// ciRunner drives `microvm ci gitlab` as GitLab Runner's custom executor
+// does: the four programs, the job's variables as CUSTOM_ENV_*, each
+// sub-stage's script in a file of its own, and the exit-code variables.
+type ciRunner struct {
+	t                     *testing.T
+	bin, kernel, agent    string
+	state, image, scripts string
+}
+
+type ciJob struct {
+	r          *ciRunner
+	id, slot   string
+	lastStderr string
+}
+
+func (r *ciRunner) job(id, slot string) *ciJob { return &ciJob{r: r, id: id, slot: slot} }
+
+func (j *ciJob) env() []string {
+	return append(os.Environ(),
+		"MICROVM_STATE_DIR="+j.r.state,
+		"BUILD_FAILURE_EXIT_CODE=11", "SYSTEM_FAILURE_EXIT_CODE=12",
+		"CUSTOM_ENV_CI_RUNNER_ID=7", "CUSTOM_ENV_CI_JOB_ID="+j.id,
+		"CUSTOM_ENV_CI_JOB_IMAGE="+j.r.image,
+		"CUSTOM_ENV_CI_PROJECT_PATH_SLUG=group-proj",
+		"CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID="+j.slot)
+}
+
+// call runs one executor program and returns its status and output.
+func (j *ciJob) call(args ...string) (int, string) {
+	j.r.t.Helper()
+	cmd := exec.Command(j.r.bin, append([]string{"ci", "gitlab"}, args...)...)
+	cmd.Env = j.env()
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	j.lastStderr = errOut.String()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), out.String()
+	}
+	if err != nil {
+		j.r.t.Fatal(err)
+	}
+	return 0, out.String()
+}
+
+func (j *ciJob) prepare() {
+	j.r.t.Helper()
+	if code, out := j.call("prepare", "--kernel", j.r.kernel, "--agent", j.r.agent, "--cpus", "1", "--memory", "512M",
+		"--cache-size", "64M"); code != 0 {
+		j.r.t.Fatalf("job %s: prepare: status %d\n%s%s", j.id, code, out, j.lastStderr)
+	}
+}
+
+// script writes a stage's script as the runner does (bash, set -e).
+func (j *ciJob) script(stage, body string) string {
+	p := filepath.Join(j.r.scripts, "job"+j.id+"-"+stage+".sh")
+	if err := os.WriteFile(p, []byte("#!/usr/bin/env bash\nset -eo pipefail\n"+body+"\n"), 0o700); err != nil {
+		j.r.t.Fatal(err)
+	}
+	return p
+}
+
+func (j *ciJob) stage(stage, body string) (int, string) {
+	j.r.t.Helper()
+	return j.call("run", j.script(stage, body), stage)
+}
+
+func (j *ciJob) mustStage(stage, body string) string {
+	j.r.t.Helper()
+	code, out := j.stage(stage, body)
+	if code != 0 {
+		j.r.t.Fatalf("job %s: %s: status %d\nstdout:\n%s\nstderr:\n%s", j.id, stage, code, out, j.lastStderr)
+	}
+	return out
+}
+
+func (j *ciJob) cleanup() {
+	j.r.t.Helper()
+	if code, out := j.call("cleanup"); code != 0 {
+		j.r.t.Errorf("job %s: cleanup: status %d\n%s%s", j.id, code, out, j.lastStderr)
+	}
+}
+
+// gitServer serves a bare git repository over git's dumb HTTP protocol
+// and takes artefact uploads (PUT /upload/NAME), on this machine's
+// loopback: the guest reaches it as host.microvm.internal.
+type gitServer struct {
+	port    int
+	mu      sync.Mutex
+	uploads map[string][]byte
+}
+
+func startGitServer(t *testing.T, files map[string]string) *gitServer {
+	t.Helper()
+	git, err := exec.LookPath("git")
+	if err != nil {
+		testenv.Missing(t, "git: %v (apt-get install git)", err)
+	}
+	work := t.TempDir()
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(work, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bare := filepath.Join(t.TempDir(), "repo.git")
+	for _, args := range [][]string{
+		{"-C", work, "init", "-q", "-b", "main"},
+		{"-C", work, "add", "."},
+		{"-C", work, "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "commit", "-q", "-m", "a small C program"},
+		{"clone", "-q", "--bare", work, bare},
+		{"-C", bare, "update-server-info"},
+	} {
+		if out, err := exec.Command(git, args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	s := &gitServer{uploads: map[string][]byte{}}
+	mux := http.NewServeMux()
+	mux.Handle("/repo.git/", http.StripPrefix("/repo.git/", http.FileServer(http.Dir(bare))))
+	mux.HandleFunc("/upload/", func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		s.uploads[strings.TrimPrefix(r.URL.Path, "/upload/")] = b
+		s.mu.Unlock()
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	s.port = ln.Addr().(*net.TCPAddr).Port
+	return s
+}
+
+// TestGitLabExecutor drives microvm's GitLab custom executor through a
+// real job as GitLab Runner would (no GitLab server: the four programs,
+// their environment, script files, stage names and exit-code variables):
+// clone a repository served over HTTP from this machine, build and test a
+// C program with the image's gcc, archive the cache and upload an
+// artefact. Then a job whose test fails (a build failure, not a system
+// failure) and that finds the first job's cache, a job cancelled mid-step
+// (SIGTERM: its VM is gone after cleanup), two jobs at once, and a stage
+// run without a VM (a system failure).
+func TestGitLabExecutor(t *testing.T) {
+	buildImage := testenv.DebianBuildImage(t) // built on the host, before the box
+	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
+	r := &ciRunner{t: t, bin: testenv.Binary(t), kernel: testenv.BzImage(t), agent: testenv.Agent(t),
+		state: t.TempDir(), image: "ci-build:1", scripts: t.TempDir()}
+	imp := exec.Command(r.bin, "image", "import", "--rootfs", "--name", r.image, buildImage)
+	imp.Env = append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("image import: %v\n%s", err, out)
+	}
+	srv := startGitServer(t, map[string]string{
+		"hello.c":  "#include <stdio.h>\n#include <string.h>\nint main(int c, char **v) {\n  if (c > 1 && !strcmp(v[1], \"fail\")) return 3;\n  puts(\"hello from the job\");\n  return 0;\n}\n",
+		"Makefile": "hello: hello.c\n\tgcc -O2 -o hello hello.c\ntest: hello\n\t./hello | grep -q 'hello from the job'\n",
+	})
+	repo := "http://host.microvm.internal:" + strconv.Itoa(srv.port) + "/repo.git"
+	upload := "http://host.microvm.internal:" + strconv.Itoa(srv.port) + "/upload/"
+	const project = "/builds/group/proj"
+
+	// config_exec.
+	code, out := r.job("0", "0").call("config")
+	var cfg struct {
+		BuildsDir string `json:"builds_dir"`
+		CacheDir  string `json:"cache_dir"`
+		Driver    struct{ Name string }
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &cfg) != nil || cfg.BuildsDir != "/builds" || cfg.CacheDir != "/cache" || cfg.Driver.Name != "microvm" {
+		t.Fatalf("config: status %d, %q", code, out)
+	}
+
+	// Job 1: the whole job, successful.
+	j1 := r.job("1", "0")
+	j1.prepare()
+	j1.mustStage("prepare_script", "echo on $(uname -n) $(cat /etc/debian_version)")
+	j1.mustStage("get_sources", "git clone -q "+repo+" "+project+" && git -C "+project+" log -1 --format=%s")
+	if out := j1.mustStage("restore_cache", "cat /cache/counter 2>/dev/null || echo none"); !strings.Contains(out, "none") {
+		t.Errorf("job 1 restore_cache: %q, want an empty cache", out)
+	}
+	if out := j1.mustStage("step_script", "cd "+project+" && make -s hello test && ./hello"); !strings.Contains(out, "hello from the job") {
+		t.Errorf("job 1 step_script: %q", out)
+	}
+	j1.mustStage("archive_cache", "n=$(cat /cache/counter 2>/dev/null || echo 0); echo $((n+1)) > /cache/counter; cp "+project+"/hello /cache/; sync")
+	j1.mustStage("upload_artifacts_on_success", "cd "+project+" && tar czf /tmp/artifacts.tgz hello && curl -fsS -T /tmp/artifacts.tgz "+upload+"job1.tgz")
+	j1.mustStage("cleanup_file_variables", "true")
+	j1.cleanup()
+	srv.mu.Lock()
+	art := srv.uploads["job1.tgz"]
+	srv.mu.Unlock()
+	if names := tgzNames(t, art); !strings.Contains(names, "hello") {
+		t.Errorf("job 1's artefact holds %q, want the built program", names)
+	}
+	if vmGone(t, r, "gitlab-7-1") != nil {
+		t.Error("job 1's VM is still there after cleanup")
+	}
+
+	// Job 2: finds job 1's cache (the counter and the program it kept);
+	// its step fails: a build failure.
+	j2 := r.job("2", "0")
+	j2.prepare()
+	if out := j2.mustStage("restore_cache", "cat /cache/counter"); strings.TrimSpace(out) != "1" {
+		t.Errorf("job 2 restore_cache: %q, want job 1's counter 1", out)
+	}
+	if code, out := j2.stage("step_script", "/cache/hello && /cache/hello fail"); code != testBuildFailure {
+		t.Errorf("job 2 failing step_script: status %d, want the build failure %d\n%s%s", code, testBuildFailure, out, j2.lastStderr)
+	}
+	j2.cleanup()
+
+	// Job 3: cancelled in the middle of a step.
+	j3 := r.job("3", "0")
+	j3.prepare()
+	cmd := exec.Command(r.bin, "ci", "gitlab", "run", j3.script("step_script", "echo started; sleep 600"), "step_script")
+	cmd.Env = j3.env()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 8)
+	if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "started\n" {
+		t.Fatalf("job 3: %q, %v", line, err)
+	}
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != testSystemFailure || time.Since(start) > 30*time.Second {
+		t.Errorf("job 3 cancelled: %v after %v; want status %d at once", err, time.Since(start), testSystemFailure)
+	}
+	j3.cleanup()
+	if err := vmGone(t, r, "gitlab-7-3"); err != nil {
+		t.Errorf("job 3 after cleanup: %v", err)
+	}
+
+	// Jobs 4 and 5 at once, in two concurrency slots.
+	var wg sync.WaitGroup
+	outs := make([]string, 2)
+	for i, id := range []string{"4", "5"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j := r.job(id, strconv.Itoa(i))
+			code, _ := j.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "1", "--memory", "512M", "--cache-size", "64M")
+			if code != 0 {
+				t.Errorf("job %s: prepare: status %d: %s", id, code, j.lastStderr)
+				return
+			}
+			defer j.call("cleanup")
+			code, outs[i] = j.stage("step_script", "echo job "+id+" on $(uname -n); mount | grep -c ' /cache '")
+			if code != 0 {
+				t.Errorf("job %s: step_script: status %d: %s", id, code, j.lastStderr)
+			}
+		}()
+	}
+	wg.Wait()
+	for i, id := range []string{"4", "5"} {
+		if !strings.Contains(outs[i], "job "+id) {
+			t.Errorf("job %s at once: %q", id, outs[i])
+		}
+	}
+
+	// A stage with no VM to run in: a system failure, one line.
+	if code, _ := r.job("99", "0").stage("step_script", "true"); code != testSystemFailure {
+		t.Errorf("a stage without a VM: status %d, want %d", code, testSystemFailure)
+	}
+}
+
+// vmGone says nil when no VM of that name is listed.
+func vmGone(t *testing.T, r *ciRunner, name string) error {
+	t.Helper()
+	cmd := exec.Command(r.bin, "ls", "--json")
+	cmd.Env = append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(out, []byte(`"`+name+`"`)) {
+		return errors.New(name + " is listed: " + string(out))
+	}
+	return nil
+}
+
+// tgzNames lists a gzipped tar's entries.
+func tgzNames(t *testing.T, b []byte) string {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return "(not gzip: " + err.Error() + ")"
+	}
+	var names []string
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		names = append(names, h.Name)
+	}
+	return strings.Join(names, " ")
+}
