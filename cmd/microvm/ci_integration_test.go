@@ -182,7 +182,7 @@ func startGitServer(t *testing.T, files map[string]string) *gitServer {
 // (SIGTERM: its VM is gone after cleanup), two jobs at once, and a stage
 // run without a VM (a system failure).
 func TestGitLabExecutor(t *testing.T) {
-	buildImage := testenv.DebianBuildImage(t) // built on the host, before the box
+	buildImage := testenv.DebianBuildImage(t)     // built on the host, before the box
 	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
 	r := &ciRunner{t: t, bin: testenv.Binary(t), kernel: testenv.BzImage(t), agent: testenv.Agent(t),
 		state: t.TempDir(), image: "ci-build:1", scripts: t.TempDir()}

@@ -128,7 +128,7 @@ func writeBusyboxImage(t *testing.T) string {
 // Debian's archive, imported as a root file system tarball: dpkg and apt
 // run in it.
 func TestExecImage(t *testing.T) {
-	debian := testenv.DebianImage(t) // built on the host, before the box
+	debian := testenv.DebianImage(t)              // built on the host, before the box
 	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
 	oci := writeBusyboxImage(t)
 	state := t.TempDir()
