@@ -317,7 +317,7 @@ func vmGone(t *testing.T, r *ciRunner, name string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Contains(out, []byte(`"`+name+`"`)) {
+	if bytes.Contains(out, []byte(`"name": "`+name)) {
 		return errors.New(name + " is listed: " + string(out))
 	}
 	return nil
@@ -340,4 +340,86 @@ func tgzNames(t *testing.T, b []byte) string {
 		names = append(names, h.Name)
 	}
 	return strings.Join(names, " ")
+}
+
+// TestGitHubRunnerLauncher runs examples/github-actions/launch-runner with
+// a stand-in for GitHub's runner in a busybox image: the runner gets its
+// JIT config, its job runs, and the VM is gone when the launcher returns;
+// a launcher stopped with SIGTERM in the middle of a job leaves no VM
+// either.
+func TestGitHubRunnerLauncher(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := func(name, body string) tarEntry {
+		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "home/runner/" + name, Mode: 0o755, Uid: 1000, Gid: 1000},
+			body: []byte("#!/bin/sh\n" + body + "\n")}
+	}
+	oci := writeBusyboxImage(t,
+		tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/", Mode: 0o755}},
+		tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/runner/", Mode: 0o755, Uid: 1000, Gid: 1000}},
+		runner("run.sh", `echo "runner got $*"; echo job done`),
+		runner("slow.sh", "echo started; sleep 600"))
+	r := &ciRunner{t: t, bin: testenv.Binary(t), state: t.TempDir()}
+	imp := exec.Command(r.bin, "image", "import", "--name", "runner:1", oci)
+	imp.Env = append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("image import: %v\n%s", err, out)
+	}
+	launcher := func(runnerCmd string) *exec.Cmd {
+		cmd := exec.Command("bash", filepath.Join(root, "examples", "github-actions", "launch-runner"), "runner:1", "JIT-abc123")
+		cmd.Env = append(os.Environ(), "MICROVM="+r.bin, "MICROVM_STATE_DIR="+r.state, "CPUS=1", "MEMORY=256M",
+			"RUNNER_CMD="+runnerCmd)
+		return cmd
+	}
+
+	out, err := launcher("/home/runner/run.sh").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "runner got --jitconfig JIT-abc123") || !strings.Contains(string(out), "job done") {
+		t.Errorf("launcher: %v\n%s", err, out)
+	}
+	if err := vmGone(t, r, "gha-"); err != nil {
+		t.Errorf("after the job: %v", err)
+	}
+
+	cmd := launcher("/home/runner/slow.sh")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	var seen bytes.Buffer
+	buf := make([]byte, 4096)
+	for !strings.Contains(seen.String(), "started") && time.Now().Before(deadline) {
+		n, err := stdout.Read(buf)
+		seen.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	if !strings.Contains(seen.String(), "started") {
+		cmd.Process.Kill()
+		t.Fatalf("the slow runner never started: %q", seen.String())
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	go io.Copy(io.Discard, stdout)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 143 {
+			t.Errorf("launcher after SIGTERM: %v, want status 143", err)
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("the launcher did not end within 60 s of SIGTERM")
+	}
+	if err := vmGone(t, r, "gha-"); err != nil {
+		t.Errorf("after SIGTERM: %v", err)
+	}
 }

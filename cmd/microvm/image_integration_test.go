@@ -64,7 +64,8 @@ func testLayer(t *testing.T, entries []tarEntry) v1.Layer {
 // of Debian's static busybox: the second layer deletes a file of the first
 // (a whiteout) and adds one; the configuration sets Env, WorkingDir, User
 // (a name, resolved from the image's /etc/passwd) and Cmd.
-func writeBusyboxImage(t *testing.T) string {
+// extra entries go into the top layer.
+func writeBusyboxImage(t *testing.T, extra ...tarEntry) string {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
@@ -87,10 +88,10 @@ func writeBusyboxImage(t *testing.T) string {
 	for _, applet := range []string{"sh", "id", "pwd", "ls", "cat", "echo", "mount", "grep", "touch", "rm", "stat", "tr"} {
 		base = append(base, tarEntry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + applet, Linkname: "busybox", Mode: 0o777}})
 	}
-	top := []tarEntry{
+	top := append([]tarEntry{
 		file("data/.wh.old.txt", 0o644, 0, ""),
 		file("data/new.txt", 0o644, 1000, "new\n"),
-	}
+	}, extra...)
 	img, err := mutate.AppendLayers(empty.Image, testLayer(t, base), testLayer(t, top))
 	if err != nil {
 		t.Fatal(err)
