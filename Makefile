@@ -27,7 +27,9 @@
 #                     Mbit/s over a TAP, microvm and QEMU; make bench-usernet:
 #                     the --net user network's TCP MB/s and set-up, no VM;
 #                     make bench-images: image pull and conversion, VM start for a
-#                     16 MiB and a 1 GiB image, exec --vm against exec --image)
+#                     16 MiB and a 1 GiB image, exec --vm against exec --image;
+#                     make bench-ci: a CI job through microvm ci gitlab, stage by
+#                     stage, against the same scripts on this host)
 #   make soak         the scale and soak runs (docs/soak.md): make soak-conns
 #                     (10,000 vsock connections open at once), soak-bytes (10 GiB
 #                     each way, SHA-256 checked), soak-cycles (1000 VM start/stop
@@ -48,7 +50,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-usernet bench-images bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-usernet bench-images bench-ci bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
@@ -231,7 +233,21 @@ fuzz-smoke:
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images bench-ci
+
+# A CI job through `microvm ci gitlab` (docs/ci.md), stage by stage, against
+# the same scripts run on this host with bash (docs/benchmarks.md, "CI
+# jobs"); where Linux cannot boot here, in the nested-KVM box (TCG times).
+CI_BENCH_ARGS = -microvm $(CURDIR)/bin/microvm -kernel $(CURDIR)/build/kernel/bzImage -agent $(CURDIR)/bin/microvm-agent \
+	-image $(CURDIR)/build/images/debian-12-build.tar -json $(CURDIR)/build/bench/ci.json
+bench-ci: all debian-build-image
+	CGO_ENABLED=0 $(GO) build -o build/bench/ci-bench ./bench/ci
+	@if [ "$$(scripts/host-kvm)" = hardware ]; then \
+		build/bench/ci-bench $(CI_BENCH_ARGS); \
+	else \
+		echo "bench-ci: this host's KVM cannot boot Linux; running in the nested-KVM box"; \
+		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/ci-bench $(CI_BENCH_ARGS); \
+	fi
 
 # Images (docs/benchmarks.md, "Images"): on this host, pull and convert a
 # 16 MiB and a 1 GiB image from a registry in the benchmark's own process
