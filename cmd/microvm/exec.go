@@ -44,6 +44,8 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Name:         "exec",
 		Usage:        execUsage,
 		OnUsageError: onUsageError,
+		// -it, as docker takes it.
+		UseShortOptionHandling: true,
 		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
 			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]\n" +
 			"microvm exec --vm NAME [--env K=V]... [--workdir DIR] [--timeout D] -- CMD [ARG...]",
@@ -431,6 +433,7 @@ func guestCmdFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
 		&cli.StringFlag{Name: "user", Usage: "UID[:GID] to run the command as (default: the image's User, else the agent's, root)"},
 		&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "run the command on a pseudo-terminal of the host terminal's size, the terminal in raw mode (stdin must be a terminal; stdout carries everything)"},
+		&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "stdin attached: always so (stdin is streamed to the command); accepted so that docker's -it works"},
 	}
 }
 
@@ -628,7 +631,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	}
 	for _, f := range c.LocalFlagNames() {
 		switch f {
-		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "log-level", "log-format", "quiet", "q":
+		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
 		default:
 			return usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
 		}

@@ -35,6 +35,9 @@ func TestExecErrors(t *testing.T) {
 			"-t: stdin is not a terminal")
 		wantError(t, microvm.StatusUsage, []string{"exec", "--vm", "somevm", "-t", "--", "sh"},
 			"-t: stdin is not a terminal")
+		// docker's -it: -i is accepted (stdin is always streamed), -t checked.
+		wantError(t, microvm.StatusUsage, []string{"exec", "--vm", "somevm", "-it", "--", "sh"},
+			"-t: stdin is not a terminal")
 	})
 	t.Run("too many disks", func(t *testing.T) {
 		args := []string{"exec", "--kernel", garbage, "--busybox", missing}

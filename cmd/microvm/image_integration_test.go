@@ -215,7 +215,7 @@ func TestExecImage(t *testing.T) {
 		t.Errorf("exec --vm in an image VM: %q, want the image's user, directory and environment", out)
 	}
 	// exec --vm -t: the command runs on a pty of the host terminal's size.
-	if out := execTTY(t, bin, state, "exec", "--vm", "imgvm", "-t", "--", "sh", "-c", "tty; stty size"); !strings.Contains(out, "/dev/pts/") ||
+	if out := execTTY(t, bin, state, "exec", "--vm", "imgvm", "-it", "--", "sh", "-c", "tty; stty size"); !strings.Contains(out, "/dev/pts/") ||
 		!strings.Contains(out, "33 77") {
 		t.Errorf("exec --vm -t: terminal output %q, want a /dev/pts/N of 33 rows, 77 columns", out)
 	}
