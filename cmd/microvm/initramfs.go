@@ -53,7 +53,7 @@ func initramfsCommand() *cli.Command {
 
 func readImageFlags(c *cli.Context) (agentimage.Options, error) {
 	o := agentimage.Options{Agent: c.String("agent"), Busybox: c.String("busybox")}
-	for _, a := range c.StringSlice("add") {
+	for _, a := range listValues(c, "add") {
 		f, err := agentimage.ParseAdd(a)
 		if err != nil {
 			return o, usageError{err}
@@ -87,4 +87,12 @@ func writeImage(path string, o agentimage.Options) (err error) {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// listValues is a listFlag's values (nil when the flag is not defined).
+func listValues(c *cli.Context, name string) []string {
+	if l, ok := c.Generic(name).(*listFlag); ok {
+		return l.vals
+	}
+	return nil
 }
