@@ -311,25 +311,41 @@ func gitlabCleanup() error {
 	return nil
 }
 
-// jobAgent dials the job VM's agent.
-func jobAgent(ctx context.Context, name string) (*agentapi.Client, func(), error) {
+// jobAgent dials the job VM's agent and returns the environment a job's
+// commands get (jobEnvironment).
+func jobAgent(ctx context.Context, name string) (*agentapi.Client, []string, func(), error) {
 	e, err := liveVM(name)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}
 	cc, err := a.dial(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("VM %s: %w", name, err)
+		return nil, nil, nil, fmt.Errorf("VM %s: %w", name, err)
 	}
-	return agentapi.NewClient(cc), func() { cc.Close() }, nil
+	return agentapi.NewClient(cc), jobEnvironment(e.Process), func() { cc.Close() }, nil
+}
+
+// jobEnvironment is what a job's scripts run with, as GitLab's docker
+// executor gives them: the image's environment (its PATH, GOPATH, ...),
+// with a usual PATH when it names none, and root's HOME. The scripts set
+// the job's own variables themselves.
+func jobEnvironment(p *vms.Process) []string {
+	var env []string
+	if p != nil {
+		env = mergeEnv(p.Env, nil)
+	}
+	if _, ok := lookupEnv(env, "PATH"); !ok {
+		env = append(env, "PATH="+ciPath)
+	}
+	return mergeEnv(env, []string{"HOME=/root"})
 }
 
 // putJobFile writes r to path in the job's VM (mode 0755, parents made).
 func putJobFile(name, path string, r io.Reader) error {
 	ctx, stop := interruptible(context.Background())
 	defer stop()
-	c, done, err := jobAgent(ctx, name)
+	c, _, done, err := jobAgent(ctx, name)
 	if err != nil {
 		return err
 	}
@@ -338,19 +354,20 @@ func putJobFile(name, path string, r io.Reader) error {
 	return err
 }
 
-// runJobCommand runs argv in the job's VM as root in /, its output
+// runJobCommand runs argv in the job's VM as root in / with the image's
+// environment (jobEnvironment), its output
 // streamed; SIGINT or SIGTERM (GitLab cancelling the job) ends it, killing
 // its process group in the guest. A command that ran and failed is a
 // statusError; a missing program or a lost VM is another error.
 func runJobCommand(name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	ctx, stop := interruptible(context.Background())
 	defer stop()
-	c, done, err := jobAgent(ctx, name)
+	c, env, done, err := jobAgent(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer done()
-	st, err := c.Exec(ctx, &agentapi.Cmd{Argv: argv, Env: []string{"PATH=" + ciPath, "HOME=/root"},
+	st, err := c.Exec(ctx, &agentapi.Cmd{Argv: argv, Env: env,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	var cs caughtSignal
 	if errors.As(context.Cause(ctx), &cs) {

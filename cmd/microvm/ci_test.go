@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
+
+	"github.com/microvm/microvm/internal/vms"
 )
 
 // TestGitLabExecutorNoVM: config prints the contract's JSON; run and
@@ -43,4 +46,17 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	}
 	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "../x")
 	wantError(t, 32, []string{"ci", "gitlab", "cleanup"}, "job VM name")
+}
+
+// TestJobEnvironment: a job's scripts get the image's environment (its
+// PATH included), a usual PATH when it has none, and root's HOME.
+func TestJobEnvironment(t *testing.T) {
+	got := jobEnvironment(&vms.Process{Env: []string{"PATH=/usr/local/go/bin:/usr/bin", "GOPATH=/go", "HOME=/home/gopher"}})
+	want := []string{"PATH=/usr/local/go/bin:/usr/bin", "GOPATH=/go", "HOME=/root"}
+	if !slices.Equal(got, want) {
+		t.Errorf("image with an environment: %q, want %q", got, want)
+	}
+	if got := jobEnvironment(nil); !slices.Equal(got, []string{"PATH=" + ciPath, "HOME=/root"}) {
+		t.Errorf("no image defaults: %q", got)
+	}
 }
