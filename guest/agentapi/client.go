@@ -238,18 +238,10 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, mak
 		return 0, callErr("put "+path, err)
 	}
 	hdr := &PutFileHeader{Path: path, Mode: ModeBits(mode), MakeParents: makeParents}
-	sendErr := stream.Send(&PutFileRequest{Msg: &PutFileRequest_Header{Header: hdr}})
-	for sendErr == nil {
-		buf := make([]byte, ChunkSize) // gRPC may keep a sent message
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			sendErr = stream.Send(&PutFileRequest{Msg: &PutFileRequest_Data{Data: buf[:n]}})
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return 0, fmt.Errorf("agentapi: put %s: read source: %w", path, rerr)
+	if stream.Send(&PutFileRequest{Msg: &PutFileRequest_Header{Header: hdr}}) == nil {
+		err := sendReader(r, func(b []byte) error { return stream.Send(&PutFileRequest{Msg: &PutFileRequest_Data{Data: b}}) })
+		if err != nil {
+			return 0, fmt.Errorf("agentapi: put %s: read source: %w", path, err)
 		}
 	}
 	// A failed Send means the server ended the call: its status comes from
@@ -337,24 +329,13 @@ func (c *Client) PutTree(ctx context.Context, dir string, r io.Reader) (*PutTree
 	if err != nil {
 		return nil, callErr("put tree "+dir, err)
 	}
-	if err := stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Dir{Dir: dir}}); err != nil {
-		return nil, treeSendErr(stream, dir, err)
-	}
-	for {
-		buf := make([]byte, ChunkSize) // gRPC may keep a sent message
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			if err := stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Data{Data: buf[:n]}}); err != nil {
-				return nil, treeSendErr(stream, dir, err)
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return nil, fmt.Errorf("agentapi: put tree %s: read: %w", dir, rerr)
+	if stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Dir{Dir: dir}}) == nil {
+		err := sendReader(r, func(b []byte) error { return stream.Send(&PutTreeRequest{Msg: &PutTreeRequest_Data{Data: b}}) })
+		if err != nil {
+			return nil, fmt.Errorf("agentapi: put tree %s: read: %w", dir, err)
 		}
 	}
+	// As for PutFile: after a failed Send the status comes from here.
 	resp, err := stream.CloseAndRecv()
 	if err != nil {
 		return nil, callErr("put tree "+dir, err)
@@ -362,14 +343,24 @@ func (c *Client) PutTree(ctx context.Context, dir string, r io.Reader) (*PutTree
 	return resp, nil
 }
 
-// treeSendErr prefers the call's status to a failed Send's io.EOF.
-func treeSendErr(stream grpc.ClientStreamingClient[PutTreeRequest, PutTreeResponse], dir string, err error) error {
-	if err == io.EOF {
-		if _, rerr := stream.CloseAndRecv(); rerr != nil {
-			err = rerr
+// sendReader sends what r holds with send, in chunks of at most
+// ChunkSize, until r ends or send fails (the server ended the call; the
+// caller learns why from CloseAndRecv). It returns r's error, io.EOF
+// aside.
+func sendReader(r io.Reader, send func([]byte) error) error {
+	for {
+		buf := make([]byte, ChunkSize) // gRPC may keep a sent message
+		n, err := r.Read(buf)
+		if n > 0 && send(buf[:n]) != nil {
+			return nil
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
 		}
 	}
-	return callErr("put tree "+dir, err)
 }
 
 // GetTree writes the guest's directory (or file) at path to w as a tar
