@@ -318,8 +318,7 @@ func jobAgent(ctx context.Context, name string) (*agentapi.Client, []string, fun
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}
-	cc, err := a.dial(ctx)
+	cc, err := vmAgentAddr(e, 10*time.Second).dial(ctx)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("VM %s: %w", name, err)
 	}
@@ -379,13 +378,7 @@ func runJobCommand(name string, argv []string, stdin io.Reader, stdout, stderr i
 		}
 		return errors.New(agentMessage(err))
 	}
-	switch {
-	case st.Signal != 0:
-		return statusError{128 + int(st.Signal)}
-	case st.Code != 0:
-		return statusError{int(st.Code)}
-	}
-	return nil
+	return exitError(st)
 }
 
 // ciPath is a job's PATH: the usual one of a Debian-like image.

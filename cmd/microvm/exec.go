@@ -552,11 +552,22 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 	if st.TimedOut {
 		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
 	}
-	switch {
-	case st.Signal != 0:
-		return statusError{128 + int(st.Signal)}
-	case st.Code != 0:
-		return statusError{int(st.Code)}
+	return exitError(st)
+}
+
+// shellStatus is a process's end as a shell tells it: its exit code, or
+// 128+N for signal N.
+func shellStatus(st *agentapi.ExitStatus) int {
+	if st.Signal != 0 {
+		return 128 + int(st.Signal)
+	}
+	return int(st.Code)
+}
+
+// exitError is shellStatus as an error: nil for 0, else statusError.
+func exitError(st *agentapi.ExitStatus) error {
+	if n := shellStatus(st); n != 0 {
+		return statusError{n}
 	}
 	return nil
 }
@@ -654,8 +665,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := interruptible(context.Background())
 	defer stop()
-	a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 10 * time.Second}
-	cc, err := a.dial(ctx)
+	cc, err := vmAgentAddr(e, 10*time.Second).dial(ctx)
 	if err != nil {
 		if serr := signalStatus(ctx, log); serr != nil {
 			return serr

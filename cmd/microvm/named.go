@@ -555,10 +555,7 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 	if err != nil {
 		return fail(errors.New(agentMessage(err)))
 	}
-	status := int(st.Code)
-	if st.Signal != 0 {
-		status = 128 + int(st.Signal)
-	}
+	status := shellStatus(st)
 	b.mu.Lock()
 	b.stopping = true
 	b.mu.Unlock()
@@ -905,10 +902,15 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if !e.Agent {
 				return failure{fmt.Errorf("cp: VM %s runs no agent (start it with --with-agent)", name)}
 			}
-			a := agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: 5 * time.Second}
-			return copyWithAgent("cp", cp, a, stdin, stdout, log)
+			return copyWithAgent("cp", cp, vmAgentAddr(e, 5*time.Second), stdin, stdout, log)
 		},
 	}
+}
+
+// vmAgentAddr is where a named VM's agent answers: its vsock socket in
+// the VM's directory, the agent's port.
+func vmAgentAddr(e vms.Entry, timeout time.Duration) agentAddr {
+	return agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: timeout}
 }
 
 // splitVMPath splits "NAME:/PATH" (NAME a valid VM name, PATH absolute).
