@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"time"
@@ -61,34 +62,24 @@ func appendJSONValue(b []byte, v any) []byte {
 		return appendJSONString(b, x.Error())
 	case bool:
 		return strconv.AppendBool(b, x)
-	case int:
-		return strconv.AppendInt(b, int64(x), 10)
-	case int8:
-		return strconv.AppendInt(b, int64(x), 10)
-	case int16:
-		return strconv.AppendInt(b, int64(x), 10)
-	case int32:
-		return strconv.AppendInt(b, int64(x), 10)
-	case int64:
-		return strconv.AppendInt(b, x, 10)
-	case uint:
-		return strconv.AppendUint(b, uint64(x), 10)
-	case uint8:
-		return strconv.AppendUint(b, uint64(x), 10)
-	case uint16:
-		return strconv.AppendUint(b, uint64(x), 10)
-	case uint32:
-		return strconv.AppendUint(b, uint64(x), 10)
-	case uint64:
-		return strconv.AppendUint(b, x, 10)
-	case float32:
-		return appendJSONFloat(b, float64(x), 32)
-	case float64:
-		return appendJSONFloat(b, x, 64)
 	case time.Duration:
 		return appendJSONString(b, x.String())
 	case interface{ String() string }:
 		return appendJSONString(b, x.String())
+	}
+	rv := reflect.ValueOf(v)
+	if rv.Type().Name() != rv.Kind().String() {
+		return appendJSONString(b, fmt.Sprint(v)) // a named number type: its fmt text
+	}
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return strconv.AppendInt(b, rv.Int(), 10)
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return strconv.AppendUint(b, rv.Uint(), 10)
+	case reflect.Float32:
+		return appendJSONFloat(b, rv.Float(), 32)
+	case reflect.Float64:
+		return appendJSONFloat(b, rv.Float(), 64)
 	}
 	return appendJSONString(b, fmt.Sprint(v))
 }
