@@ -164,14 +164,14 @@ func run(bin, kernel, agent, imageTar string, jobs int, jsonOut string) error {
 	}
 	var out []row
 	for _, r := range rows {
-		h, v := ms(median(hostTimes[r])), ms(median(vmTimes[r]))
+		h, v := benchenv.MS(benchenv.MedianDuration(hostTimes[r])), benchenv.MS(benchenv.MedianDuration(vmTimes[r]))
 		fmt.Printf("%-30s %12.1f %12.1f %14.1f\n", r, h, v, v-h)
 		out = append(out, row{r, h, v})
 	}
 	fmt.Printf("\nimage import (once, %s): %.1f s; prepare boots a VM each time (no warm pool yet)\n", filepath.Base(imageTar), importTime.Seconds())
 	if jsonOut != "" {
 		return benchenv.WriteJSON(jsonOut, map[string]any{"host": benchenv.HostInfo(), "jobs": jobs,
-			"import_ms": ms(importTime), "stages": out})
+			"import_ms": benchenv.MS(importTime), "stages": out})
 	}
 	return nil
 }
@@ -224,14 +224,3 @@ func command(env []string, name string, args ...string) (string, error) {
 	err := cmd.Run()
 	return out.String(), err
 }
-
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

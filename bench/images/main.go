@@ -338,31 +338,25 @@ func boot(args []string) error {
 	}
 	fmt.Printf("%-6s %24s %20s %24s\n", "image", "start to agent ms min/p50", "exec --vm ms min/p50", "exec --image ms min/p50")
 	for _, r := range results {
-		fmt.Printf("%-6s %11.1f /%11.1f %9.1f /%9.1f %11.1f /%11.1f\n", r.Image, ms(slices.Min(r.Ready)), ms(median(r.Ready)),
-			ms(slices.Min(r.ExecVM)), ms(median(r.ExecVM)), ms(slices.Min(r.ExecFresh)), ms(median(r.ExecFresh)))
+		minMed := func(ds []time.Duration) (float64, float64) {
+			return benchenv.MS(slices.Min(ds)), benchenv.MS(benchenv.MedianDuration(ds))
+		}
+		readyMin, readyMed := minMed(r.Ready)
+		vmMin, vmMed := minMed(r.ExecVM)
+		freshMin, freshMed := minMed(r.ExecFresh)
+		fmt.Printf("%-6s %11.1f /%11.1f %9.1f /%9.1f %11.1f /%11.1f\n", r.Image, readyMin, readyMed, vmMin, vmMed, freshMin, freshMed)
 	}
 	if len(results) == 2 {
 		a, b := results[0], results[1]
 		fmt.Printf("1GiB/16MiB (min): start to agent %.2fx, exec --image %.2fx; exec --vm is %.1fx faster than exec --image (16MiB, p50)\n",
 			float64(slices.Min(b.Ready))/float64(slices.Min(a.Ready)), float64(slices.Min(b.ExecFresh))/float64(slices.Min(a.ExecFresh)),
-			float64(median(a.ExecFresh))/float64(median(a.ExecVM)))
+			float64(benchenv.MedianDuration(a.ExecFresh))/float64(benchenv.MedianDuration(a.ExecVM)))
 	}
 	if *jsonOut != "" {
 		return benchenv.WriteJSON(*jsonOut, map[string]any{"host": benchenv.HostInfo(), "boot": results})
 	}
 	return nil
 }
-
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // discardLogger silences the registry's request log.
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }

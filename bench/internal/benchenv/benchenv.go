@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/microvm/microvm/internal/testenv"
 )
@@ -103,3 +105,17 @@ func GateLinuxKVM(prog string, hostCheck, force bool, boxNote string) {
 		os.Exit(2)
 	}
 }
+
+// MedianDuration is the median of ds (the upper one of an even count), 0
+// for none; ds is not reordered.
+func MedianDuration(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// MS is d in milliseconds.
+func MS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
