@@ -13,10 +13,14 @@
 //	 Stdout ◀─ copy ◀─ pipe ◀── virtio-serial "stdout" ◀───┤
 //	 Stderr ◀─ copy ◀─ pipe ◀── virtio-serial "stderr" ◀───┤
 //	 status ◀─ file ◀────────── virtio-serial "status" ◀───┤ "exit N" | "signal N" | "box-error ..."
+//	 watchdog ◀─ file size ◀─── virtio-serial "heartbeat" ◀┤ a byte every HeartbeatInterval
 //	 console log file ◀──────── serial ttyS0 ◀─────────────┘ kernel and init chatter
 //
 // Goroutines: Run owns QEMU and two copiers (one per output pipe) that end
-// when QEMU closes its end; Run waits for both before it returns.
+// when QEMU closes its end; Run waits for both before it returns. Run's own
+// loop is the watchdog: it kills QEMU when the heartbeat file stops growing
+// for StallTimeout (an L1 kernel that hung, or a QEMU stuck in TCG), so a
+// dead box costs minutes, not the whole Timeout.
 package kvmbox
 
 import (
@@ -45,6 +49,17 @@ const ExitBoxFailure = 125
 // DefaultCPU is the box's CPU model: an EPYC with SVM. +npt offers nested
 // paging to the L1 kernel, whose kvm_amd is told not to use it (qemuArgs).
 const DefaultCPU = "EPYC-v1,+svm,+npt"
+
+// HeartbeatPort is the virtio-serial port the box's init writes a byte to
+// every HeartbeatInterval while the L1 kernel runs.
+const (
+	HeartbeatPort     = "heartbeat"
+	HeartbeatInterval = 5 * time.Second
+)
+
+// DefaultStallTimeout is how long a box may send no heartbeat (its L1 boot
+// included, which takes seconds under TCG) before it counts as dead.
+const DefaultStallTimeout = 3 * time.Minute
 
 // EnvInBox is set to "1" in the command's environment inside the box, so
 // tests can tell where they run.
@@ -76,6 +91,9 @@ type Options struct {
 	L1Append string
 	// Timeout bounds the whole run (0: none).
 	Timeout time.Duration
+	// StallTimeout ends the box when its L1 sent no heartbeat for this
+	// long (0: DefaultStallTimeout; negative: never).
+	StallTimeout time.Duration
 	// Env is the command's environment; nil means PassEnv(os.Environ()).
 	Env []string
 	// Stdout and Stderr receive the command's output (os.Stdout and
@@ -200,6 +218,7 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		return 0, &BoxError{Msg: "kvmbox: TSC rate: " + err.Error()}
 	}
 	statusPath := filepath.Join(work, "status")
+	beatPath := filepath.Join(work, HeartbeatPort)
 
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -216,7 +235,7 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		outW.Close()
 		return 0, err
 	}
-	cmd := exec.Command(o.QEMU, qemuArgs(o, initrd, statusPath, khz)...)
+	cmd := exec.Command(o.QEMU, qemuArgs(o, initrd, statusPath, beatPath, khz)...)
 	// QEMU opens /dev/fd/3 and /dev/fd/4 as its file chardevs: the write
 	// ends of the two pipes, whatever the caller's stdout is.
 	cmd.ExtraFiles = []*os.File{outW, errW}
@@ -239,15 +258,17 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	var qerr error
-	select {
-	case qerr = <-waitErr:
-	case <-ctx.Done():
+	end := watch(ctx, waitErr, beatPath, o.StallTimeout)
+	qerr := end.qemuErr
+	if !end.exited {
 		_ = cmd.Process.Kill()
 		<-waitErr
 		copies.Wait()
 		msg := "kvmbox: interrupted"
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		switch {
+		case end.stalled:
+			msg = fmt.Sprintf("kvmbox: the box stopped answering: no heartbeat from its L1 for %v", o.StallTimeout)
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
 		}
 		return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
@@ -278,6 +299,41 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		msg += ": " + firstLine(s)
 	}
 	return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
+}
+
+// boxEnd is how watch saw a box end.
+type boxEnd struct {
+	exited  bool  // QEMU exited by itself
+	qemuErr error // and what its Wait said
+	stalled bool  // not exited: the heartbeat stopped
+}
+
+// watch waits for QEMU to exit, ctx to end, or the heartbeat file at beat
+// to stop growing for stall. The clock starts now: the L1 boot counts
+// against stall too.
+func watch(ctx context.Context, waitErr <-chan error, beat string, stall time.Duration) boxEnd {
+	var tick <-chan time.Time
+	if stall > 0 {
+		t := time.NewTicker(min(stall/4, HeartbeatInterval))
+		defer t.Stop()
+		tick = t.C
+	}
+	var size int64
+	last := time.Now()
+	for {
+		select {
+		case err := <-waitErr:
+			return boxEnd{exited: true, qemuErr: err}
+		case <-ctx.Done():
+			return boxEnd{}
+		case now := <-tick:
+			if fi, err := os.Stat(beat); err == nil && fi.Size() != size {
+				size, last = fi.Size(), now
+			} else if now.Sub(last) >= stall {
+				return boxEnd{stalled: true}
+			}
+		}
+	}
 }
 
 // keepLog copies the console log next to the repository's build output when
@@ -340,6 +396,9 @@ func (o *Options) defaults() error {
 	if o.CPU == "" {
 		o.CPU = DefaultCPU
 	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = DefaultStallTimeout
+	}
 	switch o.TCGThread {
 	case "":
 		o.TCGThread = "multi"
@@ -368,7 +427,7 @@ func (o *Options) defaults() error {
 // qemuArgs is the QEMU command line (../shared/NESTED-KVM.md): QEMU's
 // microvm machine without ACPI (virtio-mmio devices on the kernel command
 // line), TCG with every host core, an EPYC CPU with SVM and nested paging.
-func qemuArgs(o Options, initrd, status string, khz int) []string {
+func qemuArgs(o Options, initrd, status, heartbeat string, khz int) []string {
 	cmdline := strings.Join([]string{
 		"console=ttyS0", "reboot=t", "panic=-1", "loglevel=4",
 		fmt.Sprintf("tsc_early_khz=%d", khz), "tsc=reliable",
@@ -399,6 +458,8 @@ func qemuArgs(o Options, initrd, status string, khz int) []string {
 		"-device", "virtserialport,chardev=err,name=stderr",
 		"-chardev", "file,id=status,path=" + status,
 		"-device", "virtserialport,chardev=status,name=status",
+		"-chardev", "file,id=beat,path=" + heartbeat,
+		"-device", "virtserialport,chardev=beat,name=" + HeartbeatPort,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,7 +46,7 @@ func TestHostTSCKHz(t *testing.T) {
 func TestQEMUArgs(t *testing.T) {
 	o := Options{Kernel: "/k/bzImage", Repo: "/work/repo", CPUs: 2, MemoryMiB: 3072, ConsoleLog: "/w/console.log",
 		CPU: DefaultCPU, L1Append: "kvm_amd.npt=1"}
-	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", 2445432)
+	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", "/w/heartbeat", 2445432)
 	joined := strings.Join(args, " ")
 	for _, want := range []string{
 		"-M microvm,acpi=off", "-cpu EPYC-v1,+svm,+npt", "-smp 2", "-m 3072M", "-no-reboot",
@@ -54,6 +55,7 @@ func TestQEMUArgs(t *testing.T) {
 		"path=/,security_model=passthrough,readonly=on", "path=/work/repo,security_model=passthrough,multidevs=remap",
 		"file,id=out,path=/dev/fd/3", "name=stdout", "file,id=err,path=/dev/fd/4", "name=stderr",
 		"file,id=status,path=/w/status", "name=status",
+		"file,id=beat,path=/w/heartbeat", "name=" + HeartbeatPort,
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("QEMU arguments lack %q:\n%s", want, joined)
@@ -61,6 +63,59 @@ func TestQEMUArgs(t *testing.T) {
 	}
 	if slices.Contains(args, "-nographic") {
 		t.Error("-nographic would put the serial console on QEMU's stdout")
+	}
+}
+
+// TestWatch: a box whose heartbeat file keeps growing runs on until QEMU
+// exits; one whose heartbeat stops (or never starts) is stalled after the
+// stall timeout, not before; a cancelled context ends the watch.
+func TestWatch(t *testing.T) {
+	const stall = 300 * time.Millisecond
+	beat := filepath.Join(t.TempDir(), "heartbeat")
+
+	// Beats for 3 stall timeouts, then QEMU exits: no stall.
+	f, err := os.Create(beat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	waitErr := make(chan error, 1)
+	go func() {
+		for range 30 {
+			if _, err := f.Write([]byte{'.'}); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(stall / 10)
+		}
+		waitErr <- errors.New("exit status 3")
+	}()
+	end := watch(context.Background(), waitErr, beat, stall)
+	if !end.exited || end.stalled || end.qemuErr == nil || end.qemuErr.Error() != "exit status 3" {
+		t.Errorf("beating box: %+v, want exited with QEMU's error", end)
+	}
+
+	// No more beats: stalled, after at least the stall timeout.
+	start := time.Now()
+	end = watch(context.Background(), make(chan error), beat, stall)
+	if !end.stalled || end.exited {
+		t.Errorf("silent box: %+v, want stalled", end)
+	}
+	if d := time.Since(start); d < stall {
+		t.Errorf("silent box stalled after %v, before the %v timeout", d, stall)
+	}
+
+	// No heartbeat file at all (the init never started): stalled too.
+	end = watch(context.Background(), make(chan error), beat+".none", stall)
+	if !end.stalled {
+		t.Errorf("box without heartbeat: %+v, want stalled", end)
+	}
+
+	// Cancelled, and a negative stall timeout never fires.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*stall)
+	defer cancel()
+	end = watch(ctx, make(chan error), beat+".none", -1)
+	if end.stalled || end.exited || ctx.Err() == nil {
+		t.Errorf("cancelled box: %+v (ctx %v), want neither exited nor stalled", end, ctx.Err())
 	}
 }
 

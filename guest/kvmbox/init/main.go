@@ -4,7 +4,8 @@
 // "hostroot", read-only) into a writable overlay root, mounts the repository
 // (9p tag "repo") read-write at its host path, checks that /dev/kvm works,
 // runs the job's command in it and reports the result on virtio-serial ports
-// named "stdout", "stderr" and "status". Then it kills what the command left
+// named "stdout", "stderr" and "status", with a byte on "heartbeat" every few
+// seconds meanwhile. Then it kills what the command left
 // behind and restarts the machine, which QEMU (-no-reboot) turns into its exit.
 //
 // The job (argv, environment, working directory, repository path) is
@@ -47,6 +48,7 @@ const (
 func main() {
 	logf("kvmbox init starting")
 	mountEarly()
+	heartbeat()
 	status, err := openPort("status")
 	if err != nil {
 		// Without a status port nobody can be told anything: the host
@@ -61,6 +63,26 @@ func main() {
 	}
 	status.Close()
 	endVM()
+}
+
+// heartbeat writes a byte to the heartbeat port every
+// kvmbox.HeartbeatInterval for as long as the box runs: the host ends a box
+// whose L1 kernel stopped sending them (kvmbox.Options.StallTimeout).
+func heartbeat() {
+	port, err := openPort(kvmbox.HeartbeatPort)
+	if err != nil {
+		logf("%v (the host will count the box as stalled)", err)
+		return
+	}
+	go func() {
+		for {
+			if _, err := port.Write([]byte{'.'}); err != nil {
+				logf("heartbeat: %v", err)
+				return
+			}
+			time.Sleep(kvmbox.HeartbeatInterval)
+		}
+	}()
 }
 
 // run does the work and returns the status line.
