@@ -37,7 +37,9 @@ import (
 // One named VM per job (gitlab-RUNNER-JOB) from the job's image (or
 // --default-image) with --net user, and a cache disk per project and
 // concurrency slot, an ext4 image kept under --cache-dir and mounted at
-// /cache, so that caches survive from one job to the next.
+// /cache, so that caches survive from one job to the next. With
+// --warm-pool, the slot's next VM is booted by cleanup and taken by the
+// next prepare (cipool.go).
 
 // ciGitLab names the environment variables of GitLab's custom executor
 // contract.
@@ -80,6 +82,8 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.StringFlag{Name: "cache-dir", Usage: "where the cache disks live (default: $MICROVM_STATE_DIR/ci-cache)"},
 						&cli.StringFlag{Name: "cache-size", Value: "4G", Usage: "size of a new cache disk (SIZE; sparse)"},
 						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the job VM's agent"},
+						&cli.IntFlag{Name: "warm-pool", Usage: "keep up to N VMs booted, one per cache slot: a job's cleanup boots its slot's next VM, the next prepare takes it (0: off)"},
+						&cli.DurationFlag{Name: "warm-ttl", Value: time.Hour, Usage: "with --warm-pool: remove a warm VM no job took for this long (checked at each cleanup)"},
 					},
 					Action: func(c *cli.Context) error { return ciExit(gitlabPrepare(c, stderr), stderr) },
 				},
@@ -94,8 +98,15 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 					},
 				},
 				{
-					Name: "cleanup", Usage: "remove the job's VM (cleanup_exec)", OnUsageError: onUsageError,
-					Action: func(c *cli.Context) error { return ciExit(gitlabCleanup(), stderr) },
+					Name: "cleanup", Usage: "remove the job's VM (cleanup_exec); with the warm pool, boot the slot's next one", OnUsageError: onUsageError,
+					Action: func(c *cli.Context) error { return ciExit(gitlabCleanup(stderr), stderr) },
+				},
+				{
+					Name: "drain", Usage: "remove the warm pool's VMs (when the runner stops)", OnUsageError: onUsageError,
+					Flags: []cli.Flag{
+						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for a warm VM still booting before it is removed"},
+					},
+					Action: func(c *cli.Context) error { return drainPool(stdout, c.Duration("boot-timeout")) },
 				},
 			},
 		}},
@@ -197,12 +208,18 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if err := ensureCacheDisk(disk, cacheSize); err != nil {
 		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
 	}
+	pool := c.Int("warm-pool")
+	if pool < 0 {
+		return usagef("--warm-pool %d: want 0 (off) or more", pool)
+	}
 	img := jobEnv("CI_JOB_IMAGE", c.String("default-image"))
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	args := []string{"run", "--name", name, "--detach", "--image", img, "--idle", "--net", "user",
+	// run's arguments for the job's VM, --name aside: a warm VM made with
+	// the same ones will do.
+	args := []string{"--detach", "--image", img, "--idle", "--net", "user",
 		"--cpus", strconv.Itoa(c.Int("cpus")), "--memory", microvm.FormatSize(mem),
 		"--disk", "path=" + disk, "--boot-timeout", c.Duration("boot-timeout").String()}
 	if k := c.String("kernel"); k != "" {
@@ -211,17 +228,30 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if a := c.String("agent"); a != "" {
 		args = append(args, "--agent", a)
 	}
-	fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, c.Int("cpus"), microvm.FormatSize(mem), key)
-	cmd := exec.Command(exe, args...)
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	if err := cmd.Run(); err != nil {
-		_ = exec.Command(exe, "rm", "-f", name).Run()
-		return fmt.Errorf("ci gitlab prepare: VM %s did not start (%v)", name, err)
+	job := name
+	if pool > 0 {
+		if warm := claimWarm(job, key, args, c.Duration("boot-timeout"), stderr); warm != "" {
+			name = warm
+		}
+		rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: c.Duration("warm-ttl")}
+		if err := writeJSON(jobRecordPath(job), rec); err != nil {
+			_ = discardVM(name)
+			return fmt.Errorf("ci gitlab prepare: %w", err)
+		}
+	}
+	if name == job {
+		fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, c.Int("cpus"), microvm.FormatSize(mem), key)
+		cmd := exec.Command(exe, append([]string{"run", "--name", name}, args...)...)
+		cmd.Stdout, cmd.Stderr = stderr, stderr
+		if err := cmd.Run(); err != nil {
+			_ = discardVM(name)
+			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%v)", name, err)
+		}
 	}
 	// The cache disk is the second disk (/dev/vdb: the image is the first).
 	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
 	if err := runJobCommand(name, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
-		_ = exec.Command(exe, "rm", "-f", name).Run()
+		_ = discardVM(name)
 		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", name, err)
 	}
 	return nil
@@ -261,7 +291,7 @@ func ensureCacheDisk(path string, size uint64) error {
 // gitlabRun copies the stage's script into the job's VM and runs it with
 // bash, its output streamed: the script's own failure is a build failure.
 func gitlabRun(script, stage string, stdout, stderr io.Writer) error {
-	name, err := jobVMName()
+	name, _, err := jobVM()
 	if err != nil {
 		return err
 	}
@@ -286,27 +316,22 @@ func gitlabRun(script, stage string, stdout, stderr io.Writer) error {
 }
 
 // gitlabCleanup removes the job's VM, stopping it first; a VM that is
-// already gone is fine.
-func gitlabCleanup() error {
-	name, err := jobVMName()
+// already gone is fine. With the warm pool it then boots the slot's next
+// VM in the background (refillPool).
+func gitlabCleanup(stderr io.Writer) error {
+	name, rec, err := jobVM()
 	if err != nil {
 		return err
 	}
-	store, err := vms.Open(vms.StateDir())
-	if err != nil {
-		return err
+	if err := discardVM(name); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}
-	e, err := store.Get(name)
-	if err != nil {
-		return nil // never started, or removed already
-	}
-	if e.Alive {
-		if err := stopVM(name, true, 0); err != nil {
+	if rec != nil {
+		job, _ := jobVMName()
+		if err := os.Remove(jobRecordPath(job)); err != nil {
 			return fmt.Errorf("ci gitlab cleanup: %w", err)
 		}
-	}
-	if err := store.Remove(name); err != nil {
-		return fmt.Errorf("ci gitlab cleanup: %w", err)
+		refillPool(rec, stderr)
 	}
 	return nil
 }

@@ -77,10 +77,10 @@ func (j *ciJob) call(args ...string) (int, string) {
 	return 0, out.String()
 }
 
-func (j *ciJob) prepare() {
+func (j *ciJob) prepare(extra ...string) {
 	j.r.t.Helper()
-	if code, out := j.call("prepare", "--kernel", j.r.kernel, "--agent", j.r.agent, "--cpus", "1", "--memory", "512M",
-		"--cache-size", "64M"); code != 0 {
+	if code, out := j.call(append([]string{"prepare", "--kernel", j.r.kernel, "--agent", j.r.agent, "--cpus", "1", "--memory", "512M",
+		"--cache-size", "64M"}, extra...)...); code != 0 {
 		j.r.t.Fatalf("job %s: prepare: status %d\n%s%s", j.id, code, out, j.lastStderr)
 	}
 }
@@ -300,6 +300,48 @@ func TestGitLabExecutor(t *testing.T) {
 		if !strings.Contains(outs[i], "job "+id) {
 			t.Errorf("job %s at once: %q", id, outs[i])
 		}
+	}
+
+	// Jobs 6 and 7 with the warm pool, in a slot of their own: job 6
+	// boots its VM, its cleanup boots the slot's next one, job 7 takes
+	// that VM (with the slot's cache mounted), and drain removes the one
+	// job 7's cleanup booted.
+	j6 := r.job("6", "2")
+	t.Cleanup(func() { r.job("0", "0").call("drain") })
+	start = time.Now()
+	j6.prepare("--warm-pool", "1")
+	cold := time.Since(start)
+	if !strings.Contains(j6.lastStderr, "starting VM gitlab-7-6") {
+		t.Errorf("job 6, the slot's first: prepare said %q, want a VM of its own booted", j6.lastStderr)
+	}
+	j6.mustStage("step_script", "echo from-job-6 > /cache/warm-marker; sync")
+	j6.cleanup()
+	const warm = "warm-group-proj-2"
+	if !strings.Contains(j6.lastStderr, "booting VM "+warm) {
+		t.Errorf("job 6 cleanup said %q, want the slot's next VM booted", j6.lastStderr)
+	}
+	if vmGone(t, r, "gitlab-7-6") != nil {
+		t.Error("job 6's VM is still there after cleanup")
+	}
+	j7 := r.job("7", "2")
+	start = time.Now()
+	j7.prepare("--warm-pool", "1")
+	t.Logf("prepare: %v cold (job 6), %v taking the warm VM (job 7, its boot included when still under way)", cold, time.Since(start))
+	if !strings.Contains(j7.lastStderr, "took VM "+warm) {
+		t.Errorf("job 7: prepare said %q, want the warm VM taken", j7.lastStderr)
+	}
+	if out := j7.mustStage("step_script", "cat /cache/warm-marker; cat /etc/debian_version"); !strings.Contains(out, "from-job-6") {
+		t.Errorf("job 7 in the warm VM: %q, want job 6's cache", out)
+	}
+	j7.cleanup()
+	if !strings.Contains(j7.lastStderr, "booting VM "+warm) {
+		t.Errorf("job 7 cleanup said %q, want the slot's next VM booted", j7.lastStderr)
+	}
+	if code, out := r.job("0", "0").call("drain"); code != 0 || !strings.Contains(out, "removed warm VM "+warm) {
+		t.Errorf("drain: status %d, %q", code, out)
+	}
+	if err := vmGone(t, r, warm); err != nil {
+		t.Errorf("after drain: %v", err)
 	}
 
 	// A stage with no VM to run in: a system failure, one line.

@@ -4,10 +4,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -58,5 +62,55 @@ func TestJobEnvironment(t *testing.T) {
 	}
 	if got := jobEnvironment(nil); !slices.Equal(got, []string{"PATH=" + ciPath, "HOME=/root"}) {
 		t.Errorf("no image defaults: %q", got)
+	}
+}
+
+// TestWarmPoolOffers: the offer files without VMs behind them. An offer
+// whose VM never came up is claimed once (the second claimer finds none),
+// removed, and not taken; an offer older than the TTL is swept by the next
+// cleanup's refill; a pool that is full boots nothing; drain takes what is
+// left.
+func TestWarmPoolOffers(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+	args := []string{"--image", "x:1"}
+	if err := writeJSON(offerPath("s1"), ciOffer{VM: "warm-s1", Args: args, Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	var msgs strings.Builder
+	if got := claimWarm("gitlab-1-1", "s1", args, 100*time.Millisecond, &msgs); got != "" {
+		t.Errorf("claimed %q, a VM that never ran", got)
+	}
+	if !strings.Contains(msgs.String(), "not running after") {
+		t.Errorf("claim said %q", msgs.String())
+	}
+	if got := claimWarm("gitlab-1-2", "s1", args, 100*time.Millisecond, &msgs); got != "" {
+		t.Errorf("second claim took %q from a claimed offer", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(ciPoolDir(), "*")); len(left) != 0 {
+		t.Errorf("files left after the claim: %v", left)
+	}
+
+	// An old offer for slot s2 is swept; slot s3 already has one, so a
+	// pool of 1 is full and nothing is started for it.
+	if err := writeJSON(offerPath("s2"), ciOffer{VM: "warm-s2", Created: time.Now().Add(-2 * time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeJSON(offerPath("s3"), ciOffer{VM: "warm-s3", Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	msgs.Reset()
+	refillPool(&ciJobRecord{VM: "gitlab-1-3", Slot: "s4", Pool: 1, TTL: time.Hour}, &msgs)
+	if _, err := os.Stat(offerPath("s2")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the stale offer is still there (%v); refill said %q", err, msgs.String())
+	}
+	if _, err := os.Stat(offerPath("s4")); !errors.Is(err, fs.ErrNotExist) || strings.Contains(msgs.String(), "booting") {
+		t.Errorf("a full pool offered slot s4 a VM (%v); refill said %q", err, msgs.String())
+	}
+	var out strings.Builder
+	if err := drainPool(&out, 100*time.Millisecond); err != nil || !strings.Contains(out.String(), "warm-s3") {
+		t.Errorf("drain: %v, %q", err, out.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(ciPoolDir(), "offer-*")); len(left) != 0 {
+		t.Errorf("offers left after drain: %v", left)
 	}
 }

@@ -1,0 +1,296 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// The CI executor's warm pool (docs/ci.md, "Warm pool"): with prepare
+// --warm-pool N, a job's cleanup boots the next VM for the job's cache
+// slot (project and concurrency slot) in the background, from the same
+// image, size and cache disk, and offers it; the slot's next prepare
+// claims the offer and pays a cache mount instead of a boot.
+//
+// Files, under $MICROVM_STATE_DIR/ci-pool:
+//
+//	job-VM.json        what prepare recorded for cleanup (ciJobRecord)
+//	offer-SLOT.json    a warm VM on offer (ciOffer), written before it boots
+//	offer-SLOT.json.claimed-JOB   the same, renamed by the prepare that takes it
+//
+// The rename is the claim: of two processes, one wins. A slot is used by
+// one job at a time (GitLab's CI_CONCURRENT_PROJECT_ID), so the warm VM
+// may hold the slot's cache disk while nothing else does; a prepare that
+// finds an offer it cannot use (another image or size, a VM that died)
+// removes that VM before it boots its own, which frees the disk.
+
+// ciJobRecord is what prepare tells cleanup about a job of the pool.
+type ciJobRecord struct {
+	VM   string        `json:"vm"`   // the VM the job runs in
+	Slot string        `json:"slot"` // its cache slot
+	Args []string      `json:"args"` // run's arguments for a VM like it, --name aside
+	Pool int           `json:"pool"` // --warm-pool
+	TTL  time.Duration `json:"ttl"`  // --warm-ttl
+}
+
+// ciOffer is a warm VM on offer.
+type ciOffer struct {
+	VM      string    `json:"vm"`
+	Args    []string  `json:"args"`
+	Created time.Time `json:"created"`
+}
+
+func ciPoolDir() string { return filepath.Join(vms.StateDir(), "ci-pool") }
+
+func jobRecordPath(job string) string {
+	return filepath.Join(ciPoolDir(), "job-"+job+".json")
+}
+
+func offerPath(slot string) string { return filepath.Join(ciPoolDir(), "offer-"+slot+".json") }
+
+// warmVMName is the name of a slot's warm VM.
+func warmVMName(slot string) string {
+	name := "warm-" + slot
+	if len(name) > 63 {
+		name = name[:63]
+	}
+	return name
+}
+
+// jobVM is the VM a job runs in: the warm VM it claimed, as prepare
+// recorded, or its own (jobVMName).
+func jobVM() (string, *ciJobRecord, error) {
+	job, err := jobVMName()
+	if err != nil {
+		return "", nil, err
+	}
+	var rec ciJobRecord
+	if err := readJSON(jobRecordPath(job), &rec); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return job, nil, nil
+		}
+		return "", nil, fmt.Errorf("job %s's pool record: %w", job, err)
+	}
+	if err := vms.CheckName(rec.VM); err != nil {
+		return "", nil, fmt.Errorf("job %s's pool record: %w", job, err)
+	}
+	return rec.VM, &rec, nil
+}
+
+// claimWarm takes the slot's offered VM when it was made with args and
+// answers within wait; it returns the VM's name, or "" when there was none
+// to take (an unusable one is removed, so that its cache disk is free).
+func claimWarm(job, slot string, args []string, wait time.Duration, stderr io.Writer) string {
+	offer := offerPath(slot)
+	claimed := offer + ".claimed-" + job
+	if err := os.Rename(offer, claimed); err != nil {
+		return "" // none on offer
+	}
+	defer os.Remove(claimed)
+	var o ciOffer
+	if err := readJSON(claimed, &o); err != nil || vms.CheckName(o.VM) != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: unreadable offer %s (%v): booting a VM\n", offer, err)
+		return ""
+	}
+	// Wait even for a VM that will not do: removed while it still boots,
+	// it would come up afterwards holding the slot's cache disk.
+	if err := waitWarmVM(o.VM, wait); err != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: VM %s: %v: removing it, booting a VM\n", o.VM, err)
+		_ = discardVM(o.VM)
+		return ""
+	}
+	if !slices.Equal(o.Args, args) {
+		fmt.Fprintf(stderr, "microvm: warm pool: VM %s was made for another image or size: removing it, booting a VM\n", o.VM)
+		_ = discardVM(o.VM)
+		return ""
+	}
+	fmt.Fprintf(stderr, "microvm: warm pool: took VM %s (offered %v ago)\n", o.VM, time.Since(o.Created).Round(time.Millisecond))
+	return o.VM
+}
+
+// waitWarmVM waits until the named VM's agent answers: a warm VM may still
+// be booting when the next job comes.
+func waitWarmVM(name string, wait time.Duration) error {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		e, err := store.Get(name)
+		switch {
+		case err == nil && e.Alive:
+			ctx, cancel := context.WithTimeout(context.Background(), time.Until(deadline))
+			cc, err := vmAgentAddr(e, time.Until(deadline)).dial(ctx)
+			cancel()
+			if err == nil {
+				cc.Close()
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("its agent did not answer within %v", wait)
+			}
+		case err == nil && e.State == vms.StateExited:
+			return fmt.Errorf("it ended (%s)", e.ExitReason)
+		case err != nil && !errors.Is(err, vms.ErrNotFound):
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not running after %v", wait)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// refillPool runs in cleanup: it removes offered VMs older than the TTL,
+// then, when fewer than rec.Pool are on offer and the slot has none,
+// offers a new VM for it and starts it in the background (its boot is
+// the next job's gain; cleanup does not wait for it).
+func refillPool(rec *ciJobRecord, stderr io.Writer) {
+	dir := ciPoolDir()
+	offers, _ := filepath.Glob(filepath.Join(dir, "offer-*.json"))
+	live := 0
+	for _, p := range offers {
+		var o ciOffer
+		if err := readJSON(p, &o); err != nil {
+			continue
+		}
+		if rec.TTL > 0 && time.Since(o.Created) > rec.TTL {
+			if takeOffer(p) {
+				fmt.Fprintf(stderr, "microvm: warm pool: VM %s unused for %v: removing it\n", o.VM, rec.TTL)
+				_ = discardVM(o.VM)
+			}
+			continue
+		}
+		live++
+	}
+	offer := offerPath(rec.Slot)
+	if _, err := os.Stat(offer); err == nil || live >= rec.Pool {
+		return
+	}
+	name := warmVMName(rec.Slot)
+	_ = discardVM(name) // a leftover of the same name, if any
+	if err := writeJSON(offer, ciOffer{VM: name, Args: rec.Args, Created: time.Now()}); err != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: %v\n", err)
+		return
+	}
+	if err := startBackground(filepath.Join(dir, name+".log"), append([]string{"run", "--name", name}, rec.Args...)); err != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: starting VM %s: %v\n", name, err)
+		os.Remove(offer)
+		return
+	}
+	fmt.Fprintf(stderr, "microvm: warm pool: booting VM %s for the slot's next job\n", name)
+}
+
+// takeOffer claims the offer at path for removal; false when another
+// process took it first.
+func takeOffer(path string) bool {
+	claimed := path + ".claimed-sweep"
+	if os.Rename(path, claimed) != nil {
+		return false
+	}
+	os.Remove(claimed)
+	return true
+}
+
+// drainPool removes every offered VM: `microvm ci gitlab drain`, when the
+// runner stops. A VM still booting is waited for (up to wait) first.
+func drainPool(stdout io.Writer, wait time.Duration) error {
+	offers, err := filepath.Glob(filepath.Join(ciPoolDir(), "offer-*.json"))
+	if err != nil {
+		return err
+	}
+	for _, p := range offers {
+		var o ciOffer
+		if readJSON(p, &o) != nil || !takeOffer(p) {
+			continue
+		}
+		_ = waitWarmVM(o.VM, wait)
+		if err := discardVM(o.VM); err != nil {
+			return fmt.Errorf("ci gitlab drain: %w", err)
+		}
+		fmt.Fprintf(stdout, "removed warm VM %s\n", o.VM)
+	}
+	return nil
+}
+
+// discardVM stops the named VM at once and removes it; a VM that is not
+// there is fine.
+func discardVM(name string) error {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return err
+	}
+	e, err := store.Get(name)
+	if err != nil {
+		return nil // never started, or removed already
+	}
+	if e.Alive {
+		if err := stopVM(name, true, 0); err != nil {
+			return err
+		}
+	}
+	return store.Remove(name)
+}
+
+// startBackground starts this program with args in a session of its own,
+// its output in logPath, and does not wait for it.
+func startBackground(logPath string, args []string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	log, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	return cmd.Process.Release()
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// writeJSON writes v to path whole or not at all (a temporary file renamed).
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp-" + strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", "")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
