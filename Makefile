@@ -236,7 +236,7 @@ fuzz-smoke:
 bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images bench-ci
 
 # A CI job through `microvm ci gitlab` (docs/ci.md), stage by stage, against
-# the same scripts run on this host with bash (docs/benchmarks.md, "CI
+# the same scripts run on this host with bash, and with the warm pool (docs/benchmarks.md, "CI
 # jobs"); where Linux cannot boot here, in the nested-KVM box (TCG times).
 CI_BENCH_ARGS = -microvm $(CURDIR)/bin/microvm -kernel $(CURDIR)/build/kernel/bzImage -agent $(CURDIR)/bin/microvm-agent \
 	-image $(CURDIR)/build/images/debian-12-build.tar -json $(CURDIR)/build/bench/ci.json

@@ -27,6 +27,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -198,6 +199,7 @@ func run(bin, kernel, agent, imageTar string, jobs int, jsonOut string) error {
 // stages' scripts from dir, cleanup, each timed into times under its name
 // plus suffix for prepare, cleanup and the whole job.
 func vmJob(env []string, bin string, prepare []string, dir string, times map[string][]time.Duration, suffix string) error {
+	fmt.Fprintf(os.Stderr, "%s:   prepare\n", prog)
 	total := time.Now()
 	t := time.Now()
 	if out, err := command(env, bin, prepare...); err != nil {
@@ -205,6 +207,7 @@ func vmJob(env []string, bin string, prepare []string, dir string, times map[str
 	}
 	times["prepare"+suffix] = append(times["prepare"+suffix], time.Since(t))
 	for _, s := range stages {
+		fmt.Fprintf(os.Stderr, "%s:   %s\n", prog, s.name)
 		t := time.Now()
 		if out, err := command(env, bin, "ci", "gitlab", "run", filepath.Join(dir, s.name+".sh"), s.name); err != nil {
 			command(env, bin, "ci", "gitlab", "cleanup")
@@ -214,6 +217,7 @@ func vmJob(env []string, bin string, prepare []string, dir string, times map[str
 			times[s.name] = append(times[s.name], time.Since(t))
 		}
 	}
+	fmt.Fprintf(os.Stderr, "%s:   cleanup\n", prog)
 	t = time.Now()
 	if out, err := command(env, bin, "ci", "gitlab", "cleanup"); err != nil {
 		return fmt.Errorf("cleanup: %v\n%s", err, out)
@@ -276,8 +280,15 @@ func serveRepo(dir string) (int, func(), error) {
 	return ln.Addr().(*net.TCPAddr).Port, func() { srv.Close() }, nil
 }
 
+// commandTimeout bounds one executor call or host stage: a hung one
+// fails the benchmark instead of stalling it.
+const commandTimeout = 10 * time.Minute
+
 func command(env []string, name string, args ...string) (string, error) {
-	cmd := exec.Command(name, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), commandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = env
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
