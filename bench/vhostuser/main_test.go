@@ -53,7 +53,7 @@ func TestQuickRun(t *testing.T) {
 	readJSON(t, rowsPath, &rows)
 	fields := []string{"backend", "options", "direction", "payload", "bytes_per_s", "msgs_per_s", "rtt_p50_ns",
 		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s",
-		"tx_busy_kicks_per_mib"}
+		"tx_busy_kicks_per_mib", "backend_syscalls_per_mib", "backend_switches_per_mib"}
 	// Every option set and the peer, 2 directions, 2 payloads, stream and
 	// ping-pong.
 	if want := (len(allOptions) + 1) * 2 * 2 * 2; len(rows) != want {
@@ -88,6 +88,11 @@ func TestQuickRun(t *testing.T) {
 		}
 		if num("irqs_per_mib") <= 0 {
 			t.Errorf("%s: no interrupts in event mode: %v", id, r)
+		}
+		// A back-end moves data with syscalls: none counted is a broken
+		// reading of /proc/PID/io.
+		if num("backend_syscalls_per_mib") <= 0 {
+			t.Errorf("%s: no back-end syscalls: %v", id, r)
 		}
 		cpu += num("backend_cpu_s_per_mib")
 		if seen[id] {
@@ -249,7 +254,7 @@ func TestOptionSets(t *testing.T) {
 	}
 	on := strings.Split(sets["all-on"], ",")
 	for name, key := range map[string]string{"no-direct-enqueue": "direct-enqueue", "no-batch": "batch",
-		"no-kick-suppress": "kick-suppress"} {
+		"no-kick-suppress": "kick-suppress", "no-short-read": "short-read"} {
 		s := strings.Split(sets[name], ",")
 		for i := range on {
 			k, _, _ := strings.Cut(on[i], "=")
@@ -258,7 +263,8 @@ func TestOptionSets(t *testing.T) {
 			}
 		}
 	}
-	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off" || sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on" {
+	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,short-read=off" ||
+		sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,short-read=on" {
 		t.Errorf("all-off %q, all-on %q", sets["all-off"], sets["all-on"])
 	}
 }
@@ -347,5 +353,28 @@ func TestQuickDgramRun(t *testing.T) {
 	}
 	if n != 2*2*2 {
 		t.Errorf("%d datagram rows, want 8 (on/off, 2 directions, 2 payloads)", n)
+	}
+}
+
+// TestProcessSwitches: this process's own counters read, and they grow
+// with a read and a sleep.
+func TestProcessSwitches(t *testing.T) {
+	sys0, sw0, err := processSwitches(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.ReadFile("/proc/self/stat"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	sys1, sw1, err := processSwitches(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys1 <= sys0 || sw1 <= sw0 {
+		t.Errorf("syscalls %d -> %d, switches %d -> %d: want both to grow", sys0, sys1, sw0, sw1)
+	}
+	if got := procFields("syscr: 12\nrchar: x\nvoluntary_ctxt_switches:\t7\n"); got["syscr"] != 12 || got["voluntary_ctxt_switches"] != 7 || len(got) != 2 {
+		t.Errorf("procFields: %v", got)
 	}
 }

@@ -61,7 +61,13 @@ type sample struct {
 	// reference's receiving or echoing end).
 	BackendCPU       float64 `json:"backend_cpu_s,omitempty"`
 	BackendCPUPerMiB float64 `json:"backend_cpu_s_per_mib,omitempty"`
-	GeneratorCPU     float64 `json:"generator_cpu_s,omitempty"`
+	// The back-end's syscalls (read- and write-like) and context switches
+	// over the measurement, and per MiB (processSwitches).
+	BackendSyscalls       uint64  `json:"backend_syscalls,omitempty"`
+	BackendSwitches       uint64  `json:"backend_switches,omitempty"`
+	BackendSyscallsPerMiB float64 `json:"backend_syscalls_per_mib,omitempty"`
+	BackendSwitchesPerMiB float64 `json:"backend_switches_per_mib,omitempty"`
+	GeneratorCPU          float64 `json:"generator_cpu_s,omitempty"`
 
 	Err string `json:"error,omitempty"`
 }
@@ -140,6 +146,10 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 	if err != nil {
 		return s, err
 	}
+	sys0, sw0, err := processSwitches(pid)
+	if err != nil {
+		return s, err
+	}
 	self0, _ := processCPU(os.Getpid())
 	var cmd vhufront.PeerCmd
 	if c.dir == h2g {
@@ -174,6 +184,10 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 	if err != nil {
 		return s, err
 	}
+	sys1, sw1, err := processSwitches(pid)
+	if err != nil {
+		return s, err
+	}
 	self1, _ := processCPU(os.Getpid())
 	st1 := g.Stats()
 	if err := r.fill(&s, c, local, res, rtts); err != nil {
@@ -188,12 +202,15 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 	s.BusyKicks = st1.BusyKicks - st0.BusyKicks
 	s.CreditRequests = st1.CreditReqs - st0.CreditReqs
 	s.BackendCPU = (cpu1 - cpu0).Seconds()
+	s.BackendSyscalls, s.BackendSwitches = sys1-sys0, sw1-sw0
 	s.GeneratorCPU = (self1 - self0).Seconds()
 	if mib > 0 {
 		s.KicksPerMiB = float64(s.Kicks[0]+s.Kicks[1]) / mib
 		s.BusyKicksPerMiB = float64(s.BusyKicks) / mib
 		s.IrqsPerMiB = float64(s.Irqs[0]+s.Irqs[1]) / mib
 		s.BackendCPUPerMiB = s.BackendCPU / mib
+		s.BackendSyscallsPerMiB = float64(s.BackendSyscalls) / mib
+		s.BackendSwitchesPerMiB = float64(s.BackendSwitches) / mib
 	}
 	return s, nil
 }

@@ -54,6 +54,49 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(t) * clockTick, nil
 }
 
+// processSwitches reads what a process did besides running: syscalls
+// (syscr+syscw of /proc/PID/io: the read-like and write-like ones, which
+// are the data path's; threads that exited included) and context switches
+// (voluntary and not, summed over /proc/PID/task/*/status: a sleep or a
+// preemption each).
+func processSwitches(pid int) (syscalls, switches uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	io := procFields(string(b))
+	syscalls = io["syscr"] + io["syscw"]
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		st := procFields(string(b))
+		switches += st["voluntary_ctxt_switches"] + st["nonvoluntary_ctxt_switches"]
+	}
+	return syscalls, switches, nil
+}
+
+// procFields reads "name: number" lines (/proc/PID/io, .../status); lines
+// whose value is not one number are left out.
+func procFields(s string) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, l := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			m[strings.TrimSpace(k)] = n
+		}
+	}
+	return m
+}
+
 // tail keeps the last bytes written to it (a back-end's stderr).
 type tail struct {
 	mu  sync.Mutex

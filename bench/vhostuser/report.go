@@ -27,7 +27,11 @@ type row struct {
 	BusyKicksPerMiB  float64 `json:"tx_busy_kicks_per_mib"`
 	IrqsPerMiB       float64 `json:"irqs_per_mib"`
 	BackendCPUPerMiB float64 `json:"backend_cpu_s_per_mib"`
-	AFUnixBytesPerS  float64 `json:"af_unix_bytes_per_s"`
+	// The back-end's read- and write-like syscalls and its context
+	// switches per MiB.
+	BackendSyscallsPerMiB float64 `json:"backend_syscalls_per_mib"`
+	BackendSwitchesPerMiB float64 `json:"backend_switches_per_mib"`
+	AFUnixBytesPerS       float64 `json:"af_unix_bytes_per_s"`
 	// Datagram rows only (dgram.go): Kind "dgram", Loss the fraction of
 	// sent datagrams not delivered, Note "not offered" when the back-end
 	// ran without datagrams.
@@ -115,6 +119,8 @@ func aggregate(samples []sample, order []target, cells []cell) []aggRow {
 			r.BusyKicksPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BusyKicksPerMiB })
 			r.IrqsPerMiB, _, _ = field(ss, func(s sample) float64 { return s.IrqsPerMiB })
 			r.BackendCPUPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendCPUPerMiB })
+			r.BackendSyscallsPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendSyscallsPerMiB })
+			r.BackendSwitchesPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendSwitchesPerMiB })
 			ref := by[cellKey{"af_unix", "-", c.dir, c.kind, c.payload}]
 			if c.kind == kindTput {
 				r.BytesPerS, r.minVal, r.maxVal = field(ss, func(s sample) float64 { return s.BytesPerS })
@@ -158,7 +164,7 @@ func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells [
 		fmt.Fprintf(w, "%s: %s\n", k, rep.Versions[k])
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\toptions\tdir\tpayload\tMB/s\t(min-max)\tmsgs/s\tAF_UNIX MB/s\tx AF_UNIX\tRTT p50 us\t(min-max)\tp99 us\tAF_UNIX p50 us\tkicks/MiB\tirqs/MiB\tCPU ms/MiB\t")
+	fmt.Fprintln(tw, "backend\toptions\tdir\tpayload\tMB/s\t(min-max)\tmsgs/s\tAF_UNIX MB/s\tx AF_UNIX\tRTT p50 us\t(min-max)\tp99 us\tAF_UNIX p50 us\tkicks/MiB\tirqs/MiB\tCPU ms/MiB\tsyscalls/MiB\tswitches/MiB\t")
 	type lineKey struct {
 		backend, options, dir string
 		payload               int
@@ -204,14 +210,16 @@ func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells [
 			cols = append(cols, dash, "", dash, dash)
 		}
 		if hasT {
-			cols = append(cols, fmt.Sprintf("%.1f", t.KicksPerMiB), fmt.Sprintf("%.1f", t.IrqsPerMiB), fmt.Sprintf("%.2f", t.BackendCPUPerMiB*1e3))
+			cols = append(cols, fmt.Sprintf("%.1f", t.KicksPerMiB), fmt.Sprintf("%.1f", t.IrqsPerMiB), fmt.Sprintf("%.2f", t.BackendCPUPerMiB*1e3),
+				fmt.Sprintf("%.1f", t.BackendSyscallsPerMiB), fmt.Sprintf("%.1f", t.BackendSwitchesPerMiB))
 		} else {
-			cols = append(cols, dash, dash, dash)
+			cols = append(cols, dash, dash, dash, dash, dash)
 		}
 		fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "MB/s = 10^6 bytes/s; kicks, irqs and CPU per MiB of payload at saturation (the stream); CPU = back-end process utime+stime")
+	fmt.Fprintln(w, "MB/s = 10^6 bytes/s; kicks, irqs, CPU, syscalls and switches per MiB of payload at saturation (the stream); CPU = back-end process utime+stime;")
+	fmt.Fprintln(w, "syscalls = the back-end's read- and write-like ones (/proc/PID/io syscr+syscw); switches = its context switches, all threads")
 	for _, l := range ratios(rows) {
 		fmt.Fprintln(w, l)
 	}
