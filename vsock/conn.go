@@ -65,8 +65,12 @@ type conn struct {
 	// to the guest before anything read from the socket.
 	prefix []byte
 	// hostReadable: the socket may have data (an EPOLLIN edge was seen and
-	// no read has returned EAGAIN since).
+	// no read has returned EAGAIN, or less than it asked for, since).
+	// hostClosing: a hang-up edge was seen (EPOLLRDHUP, EPOLLHUP or
+	// EPOLLERR); no edge will announce the end of the stream again, so a
+	// short read no longer counts as drained.
 	hostReadable bool
+	hostClosing  bool
 
 	// SEQPACKET, guest -> host. msg holds the fragments of the message
 	// the guest is sending (no EOM yet). Complete messages the host

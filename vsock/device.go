@@ -58,6 +58,12 @@ type Options struct {
 	// single lock acquisition and decides on a credit update once per run
 	// (seed 000).
 	BatchLock bool
+	// ShortReadDrains takes a read from a host stream socket that
+	// returned less than it asked for as the socket drained, and waits
+	// for epoll's next edge instead of reading again to see EAGAIN. Not
+	// once a hang-up was reported, which no later edge repeats: then the
+	// device reads on to the end of the stream.
+	ShortReadDrains bool
 	//
 	// There is no copybreak (seed 004): payloads always go to the host
 	// socket straight from guest memory (writev); only what the socket
@@ -67,7 +73,7 @@ type Options struct {
 }
 
 // DefaultOptions are the optimisations enabled by default.
-var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true}
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true}
 
 // Dialer opens host-side connections for guest-initiated requests. Dial is
 // called on its own goroutine and may block up to timeout; it returns a
@@ -157,6 +163,7 @@ type Stats struct {
 	TxKicks, RxKicks  uint64 // queue notifications observed by the workers
 	Interrupts        uint64 // RX interrupts sent (TX ones are not counted)
 	HostWriteStalls   uint64 // host writes the socket took only in part (writev or buffer flush)
+	HostReadsEmpty    uint64 // host socket reads that found nothing (EAGAIN): the syscalls ShortReadDrains saves
 	CreditUpdatesSent uint64 // CREDIT_UPDATE packets sent
 	LateRWDropped     uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
 	SeqToHost         uint64 // SEQPACKET messages written to host sockets, one record each
@@ -201,7 +208,7 @@ var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrHeader, virtio.Gues
 // that sees the event: no lock, no map on the data path.
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, droppedRsts,
-	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, creditUpdates, lateRW,
+	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, hostReadsEmpty, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
@@ -349,7 +356,7 @@ func (d *Device) Stats() Stats {
 		ConnsReset: c.connsReset.Load(), RxQueueFull: c.rxQueueFull.Load(),
 		RstSent: c.rstSent.Load(), DroppedRsts: c.droppedRsts.Load(),
 		DirectEnqueues: c.directEnqueues.Load(), RxHandoffs: c.rxHandoffs.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
-		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(),
+		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(), HostReadsEmpty: c.hostReadsEmpty.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
 		DgramTx: c.dgramTx.Load(), DgramRx: c.dgramRx.Load(),

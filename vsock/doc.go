@@ -179,9 +179,12 @@
 // guest packet brings the credit that unblocks host data, reads that data
 // into the RX ring itself instead of waking the RX worker), BatchLock (one lock and one
 // credit decision per run of packets for a connection, readiness made
-// visible after unlocking). Each moves a counter of its own in Stats
-// (DirectEnqueues, KickSuppressions, BatchedPackets) only when on, which
-// TestOptions checks; the CLI sets them with --vsock-opt, and make
+// visible after unlocking), ShortReadDrains (a host read that returned less
+// than it asked for counts as drained, so the socket is not read again just
+// to see EAGAIN; not after a hang-up, which no later edge repeats). Each
+// moves a counter of its own in Stats (DirectEnqueues, KickSuppressions,
+// BatchedPackets; HostReadsEmpty, the other way round: only when off, on
+// every drained socket) as TestOptions checks; the CLI sets them with --vsock-opt, and make
 // bench-device measures them. RxHandoffs counts the work producers still
 // hand to the RX worker with a wake-up (always, without DirectEnqueue);
 // host data the RX worker learns of by its own epoll is none, so a

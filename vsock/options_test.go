@@ -11,11 +11,12 @@ import (
 // allOptions is every combination of the data-path optimisations.
 func allOptions() []vsock.Options {
 	var out []vsock.Options
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 16; i++ {
 		out = append(out, vsock.Options{
-			KickSuppress:  i&1 != 0,
-			DirectEnqueue: i&2 != 0,
-			BatchLock:     i&4 != 0,
+			KickSuppress:    i&1 != 0,
+			DirectEnqueue:   i&2 != 0,
+			BatchLock:       i&4 != 0,
+			ShortReadDrains: i&8 != 0,
 		})
 	}
 	return out
@@ -28,7 +29,7 @@ func optName(o vsock.Options) string {
 		}
 		return 0
 	}
-	return fmt.Sprintf("kick%d-direct%d-batch%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock))
+	return fmt.Sprintf("kick%d-direct%d-batch%d-short%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock), b(o.ShortReadDrains))
 }
 
 // The core scenarios under every option combination, alternating the
@@ -61,6 +62,53 @@ func TestOptions(t *testing.T) {
 			if !o.DirectEnqueue && s.RxHandoffs == 0 {
 				t.Errorf("no hand-offs to the RX worker with DirectEnqueue off")
 			}
+			// Without ShortReadDrains every drained host socket is
+			// read once more, to EAGAIN.
+			if !o.ShortReadDrains && s.HostReadsEmpty == 0 {
+				t.Errorf("no empty host reads with ShortReadDrains off")
+			}
+		})
+	}
+}
+
+// TestShortReadDrains: host messages written one at a time, each read by
+// the device before the next is written, cost one read each with
+// ShortReadDrains and two (the second finding EAGAIN) without; and a host
+// that writes and closes at once still has all of its bytes and its end
+// of stream reach the guest, since a hang-up keeps the device reading
+// past a short read.
+func TestShortReadDrains(t *testing.T) {
+	const msgs = 50
+	for _, short := range []bool{true, false} {
+		t.Run(fmt.Sprintf("short=%v", short), func(t *testing.T) {
+			o := vsock.DefaultOptions
+			o.ShortReadDrains = short
+			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o}})
+			c, h := e.connectGuest(5000, 1025)
+			e.g.Sync()
+			before := e.dev.Stats().HostReadsEmpty
+			for i := range msgs {
+				p := vsocktest.Pattern(uint64(i), 100)
+				hostWrite(t, h, p)
+				vsocktest.CheckEqual(t, "message", c.Read(len(p)), p)
+			}
+			empty := e.dev.Stats().HostReadsEmpty - before
+			if short && empty > msgs/10 || !short && empty < msgs {
+				t.Errorf("%d empty host reads for %d messages with ShortReadDrains=%v", empty, msgs, short)
+			}
+			t.Logf("%d empty host reads for %d messages", empty, msgs)
+
+			// Write and close before the device reads: every byte,
+			// then the end of the stream.
+			for i := range 20 {
+				c, h := e.connectGuest(5100+uint32(i), 2000+uint32(i))
+				data := vsocktest.Pattern(uint64(100+i), 1000+i*37)
+				hostWrite(t, h, data)
+				h.Close()
+				vsocktest.CheckEqual(t, "data before the host's close", c.ReadUntilShutdown(), data)
+				c.Reset()
+			}
+			_ = h.Close()
 		})
 	}
 }

@@ -122,6 +122,9 @@ func (s *session) hostEvent(st *rxState, fd int, events uint32) {
 	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		c.hostReadable = true
 	}
+	if events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		c.hostClosing = true
+	}
 	if events&unix.EPOLLHUP != 0 {
 		c.sm.onHostHangup()
 	}
@@ -403,6 +406,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		switch {
 		case isAgain(err):
 			c.hostReadable = false
+			s.d.ctr.hostReadsEmpty.Add(1)
 			undo(popped)
 			return emitStop
 		case err != nil:
@@ -413,6 +417,13 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 			undo(popped)
 			hostEOFLocked(c)
 			return emitStop
+		case uint64(got) < total && s.opts.ShortReadDrains && !c.hostClosing:
+			// A stream read returns less than asked only when the
+			// socket had no more: data that comes later raises a new
+			// EPOLLIN edge (hostEvent), so reading again now would
+			// only find EAGAIN. After a hang-up no edge announces the
+			// end of the stream: read on to it.
+			c.hostReadable = false
 		}
 	}
 	// The bytes fill the buffers in order; each filled buffer becomes one
