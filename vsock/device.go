@@ -64,6 +64,13 @@ type Options struct {
 	// once a hang-up was reported, which no later edge repeats: then the
 	// device reads on to the end of the stream.
 	ShortReadDrains bool
+	// SendBuffer asks for a send buffer (SO_SNDBUF) of the connection's
+	// window (Config.ConnBuffer) on each host stream socket, so that what
+	// the guest sends goes to the host socket rather than waiting in the
+	// connection's byte queue for EPOLLOUT. Linux caps it at
+	// net.core.wmem_max and doubles what it grants: with the defaults,
+	// twice the default buffer.
+	SendBuffer bool
 	//
 	// There is no copybreak (seed 004): payloads always go to the host
 	// socket straight from guest memory (writev); only what the socket
@@ -73,7 +80,7 @@ type Options struct {
 }
 
 // DefaultOptions are the optimisations enabled by default.
-var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true}
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true}
 
 // Dialer opens host-side connections for guest-initiated requests. Dial is
 // called on its own goroutine and may block up to timeout; it returns a

@@ -181,7 +181,10 @@
 // credit decision per run of packets for a connection, readiness made
 // visible after unlocking), ShortReadDrains (a host read that returned less
 // than it asked for counts as drained, so the socket is not read again just
-// to see EAGAIN; not after a hang-up, which no later edge repeats). Each
+// to see EAGAIN; not after a hang-up, which no later edge repeats),
+// SendBuffer (each host stream socket's SO_SNDBUF sized from the
+// connection's window, so guest data the socket takes at once need not
+// wait in the byte queue). Each
 // moves a counter of its own in Stats (DirectEnqueues, KickSuppressions,
 // BatchedPackets; HostReadsEmpty, the other way round: only when off, on
 // every drained socket) as TestOptions checks; the CLI sets them with --vsock-opt, and make

@@ -94,9 +94,12 @@ func TestMaxBuffered(t *testing.T) {
 		sndBuf   = 4096
 		settling = 100 * time.Millisecond
 	)
-	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: 16, ConnBuffer: connBuf, MaxBuffered: limit}})
 	// Small socket buffers on the device's side, so that little of what
-	// the guest sends hides in the kernel.
+	// the guest sends hides in the kernel: SendBuffer off, or the device
+	// would raise them.
+	o := vsock.DefaultOptions
+	o.SendBuffer = false
+	e := newEnv(t, envOpts{cfg: vsock.Config{MaxConns: 16, ConnBuffer: connBuf, MaxBuffered: limit, Options: &o}})
 	e.dial.Script = func(uint32) vsocktest.DialAction {
 		return vsocktest.DialAction{Prep: func(fd int) { _ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, sndBuf) }}
 	}

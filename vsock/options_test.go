@@ -2,7 +2,12 @@ package vsock_test
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/vsocktest"
@@ -214,6 +219,53 @@ func TestPingPongNoHandoff(t *testing.T) {
 			}
 			if d := after.RxPackets - before.RxPackets; d < 2*rounds {
 				t.Errorf("%d packets to the guest in %d round trips each way", d, rounds)
+			}
+		})
+	}
+}
+
+// TestSendBuffer: with SendBuffer the device asks for a send buffer of the
+// connection's window on its end of a guest-initiated connection (Linux
+// grants twice the request, capped by net.core.wmem_max); without it the
+// socket keeps what it had.
+func TestSendBuffer(t *testing.T) {
+	const connBuf = 64 << 10
+	wmemMax := 212992
+	if b, err := os.ReadFile("/proc/sys/net/core/wmem_max"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			wmemMax = n
+		}
+	}
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("on=%v", on), func(t *testing.T) {
+			o := vsock.DefaultOptions
+			o.SendBuffer = on
+			e := newEnv(t, envOpts{cfg: vsock.Config{ConnBuffer: connBuf, Options: &o}})
+			dup := make(chan int, 1)
+			e.dial.Script = func(uint32) vsocktest.DialAction {
+				return vsocktest.DialAction{Prep: func(fd int) {
+					_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096)
+					d, err := unix.Dup(fd)
+					if err != nil {
+						t.Error(err)
+					}
+					dup <- d
+				}}
+			}
+			c, h := e.connectGuest(5000, 1025)
+			e.transfer(c, h, vsocktest.Pattern(1, 1000), vsocktest.Pattern(2, 1000))
+			fd := <-dup
+			defer unix.Close(fd)
+			got, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := 2 * 4096 // what Prep set, doubled by Linux
+			if on {
+				want = 2 * min(connBuf, wmemMax)
+			}
+			if got != want {
+				t.Errorf("SO_SNDBUF %d, want %d", got, want)
 			}
 		})
 	}

@@ -276,6 +276,13 @@ func (s *session) registerFDLocked(c *conn, fd int) error {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		return fmt.Errorf("vsock: host socket: %w", err)
 	}
+	if s.opts.SendBuffer && c.typ == TypeStream {
+		// Best effort: the kernel caps it at net.core.wmem_max (and
+		// doubles it); a socket that refuses keeps its default.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, int(s.d.cfg.ConnBuffer)); err != nil {
+			s.d.log.WithError(err).Debug("vsock: SO_SNDBUF")
+		}
+	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("vsock: epoll add socket: %w", err)

@@ -47,20 +47,21 @@ const envServePeer = "VHUBENCH_SERVE_PEER"
 // a --vsock-opt value for microvm. Issue 9's "no-copybreak" set is gone
 // with the copybreak itself (docs/performance.md says why).
 func optionSets() map[string]string {
-	on := func(kick, direct, batch, short string) string {
-		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s", kick, direct, batch, short)
+	on := func(kick, direct, batch, short, sndbuf string) string {
+		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s", kick, direct, batch, short, sndbuf)
 	}
 	return map[string]string{
-		"all-on":            on("on", "on", "on", "on"),
-		"all-off":           on("off", "off", "off", "off"),
-		"no-direct-enqueue": on("on", "off", "on", "on"),
-		"no-batch":          on("on", "on", "off", "on"),
-		"no-kick-suppress":  on("off", "on", "on", "on"),
-		"no-short-read":     on("on", "on", "on", "off"),
+		"all-on":            on("on", "on", "on", "on", "on"),
+		"all-off":           on("off", "off", "off", "off", "off"),
+		"no-direct-enqueue": on("on", "off", "on", "on", "on"),
+		"no-batch":          on("on", "on", "off", "on", "on"),
+		"no-kick-suppress":  on("off", "on", "on", "on", "on"),
+		"no-short-read":     on("on", "on", "on", "off", "on"),
+		"no-sndbuf":         on("on", "on", "on", "on", "off"),
 	}
 }
 
-var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress", "no-short-read"}
+var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress", "no-short-read", "no-sndbuf"}
 
 // target is one back-end configuration measured.
 type target struct {

@@ -15,14 +15,14 @@ func vsockOptFlag() cli.Flag {
 	return &cli.StringFlag{
 		Name: "vsock-opt",
 		Usage: "vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: " +
-			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, " +
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, sndbuf=on|off, " +
 			"dgram=on|off (experimental datagrams, off by default: host sockets PATH.dgram and PATH_<port>.dgram) " +
 			"(e.g. kick-suppress=off,batch=off)",
 	}
 }
 
 // vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.
-var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "short-read", "dgram"}
+var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "short-read", "sndbuf", "dgram"}
 
 // vsockOpt is what --vsock-opt selects: the data-path optimisations, and
 // whether the device offers datagrams (vsock.Config.Dgram; a feature, not an
@@ -62,6 +62,8 @@ func parseVsockOpt(s string) (vsockOpt, error) {
 			flag = &o.BatchLock
 		case "short-read":
 			flag = &o.ShortReadDrains
+		case "sndbuf":
+			flag = &o.SendBuffer
 		case "dgram":
 			flag = &o.Dgram
 		default:

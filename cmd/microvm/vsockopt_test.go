@@ -29,10 +29,11 @@ func TestParseVsockOpt(t *testing.T) {
 		{"direct-enqueue=off", with(func(o *vsock.Options) { o.DirectEnqueue = false })},
 		{"batch=off", with(func(o *vsock.Options) { o.BatchLock = false })},
 		{"short-read=off", with(func(o *vsock.Options) { o.ShortReadDrains = false })},
+		{"sndbuf=off", with(func(o *vsock.Options) { o.SendBuffer = false })},
 		{"kick-suppress=off,direct-enqueue=on,batch=off",
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, ShortReadDrains: true}},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, ShortReadDrains: true, SendBuffer: true}},
 		{" batch = off , kick-suppress=on", with(func(o *vsock.Options) { o.BatchLock = false })},
-		{"kick-suppress=off,direct-enqueue=off,batch=off,short-read=off", vsock.Options{}},
+		{"kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off", vsock.Options{}},
 	}
 	for _, tc := range tests {
 		got, err := parseVsockOpt(tc.in)
@@ -88,7 +89,7 @@ func TestVsockOptUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, short-read, dgram)`},
+		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, short-read, sndbuf, dgram)`},
 		{"bad boolean", run("batch=no"), `--vsock-opt "batch=no": batch=no: want on or off`},
 		{"no value", run("batch"), `"batch" is not KEY=VALUE`},
 		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},
@@ -113,7 +114,7 @@ func TestRunConfigVsockOpt(t *testing.T) {
 	}{
 		{nil, vsock.DefaultOptions},
 		{[]string{"--vsock-opt", "kick-suppress=off"},
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true}},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true}},
 	} {
 		var got *microvm.Config
 		cmd := runCommand(nil, nil, nil)

@@ -94,7 +94,9 @@ func goRuntime(pid int) []rule {
 // and records themselves, and removing the socket files at teardown.
 func unixSockets() []rule {
 	return append([]rule{
-		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX))},
+		allowIf(unix.SYS_SOCKET, "vsock: guest connections to <uds>_<port>", argIn(0, unix.AF_UNIX)),
+		allowIf(unix.SYS_SETSOCKOPT, "vsock: the host sockets' send buffer (Options.SendBuffer)",
+			argIn(1, unix.SOL_SOCKET), argIn(2, unix.SO_SNDBUF))},
 		socketCalls()...)
 }
 
