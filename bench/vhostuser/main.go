@@ -112,7 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	payloads := fs.String("payloads", "64,4096,65536", "payload sizes (bytes, at most 65536): one application write or message")
 	dirs := fs.String("directions", "h2g,g2h", "directions: h2g (host->guest), g2h (guest->host)")
 	pairs := fs.Int("pairs", 5, "rounds over all targets, alternating the order (the median is reported)")
-	dur := fs.Duration("dur", 300*time.Millisecond, "length of each throughput stream")
+	dur := fs.Duration("dur", time.Second, "length of each throughput stream (at least a second: shorter ones read the noise of a busy machine)")
 	rttDur := fs.Duration("rtt-dur", 150*time.Millisecond, "length of each ping-pong")
 	rttMax := fs.Int("rtt-max", 20000, "most round trips per ping-pong")
 	mode := fs.String("mode", "event", "guest driver: event (sleeps for interrupts) or poll (spins on the used rings)")
