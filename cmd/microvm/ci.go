@@ -199,6 +199,10 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if err != nil || cacheSize < 16<<20 {
 		return usagef("--cache-size %q: want a SIZE of at least 16M", c.String("cache-size"))
 	}
+	pool := c.Int("warm-pool")
+	if pool < 0 {
+		return usagef("--warm-pool %d: want 0 (off) or more", pool)
+	}
 	cacheDir := c.String("cache-dir")
 	if cacheDir == "" {
 		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")
@@ -207,10 +211,6 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	disk := filepath.Join(cacheDir, key+".ext4")
 	if err := ensureCacheDisk(disk, cacheSize); err != nil {
 		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
-	}
-	pool := c.Int("warm-pool")
-	if pool < 0 {
-		return usagef("--warm-pool %d: want 0 (off) or more", pool)
 	}
 	img := jobEnv("CI_JOB_IMAGE", c.String("default-image"))
 	exe, err := os.Executable()

@@ -44,6 +44,12 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	wantError(t, 32, []string{"ci", "gitlab", "run", script, "step_script"}, "ci gitlab run: step_script: ")
 	wantError(t, 32, []string{"ci", "gitlab", "run", filepath.Join(t.TempDir(), "missing.sh"), "step_script"}, "no such file or directory")
 	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--memory", "lots"}, "--memory")
+	// A bad flag is found before anything is made: no cache disk is left.
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--warm-pool", "-1"}, "--warm-pool -1")
+	if _, err := os.Stat(cacheDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused prepare left %s behind (%v)", cacheDir, err)
+	}
 	// cleanup of a job that never started is fine.
 	if status, stdout, stderr := runMain(t, "ci", "gitlab", "cleanup"); status != 0 || stdout != "" || stderr != "" {
 		t.Errorf("cleanup without a VM: status %d, %q, %q", status, stdout, stderr)
