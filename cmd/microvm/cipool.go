@@ -13,10 +13,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/microvm/microvm/internal/atomicfile"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -279,7 +279,8 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// writeJSON writes v to path whole or not at all (a temporary file renamed).
+// writeJSON writes v to path whole or not at all (atomicfile), making
+// its directory first.
 func writeJSON(path string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -288,9 +289,5 @@ func writeJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp := path + ".tmp-" + strings.ReplaceAll(time.Now().Format("150405.000000000"), ".", "")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, b, 0o600)
 }

@@ -11,6 +11,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/microvm/microvm/internal/atomicfile"
 )
 
 // source is an image on its way into the store.
@@ -172,7 +173,7 @@ func convert(ctx context.Context, src source, w *workDir, out string, meta *Imag
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", metaName, err)
 	}
-	if err := writeFileAtomic(filepath.Join(out, metaName), append(b, '\n'), 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(out, metaName), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", metaName, err)
 	}
 	return nil

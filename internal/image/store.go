@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/microvm/microvm/internal/atomicfile"
 	"golang.org/x/sys/unix"
 )
 
@@ -141,56 +142,10 @@ func (s *Store) writeRefs(refs map[string]string) error {
 	if err != nil {
 		return fmt.Errorf("encode refs: %w", err)
 	}
-	if err := writeFileAtomic(s.path(refsFile), append(b, '\n'), 0o600); err != nil {
+	if err := atomicfile.Write(s.path(refsFile), append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("write refs: %w", err)
 	}
 	return nil
-}
-
-// writeFileAtomic writes data to a temporary file beside path, syncs it,
-// renames it to path and syncs the directory.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // imageIDs lists the IDs stored under images/.
@@ -491,4 +446,13 @@ func (s *Store) setNames(id string, names []string) (*Image, error) {
 		}
 	}
 	return s.load(id, refs)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
