@@ -51,7 +51,7 @@ func agentDialFlags() []cli.Flag {
 		&cli.StringFlag{Name: "uds", Usage: "the VM's vsock Unix socket (--vsock-uds of microvm run) (required)"},
 		&cli.Uint64Flag{Name: "port", Value: agentPort, Usage: "the agent's guest vsock port"},
 		&cli.DurationFlag{Name: "connect-timeout", Value: 5 * time.Second, Usage: "how long to wait for the agent to accept"},
-	}, logFlags()...)
+	}, cliFlags(logFlags())...)
 }
 
 // agentAddr is where an agent listens.

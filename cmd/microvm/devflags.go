@@ -4,15 +4,13 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/microvm/microvm"
 )
 
 // deviceFlag is a device kind's flag (microvm.Flag) on the command line:
 // its values are kept, in order, and applied to the Config once all flags
-// are parsed (readDeviceFlags). A cli.Generic rather than a string slice,
-// which would split values at their commas.
+// are parsed (readDeviceFlags). A value of its own rather than a string
+// slice, which urfave/cli would split at commas.
 type deviceFlag struct {
 	vals []string
 }
@@ -29,30 +27,21 @@ func (*boolDeviceFlag) IsBoolFlag() bool { return true }
 
 // deviceFlags are the flags of every device kind (microvm.DeviceFlags) and
 // the metrics socket, for run and exec.
-func deviceFlags() []cli.Flag {
-	var fs []cli.Flag
+func deviceFlags() []opt {
+	var fs []opt
 	for _, f := range microvm.DeviceFlags() {
-		var v cli.Generic = &deviceFlag{}
+		var v flagValue = &deviceFlag{}
 		if f.Bool {
 			v = &boolDeviceFlag{}
 		}
-		fs = append(fs, &cli.GenericFlag{Name: f.Name, Usage: f.Usage, DefaultText: f.Default, Value: v})
+		fs = append(fs, valueOpt(f.Name, v, f.Default, f.Usage))
 	}
-	return append(fs, &cli.StringFlag{Name: "metrics-socket", Usage: "serve the VM's metrics (Prometheus text format, GET /metrics) over HTTP on this Unix socket (docs/metrics.md)"})
-}
-
-// deviceSynopsis is the device flags as a usage line shows them.
-func deviceSynopsis() string {
-	var s []string
-	for _, f := range microvm.DeviceFlags() {
-		s = append(s, f.Synopsis)
-	}
-	return strings.Join(append(s, "[--metrics-socket PATH]"), " ")
+	return append(fs, stringOpt("metrics-socket", "", "serve the VM's metrics (Prometheus text format, GET /metrics) over HTTP on this Unix socket (docs/metrics.md)"))
 }
 
 // readDeviceFlags applies the device flags, and the metrics socket, to
 // cfg: the kinds' defaults first, then each flag's values in order.
-func readDeviceFlags(c *cli.Context, cfg *microvm.Config) error {
+func readDeviceFlags(c flagValues, cfg *microvm.Config) error {
 	cfg.MetricsSocket = c.String("metrics-socket")
 	if isSet(c, "metrics-socket") && cfg.MetricsSocket == "" {
 		return usagef("--metrics-socket needs a path")

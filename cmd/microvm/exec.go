@@ -54,21 +54,18 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				&cli.StringFlag{Name: "vm", Usage: "run CMD in the running named VM NAME (microvm run --name NAME --with-agent) instead of a fresh one"},
 				&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
 			},
-			rootImageFlags(),
-			imageFlags(),
+			cliFlags(rootImageFlags(), imageFlags()),
 			[]cli.Flag{
 				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
 				&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
 			},
 			guestCmdFlags(),
-			deviceFlags(),
+			cliFlags(deviceFlags()),
 			[]cli.Flag{
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
 				&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "say nothing while the VM boots (on a terminal, a line tells the wait after a second)"},
-				chrootFlag(),
-				seccompFlag(),
 			},
-			logFlags()),
+			cliFlags([]opt{chrootFlag(), seccompFlag()}, logFlags())),
 		Action: func(c *cli.Context) error {
 			log, err := setupLog(c, stderr)
 			if err != nil {

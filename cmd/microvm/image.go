@@ -149,7 +149,7 @@ func imagePullFlags() []cli.Flag {
 	return append([]cli.Flag{
 		&cli.StringFlag{Name: "platform", Value: "linux/amd64", Usage: "the platform to take from a multi-platform image"},
 		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
-	}, logFlags()...)
+	}, cliFlags(logFlags())...)
 }
 
 // openImages opens the image store under the state directory.

@@ -22,7 +22,7 @@ func initramfsCommand() *cli.Command {
 		OnUsageError: onUsageError,
 		Flags: concatFlags([]cli.Flag{
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "the file to write (through OUT.tmp, renamed when complete) (required)"},
-		}, imageFlags()),
+		}, cliFlags(imageFlags())),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("initramfs: unexpected argument %q", c.Args().First())

@@ -10,61 +10,51 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/microvm/microvm"
 )
 
-// execCommand, in the lean build, hands `microvm exec ...` to microvm-full
-// (handoff.go).
-func execCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
-	return handoffCommand("exec", execUsage)
-}
-
-// agentCommand, in the lean build, hands `microvm agent ...` to
-// microvm-full.
-func agentCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
-	return handoffCommand("agent", agentUsage)
-}
-
-// initramfsCommand, in the lean build, hands `microvm initramfs ...` to
-// microvm-full.
-func initramfsCommand() *cli.Command { return handoffCommand("initramfs", initramfsUsage) }
-
-// mkfsCommand, in the lean build, hands `microvm mkfs ...` to
-// microvm-full.
-func mkfsCommand() *cli.Command { return handoffCommand("mkfs", mkfsUsage) }
-
-// vhostUserVsockCommand, in the lean build, hands `microvm
-// vhost-user-vsock ...` to microvm-full.
-func vhostUserVsockCommand(io.Writer, io.Writer) *cli.Command {
-	return handoffCommand("vhost-user-vsock", vhostUserUsage)
-}
-
-// imageCommand, in the lean build, hands `microvm image ...` to
-// microvm-full.
-func imageCommand(io.Writer, io.Writer) *cli.Command { return handoffCommand("image", imageUsage) }
-
-// ciCommand, in the lean build, hands `microvm ci ...` to microvm-full.
-func ciCommand(io.Writer, io.Writer) *cli.Command { return handoffCommand("ci", ciUsage) }
-
-// connectCommand, in the lean build, hands `microvm vsock-connect ...` to
-// microvm-full.
-func connectCommand(io.Reader, io.Writer, io.Writer) *cli.Command {
-	return handoffCommand("vsock-connect", connectUsage)
-}
-
-// runNamed, in the lean build, hands `microvm run` with --name, --detach
-// or --with-agent to microvm-full, which runs named VMs.
-func runNamed(*cli.Context, io.Reader, io.Writer, io.Writer) error { return handOff("run") }
-
-// The named VMs' commands, in the lean build, hand over to microvm-full.
-func namedCommands(io.Reader, io.Writer, io.Writer) []*cli.Command {
-	var cs []*cli.Command
-	for _, n := range namedCommandNames {
-		cs = append(cs, handoffCommand(n.name, n.usage))
+// Main, in the lean build, runs `run` and `version` and hands every other
+// command line, help and version flags included, to microvm-full (main.go):
+// the full build parses it with urfave/cli, so help, usage errors and the
+// other commands read as they always have.
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) < 2 {
+		return exitStatus(handOff("help"), stderr)
 	}
-	return cs
+	switch cmd, rest := args[1], args[2:]; {
+	case cmd == "run":
+		return exitStatus(leanRun(rest, stdin, stdout, stderr), stderr)
+	case cmd == "version" && len(rest) == 0:
+		fmt.Fprintf(stdout, "microvm %s\n", Version)
+		return 0
+	case (cmd == "--version" || cmd == "-v") && len(rest) == 0:
+		// urfave/cli's version flag, as the full build prints it.
+		fmt.Fprintf(stdout, "microvm version %s\n", Version)
+		return 0
+	default:
+		return exitStatus(handOff(cmd), stderr)
+	}
+}
+
+// leanRun is `microvm run` in the lean build. A command line the standard
+// flag package refuses (or one asking for help) goes to microvm-full,
+// whose urfave/cli says what is wrong, or shows the help, as before; so
+// does one for a named VM.
+func leanRun(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	c, rest, err := parseLeanFlags("run", runOpts(), args)
+	if err != nil {
+		if herr := handOff("run"); !errors.Is(herr, errNoFullBuild) {
+			return herr
+		}
+		return usageError{fmt.Errorf("run: %w", err)}
+	}
+	if err := checkRunArgs(c, rest); err != nil {
+		return err
+	}
+	if wantsNamed(c) {
+		return handOff("run")
+	}
+	return runPlain(c, stdin, stdout, stderr)
 }
 
 // runInFullBuild, in the lean build, hands `microvm run` to microvm-full
@@ -75,19 +65,6 @@ func runInFullBuild(cfg microvm.Config) (bool, error) {
 		return true, handOff("run")
 	}
 	return false, nil
-}
-
-// handoffCommand is a command whose flags and arguments, help included,
-// are microvm-full's to parse: it replaces this process with microvm-full
-// and the same command line.
-func handoffCommand(name, usage string) *cli.Command {
-	return &cli.Command{
-		Name:            name,
-		Usage:           usage,
-		SkipFlagParsing: true,
-		HideHelp:        true,
-		Action:          func(*cli.Context) error { return handOff(name) },
-	}
 }
 
 // handOff replaces this process with microvm-full and the same command

@@ -98,14 +98,68 @@ func TestLeanBuild(t *testing.T) {
 		{"mkfs", "-o", "i.img"},
 		{"run", "--name", "ci1", "--detach", "--kernel", "k"}, // named VMs run in the full build
 		{"ls", "--json"},
+		{"run", "--help"}, // help and refused flags: urfave/cli's words
+		{"run", "--kernel", "k", "--bogus"},
+		{"--help"},
+		{},
 	} {
 		out, err := exec.Command(lean, args...).Output()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 7 || string(out) != "full: "+strings.Join(args, " ")+"\n" {
 			t.Errorf("%v: %v, stdout %q; want the stand-in's status 7 and its arguments", args, err, out)
 		}
 	}
-	// run is the lean build's own.
+	// run and version are the lean build's own.
 	if out, err := exec.Command(lean, "run").CombinedOutput(); err == nil || !strings.Contains(string(out), "--kernel is required") {
 		t.Errorf("run without --kernel: %v, %q; want the lean build's own usage error", err, out)
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if out, err := exec.Command(lean, args...).CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "microvm ") {
+			t.Errorf("%v: %v, %q; want the lean build's own answer", args, err, out)
+		}
+	}
+	// A flag the lean parser refuses, with no microvm-full: its own usage
+	// error, status 2.
+	os.Remove(filepath.Join(dir, "microvm-full"))
+	cmd = exec.Command(lean, "run", "--kernel", "k", "--bogus")
+	cmd.Env = append(os.Environ(), "PATH=/nonexistent")
+	if out, err := cmd.CombinedOutput(); exitCode(err) != 2 || string(out) != "microvm: run: flag provided but not defined: -bogus\n" {
+		t.Errorf("run --bogus without microvm-full: %v, %q; want status 2 and the flag's error", err, out)
+	}
+}
+
+// exitCode is a finished command's exit status (-1 when it did not exit).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// TestLeanDeps: the lean build links neither urfave/cli nor what it brings
+// (a regexp compiled at start-up, text/template for help), which the full
+// build links; docs/benchmarks.md ("Start-up") has what that saves.
+func TestLeanDeps(t *testing.T) {
+	deps := func(tags string) map[string]bool {
+		out, err := exec.Command("go", "list", "-deps", "-tags", tags, ".").Output()
+		if err != nil {
+			t.Fatalf("go list -deps -tags %q: %v", tags, err)
+		}
+		m := map[string]bool{}
+		for _, p := range strings.Fields(string(out)) {
+			m[p] = true
+		}
+		return m
+	}
+	lean, full := deps("microvm_lean,urfave_cli_no_docs"), deps("urfave_cli_no_docs")
+	for _, p := range []string{"github.com/urfave/cli/v2", "text/template", "regexp"} {
+		if lean[p] {
+			t.Errorf("the lean build imports %s", p)
+		}
+		if !full[p] {
+			t.Errorf("the full build does not import %s: the check above proves nothing", p)
+		}
 	}
 }

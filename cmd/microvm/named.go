@@ -863,7 +863,7 @@ func printLogs(w io.Writer, name string, follow bool) error {
 func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cli.Command {
 	return &cli.Command{
 		Name: "cp", Usage: usage, UsageText: "microvm cp SRC DST   (one of them NAME:/PATH)", OnUsageError: onUsageError,
-		Flags: logFlags(),
+		Flags: cliFlags(logFlags()),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return usagef("cp: want SRC and DST, one of them NAME:/PATH (got %d arguments)", c.NArg())

@@ -69,7 +69,7 @@ func TestProgress(t *testing.T) {
 func TestLogFormat(t *testing.T) {
 	var logged bytes.Buffer
 	var got error
-	app := &cli.App{Name: "t", Flags: logFlags(), Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{},
+	app := &cli.App{Name: "t", Flags: cliFlags(logFlags()), Writer: &bytes.Buffer{}, ErrWriter: &bytes.Buffer{},
 		Action: func(c *cli.Context) error {
 			l, err := setupLog(c, &logged)
 			if err != nil {

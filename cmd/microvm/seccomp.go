@@ -6,7 +6,6 @@ import (
 	"syscall"
 
 	"github.com/sirupsen/logrus"
-	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/seccomp"
@@ -28,16 +27,16 @@ const seccompHint = "--seccomp=off runs without the filter; docs/security.md"
 
 // seccompFlag is --seccomp, on by default, for the commands that run a
 // device: run, exec, vhost-user-vsock.
-func seccompFlag() cli.Flag {
-	return &cli.GenericFlag{Name: "seccomp", Value: &onOff{on: true}, DefaultText: "on",
-		Usage: "confine microvm to the system calls it needs once the VM is set up; a forbidden call ends it with one line naming the call, status 159 (--seccomp=off to debug; docs/security.md)"}
+func seccompFlag() opt {
+	return valueOpt("seccomp", &onOff{on: true}, "on",
+		"confine microvm to the system calls it needs once the VM is set up; a forbidden call ends it with one line naming the call, status 159 (--seccomp=off to debug; docs/security.md)")
 }
 
 // confine installs policy's seccomp filter on the whole process unless
 // --seccomp=off says not to. It is called once the machine (or back-end)
 // is set up and before it runs guest-driven code. A kernel without seccomp
 // filters is an error that names the way out.
-func confine(c *cli.Context, policy seccomp.Policy, log logrus.FieldLogger) error {
+func confine(c flagValues, policy seccomp.Policy, log logrus.FieldLogger) error {
 	if o, ok := c.Generic("seccomp").(*onOff); ok && !o.on {
 		log.Info("seccomp: filter off (--seccomp=off)")
 		return nil
@@ -61,11 +60,11 @@ func confine(c *cli.Context, policy seccomp.Policy, log logrus.FieldLogger) erro
 
 // privilegeFlags are run's --chroot, --uid and --gid: the root directory
 // and the identity microvm takes once the machine is set up.
-func privilegeFlags() []cli.Flag {
-	return []cli.Flag{
+func privilegeFlags() []opt {
+	return []opt{
 		chrootFlag(),
-		&cli.Int64Flag{Name: "uid", Usage: "once the VM is set up, run as this user (with --gid; needs the privilege to change user)"},
-		&cli.Int64Flag{Name: "gid", Usage: "once the VM is set up, run as this group, with no supplementary groups (with --uid)"},
+		int64Opt("uid", "once the VM is set up, run as this user (with --gid; needs the privilege to change user)"),
+		int64Opt("gid", "once the VM is set up, run as this group, with no supplementary groups (with --uid)"),
 	}
 }
 
@@ -76,7 +75,7 @@ type identity struct {
 	uid, gid int
 }
 
-func readPrivilegeFlags(c *cli.Context) (identity, error) {
+func readPrivilegeFlags(c flagValues) (identity, error) {
 	if !isSet(c, "uid") && !isSet(c, "gid") {
 		return identity{}, nil
 	}
@@ -119,13 +118,13 @@ func dropPrivileges(id identity, log logrus.FieldLogger) error {
 
 // chrootFlag is --chroot, for the commands that run a device: run, exec,
 // vhost-user-vsock.
-func chrootFlag() cli.Flag {
-	return &cli.StringFlag{Name: "chroot", Usage: "once set up, make DIR the root directory (needs CAP_SYS_CHROOT); paths on the command line are host paths, and the sockets used at run time (vsock, metrics) must lie inside DIR (docs/security.md)"}
+func chrootFlag() opt {
+	return stringOpt("chroot", "", "once set up, make DIR the root directory (needs CAP_SYS_CHROOT); paths on the command line are host paths, and the sockets used at run time (vsock, metrics) must lie inside DIR (docs/security.md)")
 }
 
 // readChroot checks --chroot and returns its directory's canonical host
 // path, or "" when it was not given.
-func readChroot(c *cli.Context) (string, error) {
+func readChroot(c flagValues) (string, error) {
 	if !isSet(c, "chroot") {
 		return "", nil
 	}

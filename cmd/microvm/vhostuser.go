@@ -36,7 +36,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
 			&cli.StringFlag{Name: "metrics-socket", Usage: "serve the device's counters in the Prometheus text format over HTTP on this Unix socket (docs/metrics.md)"},
-		}, vsockLimitFlags(""), []cli.Flag{vsockOptFlag(), chrootFlag(), seccompFlag()}, logFlags()),
+		}, cliFlags(vsockLimitFlags(""), []opt{vsockOptFlag(), chrootFlag(), seccompFlag()}, logFlags())),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())

@@ -3,22 +3,18 @@ package main
 import (
 	"strings"
 
-	"github.com/urfave/cli/v2"
-
 	"github.com/microvm/microvm/vsock"
 )
 
 // vsockOptFlag is --vsock-opt, shared by `run` and `vhost-user-vsock`: the
 // vsock device's data-path optimisations (vsock.Options), each switchable so
 // it can be measured on and off (docs/performance.md).
-func vsockOptFlag() cli.Flag {
-	return &cli.StringFlag{
-		Name: "vsock-opt",
-		Usage: "vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: " +
-			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, sndbuf=on|off, " +
-			"dgram=on|off (experimental datagrams, off by default: host sockets PATH.dgram and PATH_<port>.dgram) " +
-			"(e.g. kick-suppress=off,batch=off)",
-	}
+func vsockOptFlag() opt {
+	return stringOpt("vsock-opt", "",
+		"vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: "+
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, sndbuf=on|off, "+
+			"dgram=on|off (experimental datagrams, off by default: host sockets PATH.dgram and PATH_<port>.dgram) "+
+			"(e.g. kick-suppress=off,batch=off)")
 }
 
 // vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.

@@ -1,19 +1,14 @@
+//go:build !microvm_lean
+
 package main
 
-// The CLI has two builds. The full build of this package (go build
-// ./cmd/microvm, go install, the tests) holds every command. `make` builds
-// two binaries from it: bin/microvm-full, the full build, and bin/microvm,
-// the lean build (tags microvm_lean and urfave_cli_no_docs), which holds
-// `run` and `version` and hands every other command line over to
-// microvm-full (lean.go): exec and agent, the guest image tools initramfs
-// and mkfs, vhost-user-vsock and vsock-connect. So `microvm run` neither
-// links nor initialises what only they use (gRPC, protobuf, whose detrand
-// reads the executable at start-up, the cpio, gzip and ELF readers, the
-// vhost-user back-end, urfave/cli's man-page generator), and the user
-// still types `microvm exec`. docs/benchmarks.md ("Start-up") measures
-// both.
+import (
+	"strings"
 
-// Usage lines of the handed-over commands, the same in both builds.
+	"github.com/microvm/microvm"
+)
+
+// Usage lines of the commands the lean build hands over, as help lists them.
 const (
 	execUsage      = "run a command in a fresh VM through the guest agent"
 	agentUsage     = "talk to the guest agent of a running VM through its vsock Unix socket"
@@ -25,8 +20,8 @@ const (
 	imageUsage     = "pull, import, list and remove OCI images, the root file systems of exec --image and run --image"
 )
 
-// namedCommandNames are the named VMs' commands (named.go), with the
-// usage lines both builds show.
+// namedCommandNames are the named VMs' commands (named.go), with their
+// usage lines.
 var namedCommandNames = []struct{ name, usage string }{
 	{"ls", "list the named VMs"},
 	{"stop", "stop a named VM: its agent powers the guest off, or it is stopped after --timeout"},
@@ -36,4 +31,13 @@ var namedCommandNames = []struct{ name, usage string }{
 	{"cp", "copy a file into or out of a named VM: NAME:/PATH as SRC or DST"},
 	{"pause", "hold a named VM's vCPUs"},
 	{"resume", "let a paused VM run"},
+}
+
+// deviceSynopsis is the device flags as a usage line shows them.
+func deviceSynopsis() string {
+	var s []string
+	for _, f := range microvm.DeviceFlags() {
+		s = append(s, f.Synopsis)
+	}
+	return strings.Join(append(s, "[--metrics-socket PATH]"), " ")
 }
