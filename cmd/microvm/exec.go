@@ -674,4 +674,4 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 }
 
 // runInFullBuild: this is the full build; it runs every machine itself.
-func runInFullBuild(microvm.Config) (bool, error) { return false, nil }
+func runInFullBuild(flagValues, microvm.Config) (bool, error) { return false, nil }

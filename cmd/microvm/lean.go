@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/microvm/microvm"
 )
 
@@ -58,14 +60,19 @@ func leanRun(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 }
 
 // runInFullBuild, in the lean build, hands `microvm run` to microvm-full
-// when the machine is on a user-mode network: starting and reaping its
-// microvm-net process is code the lean build leaves out.
-func runInFullBuild(cfg microvm.Config) (bool, error) {
-	if cfg.HasUserNet() {
+// when the machine is on a user-mode network (starting and reaping its
+// microvm-net process is code the lean build leaves out) or --cpuprofile
+// asks for a profile (runtime/pprof, with compress/gzip).
+func runInFullBuild(c flagValues, cfg microvm.Config) (bool, error) {
+	if cfg.HasUserNet() || isSet(c, "cpuprofile") {
 		return true, handOff("run")
 	}
 	return false, nil
 }
+
+// startCPUProfile is never reached in the lean build: runInFullBuild
+// hands --cpuprofile over.
+func startCPUProfile(flagValues, logrus.FieldLogger) (func(), error) { return func() {}, nil }
 
 // handOff replaces this process with microvm-full and the same command
 // line.

@@ -97,6 +97,7 @@ func TestLeanBuild(t *testing.T) {
 		{"vhost-user-vsock", "--socket", "x"},
 		{"mkfs", "-o", "i.img"},
 		{"run", "--name", "ci1", "--detach", "--kernel", "k"}, // named VMs run in the full build
+		{"run", "--kernel", "k", "--cpuprofile", "p"},         // runtime/pprof is in the full build only
 		{"ls", "--json"},
 		{"run", "--help"}, // help and refused flags: urfave/cli's words
 		{"run", "--kernel", "k", "--bogus"},

@@ -42,7 +42,7 @@ func runOpts() []opt {
 	}
 	var all []opt
 	for _, g := range [][]opt{base, vsockLimitFlags("vsock-"), {vsockOptFlag()}, deviceFlags(),
-		privilegeFlags(), {seccompFlag()}, logFlags(), namedFlags()} {
+		privilegeFlags(), {seccompFlag(), cpuProfileFlag()}, logFlags(), namedFlags()} {
 		all = append(all, g...)
 	}
 	return all
@@ -75,7 +75,7 @@ func runPlain(c flagValues, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if elsewhere, err := runInFullBuild(cfg); elsewhere {
+	if elsewhere, err := runInFullBuild(c, cfg); elsewhere {
 		return err
 	}
 	ids, err := readPrivilegeFlags(c)
@@ -97,6 +97,11 @@ func runPlain(c flagValues, stdin io.Reader, stdout, stderr io.Writer) error {
 	cfg.Log = log
 	cfg.Console = stdout
 	cfg.ConsoleInput = stdin
+	stopProfile, err := startCPUProfile(c, log)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	return runMachine(cfg, log, func() error {
 		if err := enterChroot(root, log); err != nil {
 			return err
@@ -104,8 +109,22 @@ func runPlain(c flagValues, stdin io.Reader, stdout, stderr io.Writer) error {
 		if err := dropPrivileges(ids, log); err != nil {
 			return err
 		}
-		return confine(c, vmmPolicy(cfg), log)
+		return confine(c, profiled(c, vmmPolicy(cfg)), log)
 	})
+}
+
+// cpuProfileFlag is --cpuprofile, on run and vhost-user-vsock.
+func cpuProfileFlag() opt {
+	return stringOpt("cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file, for go tool pprof (docs/performance.md)")
+}
+
+// profiled is policy, plus the CPU profiler's calls when --cpuprofile is
+// given.
+func profiled(c flagValues, policy seccomp.Policy) seccomp.Policy {
+	if c.String("cpuprofile") != "" {
+		return policy.WithCPUProfiling()
+	}
+	return policy
 }
 
 // vmmPolicy is the seccomp allow-list for a machine of cfg: on a

@@ -29,14 +29,14 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
 		Usage:        vhostUserUsage,
-		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--metrics-socket PATH] [--chroot DIR] [--seccomp=off]",
+		UsageText:    "microvm vhost-user-vsock --socket PATH --guest-cid N --uds-path PATH [--vsock-opt LIST] [--metrics-socket PATH] [--chroot DIR] [--seccomp=off] [--cpuprofile FILE]",
 		OnUsageError: onUsageError,
 		Flags: concatFlags([]cli.Flag{
 			&cli.StringFlag{Name: "socket", Usage: "vhost-user socket QEMU connects to (required)"},
 			&cli.Uint64Flag{Name: "guest-cid", Value: 3, Usage: "the guest's CID (>= 3)"},
 			&cli.StringFlag{Name: "uds-path", Usage: "host Unix socket: clients send CONNECT <port>; guest connections to port P go to PATH_P (required)"},
 			&cli.StringFlag{Name: "metrics-socket", Usage: "serve the device's counters in the Prometheus text format over HTTP on this Unix socket (docs/metrics.md)"},
-		}, cliFlags(vsockLimitFlags(""), []opt{vsockOptFlag(), chrootFlag(), seccompFlag()}, logFlags())),
+		}, cliFlags(vsockLimitFlags(""), []opt{vsockOptFlag(), chrootFlag(), seccompFlag(), cpuProfileFlag()}, logFlags())),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("vhost-user-vsock: unexpected argument %q", c.Args().First())
@@ -131,6 +131,12 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				}
 				defer srv.Close()
 			}
+			stopProfile, err := startCPUProfile(c, log)
+			if err != nil {
+				be.Close()
+				return err
+			}
+			defer stopProfile()
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 			defer signal.Stop(sigs)
@@ -138,7 +144,7 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 				be.Close()
 				return err
 			}
-			if err := confine(c, seccomp.VhostUserVsock(), log); err != nil {
+			if err := confine(c, profiled(c, seccomp.VhostUserVsock()), log); err != nil {
 				be.Close()
 				return err
 			}

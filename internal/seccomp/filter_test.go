@@ -239,6 +239,41 @@ func TestVhostUserPolicy(t *testing.T) {
 	}
 }
 
+// TestCPUProfilingPolicy: WithCPUProfiling adds the profiler's timers to a
+// policy that has none, and leaves the rest as it was.
+func TestCPUProfilingPolicy(t *testing.T) {
+	for _, p := range []Policy{VMM(), VhostUserVsock()} {
+		plain, err := compile(p, unix.AUDIT_ARCH_X86_64, testDeny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prof, err := compile(p.WithCPUProfiling(), unix.AUDIT_ARCH_X86_64, testDeny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name        string
+			d           seccompData
+			plain, prof string
+		}{
+			{"timer_create", call(unix.SYS_TIMER_CREATE), "deny", "allow"},
+			{"timer_settime", call(unix.SYS_TIMER_SETTIME), "deny", "allow"},
+			{"timer_delete", call(unix.SYS_TIMER_DELETE), "deny", "allow"},
+			{"setitimer", call(unix.SYS_SETITIMER), "deny", "allow"},
+			{"futex", call(unix.SYS_FUTEX), "allow", "allow"},
+			{"openat", call(unix.SYS_OPENAT), ifCgo(fmt.Sprintf("errno %d", unix.EACCES), "deny"), fmt.Sprintf("errno %d", unix.EACCES)},
+			{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
+		} {
+			if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
+				t.Errorf("%s: %s: %s, want %s", p.Name(), tc.name, got, tc.plain)
+			}
+			if got := actionName(runFilter(t, prof, tc.d)); got != tc.prof {
+				t.Errorf("%s with profiling: %s: %s, want %s", p.Name(), tc.name, got, tc.prof)
+			}
+		}
+	}
+}
+
 // TestPolicyRules: every rule of both policies names a known call and says
 // who needs it; each policy compiles for every deny action.
 func TestPolicyRules(t *testing.T) {

@@ -237,3 +237,26 @@ func VhostUserVsock() Policy {
 	)
 	return Policy{name: "microvm vhost-user-vsock", rules: rules}
 }
+
+// WithCPUProfiling is p plus what the Go runtime's CPU profiler calls
+// (--cpuprofile): each thread's profiling timer (timer_create,
+// timer_settime, timer_delete, set as threads run) and the process's
+// (setitimer). The profile itself is written to a descriptor opened
+// before the filter. runtime/pprof's writer goroutine also reads
+// /proc/self/maps when it starts, which may be after the filter is on:
+// that openat fails with EACCES rather than ending the process, and the
+// profile then carries one faked mapping (functions are named in the
+// profile itself, so it still reads whole).
+func (p Policy) WithCPUProfiling() Policy {
+	rules := append([]rule(nil), p.rules...)
+	rules = append(rules,
+		allow(unix.SYS_TIMER_CREATE, "--cpuprofile: a thread's profiling timer"),
+		allow(unix.SYS_TIMER_SETTIME, "--cpuprofile: a thread's profiling timer"),
+		allow(unix.SYS_TIMER_DELETE, "--cpuprofile: a thread's profiling timer"),
+		allow(unix.SYS_SETITIMER, "--cpuprofile: the process's profiling timer"),
+	)
+	if !hasRule(rules, unix.SYS_OPENAT) {
+		rules = append(rules, fail(unix.SYS_OPENAT, unix.EACCES, "--cpuprofile: runtime/pprof's /proc/self/maps, refused without ending the process"))
+	}
+	return Policy{name: p.name + " (CPU profiling)", rules: rules}
+}
