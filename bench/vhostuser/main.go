@@ -70,6 +70,9 @@ type target struct {
 	argv    []string // command template
 	bin     string   // {bin}
 	vsockOp string   // {opts}
+	// bufAlloc, when not 0, is the guest's receive window for this
+	// target instead of -buf-alloc (the -wide-buf-alloc rows).
+	bufAlloc uint32
 }
 
 // runner holds a run's settings and the peer process.
@@ -119,6 +122,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	queueSize := fs.Int("queue-size", 256, "RX and TX ring size")
 	rxBuf := fs.Int("rx-buf", 4096, "payload room of each guest RX buffer (Linux: 4096)")
 	bufAlloc := fs.Int("buf-alloc", 256<<10, "the guest's receive window per connection (Linux: 256 KiB)")
+	wideBufAlloc := fs.Int("wide-buf-alloc", 1<<20, "also measure microvm all-on and the peer with this guest window (bytes; 0: no such rows)")
 	noEventIdx := fs.Bool("no-event-idx", false, "do not negotiate VIRTIO_F_EVENT_IDX")
 	publish := fs.String("tx-publish", string(vhufront.PublishPacket), "when the guest driver publishes TX packets (and may kick): packet (each as queued, as Linux) or turn (all of a turn together)")
 	timeout := fs.Duration("timeout", 20*time.Second, "bound on every wait beyond a measurement's own length")
@@ -151,6 +155,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		if !set["options"] {
 			*options = "all-on,all-off"
+		}
+		if !set["wide-buf-alloc"] {
+			*wideBufAlloc = 0
 		}
 	}
 	usage := func(format string, args ...any) int {
@@ -197,8 +204,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *queueSize < 2 || *queueSize > 32768 || *queueSize&(*queueSize-1) != 0 {
 		return usage("-queue-size %d: want a power of 2 from 2 to 32768", *queueSize)
 	}
-	if *rxBuf < 1 || *rxBuf > vhufront.MaxPayload || *bufAlloc < 1 || *bufAlloc > 1<<30 {
-		return usage("-rx-buf 1..65536 and -buf-alloc 1..1G")
+	if *rxBuf < 1 || *rxBuf > vhufront.MaxPayload || *bufAlloc < 1 || *bufAlloc > 1<<30 || *wideBufAlloc < 0 || *wideBufAlloc > 1<<30 {
+		return usage("-rx-buf 1..65536, -buf-alloc 1..1G and -wide-buf-alloc 0..1G")
+	}
+	if *wideBufAlloc > 0 && *wideBufAlloc != *bufAlloc {
+		// The same back-ends with a wider guest window: microvm all-on and
+		// the peer, each once more per pair.
+		var wide []target
+		for _, t := range targets {
+			if t.options == "all-on" {
+				t.options = "all-on " + windowLabel(*wideBufAlloc)
+				t.bufAlloc = uint32(*wideBufAlloc)
+				wide = append(wide, t)
+			}
+		}
+		targets = append(targets, wide...)
 	}
 	for _, t := range targets {
 		if _, err := exec.LookPath(t.bin); err != nil {
@@ -305,6 +325,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// windowLabel names a wide-window target's options: "win=1M".
+func windowLabel(n int) string {
+	switch {
+	case n%(1<<20) == 0:
+		return fmt.Sprintf("win=%dM", n>>20)
+	case n%(1<<10) == 0:
+		return fmt.Sprintf("win=%dK", n>>10)
+	}
+	return fmt.Sprintf("win=%d", n)
+}
+
 // binaryVersion asks a back-end binary for its version (bounded: a
 // binary that does not know the flag may start serving instead).
 func binaryVersion(t target) string {
@@ -406,7 +437,11 @@ func (r *runner) runTarget(t target, cells []cell, pair int) ([]sample, []string
 	if err != nil {
 		return nil, failed(nil, err)
 	}
-	g, err := be.connect(r.guest, r.timeout)
+	cfg := r.guest
+	if t.bufAlloc != 0 {
+		cfg.BufAlloc = t.bufAlloc
+	}
+	g, err := be.connect(cfg, r.timeout)
 	if err != nil {
 		_ = be.stop()
 		return nil, failed(nil, err)

@@ -44,7 +44,7 @@ func TestQuickRun(t *testing.T) {
 	args := []string{"-quick", "-microvm", microvm, "-options", strings.Join(allOptions, ","),
 		"-payloads", "64,65536", "-peer", microvm,
 		"-peer-cmd", "{bin} vhost-user-vsock --socket {socket} --guest-cid {cid} --uds-path {uds}",
-		"-json", rowsPath, "-runs-json", runsPath, "-dgram-payloads", ""}
+		"-json", rowsPath, "-runs-json", runsPath, "-dgram-payloads", "", "-wide-buf-alloc", "1048576"}
 	if status := run(args, &stdout, &stderr); status != 0 {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", status, &stdout, &stderr)
 	}
@@ -54,9 +54,9 @@ func TestQuickRun(t *testing.T) {
 	fields := []string{"backend", "options", "direction", "payload", "bytes_per_s", "msgs_per_s", "rtt_p50_ns",
 		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s",
 		"tx_busy_kicks_per_mib", "backend_syscalls_per_mib", "backend_switches_per_mib"}
-	// Every option set and the peer, 2 directions, 2 payloads, stream and
-	// ping-pong.
-	if want := (len(allOptions) + 1) * 2 * 2 * 2; len(rows) != want {
+	// Every option set and the peer, and both again with the wide window
+	// (all-on only), 2 directions, 2 payloads, stream and ping-pong.
+	if want := (len(allOptions) + 1 + 2) * 2 * 2 * 2; len(rows) != want {
 		t.Fatalf("%d rows, want %d", len(rows), want)
 	}
 	seen := map[string]bool{}
@@ -100,13 +100,19 @@ func TestQuickRun(t *testing.T) {
 		}
 		seen[id] = true
 	}
+	for _, b := range []string{"microvm", "peer"} {
+		if !seen[b+" all-on win=1M h2g 65536 tput"] {
+			t.Errorf("no wide-window row for %s", b)
+		}
+	}
 	if cpu <= 0 {
 		t.Error("no back-end CPU time in any row")
 	}
 	var rep report
 	readJSON(t, runsPath, &rep)
-	// Samples: every option set, the peer and AF_UNIX.
-	if len(rep.Failures) > 0 || len(rep.Samples) != (len(allOptions)+2)*2*2*2 {
+	// Samples: every option set, the peer, the two wide-window targets
+	// and AF_UNIX.
+	if len(rep.Failures) > 0 || len(rep.Samples) != (len(allOptions)+2+2)*2*2*2 {
 		t.Errorf("%d samples, failures %q", len(rep.Samples), rep.Failures)
 	}
 	for _, s := range rep.Samples {

@@ -285,6 +285,34 @@ func ratios(rows []aggRow) []string {
 			}
 		}
 	}
+	// The wide-window rows (-wide-buf-alloc): what a larger guest window
+	// changes, for microvm and the peer alike.
+	wide := ""
+	for _, r := range rows {
+		if r.Backend == "microvm" && strings.HasPrefix(r.Options, "all-on win=") {
+			wide = r.Options
+			break
+		}
+	}
+	if wide != "" {
+		for _, p := range []int{4096, 65536} {
+			for _, d := range []string{h2g, g2h} {
+				a, ok1 := find("microvm", wide, d, kindTput, p)
+				b, ok2 := find("microvm", "all-on", d, kindTput, p)
+				if !ok1 || !ok2 || b.BytesPerS <= 0 {
+					continue
+				}
+				line := fmt.Sprintf("%s %s, %s: microvm %.2fx its default window's bytes/s", sizeName(p), d, strings.TrimPrefix(wide, "all-on "), a.BytesPerS/b.BytesPerS)
+				if a.AFUnixBytesPerS > 0 {
+					line += fmt.Sprintf(", %.2fx AF_UNIX", a.BytesPerS/a.AFUnixBytesPerS)
+				}
+				if pw, ok := find("peer", wide, d, kindTput, p); ok && pw.BytesPerS > 0 {
+					line += fmt.Sprintf(", %.2fx the peer with the same window", a.BytesPerS/pw.BytesPerS)
+				}
+				add("%s", line)
+			}
+		}
+	}
 	if len(out) > 0 {
 		out = append([]string{"ratios:"}, out...)
 	}
