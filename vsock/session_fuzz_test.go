@@ -90,11 +90,17 @@ const (
 )
 
 const (
-	fzGuestPort     = 1024
-	fzHostPort      = 5000
-	fzRefusedPort   = fzHostPort + 3
-	fzMaxSteps      = 48
-	fzSettleTimeout = 10 * time.Second
+	fzGuestPort   = 1024
+	fzHostPort    = 5000
+	fzRefusedPort = fzHostPort + 3
+	fzMaxSteps    = 48
+	// fzSettleTimeout bounds every wait of the harness. Go's fuzzer kills
+	// a worker whose execution takes 10 s ("deadlocked!", reported only
+	// as a lost worker: golang/go#56238), so a device that hangs must be
+	// caught well before that, with the harness's own message and the
+	// device's probe. Settling takes milliseconds even on a loaded
+	// 2-core machine (every corpus input runs in under 0.05 s).
+	fzSettleTimeout = 4 * time.Second
 	fzLongTimeout   = time.Hour
 )
 
