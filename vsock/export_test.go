@@ -49,13 +49,28 @@ func (d *Device) Probe() Probe {
 		conns = append(conns, c)
 	}
 	s.connMu.Unlock()
-	p.Conns = len(conns)
 	for _, c := range conns {
 		c.mu.Lock()
 	}
+	// A connection closes and leaves the table under its own lock, so
+	// with every lock held membership is settled: one the snapshot above
+	// holds may have closed and left since (the RX worker may still be
+	// finishing a pass the harness could not see: settle's Idle reads
+	// rxSleeping, which the worker clears only after epoll_wait returns),
+	// and that is no leak. Stats.ConnsOpen moves under the same locks.
+	s.connMu.Lock()
+	inTable := make([]bool, len(conns))
+	for i, c := range conns {
+		inTable[i] = s.conns[c.key] == c
+		if inTable[i] {
+			p.Conns++
+		}
+	}
+	s.connMu.Unlock()
+	p.ConnsOpenStat = d.ctr.connsOpen.Load()
 	var pooled uint64
-	for _, c := range conns {
-		if c.sm.state == stateClosed {
+	for i, c := range conns {
+		if c.sm.state == stateClosed && inTable[i] {
 			p.ClosedInTable++
 		}
 		exp := c.exposureLocked()
