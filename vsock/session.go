@@ -283,14 +283,25 @@ func (s *session) registerFDLocked(c *conn, fd int) error {
 			s.d.log.WithError(err).Debug("vsock: SO_SNDBUF")
 		}
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
-	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		return fmt.Errorf("vsock: epoll add socket: %w", err)
-	}
+	// In the table before epoll: an edge the ADD reports at once (data
+	// or a hang-up already there) must find the connection. The RX worker
+	// then waits for c.mu, which the caller holds until the connection is
+	// set up. An edge dropped for want of its connection would not come
+	// again: a lost hang-up left a short read taken for drained and the
+	// end of the stream never read (found with Options.ReadinessGate,
+	// which leaves no later EPOLLOUT edge to repeat it).
 	c.fd = fd
 	s.connMu.Lock()
 	s.byFD[fd] = c
 	s.connMu.Unlock()
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		s.connMu.Lock()
+		delete(s.byFD, fd)
+		s.connMu.Unlock()
+		c.fd = -1
+		return fmt.Errorf("vsock: epoll add socket: %w", err)
+	}
 	// Data may already be waiting: the edge for it may have come before
 	// registration.
 	c.hostReadable = true
