@@ -71,6 +71,9 @@ type conn struct {
 	// short read no longer counts as drained.
 	hostReadable bool
 	hostClosing  bool
+	// events is what the socket's epoll registration asks for
+	// (interest.go); 0 while it is not registered.
+	events uint32
 
 	// SEQPACKET, guest -> host. msg holds the fragments of the message
 	// the guest is sending (no EOM yet). Complete messages the host

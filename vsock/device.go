@@ -71,6 +71,13 @@ type Options struct {
 	// net.core.wmem_max and doubles what it grants: with the defaults,
 	// twice the default buffer.
 	SendBuffer bool
+	// ReadinessGate asks epoll only for the host-socket events the
+	// device can act on (interest.go): no EPOLLIN while host data waits
+	// that the guest has no credit for, EPOLLOUT only while guest bytes
+	// wait in the connection's byte queue. Without it every host write
+	// into a stalled connection, and every host read of what the device
+	// wrote, wakes the RX worker for nothing.
+	ReadinessGate bool
 	//
 	// There is no copybreak (seed 004): payloads always go to the host
 	// socket straight from guest memory (writev); only what the socket
@@ -80,7 +87,7 @@ type Options struct {
 }
 
 // DefaultOptions are the optimisations enabled by default.
-var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true}
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true}
 
 // Dialer opens host-side connections for guest-initiated requests. Dial is
 // called on its own goroutine and may block up to timeout; it returns a
@@ -171,6 +178,8 @@ type Stats struct {
 	Interrupts        uint64 // RX interrupts sent (TX ones are not counted)
 	HostWriteStalls   uint64 // host writes the socket took only in part (writev or buffer flush)
 	HostReadsEmpty    uint64 // host socket reads that found nothing (EAGAIN): the syscalls ShortReadDrains saves
+	InterestChanges   uint64 // epoll_ctl calls changing what a host socket's registration asks for (ReadinessGate)
+	HostEvents        uint64 // epoll events of host sockets the RX worker handled: each one a look at the connection, often a wake-up
 	CreditUpdatesSent uint64 // CREDIT_UPDATE packets sent
 	LateRWDropped     uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
 	SeqToHost         uint64 // SEQPACKET messages written to host sockets, one record each
@@ -215,7 +224,7 @@ var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrHeader, virtio.Gues
 // that sees the event: no lock, no map on the data path.
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, droppedRsts,
-	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, hostReadsEmpty, creditUpdates, lateRW,
+	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, hostReadsEmpty, interestChanges, hostEvents, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
@@ -363,7 +372,7 @@ func (d *Device) Stats() Stats {
 		ConnsReset: c.connsReset.Load(), RxQueueFull: c.rxQueueFull.Load(),
 		RstSent: c.rstSent.Load(), DroppedRsts: c.droppedRsts.Load(),
 		DirectEnqueues: c.directEnqueues.Load(), RxHandoffs: c.rxHandoffs.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
-		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(), HostReadsEmpty: c.hostReadsEmpty.Load(),
+		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(), HostReadsEmpty: c.hostReadsEmpty.Load(), InterestChanges: c.interestChanges.Load(), HostEvents: c.hostEvents.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
 		DgramTx: c.dgramTx.Load(), DgramRx: c.dgramRx.Load(),

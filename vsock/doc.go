@@ -31,6 +31,7 @@
 //   - tx.go, rx.go: the workers (below): packets from the guest, data and
 //     control packets to it. They ask the state machine at each event and
 //     move bytes; they never set a connection's state themselves.
+//   - interest.go: what each host socket's epoll registration asks for.
 //   - budget.go: the device-wide buffer bound; event.go: the event queue;
 //     dgram.go: datagrams; uds.go: the host's Unix sockets.
 //
@@ -184,10 +185,13 @@
 // to see EAGAIN; not after a hang-up, which no later edge repeats),
 // SendBuffer (each host stream socket's SO_SNDBUF sized from the
 // connection's window, so guest data the socket takes at once need not
-// wait in the byte queue). Each
+// wait in the byte queue), ReadinessGate (epoll asks only for the
+// host-socket events the device can act on: no EPOLLIN while host data waits
+// without credit, EPOLLOUT only while bytes wait in the byte queue;
+// interest.go). Each
 // moves a counter of its own in Stats (DirectEnqueues, KickSuppressions,
-// BatchedPackets; HostReadsEmpty, the other way round: only when off, on
-// every drained socket) as TestOptions checks; the CLI sets them with --vsock-opt, and make
+// BatchedPackets, InterestChanges; HostReadsEmpty, the other way round:
+// only when off, on every drained socket) as TestOptions checks; the CLI sets them with --vsock-opt, and make
 // bench-device measures them. RxHandoffs counts the work producers still
 // hand to the RX worker with a wake-up (always, without DirectEnqueue);
 // host data the RX worker learns of by its own epoll is none, so a

@@ -16,12 +16,13 @@ import (
 // allOptions is every combination of the data-path optimisations.
 func allOptions() []vsock.Options {
 	var out []vsock.Options
-	for i := 0; i < 16; i++ {
+	for i := 0; i < 32; i++ {
 		out = append(out, vsock.Options{
 			KickSuppress:    i&1 != 0,
 			DirectEnqueue:   i&2 != 0,
 			BatchLock:       i&4 != 0,
 			ShortReadDrains: i&8 != 0,
+			ReadinessGate:   i&16 != 0,
 		})
 	}
 	return out
@@ -34,7 +35,7 @@ func optName(o vsock.Options) string {
 		}
 		return 0
 	}
-	return fmt.Sprintf("kick%d-direct%d-batch%d-short%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock), b(o.ShortReadDrains))
+	return fmt.Sprintf("kick%d-direct%d-batch%d-short%d-gate%d", b(o.KickSuppress), b(o.DirectEnqueue), b(o.BatchLock), b(o.ShortReadDrains), b(o.ReadinessGate))
 }
 
 // The core scenarios under every option combination, alternating the
@@ -56,6 +57,10 @@ func TestOptions(t *testing.T) {
 				{"direct enqueues", s.DirectEnqueues, o.DirectEnqueue},
 				{"kick suppressions", s.KickSuppressions, o.KickSuppress},
 				{"batched packets", s.BatchedPackets, o.BatchLock},
+				// The core scenarios stall a connection's credit with
+				// host data waiting, and queue guest bytes a small
+				// host socket does not take.
+				{"epoll interest changes", s.InterestChanges, o.ReadinessGate},
 			} {
 				if (c.n > 0) != c.on {
 					t.Errorf("%d %s with the switch on=%v", c.n, c.name, c.on)
@@ -266,6 +271,74 @@ func TestSendBuffer(t *testing.T) {
 			}
 			if got != want {
 				t.Errorf("SO_SNDBUF %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+// TestReadinessGate: with ReadinessGate the RX worker is not woken by host
+// writes into a connection whose guest has no credit (EPOLLIN dropped
+// until a read drains the socket), nor by host reads of what the device
+// wrote when nothing waits to be written (EPOLLOUT asked for only with
+// bytes queued); without it each of those is a host event. Every byte
+// still arrives, in order, once the guest gives credit.
+func TestReadinessGate(t *testing.T) {
+	const writes = 20
+	for _, gate := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gate=%v", gate), func(t *testing.T) {
+			o := vsock.DefaultOptions
+			o.ReadinessGate = gate
+			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o}})
+			c, h := e.connectGuest(5000, 1025)
+
+			// Host to guest: the guest's window fills, then the host
+			// writes on while the guest gives no credit.
+			c.AutoCredit = false
+			c.BufAlloc = uint32(c.RxCnt-c.FwdCnt) + 4096
+			c.CreditUpdate()
+			e.g.Sync()
+			data := vsocktest.Pattern(9, 4096*(writes+1))
+			hostWrite(t, h, data[:4096])
+			e.g.WaitFor("the window full", func() bool { return c.GuestCredit() == 0 })
+			e.g.Sync()
+			before := e.dev.Stats().HostEvents
+			for i := 1; i <= writes; i++ {
+				hostWrite(t, h, data[i*4096:(i+1)*4096])
+				e.g.Sync()
+			}
+			stalled := e.dev.Stats().HostEvents - before
+			var got []byte
+			for len(got) < len(data) {
+				e.g.WaitFor("data up to the credit", func() bool { return c.GuestCredit() == 0 || len(got)+c.Buffered() == len(data) })
+				got = append(got, c.Consume(c.Buffered())...)
+				c.CreditUpdate()
+			}
+			vsocktest.CheckEqual(t, "data after the stall", got, data)
+
+			// Guest to host: the host socket takes everything (nothing
+			// queued in the device), and the host reads it piece by
+			// piece.
+			c.AutoCredit = true
+			e.g.Sync()
+			before = e.dev.Stats().HostEvents
+			msg := vsocktest.Pattern(10, 1024)
+			for range writes {
+				c.Write(msg)
+				e.g.Sync()
+				hostRead(t, h, msg)
+				e.g.Sync()
+			}
+			reads := e.dev.Stats().HostEvents - before
+			s := e.dev.Stats()
+			t.Logf("host events: %d for %d host writes into a stalled connection, %d for %d host reads; %d interest changes",
+				stalled, writes, reads, writes, s.InterestChanges)
+			if gate && (stalled > 2 || reads > 2) {
+				t.Errorf("with the gate: %d host events for %d writes into a stalled connection and %d for %d reads; want at most 2 each",
+					stalled, writes, reads, writes)
+			}
+			if !gate && (stalled < writes/2 || reads < writes/2) {
+				t.Errorf("without the gate: %d host events for %d writes into a stalled connection and %d for %d reads; want one for most (the check above proves nothing otherwise)",
+					stalled, writes, reads, writes)
 			}
 		})
 	}

@@ -108,6 +108,7 @@ func (s *session) rxHasWork() bool {
 
 // hostEvent records what epoll said about a host socket.
 func (s *session) hostEvent(st *rxState, fd int, events uint32) {
+	s.d.ctr.hostEvents.Add(1)
 	s.connMu.Lock()
 	c := s.byFD[fd]
 	s.connMu.Unlock()
@@ -135,6 +136,7 @@ func (s *session) hostEvent(st *rxState, fd int, events uint32) {
 	if c.hasRxWork() {
 		s.markReadyLocked(c)
 	}
+	s.interestLocked(c)
 }
 
 // rxPass sends the guest what is pending, while it has RX buffers: RSTs for
@@ -183,6 +185,7 @@ func (s *session) rxPass(st *rxState) {
 		if c.hasRxWork() {
 			s.markReadyLocked(c)
 		}
+		s.interestLocked(c)
 		c.mu.Unlock()
 		if out {
 			s.countQueueFull()

@@ -294,7 +294,7 @@ func (s *session) registerFDLocked(c *conn, fd int) error {
 	s.connMu.Lock()
 	s.byFD[fd] = c
 	s.connMu.Unlock()
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+	ev := unix.EpollEvent{Events: s.initialEvents(), Fd: int32(fd)}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		s.connMu.Lock()
 		delete(s.byFD, fd)
@@ -302,6 +302,7 @@ func (s *session) registerFDLocked(c *conn, fd int) error {
 		c.fd = -1
 		return fmt.Errorf("vsock: epoll add socket: %w", err)
 	}
+	c.events = ev.Events
 	// Data may already be waiting: the edge for it may have come before
 	// registration.
 	c.hostReadable = true
@@ -391,7 +392,7 @@ func (s *session) releaseLocked(c *conn) {
 		}
 		s.connMu.Unlock()
 		closeFD(c.fd)
-		c.fd = -1
+		c.fd, c.events = -1, 0
 	}
 	if exp := c.exposureLocked(); s.budget.shrink(exp, exp) {
 		s.wakeRX()

@@ -278,7 +278,7 @@ func newFzMachine(t *testing.T, in []byte, hostOps bool) *fzMachine {
 	var c [3]byte
 	in = in[copy(c[:], in):]
 	opts := &vsock.Options{KickSuppress: c[0]&1 != 0, DirectEnqueue: c[0]&2 != 0, BatchLock: c[0]&4 != 0,
-		ShortReadDrains: c[0]&8 != 0} // SendBuffer stays off: it would undo the small socket buffers
+		ShortReadDrains: c[0]&8 != 0, ReadinessGate: c[0]&64 != 0} // SendBuffer stays off: it would undo the small socket buffers
 	m := &fzMachine{t: t, hostOps: hostOps, in: in, keys: map[fzKey]*fzKeyState{}, accepted: map[fzKey]*fzInst{}}
 	m.small = c[2]&1 != 0
 	m.dial = &fzDialer{small: m.small}

@@ -347,6 +347,7 @@ func (s *session) endRun(st *txState) {
 	if want {
 		s.emitOrQueueLocked(c, &st.rx)
 	}
+	s.interestLocked(c)
 	c.mu.Unlock()
 }
 
