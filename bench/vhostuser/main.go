@@ -47,21 +47,22 @@ const envServePeer = "VHUBENCH_SERVE_PEER"
 // a --vsock-opt value for microvm. Issue 9's "no-copybreak" set is gone
 // with the copybreak itself (docs/performance.md says why).
 func optionSets() map[string]string {
-	on := func(kick, direct, batch, short, sndbuf string) string {
-		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s", kick, direct, batch, short, sndbuf)
+	on := func(kick, direct, batch, short, sndbuf, gate string) string {
+		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s,ready-gate=%s", kick, direct, batch, short, sndbuf, gate)
 	}
 	return map[string]string{
-		"all-on":            on("on", "on", "on", "on", "on"),
-		"all-off":           on("off", "off", "off", "off", "off"),
-		"no-direct-enqueue": on("on", "off", "on", "on", "on"),
-		"no-batch":          on("on", "on", "off", "on", "on"),
-		"no-kick-suppress":  on("off", "on", "on", "on", "on"),
-		"no-short-read":     on("on", "on", "on", "off", "on"),
-		"no-sndbuf":         on("on", "on", "on", "on", "off"),
+		"all-on":            on("on", "on", "on", "on", "on", "on"),
+		"all-off":           on("off", "off", "off", "off", "off", "off"),
+		"no-direct-enqueue": on("on", "off", "on", "on", "on", "on"),
+		"no-batch":          on("on", "on", "off", "on", "on", "on"),
+		"no-kick-suppress":  on("off", "on", "on", "on", "on", "on"),
+		"no-short-read":     on("on", "on", "on", "off", "on", "on"),
+		"no-sndbuf":         on("on", "on", "on", "on", "off", "on"),
+		"no-ready-gate":     on("on", "on", "on", "on", "on", "off"),
 	}
 }
 
-var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress", "no-short-read", "no-sndbuf"}
+var allOptions = []string{"all-on", "all-off", "no-direct-enqueue", "no-batch", "no-kick-suppress", "no-short-read", "no-sndbuf", "no-ready-gate"}
 
 // target is one back-end configuration measured.
 type target struct {
@@ -123,6 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	rxBuf := fs.Int("rx-buf", 4096, "payload room of each guest RX buffer (Linux: 4096)")
 	bufAlloc := fs.Int("buf-alloc", 256<<10, "the guest's receive window per connection (Linux: 256 KiB)")
 	wideBufAlloc := fs.Int("wide-buf-alloc", 1<<20, "also measure microvm all-on and the peer with this guest window (bytes; 0: no such rows)")
+	gomaxprocs := fs.String("gomaxprocs", "", "also measure microvm all-on with each of these GOMAXPROCS values (comma list; the back-end runs under env GOMAXPROCS=N)")
 	noEventIdx := fs.Bool("no-event-idx", false, "do not negotiate VIRTIO_F_EVENT_IDX")
 	publish := fs.String("tx-publish", string(vhufront.PublishPacket), "when the guest driver publishes TX packets (and may kick): packet (each as queued, as Linux) or turn (all of a turn together)")
 	timeout := fs.Duration("timeout", 20*time.Second, "bound on every wait beyond a measurement's own length")
@@ -219,6 +221,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 		targets = append(targets, wide...)
+	}
+	for _, g := range splitList(*gomaxprocs) {
+		n, err := strconv.Atoi(g)
+		if err != nil || n < 1 || n > 1024 {
+			return usage("-gomaxprocs: %q is not a number of 1..1024", g)
+		}
+		if _, ok := sets["all-on"]; !ok || len(targets) == 0 || targets[0].backend != "microvm" {
+			break
+		}
+		targets = append(targets, target{backend: "microvm", options: fmt.Sprintf("all-on gmp=%d", n),
+			argv: append([]string{"env", fmt.Sprintf("GOMAXPROCS=%d", n)}, strings.Fields(*backendCmd)...), bin: *microvm, vsockOp: sets["all-on"]})
 	}
 	for _, t := range targets {
 		if _, err := exec.LookPath(t.bin); err != nil {

@@ -260,7 +260,7 @@ func TestOptionSets(t *testing.T) {
 	}
 	on := strings.Split(sets["all-on"], ",")
 	for name, key := range map[string]string{"no-direct-enqueue": "direct-enqueue", "no-batch": "batch",
-		"no-kick-suppress": "kick-suppress", "no-short-read": "short-read", "no-sndbuf": "sndbuf"} {
+		"no-kick-suppress": "kick-suppress", "no-short-read": "short-read", "no-sndbuf": "sndbuf", "no-ready-gate": "ready-gate"} {
 		s := strings.Split(sets[name], ",")
 		for i := range on {
 			k, _, _ := strings.Cut(on[i], "=")
@@ -269,8 +269,8 @@ func TestOptionSets(t *testing.T) {
 			}
 		}
 	}
-	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off" ||
-		sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,short-read=on,sndbuf=on" {
+	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off,ready-gate=off" ||
+		sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,short-read=on,sndbuf=on,ready-gate=on" {
 		t.Errorf("all-off %q, all-on %q", sets["all-off"], sets["all-on"])
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -310,6 +311,27 @@ func ratios(rows []aggRow) []string {
 					line += fmt.Sprintf(", %.2fx the peer with the same window", a.BytesPerS/pw.BytesPerS)
 				}
 				add("%s", line)
+			}
+		}
+	}
+	// The GOMAXPROCS rows (-gomaxprocs): the same back-end under another
+	// scheduler width.
+	var gmps []string
+	for _, r := range rows {
+		if r.Backend == "microvm" && strings.HasPrefix(r.Options, "all-on gmp=") && !slices.Contains(gmps, r.Options) {
+			gmps = append(gmps, r.Options)
+		}
+	}
+	for _, g := range gmps {
+		for _, p := range []int{64, 65536} {
+			for _, d := range []string{h2g, g2h} {
+				a, ok1 := find("microvm", g, d, kindTput, p)
+				b, ok2 := find("microvm", "all-on", d, kindTput, p)
+				if ok1 && ok2 && b.BytesPerS > 0 {
+					add("%s %s, %s: %.2fx all-on's bytes/s; back-end switches/MiB %.1f (all-on %.1f), CPU ms/MiB %.2f (%.2f)", sizeName(p), d,
+						strings.TrimPrefix(g, "all-on "), a.BytesPerS/b.BytesPerS, a.BackendSwitchesPerMiB, b.BackendSwitchesPerMiB,
+						a.BackendCPUPerMiB*1e3, b.BackendCPUPerMiB*1e3)
+				}
 			}
 		}
 	}
