@@ -213,6 +213,11 @@ func startBackend(t *testing.T, a artefacts, extraArgs ...string) *backend {
 		dir: dir, sock: filepath.Join(dir, "vhu.sock"), uds: filepath.Join(dir, "v.sock")}
 	args := append([]string{"vhost-user-vsock", "--socket", b.sock, "--guest-cid", strconv.Itoa(guestCID),
 		"--uds-path", b.uds, "--log-level", "info"}, extraArgs...)
+	if o := os.Getenv("MICROVM_CONFORMANCE_VSOCK_OPT"); o != "" {
+		// The device's switches (docs/performance.md), to compare the
+		// real Linux driver's 16 MiB echo with one of them off.
+		args = append(args, "--vsock-opt", o)
+	}
 	b.cmd = exec.Command(a.microvm, args...)
 	b.cmd.Stdout = &b.log
 	b.cmd.Stderr = &b.log
