@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -290,6 +291,19 @@ func TestReadinessGate(t *testing.T) {
 			o.ReadinessGate = gate
 			e := newEnv(t, envOpts{cfg: vsock.Config{Options: &o}})
 			c, h := e.connectGuest(5000, 1025)
+			// quiet waits until the RX worker has handled every epoll
+			// event (Probe.Idle), so each host action's events are
+			// counted before the next: edges left pending would merge.
+			quiet := func() {
+				e.g.Sync()
+				deadline := time.Now().Add(waitTimeout)
+				for !e.dev.Probe().Idle {
+					if time.Now().After(deadline) {
+						t.Fatal("the device did not go idle")
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+			}
 
 			// Host to guest: the guest's window fills, then the host
 			// writes on while the guest gives no credit.
@@ -300,11 +314,11 @@ func TestReadinessGate(t *testing.T) {
 			data := vsocktest.Pattern(9, 4096*(writes+1))
 			hostWrite(t, h, data[:4096])
 			e.g.WaitFor("the window full", func() bool { return c.GuestCredit() == 0 })
-			e.g.Sync()
+			quiet()
 			before := e.dev.Stats().HostEvents
 			for i := 1; i <= writes; i++ {
 				hostWrite(t, h, data[i*4096:(i+1)*4096])
-				e.g.Sync()
+				quiet()
 			}
 			stalled := e.dev.Stats().HostEvents - before
 			var got []byte
@@ -319,14 +333,14 @@ func TestReadinessGate(t *testing.T) {
 			// queued in the device), and the host reads it piece by
 			// piece.
 			c.AutoCredit = true
-			e.g.Sync()
+			quiet()
 			before = e.dev.Stats().HostEvents
 			msg := vsocktest.Pattern(10, 1024)
 			for range writes {
 				c.Write(msg)
-				e.g.Sync()
+				quiet()
 				hostRead(t, h, msg)
-				e.g.Sync()
+				quiet()
 			}
 			reads := e.dev.Stats().HostEvents - before
 			s := e.dev.Stats()
