@@ -232,8 +232,10 @@ func (s *session) publishRX() {
 // worker. Control packets go directly from any producer; host data only from
 // a caller that brings RX scratch (scratch not nil: the TX worker, which
 // learns first that a guest credit update unblocked data), up to one turn's
-// budget. Called with c.mu held.
-func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
+// budget. Called with c.mu held. It reports whether the RX worker must be
+// woken: the caller does that after unlocking c.mu (seed 000's rule), or
+// the worker, first to look at c, would wait for the lock the caller holds.
+func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) (wake bool) {
 	data := c.dataReady()
 	if s.opts.DirectEnqueue && (c.sm.pend != 0 || data) && (scratch != nil || !data) && !s.failed.Load() {
 		s.rxMu.Lock()
@@ -248,7 +250,7 @@ func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
 			if s.emitConnLocked(st, c, budget) && !c.hasRxWork() {
 				s.d.ctr.directEnqueues.Add(1)
 				s.publishRX()
-				return
+				return false
 			}
 			s.publishRX()
 		}
@@ -256,8 +258,9 @@ func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) {
 	if c.hasRxWork() {
 		s.d.ctr.rxHandoffs.Add(1)
 		s.markReadyLocked(c)
-		s.wakeRX()
+		return true
 	}
+	return false
 }
 
 // emitConnLocked sends c's pending packets in protocol order: connection

@@ -503,6 +503,12 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 	}
 	c := newConn(connKey{hostPort, port}, typ, newHostSM())
 	c.prefix = append([]byte(nil), prefix...)
+	wake := false
+	defer func() { // after the unlock below: wake the RX worker once c is free
+		if wake {
+			s.wakeRX()
+		}
+	}()
 	// Hold c.mu before c is in the table: a reset (or a guest packet for
 	// the new port) must not close c before it owns fd, or fd would leak.
 	c.mu.Lock()
@@ -516,7 +522,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 	}
 	c.fd = fd // registered with epoll once the guest accepts
 	c.timer = time.AfterFunc(time.Until(deadline), func() { s.onTimer(c, (*connSM).onConnectTimeout) })
-	s.emitOrQueueLocked(c, nil)
+	wake = s.emitOrQueueLocked(c, nil)
 	return nil
 }
 

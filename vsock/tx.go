@@ -344,11 +344,15 @@ func (s *session) endRun(st *txState) {
 	}
 	want := st.wantRx && c.sm.state != stateClosed
 	st.wantRx = false
+	wake := false
 	if want {
-		s.emitOrQueueLocked(c, &st.rx)
+		wake = s.emitOrQueueLocked(c, &st.rx)
 	}
 	s.interestLocked(c)
 	c.mu.Unlock()
+	if wake {
+		s.wakeRX()
+	}
 }
 
 // creditCheckLocked schedules a CREDIT_UPDATE when the guest believes less
@@ -410,6 +414,12 @@ func (s *session) dial(c *conn) {
 	} else {
 		fd, err = s.d.cfg.Dialer.Dial(c.key.guestPort, c.key.hostPort, s.d.cfg.ConnectTimeout)
 	}
+	wake := false
+	defer func() { // after the unlock below: wake the RX worker once c is free
+		if wake {
+			s.wakeRX()
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -430,7 +440,7 @@ func (s *session) dial(c *conn) {
 	a, keep := c.sm.onDialed(err != nil)
 	s.applyLocked(c, a)
 	if keep {
-		s.emitOrQueueLocked(c, nil)
+		wake = s.emitOrQueueLocked(c, nil)
 	}
 }
 
