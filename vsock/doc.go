@@ -101,6 +101,14 @@
 // queue's Interrupt, which take only the transport's signalling lock
 // (virtio's MMIO.irqMu, or a vhost-user ring's sigMu).
 //
+// A goroutine that hands a connection to the RX worker (the ready list)
+// wakes the worker only after unlocking that connection (emitOrQueueLocked
+// reports the wake-up due): the worker's first step is to lock it. Still
+// held across a data-moving call: the RX side's readv from a host socket
+// into guest buffers runs under the connection's lock and rxMu (popped
+// buffers are given back in order with Undo), and the TX side's writev to
+// a host socket under the connection's lock.
+//
 // # A packet's path
 //
 // Guest to host: driver writes the packet into the TX ring and kicks ->
