@@ -309,6 +309,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	rows := aggregate(rep.Samples, order, cells)
 	printTable(stdout, rep, rows, order, cells)
+	fmt.Fprintln(stdout, "\nwhat each party paid (streams):")
+	printParties(stdout, rows, rep.Samples)
 	if len(dgRows) > 0 {
 		printDgramTable(stdout, dgRows)
 	}

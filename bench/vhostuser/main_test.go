@@ -49,11 +49,23 @@ func TestQuickRun(t *testing.T) {
 		t.Fatalf("exit status %d\nstdout:\n%s\nstderr:\n%s", status, &stdout, &stderr)
 	}
 	t.Logf("table:\n%s", &stdout)
+	_, parties, _ := strings.Cut(stdout.String(), "what each party paid")
+	refLines := 0
+	for _, l := range strings.Split(parties, "\n") {
+		if f := strings.Fields(l); len(f) == 15 && f[0] == "af_unix" && f[6] != "-" && f[9] == "-" && f[12] != "-" {
+			refLines++
+		}
+	}
+	if refLines != 4 { // 2 directions x 2 payloads
+		t.Errorf("%d AF_UNIX lines in the per-party table, want 4", refLines)
+	}
 	var rows []map[string]any
 	readJSON(t, rowsPath, &rows)
 	fields := []string{"backend", "options", "direction", "payload", "bytes_per_s", "msgs_per_s", "rtt_p50_ns",
 		"rtt_p99_ns", "kicks_per_mib", "irqs_per_mib", "backend_cpu_s_per_mib", "af_unix_bytes_per_s",
-		"tx_busy_kicks_per_mib", "backend_syscalls_per_mib", "backend_switches_per_mib"}
+		"tx_busy_kicks_per_mib", "backend_syscalls_per_mib", "backend_switches_per_mib",
+		"host_cpu_s_per_mib", "host_syscalls_per_mib", "host_switches_per_mib",
+		"guest_cpu_s_per_mib", "guest_syscalls_per_mib", "guest_switches_per_mib"}
 	// Every option set and the peer, and both again with the wide window
 	// (all-on only), 2 directions, 2 payloads, stream and ping-pong.
 	if want := (len(allOptions) + 1 + 2) * 2 * 2 * 2; len(rows) != want {
@@ -93,6 +105,10 @@ func TestQuickRun(t *testing.T) {
 		// reading of /proc/PID/io.
 		if num("backend_syscalls_per_mib") <= 0 {
 			t.Errorf("%s: no back-end syscalls: %v", id, r)
+		}
+		// The host and the guest driver move data with syscalls too.
+		if num("host_syscalls_per_mib") <= 0 || num("guest_syscalls_per_mib") <= 0 {
+			t.Errorf("%s: no host or guest syscalls: %v", id, r)
 		}
 		cpu += num("backend_cpu_s_per_mib")
 		if seen[id] {

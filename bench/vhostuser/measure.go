@@ -68,8 +68,56 @@ type sample struct {
 	BackendSyscallsPerMiB float64 `json:"backend_syscalls_per_mib,omitempty"`
 	BackendSwitchesPerMiB float64 `json:"backend_switches_per_mib,omitempty"`
 	GeneratorCPU          float64 `json:"generator_cpu_s,omitempty"`
+	// The other two parties, the same way: the host side (the peer
+	// process) and the guest side (this process: the guest driver, or
+	// the AF_UNIX reference's own end), over the measurement and per MiB.
+	Host, Guest         partyUsage `json:"-"`
+	HostCPUPerMiB       float64    `json:"host_cpu_s_per_mib,omitempty"`
+	HostSyscallsPerMiB  float64    `json:"host_syscalls_per_mib,omitempty"`
+	HostSwitchesPerMiB  float64    `json:"host_switches_per_mib,omitempty"`
+	GuestCPUPerMiB      float64    `json:"guest_cpu_s_per_mib,omitempty"`
+	GuestSyscallsPerMiB float64    `json:"guest_syscalls_per_mib,omitempty"`
+	GuestSwitchesPerMiB float64    `json:"guest_switches_per_mib,omitempty"`
 
 	Err string `json:"error,omitempty"`
+}
+
+// partyUsage is what one process used: CPU time (utime+stime), its read-
+// and write-like syscalls and its context switches (processSwitches).
+type partyUsage struct {
+	CPU      time.Duration
+	Syscalls uint64
+	Switches uint64
+}
+
+// readParty reads what process pid has used so far.
+func readParty(pid int) (partyUsage, error) {
+	cpu, err := processCPU(pid)
+	if err != nil {
+		return partyUsage{}, err
+	}
+	sys, sw, err := processSwitches(pid)
+	return partyUsage{CPU: cpu, Syscalls: sys, Switches: sw}, err
+}
+
+// since is what was used between b and u.
+func (u partyUsage) since(b partyUsage) partyUsage {
+	return partyUsage{CPU: u.CPU - b.CPU, Syscalls: u.Syscalls - b.Syscalls, Switches: u.Switches - b.Switches}
+}
+
+// setParties records the host's and the guest's usage and their costs per
+// MiB moved.
+func (s *sample) setParties(host, guest partyUsage, mib float64) {
+	s.Host, s.Guest = host, guest
+	if mib <= 0 {
+		return
+	}
+	s.HostCPUPerMiB = host.CPU.Seconds() / mib
+	s.HostSyscallsPerMiB = float64(host.Syscalls) / mib
+	s.HostSwitchesPerMiB = float64(host.Switches) / mib
+	s.GuestCPUPerMiB = guest.CPU.Seconds() / mib
+	s.GuestSyscallsPerMiB = float64(guest.Syscalls) / mib
+	s.GuestSwitchesPerMiB = float64(guest.Switches) / mib
 }
 
 // percentile returns the p-th percentile (0..100) of sorted values, the
@@ -151,6 +199,14 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		return s, err
 	}
 	self0, _ := processCPU(os.Getpid())
+	host0, err := readParty(r.peer.Pid())
+	if err != nil {
+		return s, err
+	}
+	guest0, err := readParty(os.Getpid())
+	if err != nil {
+		return s, err
+	}
 	var cmd vhufront.PeerCmd
 	if c.dir == h2g {
 		cmd = r.peerCmd(c, be.uds, "", port)
@@ -189,6 +245,14 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		return s, err
 	}
 	self1, _ := processCPU(os.Getpid())
+	host1, err := readParty(r.peer.Pid())
+	if err != nil {
+		return s, err
+	}
+	guest1, err := readParty(os.Getpid())
+	if err != nil {
+		return s, err
+	}
 	st1 := g.Stats()
 	if err := r.fill(&s, c, local, res, rtts); err != nil {
 		return s, err
@@ -212,6 +276,7 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		s.BackendSyscallsPerMiB = float64(s.BackendSyscalls) / mib
 		s.BackendSwitchesPerMiB = float64(s.BackendSwitches) / mib
 	}
+	s.setParties(host1.since(host0), guest1.since(guest0), mib)
 	return s, nil
 }
 
@@ -252,10 +317,17 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 	s := sample{Backend: "af_unix", Dir: c.dir, Payload: c.payload, Kind: c.kind}
 	path := filepath.Join(r.tmp, fmt.Sprintf("af%d.sock", seq))
 	self0, _ := processCPU(os.Getpid())
+	host0, err := readParty(r.peer.Pid())
+	if err != nil {
+		return s, err
+	}
+	guest0, err := readParty(os.Getpid())
+	if err != nil {
+		return s, err
+	}
 	var l *net.UnixListener
 	var cmd vhufront.PeerCmd
 	if c.dir == h2g {
-		var err error
 		if l, err = vhufront.ListenUnix(path); err != nil {
 			return s, err
 		}
@@ -268,7 +340,6 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 		return s, err
 	}
 	var conn *net.UnixConn
-	var err error
 	if l != nil {
 		conn, err = vhufront.AcceptOne(l, r.timeout)
 	} else {
@@ -298,6 +369,24 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 		return s, err
 	}
 	self1, _ := processCPU(os.Getpid())
+	host1, err := readParty(r.peer.Pid())
+	if err != nil {
+		return s, err
+	}
+	guest1, err := readParty(os.Getpid())
+	if err != nil {
+		return s, err
+	}
 	s.GeneratorCPU = (self1 - self0).Seconds()
-	return s, r.fill(&s, c, local, res, rtts)
+	if err := r.fill(&s, c, local, res, rtts); err != nil {
+		return s, err
+	}
+	// Per MiB of the bytes that crossed the socket: a stream's, or both
+	// ways of a ping-pong's, as the device rows count their rings.
+	moved := float64(s.Bytes)
+	if c.kind == kindRTT {
+		moved = float64(2 * int64(s.RTTs) * int64(c.payload))
+	}
+	s.setParties(host1.since(host0), guest1.since(guest0), moved/(1<<20))
+	return s, nil
 }

@@ -32,7 +32,15 @@ type row struct {
 	// switches per MiB.
 	BackendSyscallsPerMiB float64 `json:"backend_syscalls_per_mib"`
 	BackendSwitchesPerMiB float64 `json:"backend_switches_per_mib"`
-	AFUnixBytesPerS       float64 `json:"af_unix_bytes_per_s"`
+	// The same costs of the other two parties: the host side (the peer
+	// process) and the guest driver (this program's own process).
+	HostCPUPerMiB       float64 `json:"host_cpu_s_per_mib"`
+	HostSyscallsPerMiB  float64 `json:"host_syscalls_per_mib"`
+	HostSwitchesPerMiB  float64 `json:"host_switches_per_mib"`
+	GuestCPUPerMiB      float64 `json:"guest_cpu_s_per_mib"`
+	GuestSyscallsPerMiB float64 `json:"guest_syscalls_per_mib"`
+	GuestSwitchesPerMiB float64 `json:"guest_switches_per_mib"`
+	AFUnixBytesPerS     float64 `json:"af_unix_bytes_per_s"`
 	// Datagram rows only (dgram.go): Kind "dgram", Loss the fraction of
 	// sent datagrams not delivered, Note "not offered" when the back-end
 	// ran without datagrams.
@@ -122,6 +130,7 @@ func aggregate(samples []sample, order []target, cells []cell) []aggRow {
 			r.BackendCPUPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendCPUPerMiB })
 			r.BackendSyscallsPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendSyscallsPerMiB })
 			r.BackendSwitchesPerMiB, _, _ = field(ss, func(s sample) float64 { return s.BackendSwitchesPerMiB })
+			r.setParties(ss, field)
 			ref := by[cellKey{"af_unix", "-", c.dir, c.kind, c.payload}]
 			if c.kind == kindTput {
 				r.BytesPerS, r.minVal, r.maxVal = field(ss, func(s sample) float64 { return s.BytesPerS })
@@ -143,6 +152,18 @@ func aggregate(samples []sample, order []target, cells []cell) []aggRow {
 		}
 	}
 	return out
+}
+
+// setParties fills the host's and the guest's costs per MiB: medians of
+// the samples ss, by field.
+func (r *aggRow) setParties(ss []sample, field func([]sample, func(sample) float64) (float64, float64, float64)) {
+	med := func(f func(sample) float64) float64 { m, _, _ := field(ss, f); return m }
+	r.HostCPUPerMiB = med(func(s sample) float64 { return s.HostCPUPerMiB })
+	r.HostSyscallsPerMiB = med(func(s sample) float64 { return s.HostSyscallsPerMiB })
+	r.HostSwitchesPerMiB = med(func(s sample) float64 { return s.HostSwitchesPerMiB })
+	r.GuestCPUPerMiB = med(func(s sample) float64 { return s.GuestCPUPerMiB })
+	r.GuestSyscallsPerMiB = med(func(s sample) float64 { return s.GuestSyscallsPerMiB })
+	r.GuestSwitchesPerMiB = med(func(s sample) float64 { return s.GuestSwitchesPerMiB })
 }
 
 func sizeName(n int) string {
@@ -224,6 +245,61 @@ func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells [
 	for _, l := range ratios(rows) {
 		fmt.Fprintln(w, l)
 	}
+}
+
+// printParties prints, for each stream row and for the AF_UNIX
+// reference, what each party paid per MiB moved: the host side (the peer
+// process), the back-end (none for AF_UNIX) and the guest side (the guest
+// driver; for AF_UNIX this program's end of the socket).
+func printParties(w io.Writer, rows []aggRow, samples []sample) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "backend\toptions\tdir\tpayload\tMB/s\thost CPU ms\thost syscalls\thost switches\tback-end CPU ms\tback-end syscalls\tback-end switches\tguest CPU ms\tguest syscalls\tguest switches\t")
+	line := func(backend, options, dir string, payload int, mbs float64, be []string, r row) {
+		cols := []string{backend, options, dir, sizeName(payload), fmt.Sprintf("%.1f", mbs),
+			fmt.Sprintf("%.2f", r.HostCPUPerMiB*1e3), fmt.Sprintf("%.1f", r.HostSyscallsPerMiB), fmt.Sprintf("%.1f", r.HostSwitchesPerMiB)}
+		cols = append(cols, be...)
+		cols = append(cols, fmt.Sprintf("%.2f", r.GuestCPUPerMiB*1e3), fmt.Sprintf("%.1f", r.GuestSyscallsPerMiB), fmt.Sprintf("%.1f", r.GuestSwitchesPerMiB))
+		fmt.Fprintln(tw, strings.Join(cols, "\t")+"\t")
+	}
+	for _, r := range rows {
+		if r.kind != kindTput {
+			continue
+		}
+		line(r.Backend, r.Options, r.Direction, r.Payload, r.BytesPerS/1e6, []string{fmt.Sprintf("%.2f", r.BackendCPUPerMiB*1e3),
+			fmt.Sprintf("%.1f", r.BackendSyscallsPerMiB), fmt.Sprintf("%.1f", r.BackendSwitchesPerMiB)}, r.row)
+	}
+	type key struct {
+		dir     string
+		payload int
+	}
+	ref := map[key][]sample{}
+	var keys []key
+	for _, s := range samples {
+		if s.Backend != "af_unix" || s.Kind != kindTput {
+			continue
+		}
+		k := key{s.Dir, s.Payload}
+		if _, ok := ref[k]; !ok {
+			keys = append(keys, k)
+		}
+		ref[k] = append(ref[k], s)
+	}
+	for _, k := range keys {
+		ss := ref[k]
+		field := func(ss []sample, f func(sample) float64) (float64, float64, float64) {
+			v := make([]float64, len(ss))
+			for i, s := range ss {
+				v[i] = f(s)
+			}
+			return median(v), 0, 0
+		}
+		var r aggRow
+		r.setParties(ss, field)
+		mbs, _, _ := field(ss, func(s sample) float64 { return s.BytesPerS })
+		line("af_unix", "-", k.dir, k.payload, mbs/1e6, []string{"-", "-", "-"}, r.row)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "per MiB of payload, medians; host = the peer process, guest = this program (the guest driver; for af_unix its end of the socket)")
 }
 
 // ratios are the comparisons issue 9 states its targets in, where this run

@@ -188,6 +188,9 @@ func (p *Peer) next(timeout time.Duration) (PeerReply, error) {
 }
 
 // Begin sends cmd and waits until the peer is connected or listening.
+// Pid is the peer process's id, for reading what it used (/proc).
+func (p *Peer) Pid() int { return p.cmd.Process.Pid }
+
 func (p *Peer) Begin(cmd PeerCmd) error {
 	if p.busy {
 		return errors.New("peer: a command is still running")
