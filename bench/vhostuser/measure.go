@@ -100,6 +100,16 @@ func readParty(pid int) (partyUsage, error) {
 	return partyUsage{CPU: cpu, Syscalls: sys, Switches: sw}, err
 }
 
+// readParties reads what the host side (the peer process) and the guest
+// side (this process) have used so far.
+func (r *runner) readParties() (host, guest partyUsage, err error) {
+	if host, err = readParty(r.peer.Pid()); err != nil {
+		return host, guest, err
+	}
+	guest, err = readParty(os.Getpid())
+	return host, guest, err
+}
+
 // since is what was used between b and u.
 func (u partyUsage) since(b partyUsage) partyUsage {
 	return partyUsage{CPU: u.CPU - b.CPU, Syscalls: u.Syscalls - b.Syscalls, Switches: u.Switches - b.Switches}
@@ -199,11 +209,7 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		return s, err
 	}
 	self0, _ := processCPU(os.Getpid())
-	host0, err := readParty(r.peer.Pid())
-	if err != nil {
-		return s, err
-	}
-	guest0, err := readParty(os.Getpid())
+	host0, guest0, err := r.readParties()
 	if err != nil {
 		return s, err
 	}
@@ -245,11 +251,7 @@ func (r *runner) vsockCell(g *vhufront.Guest, be *backendProc, c cell, port uint
 		return s, err
 	}
 	self1, _ := processCPU(os.Getpid())
-	host1, err := readParty(r.peer.Pid())
-	if err != nil {
-		return s, err
-	}
-	guest1, err := readParty(os.Getpid())
+	host1, guest1, err := r.readParties()
 	if err != nil {
 		return s, err
 	}
@@ -317,11 +319,7 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 	s := sample{Backend: "af_unix", Dir: c.dir, Payload: c.payload, Kind: c.kind}
 	path := filepath.Join(r.tmp, fmt.Sprintf("af%d.sock", seq))
 	self0, _ := processCPU(os.Getpid())
-	host0, err := readParty(r.peer.Pid())
-	if err != nil {
-		return s, err
-	}
-	guest0, err := readParty(os.Getpid())
+	host0, guest0, err := r.readParties()
 	if err != nil {
 		return s, err
 	}
@@ -369,11 +367,7 @@ func (r *runner) unixCell(c cell, seq uint32) (sample, error) {
 		return s, err
 	}
 	self1, _ := processCPU(os.Getpid())
-	host1, err := readParty(r.peer.Pid())
-	if err != nil {
-		return s, err
-	}
-	guest1, err := readParty(os.Getpid())
+	host1, guest1, err := r.readParties()
 	if err != nil {
 		return s, err
 	}
