@@ -2,8 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"crypto/rand"
 	"io"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // checkProfile: go tool pprof reads path as a CPU profile of the binary.
@@ -46,22 +43,7 @@ func TestCPUProfile(t *testing.T) {
 	if _, err := rand.Read(payload); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := hybrid.Dial(ctx, uds, 1234)
-	if err != nil {
-		t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
-	}
-	go func() {
-		_, _ = conn.Write(payload)
-		_ = conn.CloseWrite()
-	}()
-	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	got, err := io.ReadAll(conn)
-	conn.Close()
-	if err != nil || !bytes.Equal(got, payload) {
-		t.Errorf("echo: %d of %d bytes back, err %v", len(got), len(payload), err)
-	}
+	echoThrough(t, c, uds, 1234, payload)
 	if s := c.waitExit(t, 30*time.Second); s != 0 {
 		t.Fatalf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
 	}

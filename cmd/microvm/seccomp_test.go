@@ -48,6 +48,28 @@ func seccompMode(pid int) (string, error) {
 	return mode, nil
 }
 
+// echoThrough sends payload to the test guest's echo on port through the
+// VM's vsock socket uds and checks that all of it comes back.
+func echoThrough(t *testing.T, c *child, uds string, port uint32, payload []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := hybrid.Dial(ctx, uds, port)
+	if err != nil {
+		t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
+	}
+	go func() {
+		_, _ = conn.Write(payload)
+		_ = conn.CloseWrite()
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(conn)
+	conn.Close()
+	if err != nil || !bytes.Equal(got, payload) {
+		t.Errorf("echo: %d of %d bytes back, equal %v, err %v", len(got), len(payload), bytes.Equal(got, payload), err)
+	}
+}
+
 // waitExit waits up to d for the child and returns its exit status.
 func (c *child) waitExit(t *testing.T, d time.Duration) int {
 	t.Helper()
@@ -93,22 +115,7 @@ func TestSeccompVsock(t *testing.T) {
 			if mode, err := seccompMode(c.cmd.Process.Pid); err != nil || mode != tc.mode {
 				t.Errorf("Seccomp in /proc/PID/task/*/status: %q, %v; want %s on every thread", mode, err, tc.mode)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			conn, err := hybrid.Dial(ctx, uds, 1234)
-			if err != nil {
-				t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
-			}
-			go func() {
-				_, _ = conn.Write(payload)
-				_ = conn.CloseWrite()
-			}()
-			_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-			got, err := io.ReadAll(conn)
-			conn.Close()
-			if err != nil || !bytes.Equal(got, payload) {
-				t.Errorf("echo: %d of %d bytes back, equal %v, err %v", len(got), len(payload), bytes.Equal(got, payload), err)
-			}
+			echoThrough(t, c, uds, 1234, payload)
 			if s := c.waitExit(t, 30*time.Second); s != 0 {
 				t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
 			}
