@@ -26,6 +26,7 @@ import (
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/vms"
+	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
 
@@ -297,8 +298,7 @@ func runExec(o *execOpts) error {
 	defer func() { cancel(); <-vmDone }()
 
 	stopProgress := startProgress(o.cmd.stderr, o.quiet, "exec: booting the VM and waiting for its agent")
-	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) },
-		o.bootTimeout, vmDone)
+	cc, err := waitAgent(ctx, m, o.bootTimeout, vmDone)
 	stopProgress()
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
@@ -391,10 +391,11 @@ var unresponsiveGrace = 30 * time.Second
 // ending, to report that rather than the broken connection.
 const vmEndGrace = 2 * time.Second
 
-// waitAgent connects to the agent once it answers (before it listens the
+// waitAgent connects to m's agent once it answers (before it listens the
 // VMM refuses the CONNECT), giving up when the VM ends or the boot timeout
-// passes.
-func waitAgent(ctx context.Context, dial agentapi.DialFunc, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
+// passes. A failure names the vsock device's counters: whether the
+// guest's driver ever took a request, refused, or never answered.
+func waitAgent(ctx context.Context, m *microvm.Machine, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
 		fmt.Errorf("the guest agent did not answer on vsock port %d within %v", agentPort, timeout))
 	defer cancel()
@@ -405,7 +406,7 @@ func waitAgent(ctx context.Context, dial agentapi.DialFunc, timeout time.Duratio
 		case <-ctx.Done():
 		}
 	}()
-	cc, err := agentapi.Connect(ctx, dial)
+	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) })
 	select {
 	case <-vmDone:
 		if err != nil {
@@ -413,7 +414,19 @@ func waitAgent(ctx context.Context, dial agentapi.DialFunc, timeout time.Duratio
 		}
 	default:
 	}
-	return cc, err
+	if err != nil {
+		return nil, fmt.Errorf("%w [%s]", err, vsockBrief(m.VsockStats()))
+	}
+	return cc, nil
+}
+
+// vsockBrief is the part of the vsock device's counters that tells a
+// connection that was never answered from one the guest refused.
+func vsockBrief(st vsock.Stats) string {
+	return fmt.Sprintf("vsock device: %d connections opened, %d refused, %d open; %d packets from the guest, %d to it; "+
+		"%d TX kicks, %d RX kicks, %d RX interrupts, %d passes without RX buffers, %d guest errors",
+		st.ConnsOpened, st.ConnsRefused, st.ConnsOpen, st.TxPackets, st.RxPackets,
+		st.TxKicks, st.RxKicks, st.Interrupts, st.RxQueueFull, st.GuestErrors)
 }
 
 // agentDialer dials port through the hybrid-vsock socket uds.

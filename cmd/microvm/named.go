@@ -545,7 +545,7 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 		b.cancel(fmt.Errorf("main process %s: %w", p.argv[0], err))
 		return mainEnd{err: err, failed: true}
 	}
-	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentPort) }, timeout, vmDone)
+	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
 	if err != nil {
 		return fail(err)
 	}
@@ -566,7 +566,7 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 // waitAgent waits until the VM's agent answers, the boot timeout passes or
 // the VM ends.
 func (b *vmBackend) waitAgent(ctx context.Context, timeout time.Duration, vmDone <-chan struct{}) error {
-	cc, err := waitAgent(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentPort) }, timeout, vmDone)
+	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
 	if err != nil {
 		return err
 	}
