@@ -348,6 +348,8 @@ func writeVsockFamilies(w *promtext.Writer, s *VsockMetrics) {
 	c("microvm_vsock_host_reads_empty_total", "Reads of host sockets that found nothing (EAGAIN); the short-read option saves most of them.", func(v *VsockMetrics) uint64 { return v.HostReadsEmpty })
 	c("microvm_vsock_host_events_total", "Epoll events of host sockets the device's RX worker handled (each a look at the connection, often a wake-up).", func(v *VsockMetrics) uint64 { return v.HostEvents })
 	c("microvm_vsock_epoll_interest_changes_total", "Changes to what a host socket's epoll registration asks for (the ready-gate option).", func(v *VsockMetrics) uint64 { return v.InterestChanges })
+	c("microvm_vsock_tx_interrupts_total", "TX-completion interrupts the device raised.", func(v *VsockMetrics) uint64 { return v.TxInterrupts })
+	c("microvm_vsock_tx_interrupts_covered_total", "TX-completion interrupts not raised because the RX interrupt held to the end of the TX batch served them on the shared line (the irq-coalesce option).", func(v *VsockMetrics) uint64 { return v.TxInterruptsCovered })
 	c("microvm_vsock_credit_updates_sent_total", "CREDIT_UPDATE packets sent to the guest.", func(v *VsockMetrics) uint64 { return v.CreditUpdatesSent })
 	c("microvm_vsock_credit_stalls_total", "Credit grants cut short by the device-wide buffer bound (--vsock-buffer-total).", func(v *VsockMetrics) uint64 { return v.CreditStalls })
 	c("microvm_vsock_transport_resets_total", "Host-side transport resets (Machine.ResetVsockTransport): every connection dropped.", func(v *VsockMetrics) uint64 { return v.TransportResets })

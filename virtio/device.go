@@ -52,6 +52,12 @@ type Activation struct {
 	// counts and logs it and sets DEVICE_NEEDS_RESET. Safe from any
 	// goroutine.
 	Fail func(error)
+	// SharedInterrupt says that every queue's Interrupt raises the same
+	// interrupt and that the driver looks at every queue when it comes
+	// (virtio-mmio: one line, one used-buffer status bit), so an
+	// interrupt raised for one queue after another queue's used ring was
+	// published serves both. Under vhost-user each queue has its own.
+	SharedInterrupt bool
 }
 
 // ActiveQueue is a queue plus its two signals.

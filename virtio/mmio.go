@@ -520,7 +520,7 @@ func (t *MMIO) activate() error {
 			t.Fail(err)
 		}
 	}
-	a := Activation{Mem: t.mem, Features: t.drvFeat, Fail: fail, Queues: make([]*ActiveQueue, len(sizes))}
+	a := Activation{Mem: t.mem, Features: t.drvFeat, Fail: fail, Queues: make([]*ActiveQueue, len(sizes)), SharedInterrupt: true}
 	for i, r := range t.queues {
 		if !r.ready {
 			continue

@@ -78,6 +78,11 @@ type Options struct {
 	// into a stalled connection, and every host read of what the device
 	// wrote, wakes the RX worker for nothing.
 	ReadinessGate bool
+	// IRQCoalesce: on a transport with one interrupt for every queue
+	// (virtio.Activation.SharedInterrupt: virtio-mmio), the RX interrupt
+	// of the TX worker's direct enqueues waits for the end of its batch
+	// and goes out with the batch's TX completions as one (txirq.go).
+	IRQCoalesce bool
 	//
 	// There is no copybreak (seed 004): payloads always go to the host
 	// socket straight from guest memory (writev); only what the socket
@@ -87,7 +92,7 @@ type Options struct {
 }
 
 // DefaultOptions are the optimisations enabled by default.
-var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true}
+var DefaultOptions = Options{KickSuppress: true, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true, IRQCoalesce: true}
 
 // Dialer opens host-side connections for guest-initiated requests. Dial is
 // called on its own goroutine and may block up to timeout; it returns a
@@ -173,17 +178,22 @@ type Stats struct {
 	// the ready list and a wake-up, instead of putting it in the RX ring
 	// itself: the hop DirectEnqueue removes. Host data the RX worker
 	// learns of by its own epoll is no hand-off.
-	RxHandoffs        uint64
-	TxKicks, RxKicks  uint64 // queue notifications observed by the workers
-	Interrupts        uint64 // RX interrupts sent (TX ones are not counted)
-	HostWriteStalls   uint64 // host writes the socket took only in part (writev or buffer flush)
-	HostReadsEmpty    uint64 // host socket reads that found nothing (EAGAIN): the syscalls ShortReadDrains saves
-	InterestChanges   uint64 // epoll_ctl calls changing what a host socket's registration asks for (ReadinessGate)
-	HostEvents        uint64 // epoll events of host sockets the RX worker handled: each one a look at the connection, often a wake-up
-	CreditUpdatesSent uint64 // CREDIT_UPDATE packets sent
-	LateRWDropped     uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
-	SeqToHost         uint64 // SEQPACKET messages written to host sockets, one record each
-	SeqToGuest        uint64 // SEQPACKET records from host sockets sent to the guest, one message each
+	RxHandoffs       uint64
+	TxKicks, RxKicks uint64 // queue notifications observed by the workers
+	Interrupts       uint64 // RX interrupts sent
+	TxInterrupts     uint64 // TX-completion interrupts sent
+	// TxInterruptsCovered counts TX-completion interrupts not sent
+	// because the RX interrupt held to the end of the batch announced
+	// them on the shared line (IRQCoalesce).
+	TxInterruptsCovered uint64
+	HostWriteStalls     uint64 // host writes the socket took only in part (writev or buffer flush)
+	HostReadsEmpty      uint64 // host socket reads that found nothing (EAGAIN): the syscalls ShortReadDrains saves
+	InterestChanges     uint64 // epoll_ctl calls changing what a host socket's registration asks for (ReadinessGate)
+	HostEvents          uint64 // epoll events of host sockets the RX worker handled: each one a look at the connection, often a wake-up
+	CreditUpdatesSent   uint64 // CREDIT_UPDATE packets sent
+	LateRWDropped       uint64 // RW packets the guest sent before it saw the device's SHUTDOWN(BOTH): the host had gone
+	SeqToHost           uint64 // SEQPACKET messages written to host sockets, one record each
+	SeqToGuest          uint64 // SEQPACKET records from host sockets sent to the guest, one message each
 	// BufferGranted is the guest->host buffer space granted to open
 	// connections now (at most Config.MaxBuffered); CreditStalls counts
 	// the grants Config.MaxBuffered cut short.
@@ -224,7 +234,7 @@ var GuestErrorKinds = []virtio.GuestErrorKind{virtio.GuestErrHeader, virtio.Gues
 // that sees the event: no lock, no map on the data path.
 type counters struct {
 	txPackets, rxPackets, txBytes, rxBytes, connsOpened, rstSent, droppedRsts,
-	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, hostWriteStalls, hostReadsEmpty, interestChanges, hostEvents, creditUpdates, lateRW,
+	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, txInterrupts, txIRQCovered, hostWriteStalls, hostReadsEmpty, interestChanges, hostEvents, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
 	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
@@ -372,7 +382,8 @@ func (d *Device) Stats() Stats {
 		ConnsReset: c.connsReset.Load(), RxQueueFull: c.rxQueueFull.Load(),
 		RstSent: c.rstSent.Load(), DroppedRsts: c.droppedRsts.Load(),
 		DirectEnqueues: c.directEnqueues.Load(), RxHandoffs: c.rxHandoffs.Load(), TxKicks: c.txKicks.Load(), RxKicks: c.rxKicks.Load(),
-		Interrupts: c.interrupts.Load(), HostWriteStalls: c.hostWriteStalls.Load(), HostReadsEmpty: c.hostReadsEmpty.Load(), InterestChanges: c.interestChanges.Load(), HostEvents: c.hostEvents.Load(),
+		Interrupts: c.interrupts.Load(), TxInterrupts: c.txInterrupts.Load(),
+		TxInterruptsCovered: c.txIRQCovered.Load(), HostWriteStalls: c.hostWriteStalls.Load(), HostReadsEmpty: c.hostReadsEmpty.Load(), InterestChanges: c.interestChanges.Load(), HostEvents: c.hostEvents.Load(),
 		CreditUpdatesSent: c.creditUpdates.Load(), LateRWDropped: c.lateRW.Load(),
 		KickSuppressions: c.kickSuppressions.Load(), BatchedPackets: c.batchedPackets.Load(),
 		DgramTx: c.dgramTx.Load(), DgramRx: c.dgramRx.Load(),

@@ -32,6 +32,7 @@
 //     control packets to it. They ask the state machine at each event and
 //     move bytes; they never set a connection's state themselves.
 //   - interest.go: what each host socket's epoll registration asks for.
+//   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
 //   - budget.go: the device-wide buffer bound; event.go: the event queue;
 //     dgram.go: datagrams; uds.go: the host's Unix sockets.
 //
@@ -196,7 +197,9 @@
 // wait in the byte queue), ReadinessGate (epoll asks only for the
 // host-socket events the device can act on: no EPOLLIN while host data waits
 // without credit, EPOLLOUT only while bytes wait in the byte queue;
-// interest.go). Each
+// interest.go), IRQCoalesce (on a shared virtio-mmio line the RX
+// interrupt of the TX worker's direct enqueues waits for the end of its
+// batch and goes out with the TX completions as one; txirq.go). Each
 // moves a counter of its own in Stats (DirectEnqueues, KickSuppressions,
 // BatchedPackets, InterestChanges; HostReadsEmpty, the other way round:
 // only when off, on every drained socket) as TestOptions checks; the CLI sets them with --vsock-opt, and make

@@ -16,6 +16,10 @@ type rxState struct {
 	iov    iovecs
 	views  [][]byte
 	rooms  [rxReadBatch]uint64 // payload room of each popped buffer
+	// irq is the TX worker's held interrupt when this is its scratch
+	// (the RX interrupts of its direct enqueues may join it: txirq.go);
+	// nil for every other producer.
+	irq *txIRQ
 }
 
 // rxLoop is the RX worker: it waits on epoll for host sockets, RX kicks (the
@@ -192,7 +196,7 @@ func (s *session) rxPass(st *rxState) {
 			break
 		}
 	}
-	s.publishRX()
+	s.publishRX(nil)
 }
 
 // countQueueFull counts an RX pass cut short for want of guest RX buffers
@@ -203,8 +207,10 @@ func (s *session) countQueueFull() {
 	}
 }
 
-// publishRX makes the used RX entries visible and interrupts the guest once.
-func (s *session) publishRX() {
+// publishRX makes the used RX entries visible and interrupts the guest once,
+// or leaves the interrupt to the TX worker's held one (h not nil, see
+// txirq.go).
+func (s *session) publishRX(h *txIRQ) {
 	s.rxMu.Lock()
 	defer s.rxMu.Unlock()
 	if !s.rxPushed || s.failed.Load() {
@@ -220,7 +226,7 @@ func (s *session) publishRX() {
 		s.failDevice(err)
 		return
 	}
-	if need {
+	if need && !s.holdRX(h) {
 		s.d.ctr.interrupts.Add(1)
 		s.rx.Interrupt()
 	}
@@ -249,10 +255,10 @@ func (s *session) emitOrQueueLocked(c *conn, scratch *rxState) (wake bool) {
 			}
 			if s.emitConnLocked(st, c, budget) && !c.hasRxWork() {
 				s.d.ctr.directEnqueues.Add(1)
-				s.publishRX()
+				s.publishRX(st.irq)
 				return false
 			}
-			s.publishRX()
+			s.publishRX(st.irq)
 		}
 	}
 	if c.hasRxWork() {

@@ -35,6 +35,10 @@ type session struct {
 	drx, dtx *virtio.ActiveQueue
 	// seqpacket: the driver accepted FeatureSeqpacket.
 	seqpacket bool
+	// sharedIRQ: the transport raises one interrupt for every queue
+	// (virtio.Activation.SharedInterrupt), so an RX interrupt serves TX
+	// completions published before it (txirq.go).
+	sharedIRQ bool
 	// ev is the event queue (5.10.6.7), nil when the driver did not set it
 	// up or the vhost-user front-end keeps it. Used only under rxMu, by
 	// the RX worker, which also watches its kicks.
@@ -92,6 +96,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
 		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
 		seqpacket: a.Features&FeatureSeqpacket != 0,
+		sharedIRQ: a.SharedInterrupt,
 		budget:    newBudget(&d.cfg),
 	}
 	var err error

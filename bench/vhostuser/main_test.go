@@ -285,8 +285,8 @@ func TestOptionSets(t *testing.T) {
 			}
 		}
 	}
-	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off,ready-gate=off" ||
-		sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,short-read=on,sndbuf=on,ready-gate=on" {
+	if sets["all-off"] != "kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off,ready-gate=off,irq-coalesce=off" ||
+		sets["all-on"] != "kick-suppress=on,direct-enqueue=on,batch=on,short-read=on,sndbuf=on,ready-gate=on,irq-coalesce=on" {
 		t.Errorf("all-off %q, all-on %q", sets["all-off"], sets["all-on"])
 	}
 }

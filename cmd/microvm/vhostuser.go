@@ -196,6 +196,6 @@ func formatVsockOpt(o vsockOpt) string {
 		}
 		return "off"
 	}
-	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s,ready-gate=%s,dgram=%s",
-		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), onOff(o.ShortReadDrains), onOff(o.SendBuffer), onOff(o.ReadinessGate), onOff(o.Dgram))
+	return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s,ready-gate=%s,irq-coalesce=%s,dgram=%s",
+		onOff(o.KickSuppress), onOff(o.DirectEnqueue), onOff(o.BatchLock), onOff(o.ShortReadDrains), onOff(o.SendBuffer), onOff(o.ReadinessGate), onOff(o.IRQCoalesce), onOff(o.Dgram))
 }

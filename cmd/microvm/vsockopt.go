@@ -12,13 +12,13 @@ import (
 func vsockOptFlag() opt {
 	return stringOpt("vsock-opt", "",
 		"vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: "+
-			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, sndbuf=on|off, ready-gate=on|off, "+
+			"kick-suppress=on|off, direct-enqueue=on|off, batch=on|off, short-read=on|off, sndbuf=on|off, ready-gate=on|off, irq-coalesce=on|off, "+
 			"dgram=on|off (experimental datagrams, off by default: host sockets PATH.dgram and PATH_<port>.dgram) "+
 			"(e.g. kick-suppress=off,batch=off)")
 }
 
 // vsockOptKeys are the keys --vsock-opt knows, in the order help lists them.
-var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "short-read", "sndbuf", "ready-gate", "dgram"}
+var vsockOptKeys = []string{"kick-suppress", "direct-enqueue", "batch", "short-read", "sndbuf", "ready-gate", "irq-coalesce", "dgram"}
 
 // vsockOpt is what --vsock-opt selects: the data-path optimisations, and
 // whether the device offers datagrams (vsock.Config.Dgram; a feature, not an
@@ -62,6 +62,8 @@ func parseVsockOpt(s string) (vsockOpt, error) {
 			flag = &o.SendBuffer
 		case "ready-gate":
 			flag = &o.ReadinessGate
+		case "irq-coalesce":
+			flag = &o.IRQCoalesce
 		case "dgram":
 			flag = &o.Dgram
 		default:

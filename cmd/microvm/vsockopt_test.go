@@ -31,10 +31,11 @@ func TestParseVsockOpt(t *testing.T) {
 		{"short-read=off", with(func(o *vsock.Options) { o.ShortReadDrains = false })},
 		{"sndbuf=off", with(func(o *vsock.Options) { o.SendBuffer = false })},
 		{"ready-gate=off", with(func(o *vsock.Options) { o.ReadinessGate = false })},
+		{"irq-coalesce=off", with(func(o *vsock.Options) { o.IRQCoalesce = false })},
 		{"kick-suppress=off,direct-enqueue=on,batch=off",
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true}},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: false, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true, IRQCoalesce: true}},
 		{" batch = off , kick-suppress=on", with(func(o *vsock.Options) { o.BatchLock = false })},
-		{"kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off,ready-gate=off", vsock.Options{}},
+		{"kick-suppress=off,direct-enqueue=off,batch=off,short-read=off,sndbuf=off,ready-gate=off,irq-coalesce=off", vsock.Options{}},
 	}
 	for _, tc := range tests {
 		got, err := parseVsockOpt(tc.in)
@@ -90,7 +91,7 @@ func TestVsockOptUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, short-read, sndbuf, ready-gate, dgram)`},
+		{"unknown key", run("kick-supress=off"), `--vsock-opt "kick-supress=off": unknown key "kick-supress" (keys: kick-suppress, direct-enqueue, batch, short-read, sndbuf, ready-gate, irq-coalesce, dgram)`},
 		{"bad boolean", run("batch=no"), `--vsock-opt "batch=no": batch=no: want on or off`},
 		{"no value", run("batch"), `"batch" is not KEY=VALUE`},
 		{"empty item", run("batch=off,,kick-suppress=on"), `"" is not KEY=VALUE`},
@@ -115,7 +116,7 @@ func TestRunConfigVsockOpt(t *testing.T) {
 	}{
 		{nil, vsock.DefaultOptions},
 		{[]string{"--vsock-opt", "kick-suppress=off"},
-			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true}},
+			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true, IRQCoalesce: true}},
 	} {
 		var got *microvm.Config
 		cmd := runCommand(nil, nil, nil)

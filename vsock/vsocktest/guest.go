@@ -65,6 +65,16 @@ type Options struct {
 	Timeout   time.Duration // bound on every wait; default DefaultTimeout
 	// NoEventQueue activates without the event queue (as vhost-user may).
 	NoEventQueue bool
+	// SharedInterrupt activates as virtio-mmio does: one interrupt for
+	// every queue, and the guest looks at every queue when it comes
+	// (virtio.Activation.SharedInterrupt). UnannouncedTX checks that
+	// every TX completion was followed by an interrupt that covers it.
+	SharedInterrupt bool
+	// InterruptsOnly makes WaitFor look at the rings only after an
+	// interrupt, as a driver that sleeps does: a device that publishes
+	// without interrupting stalls it (other calls, Sync and Within
+	// among them, still poll).
+	InterruptsOnly bool
 	// EventBuffers is how many event buffers are posted at activation: 0
 	// DefaultEventBuffers (as Linux), negative none (event.go).
 	EventBuffers int
@@ -155,9 +165,13 @@ type Guest struct {
 
 	// The driver side of the queues and their kick eventfds, for tests
 	// that craft bad rings. Replaced by each activation.
-	RX, TX, Event                *virtiotest.Queue
-	RXKick, TXKick, EventKick    *eventfd.EventFD
-	rxIrqs, txIrqs               atomic.Uint64
+	RX, TX, Event             *virtiotest.Queue
+	RXKick, TXKick, EventKick *eventfd.EventFD
+	rxIrqs, txIrqs            atomic.Uint64
+	// txAnnounced is the TX used index the last interrupt covering the
+	// TX queue saw (the TX queue's own, or any with SharedInterrupt).
+	txAnnounceMu                 sync.Mutex
+	txAnnounced                  uint16
 	irq                          chan struct{}
 	active                       bool
 	failMu                       sync.Mutex
@@ -257,6 +271,7 @@ func (g *Guest) Activate() {
 		}
 	}
 	aq := func(q *virtiotest.Queue, kick *eventfd.EventFD, ctr *atomic.Uint64) *virtio.ActiveQueue {
+		seesTX := q == g.TX || g.Opts.SharedInterrupt
 		if err := q.Cfg.Validate(g.Mem.Memory, n); err != nil {
 			tb.Fatalf("vsocktest: queue config: %v", err)
 		}
@@ -265,6 +280,9 @@ func (g *Guest) Activate() {
 			Kick:  kick,
 			Interrupt: func() {
 				ctr.Add(1)
+				if seesTX {
+					g.noteTXAnnounced()
+				}
 				select {
 				case g.irq <- struct{}{}:
 				default:
@@ -294,7 +312,11 @@ func (g *Guest) Activate() {
 	}
 	g.pending = nil
 	g.conns = map[connKey]*Conn{}
-	g.Activation = virtio.Activation{Mem: g.Mem.Memory, Features: g.Features(), Queues: qs, Fail: g.fail}
+	g.txAnnounceMu.Lock()
+	g.txAnnounced = 0
+	g.txAnnounceMu.Unlock()
+	g.Activation = virtio.Activation{Mem: g.Mem.Memory, Features: g.Features(), Queues: qs, Fail: g.fail,
+		SharedInterrupt: g.Opts.SharedInterrupt}
 	g.ownKicks = []*eventfd.EventFD{g.RXKick, g.TXKick, g.EventKick, g.DRXKick, g.DTXKick}
 	if g.Opts.Transport != nil {
 		kicks, err := g.Opts.Transport.Activate(g, g.Activation)
@@ -387,6 +409,39 @@ func (g *Guest) Fails() []error {
 // Interrupts returns how many interrupts the device raised on the RX and TX
 // queues.
 func (g *Guest) Interrupts() (rx, tx uint64) { return g.rxIrqs.Load(), g.txIrqs.Load() }
+
+// txUsedIdx reads the TX ring's used index from guest memory.
+func (g *Guest) txUsedIdx() uint16 {
+	v, err := g.Mem.Load16Acquire(g.TX.Cfg.Used + 2)
+	if err != nil {
+		panic(fmt.Sprintf("vsocktest: TX used index: %v", err))
+	}
+	return v
+}
+
+// noteTXAnnounced records, from an interrupt that covers the TX queue,
+// the TX used index it announces: the device published it before
+// raising the interrupt. Interrupts may come from several goroutines at
+// once; the furthest index wins.
+func (g *Guest) noteTXAnnounced() {
+	v := g.txUsedIdx()
+	g.txAnnounceMu.Lock()
+	if int16(v-g.txAnnounced) > 0 {
+		g.txAnnounced = v
+	}
+	g.txAnnounceMu.Unlock()
+}
+
+// UnannouncedTX is how many TX completions the device has published that
+// no interrupt covering the TX queue followed. The guest always asks for
+// TX interrupts, so once the device is quiet it must be 0: a held-back
+// interrupt never sent shows here.
+func (g *Guest) UnannouncedTX() uint16 {
+	v := g.txUsedIdx()
+	g.txAnnounceMu.Lock()
+	defer g.txAnnounceMu.Unlock()
+	return v - g.txAnnounced
+}
 
 // cuts returns where a buffer of n bytes is split into k descriptors: once
 // inside the header, once inside the rest.
@@ -666,8 +721,11 @@ func (g *Guest) Received() (packets, bytes uint64) { return g.received, g.rxByte
 func (g *Guest) WaitFor(what string, cond func() bool) {
 	g.TB.Helper()
 	deadline := time.Now().Add(g.Opts.Timeout)
+	irq := !g.Opts.InterruptsOnly // look at the rings this time round
 	for {
-		g.Poll()
+		if irq {
+			g.Poll()
+		}
 		if cond() {
 			return
 		}
@@ -678,10 +736,12 @@ func (g *Guest) WaitFor(what string, cond func() bool) {
 		g.tick.Reset(time.Millisecond)
 		select {
 		case <-g.irq:
+			irq = true
 			if !g.tick.Stop() {
 				<-g.tick.C
 			}
 		case <-g.tick.C:
+			irq = !g.Opts.InterruptsOnly
 		}
 	}
 }
