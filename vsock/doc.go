@@ -32,7 +32,6 @@
 //     control packets to it. They ask the state machine at each event and
 //     move bytes; they never set a connection's state themselves.
 //   - interest.go: what each host socket's epoll registration asks for.
-//   - rxspare.go: RX buffers a host read popped and left empty.
 //   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
 //   - budget.go: the device-wide buffer bound; event.go: the event queue;
 //     dgram.go: datagrams; uds.go: the host's Unix sockets.
@@ -105,13 +104,11 @@
 //
 // A goroutine that hands a connection to the RX worker (the ready list)
 // wakes the worker only after unlocking that connection (emitOrQueueLocked
-// reports the wake-up due): the worker's first step is to lock it. rxMu is
-// never held across a data-moving call: the RX side pops the guest buffers
-// a host read may fill under it, reads into them without it and pushes
-// them under it again, the empty ones going to a spare list every pop
-// takes from first (rxspare.go). Still held across one: the connection's
-// lock, over that readv and over the TX side's writev to the host socket
-// (it keeps one connection's bytes in order).
+// reports the wake-up due): the worker's first step is to lock it. Still
+// held across a data-moving call: the RX side's readv from a host socket
+// into guest buffers runs under the connection's lock and rxMu (popped
+// buffers are given back in order with Undo), and the TX side's writev to
+// a host socket under the connection's lock.
 //
 // # A packet's path
 //

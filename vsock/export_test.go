@@ -24,11 +24,6 @@ type Probe struct {
 	ConnsOpenStat int64 // Stats.ConnsOpen
 	Dials         int64 // dial goroutines in flight
 	Rsts          int   // RSTs queued for the guest
-	// RxOut is how many guest RX buffers the device popped and did not
-	// return; RxSpare how many of them wait on the spare list. At rest
-	// (Idle) they are the same: a buffer popped for a host read and
-	// neither filled nor kept is lost to the guest for good.
-	RxOut, RxSpare int
 
 	BudgetUsed, BudgetLimit uint64
 	Exposure                uint64 // sum of every connection's exposure
@@ -114,12 +109,11 @@ func (d *Device) Probe() Probe {
 	p.Dials = s.dials.Load()
 	s.rxMu.Lock()
 	p.Rsts = len(s.rsts)
-	p.RxOut, p.RxSpare = int(s.rx.LastAvail()-s.rx.NextUsed()), s.rxSpare.n
 	work := len(s.ready) > 0 || len(s.rsts) > 0
 	pushed := s.rxPushed
 	avail := false
 	if work && !p.Failed {
-		avail, _ = s.rxAvailableLocked()
+		avail, _ = s.rx.HasAvailable()
 	}
 	s.rxMu.Unlock()
 	p.Idle = p.Dials == 0 && !pushed && !avail && s.rxSleeping.Load() && !s.budget.freed.Load() && !pollIn(s.epfd)

@@ -15,8 +15,7 @@ type rxState struct {
 	events [64]unix.EpollEvent
 	iov    iovecs
 	views  [][]byte
-	rooms  [rxReadBatch]uint64       // payload room of each popped buffer
-	chains [rxReadBatch]virtio.Chain // the buffers one host read fills
+	rooms  [rxReadBatch]uint64 // payload room of each popped buffer
 	// irq is the TX worker's held interrupt when this is its scratch
 	// (the RX interrupts of its direct enqueues may join it: txirq.go);
 	// nil for every other producer.
@@ -92,7 +91,7 @@ func (s *session) rxHasWork() bool {
 	if len(s.ready) == 0 && len(s.rsts) == 0 {
 		return false
 	}
-	ok, err := s.rxAvailableLocked()
+	ok, err := s.rx.HasAvailable()
 	if err != nil {
 		s.failDevice(err)
 		return false
@@ -352,33 +351,56 @@ const rxReadBatch = 16
 // emitData sends host data to the guest as RW packets: the CONNECT prefix
 // first, then straight from the host socket into guest buffers with one
 // readv across up to rxReadBatch of them (header space skipped), as much as
-// the guest's credit allows. The buffers are popped under rxMu, filled
-// without it, and pushed under it again; those left empty go to the spare
-// list (rxspare.go). The read never blocks. Called with c.mu held, not
-// rxMu.
+// the guest's credit allows. rxMu is held across the read so that unused
+// buffers can be given back (Undo) in order; the read never blocks. Called
+// with c.mu held.
 func (s *session) emitData(st *rxState, c *conn) emitResult {
 	if c.typ == TypeSeqpacket {
 		return s.emitSeqData(st, c)
 	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
 	credit := uint64(c.peerCredit())
 	if credit == 0 {
 		return emitStop
 	}
-	popped, r := s.popForRead(st, c, credit)
-	if popped == 0 {
-		return r
-	}
-	// giveBack returns the buffers from k on to the spare list.
-	giveBack := func(k int) {
-		s.rxMu.Lock()
-		for ; k < popped; k++ {
-			s.rxSpare.put(&st.chains[k])
+	popped := 0
+	undo := func(k int) {
+		for ; k > 0; k-- {
+			s.rx.Undo()
 		}
-		s.rxMu.Unlock()
 	}
+	st.views = st.views[:0]
 	var total uint64
-	for _, room := range st.rooms[:popped] {
+	for popped < rxReadBatch && total < credit && (popped == 0 || len(c.prefix) == 0) {
+		ch := &s.rxChains[popped]
+		ok, err := s.rx.Pop(ch)
+		if err != nil {
+			undo(popped)
+			s.failDevice(err)
+			return emitNoBuffers
+		}
+		if !ok {
+			break
+		}
+		if ch.WritableLen() <= HeaderSize {
+			// A buffer without room after the header can never carry
+			// data: left at the head of the ring it would be retried
+			// forever.
+			undo(popped + 1)
+			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
+			return emitNoBuffers
+		}
+		room := min(ch.WritableLen()-HeaderSize, MaxPacketPayload, credit-total)
+		st.rooms[popped] = room
+		w := ch.Writer()
+		w.Advance(HeaderSize) // the header goes in once the length is known
+		st.views = w.Views(st.views, room)
 		total += room
+		popped++
+	}
+	if popped == 0 {
+		return emitNoBuffers
 	}
 	var got int
 	if len(c.prefix) > 0 {
@@ -397,14 +419,14 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		case isAgain(err):
 			c.hostReadable = false
 			s.d.ctr.hostReadsEmpty.Add(1)
-			giveBack(0)
+			undo(popped)
 			return emitStop
 		case err != nil:
-			giveBack(0)
+			undo(popped)
 			s.d.log.WithError(err).Debug("vsock: host read")
 			return emitReset
 		case got == 0:
-			giveBack(0)
+			undo(popped)
 			hostEOFLocked(c)
 			return emitStop
 		case uint64(got) < total && s.opts.ShortReadDrains && !c.hostClosing:
@@ -417,22 +439,15 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		}
 	}
 	// The bytes fill the buffers in order; each filled buffer becomes one
-	// packet and the ones left empty go to the spare list.
+	// packet and the ones left empty go back to the ring.
+	filled := 0
 	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
 		Type: TypeStream, Op: OpRW}
 	s.grantLocked(c)
 	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 	var hb [HeaderSize]byte
-	s.rxMu.Lock()
-	defer s.rxMu.Unlock()
-	if s.failed.Load() {
-		// Failed while the read ran: a failed device does not touch the
-		// ring, and what was read is lost with the device.
-		return emitNoBuffers
-	}
-	filled := 0
 	for left := uint64(got); left > 0; filled++ {
-		ch := &st.chains[filled]
+		ch := &s.rxChains[filled]
 		k := min(left, st.rooms[filled])
 		h.Len = uint32(k)
 		h.Encode(hb[:])
@@ -447,62 +462,10 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		s.d.ctr.rxPackets.Add(1)
 		s.d.ctr.rxBytes.Add(k)
 	}
-	for k := filled; k < popped; k++ {
-		s.rxSpare.put(&st.chains[k])
-	}
+	undo(popped - filled)
 	s.rxPushed = true
 	c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
 	return emitSent
-}
-
-// popForRead pops the guest RX buffers one host read may fill, up to
-// credit bytes (one buffer while a CONNECT prefix is left), into
-// st.chains, with their payload room in st.rooms and views past the header
-// space in st.views. When it pops none it says why (no buffer, or a
-// broken one that failed the device). Called with c.mu held; takes rxMu.
-func (s *session) popForRead(st *rxState, c *conn, credit uint64) (int, emitResult) {
-	s.rxMu.Lock()
-	defer s.rxMu.Unlock()
-	if s.failed.Load() {
-		return 0, emitNoBuffers
-	}
-	popped := 0
-	st.views = st.views[:0]
-	var total uint64
-	for popped < rxReadBatch && total < credit && (popped == 0 || len(c.prefix) == 0) {
-		ch := &st.chains[popped]
-		ok, err := s.popRXLocked(ch)
-		if err != nil {
-			s.failDevice(err)
-			break
-		}
-		if !ok {
-			break
-		}
-		if ch.WritableLen() <= HeaderSize {
-			// A buffer without room after the header can never carry
-			// data: left at the head of the ring it would be retried
-			// forever.
-			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
-			popped++
-			break
-		}
-		room := min(ch.WritableLen()-HeaderSize, MaxPacketPayload, credit-total)
-		st.rooms[popped] = room
-		w := ch.Writer()
-		w.Advance(HeaderSize) // the header goes in once the length is known
-		st.views = w.Views(st.views, room)
-		total += room
-		popped++
-	}
-	if s.failed.Load() {
-		for k := 0; k < popped; k++ {
-			s.rxSpare.put(&st.chains[k])
-		}
-		clear(st.views)
-		return 0, emitNoBuffers
-	}
-	return popped, emitNoBuffers
 }
 
 // hostEOFLocked records that the host shut down its sending side; the
@@ -534,7 +497,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	var hb [HeaderSize]byte
 	ch := &s.rxChain
 	for c.recOff < len(c.rec) {
-		ok, err := s.popRXLocked(ch)
+		ok, err := s.rx.Pop(ch)
 		if err != nil {
 			s.failDevice(err)
 			return emitNoBuffers
@@ -543,7 +506,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 			return emitNoBuffers
 		}
 		if ch.WritableLen() <= HeaderSize {
-			s.rxSpare.put(ch)
+			s.rx.Undo()
 			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
 			return emitNoBuffers
 		}
@@ -649,7 +612,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	ch := &s.rxChain
-	ok, err := s.popRXLocked(ch)
+	ok, err := s.rx.Pop(ch)
 	if err != nil {
 		s.failDevice(err)
 		return false
@@ -658,7 +621,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	if ch.WritableLen() < HeaderSize {
-		s.rxSpare.put(ch)
+		s.rx.Undo()
 		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
 		return false
 	}
