@@ -36,8 +36,8 @@ type session struct {
 	// seqpacket: the driver accepted FeatureSeqpacket.
 	seqpacket bool
 	// sharedIRQ: the transport raises one interrupt for every queue
-	// (virtio.Activation.SharedInterrupt), so an RX interrupt serves TX
-	// completions published before it (txirq.go).
+	// (virtio.Activation.SharedInterrupt), so one interrupt after both
+	// rings were published serves both (txirq.go).
 	sharedIRQ bool
 	// ev is the event queue (5.10.6.7), nil when the driver did not set it
 	// up or the vhost-user front-end keeps it. Used only under rxMu, by

@@ -43,7 +43,8 @@ type txState struct {
 	// rx is scratch for host data this worker puts in the RX ring itself
 	// (DirectEnqueue).
 	rx rxState
-	// irq is the TX-completion interrupt held back (IRQCoalesce).
+	// irq is the RX interrupt of this worker's direct enqueues, held to
+	// the end of the batch (IRQCoalesce, txirq.go).
 	irq txIRQ
 }
 

@@ -207,21 +207,7 @@ func TestRunAsUser(t *testing.T) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := hybrid.Dial(ctx, uds, 1234)
-	if err != nil {
-		t.Fatalf("dial: %v; stderr:\n%s", err, c.stderr.String())
-	}
-	msg := []byte("as nobody")
-	_, _ = conn.Write(msg)
-	_ = conn.CloseWrite()
-	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	got, err := io.ReadAll(conn)
-	conn.Close()
-	if err != nil || !bytes.Equal(got, msg) {
-		t.Errorf("echo %q, %v; want %q", got, err, msg)
-	}
+	echoThrough(t, c, uds, 1234, []byte("as nobody"))
 	if s := c.waitExit(t, 30*time.Second); s != 0 {
 		t.Errorf("exit status %d, want 0; stderr:\n%s", s, c.stderr.String())
 	}
