@@ -163,16 +163,16 @@ func (c *conn) exposureLocked() uint64 {
 // windowLocked is the window c aims for: SEQPACKET the full ConnBuffer
 // (below), a stream the window it has grown to, at least base. Called with
 // c.mu held.
-func (s *session) windowLocked(c *conn) uint64 {
+func (c *conn) windowLocked() uint64 {
 	if c.window == 0 {
-		c.window = uint32(s.budget.base)
+		c.window = uint32(c.env.budget.base)
 		if c.typ == TypeSeqpacket {
 			// A Linux guest refuses (EMSGSIZE) a message larger than the
 			// buf_alloc it was told, and never sends part of one to ask
 			// for more, so a SEQPACKET window cannot start small and
 			// grow with use: it aims for the full ConnBuffer from its
 			// REQUEST or RESPONSE on.
-			c.window = s.d.cfg.ConnBuffer
+			c.window = c.env.cfg.ConnBuffer
 		}
 	}
 	return uint64(c.window)
@@ -193,14 +193,14 @@ func (s *session) windowLocked(c *conn) uint64 {
 //
 // Called with c.mu held, before a packet carries c.bufAlloc and c.grantFwd
 // to the guest.
-func (s *session) grantLocked(c *conn) {
+func (c *conn) grantLocked() {
 	if c.sm.state == stateClosed {
 		return
 	}
-	target := s.windowLocked(c)
+	target := c.windowLocked()
 	if c.typ == TypeStream {
-		open := uint64(max(s.d.ctr.connsOpen.Load(), 1))
-		target = min(target, max(s.budget.limit/open, s.budget.base))
+		open := uint64(max(c.env.ctr.connsOpen.Load(), 1))
+		target = min(target, max(c.env.budget.limit/open, c.env.budget.base))
 	}
 	exp := c.exposureLocked()
 	if exp >= target {
@@ -209,19 +209,19 @@ func (s *session) grantLocked(c *conn) {
 	// bufAlloc <= window, so held-back fwd_cnt and growth cover want.
 	held := uint64(c.fwdCnt - c.grantFwd)
 	want := target - exp
-	got := s.budget.grow(exp, want)
+	got := c.env.budget.grow(exp, want)
 	r := min(got, held)
 	c.grantFwd += uint32(r)
 	c.bufAlloc += uint32(got - r)
 	if got == want {
 		return
 	}
-	s.d.ctr.creditStalls.Add(1)
+	c.env.ctr.creditStalls.Add(1)
 	if r < held || c.typ == TypeSeqpacket {
-		s.budget.starve(c)
+		c.env.budget.starve(c)
 		return
 	}
-	c.window = max(c.bufAlloc, uint32(s.budget.base))
+	c.window = max(c.bufAlloc, uint32(c.env.budget.base))
 }
 
 // growWindowLocked doubles a stream connection's window (up to ConnBuffer)
@@ -236,24 +236,24 @@ func (s *session) grantLocked(c *conn) {
 // runs out leaves it never quite filling the window, and a sender kept
 // from ever blocking would otherwise stop growing below ConnBuffer. Called
 // with c.mu held, after the guest's bytes were counted in c.fromGuest.
-func (s *session) growWindowLocked(c *conn) {
-	if c.typ != TypeStream || c.window == 0 || c.window >= s.d.cfg.ConnBuffer {
+func (c *conn) growWindowLocked() {
+	if c.typ != TypeStream || c.window == 0 || c.window >= c.env.cfg.ConnBuffer {
 		return
 	}
 	if c.fromGuest-c.lastFwd < c.window/2 {
 		return
 	}
-	c.window = min(2*c.window, s.d.cfg.ConnBuffer) // ConnBuffer <= 2^30: no wrap
+	c.window = min(2*c.window, c.env.cfg.ConnBuffer) // ConnBuffer <= 2^30: no wrap
 	c.sm.pend |= pendCredit
 }
 
 // forwardedLocked records n guest bytes the host socket took: they leave
 // the device's buffers and the exposure. Called with c.mu held.
-func (s *session) forwardedLocked(c *conn, n uint32) {
+func (c *conn) forwardedLocked(n uint32) {
 	exp := c.exposureLocked()
 	c.fwdCnt += n
-	if s.budget.shrink(exp, uint64(n)) {
-		s.wakeRX()
+	if c.env.budget.shrink(exp, uint64(n)) {
+		c.env.mux.wakeRX()
 	}
 }
 

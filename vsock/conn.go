@@ -24,7 +24,8 @@ func (k connKey) String() string { return fmt.Sprintf("%d<->%d", k.hostPort, k.g
 // session's rxMu instead (it mirrors membership of the RX ready list).
 type conn struct {
 	key connKey
-	typ uint16 // TypeStream or TypeSeqpacket, fixed at creation
+	typ uint16   // TypeStream or TypeSeqpacket, fixed at creation
+	env *connEnv // the session's muxer and settings (mux.go)
 
 	mu sync.Mutex
 	// sm is the protocol state (connsm.go): state, shutdown flags of

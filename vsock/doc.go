@@ -23,25 +23,54 @@
 //     host socket, start the close timer, send RST). Tested alone, without
 //     goroutines or sockets (connsm_test.go: every transition, and random
 //     and fuzzed walks against its invariants).
+//   - mux.go: the seam between a connection and the muxer: the narrow
+//     interface (mux) through which a connection reaches what all
+//     connections share (the table, the epoll set, the RST queue), and
+//     connEnv, the settings and counters they share.
 //   - conn.go: a connection's data: credit counters, the bytes waiting for
-//     the host, SEQPACKET messages and records.
-//   - session.go: the muxer: the connection table, host socket
-//     registration, the RST queue and the ready list, and applyLocked,
-//     which carries out a state machine's actions.
-//   - tx.go, rx.go: the workers (below): packets from the guest, data and
-//     control packets to it. They ask the state machine at each event and
-//     move bytes; they never set a connection's state themselves.
-//   - interest.go: what each host socket's epoll registration asks for.
+//     the host, SEQPACKET messages and records. A connection owns them, its
+//     host socket and its timer, and is the only one to act on its state
+//     machine's decisions:
+//   - connfx.go: the connection carrying out those decisions (applyLocked:
+//     counters, timers, "OK", half-closes, close, RST), registering its
+//     socket, taking in its readiness, letting go of it all when closed.
+//   - connwrite.go: the connection writing the guest's bytes to its host
+//     socket (straight from guest memory, or via its byte queue).
+//   - connread.go: the connection reading its host socket into the guest
+//     buffers the RX side hands it.
+//   - budget.go: the device-wide buffer bound, and each connection sizing
+//     its own window from it; interest.go: what each host socket's epoll
+//     registration asks for.
+//   - session.go: the muxer: the connection table, the descriptor index
+//     and epoll set, the RST queue and the ready list; it implements mux.
+//   - tx.go, rx.go: the workers (below), which route: packets from the
+//     guest to their connection, host readiness and data and control
+//     packets to the guest. They ask the state machine at each event and
+//     have the connection act; they never set a connection's state
+//     themselves.
 //   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
-//   - budget.go: the device-wide buffer bound; event.go: the event queue;
-//     dgram.go: datagrams; uds.go: the host's Unix sockets.
+//   - event.go: the event queue; dgram.go: datagrams; uds.go: the host's
+//     Unix sockets (one back-end, below).
 //
 // One guest packet, for example RW: txLoop pops the chain (tx.go) ->
-// handlePacket decodes and checks the header, finds the connection
-// (session.go) -> connSM.onGuestOp says whether the payload is admitted
-// (connsm.go) -> guestData checks the credit (conn.go's counters) and
-// writes the payload to the host socket, or buffers it -> endRun decides
-// on a CREDIT_UPDATE and hands RX work to rx.go.
+// handlePacket decodes and checks the header, finds the connection in the
+// muxer's table (session.go) -> connSM.onGuestOp says whether the payload
+// is admitted (connsm.go) and the connection carries out the rest
+// (connfx.go) -> conn.guestData checks the credit (conn.go's counters) and
+// writes the payload to its host socket, or buffers it (connwrite.go) ->
+// endRun decides on a CREDIT_UPDATE and hands RX work to rx.go.
+//
+// # The back-end seam
+//
+// The device does not know what is on the host side of a connection: only
+// a connected socket descriptor. Two calls make the seam. Host-initiated:
+// the back-end hands the device a socket with Device.ConnectFromHost (or
+// ConnectSeqpacketFromHost). Guest-initiated: the device asks
+// Config.Dialer (and SeqpacketDialer) for one. Two back-ends exist: the
+// Firecracker-compatible Unix sockets (uds.go: UDS for the host's
+// connections, UDSDialer for "<uds>_P") and the in-process one of the
+// root package (Machine.DialVsock hands over one end of a socketpair;
+// ListenVsock's router is the Dialer, falling back to UDSDialer).
 //
 // # Goroutines and what they own
 //

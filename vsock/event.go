@@ -115,7 +115,7 @@ func (s *session) resetTransport() {
 	for _, c := range conns {
 		c.mu.Lock()
 		if c.sm.state != stateClosed {
-			s.resetConnLocked(c)
+			c.resetLocked()
 			dropped++
 		}
 		c.mu.Unlock()

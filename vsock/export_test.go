@@ -155,8 +155,8 @@ func (d *Device) FireTimers() {
 		c.mu.Unlock()
 		if armed {
 			// Each acts only in its own state: at most one does anything.
-			s.onTimer(c, (*connSM).onConnectTimeout)
-			s.onTimer(c, (*connSM).onCloseTimeout)
+			c.onTimer((*connSM).onConnectTimeout)
+			c.onTimer((*connSM).onCloseTimeout)
 		}
 	}
 }

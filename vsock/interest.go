@@ -38,16 +38,16 @@ const baseEvents = unix.EPOLLRDHUP | unix.EPOLLET
 
 // initialEvents is what a host socket is registered with: data may already
 // wait (hostReadable starts true), and no guest bytes do.
-func (s *session) initialEvents() uint32 {
-	if s.opts.ReadinessGate {
+func (e *connEnv) initialEvents() uint32 {
+	if e.opts.ReadinessGate {
 		return baseEvents | unix.EPOLLIN
 	}
 	return baseEvents | unix.EPOLLIN | unix.EPOLLOUT
 }
 
 // wantEvents is what c's registration should ask for now.
-func (s *session) wantEvents(c *conn) uint32 {
-	if !s.opts.ReadinessGate {
+func (c *conn) wantEvents() uint32 {
+	if !c.env.opts.ReadinessGate {
 		return c.events
 	}
 	want := uint32(baseEvents)
@@ -69,23 +69,22 @@ func (s *session) wantEvents(c *conn) uint32 {
 
 // interestLocked brings c's epoll registration to what it should ask for.
 // Called with c.mu held.
-func (s *session) interestLocked(c *conn) {
+func (c *conn) interestLocked() {
 	if c.events == 0 || c.sm.state == stateClosed {
 		return // not registered (yet: a host client's socket waits for the guest's answer first)
 	}
-	want := s.wantEvents(c)
+	want := c.wantEvents()
 	if want == c.events {
 		return
 	}
-	ev := unix.EpollEvent{Events: want, Fd: int32(c.fd)}
-	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_MOD, c.fd, &ev); err != nil {
+	if err := c.env.mux.rearm(c.fd, want); err != nil {
 		// The descriptor is registered and open while c.fd holds it:
 		// a failure here is the host's, not the guest's. Without the
 		// events the connection would stall, so give it up.
-		s.d.log.WithError(err).Warn("vsock: epoll interest")
-		s.resetConnLocked(c)
+		c.env.log.WithError(err).Warn("vsock: epoll interest")
+		c.resetLocked()
 		return
 	}
 	c.events = want
-	s.d.ctr.interestChanges.Add(1)
+	c.env.ctr.interestChanges.Add(1)
 }

@@ -2,8 +2,6 @@ package vsock
 
 import (
 	"golang.org/x/sys/unix"
-
-	"github.com/microvm/microvm/virtio"
 )
 
 // rxBudget bounds the data packets one connection sends per turn, so one
@@ -124,23 +122,11 @@ func (s *session) hostEvent(st *rxState, fd int, events uint32) {
 	if c.fd != fd || !c.sm.live() {
 		return // stale event for a descriptor that was closed
 	}
-	if events&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.hostReadable = true
-	}
-	if events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-		c.hostClosing = true
-	}
-	if events&unix.EPOLLHUP != 0 {
-		c.sm.onHostHangup()
-	}
-	if events&unix.EPOLLOUT != 0 && c.toHost.Len() > 0 {
-		s.flushLocked(&st.iov, c)
-		s.creditCheckLocked(c)
-	}
+	c.hostEventLocked(&st.iov, events)
 	if c.hasRxWork() {
 		s.markReadyLocked(c)
 	}
-	s.interestLocked(c)
+	c.interestLocked()
 }
 
 // rxPass sends the guest what is pending, while it has RX buffers: RSTs for
@@ -189,7 +175,7 @@ func (s *session) rxPass(st *rxState) {
 		if c.hasRxWork() {
 			s.markReadyLocked(c)
 		}
-		s.interestLocked(c)
+		c.interestLocked()
 		c.mu.Unlock()
 		if out {
 			s.countQueueFull()
@@ -279,7 +265,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 	h := Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ}
 	ctl := func(op Op, flags uint32) bool {
 		h.Op, h.Flags, h.Len = op, flags, 0
-		s.grantLocked(c)
+		c.grantLocked()
 		h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 		s.rxMu.Lock()
 		ok := s.emitLocked(&h)
@@ -308,7 +294,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		case emitStop:
 			sent = budget
 		case emitReset:
-			s.resetConnLocked(c)
+			c.resetLocked()
 			return true
 		}
 		if c.sm.state == stateClosed {
@@ -316,7 +302,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		}
 	}
 	if c.sm.pend&pendCredit != 0 {
-		s.grantLocked(c)
+		c.grantLocked()
 		if c.lastFwd != c.grantFwd || c.lastBufAlloc != c.bufAlloc || c.sm.pend&pendCreditForced != 0 {
 			if !ctl(OpCreditUpdate, 0) {
 				return false
@@ -329,7 +315,7 @@ func (s *session) emitConnLocked(st *rxState, c *conn, budget int) bool {
 		if !ctl(OpShutdown, c.sm.shutFlags) {
 			return false
 		}
-		s.applyLocked(c, c.sm.onShutdownSent())
+		c.applyLocked(c.sm.onShutdownSent())
 	}
 	return true
 }
@@ -402,48 +388,18 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	if popped == 0 {
 		return emitNoBuffers
 	}
-	var got int
-	if len(c.prefix) > 0 {
-		// One buffer: copy the bytes that came with the CONNECT line.
-		got = virtio.CopyTo(st.views, 0, c.prefix[:min(uint64(len(c.prefix)), st.rooms[0])])
-		c.prefix = c.prefix[got:]
-		if len(c.prefix) == 0 {
-			c.prefix = nil
-		}
-		clear(st.views)
-	} else {
-		var err error
-		got, err = st.iov.readv(c.fd, st.views)
-		clear(st.views)
-		switch {
-		case isAgain(err):
-			c.hostReadable = false
-			s.d.ctr.hostReadsEmpty.Add(1)
-			undo(popped)
-			return emitStop
-		case err != nil:
-			undo(popped)
-			s.d.log.WithError(err).Debug("vsock: host read")
-			return emitReset
-		case got == 0:
-			undo(popped)
-			hostEOFLocked(c)
-			return emitStop
-		case uint64(got) < total && s.opts.ShortReadDrains && !c.hostClosing:
-			// A stream read returns less than asked only when the
-			// socket had no more: data that comes later raises a new
-			// EPOLLIN edge (hostEvent), so reading again now would
-			// only find EAGAIN. After a hang-up no edge announces the
-			// end of the stream: read on to it.
-			c.hostReadable = false
-		}
+	got, r := c.readHostLocked(&st.iov, st.views, st.rooms[0], total)
+	clear(st.views)
+	if r != emitSent {
+		undo(popped)
+		return r
 	}
 	// The bytes fill the buffers in order; each filled buffer becomes one
 	// packet and the ones left empty go back to the ring.
 	filled := 0
 	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
 		Type: TypeStream, Op: OpRW}
-	s.grantLocked(c)
+	c.grantLocked()
 	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 	var hb [HeaderSize]byte
 	for left := uint64(got); left > 0; filled++ {
@@ -468,14 +424,6 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	return emitSent
 }
 
-// hostEOFLocked records that the host shut down its sending side; the
-// state machine schedules the SHUTDOWN that tells the guest. Called with
-// c.mu held.
-func hostEOFLocked(c *conn) {
-	c.hostReadable = false
-	c.sm.onHostEOF()
-}
-
 // emitSeqData sends one SEQPACKET record from the host to the guest: read
 // whole from the host socket (readRecordLocked) once the guest's credit
 // covers it, then copied into as many RX buffers as it takes, one RW packet
@@ -484,7 +432,7 @@ func hostEOFLocked(c *conn) {
 // merged with another nor cut short. Called with c.mu held.
 func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	if c.recOff == len(c.rec) {
-		if r := s.readRecordLocked(st, c); r != emitSent {
+		if r := c.readRecordLocked(&st.iov, &st.views); r != emitSent {
 			return r
 		}
 	}
@@ -492,7 +440,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	defer s.rxMu.Unlock()
 	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
 		Type: TypeSeqpacket, Op: OpRW}
-	s.grantLocked(c)
+	c.grantLocked()
 	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
 	var hb [HeaderSize]byte
 	ch := &s.rxChain
@@ -538,71 +486,6 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 		c.rec = c.rec[:0]
 	}
 	return emitSent
-}
-
-// readRecordLocked reads the host socket's next record into c.rec if the
-// guest's credit covers all of it; otherwise it notes its length in
-// c.seqNeed and leaves it in the socket (dataReady waits for the credit).
-// A record larger than the guest's whole buffer could never be delivered
-// (a Linux guest hands a message to the application only once all of it is
-// in its buffer): the connection is reset. A read of 0 bytes is the end of
-// the stream, or an empty record, which no packet can carry and which is
-// dropped. Called with c.mu held, not rxMu.
-func (s *session) readRecordLocked(st *rxState, c *conn) emitResult {
-	n, _, err := st.iov.recvmsg(c.fd, nil, unix.MSG_PEEK|unix.MSG_TRUNC)
-	switch {
-	case isAgain(err):
-		c.hostReadable = false
-		return emitStop
-	case err != nil:
-		s.d.log.WithError(err).Debug("vsock: host read")
-		return emitReset
-	case n == 0:
-		if hostSeqEOF(c.fd) {
-			hostEOFLocked(c)
-			return emitStop
-		}
-		if _, _, err := st.iov.recvmsg(c.fd, nil, 0); err != nil && !isAgain(err) {
-			return emitReset
-		}
-		return emitStop
-	case uint64(n) > uint64(c.peerBufAlloc):
-		s.d.log.WithField("port", c.key.guestPort).Warnf("vsock: host record of %d bytes can never fit the guest's %d-byte buffer; resetting", n, c.peerBufAlloc)
-		return emitReset
-	case uint32(n) > c.peerCredit():
-		c.seqNeed = uint32(n)
-		return emitStop
-	}
-	c.seqNeed = 0
-	if cap(c.rec) < n {
-		c.rec = make([]byte, n)
-	}
-	c.rec = c.rec[:n]
-	st.views = append(st.views[:0], c.rec)
-	got, flags, err := st.iov.recvmsg(c.fd, st.views, 0)
-	clear(st.views)
-	if err != nil || got != n || flags&unix.MSG_TRUNC != 0 {
-		s.d.log.WithError(err).Debugf("vsock: host record: read %d of %d bytes (flags %#x)", got, n, flags)
-		c.rec = c.rec[:0]
-		return emitReset
-	}
-	c.recOff = 0
-	// A SOCK_SEQPACKET Unix socket never reports MSG_EOR, yet each of its
-	// records is a whole record: the guest sees MSG_EOR on every message.
-	c.recEnd = SeqEOM | SeqEOR
-	return emitSent
-}
-
-// hostSeqEOF tells the end of a SEQPACKET stream (the peer shut down
-// writing and nothing is queued) from an empty record, which reads the
-// same.
-func hostSeqEOF(fd int) bool {
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-	if n, err := unix.Poll(p, 0); err != nil || n == 0 || p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) == 0 {
-		return false
-	}
-	q, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
-	return err == nil && q == 0
 }
 
 // emitLocked writes a control packet (no payload) into the next RX buffer.

@@ -80,6 +80,7 @@ type session struct {
 	failed     atomic.Bool
 	dials      atomic.Int64 // dial goroutines in flight (bounded by MaxConns)
 	budget     budget       // the device-wide bound on buffered guest->host bytes
+	env        connEnv      // what the connections share; env.mux is s
 	wg         sync.WaitGroup
 }
 
@@ -99,6 +100,7 @@ func newSession(d *Device, a virtio.Activation) (*session, error) {
 		sharedIRQ: a.SharedInterrupt,
 		budget:    newBudget(&d.cfg),
 	}
+	s.env = connEnv{mux: s, cfg: &d.cfg, opts: d.opts, ctr: &d.ctr, log: d.log, budget: &s.budget}
 	var err error
 	cleanup := func() {
 		for _, e := range []*eventfd.EventFD{s.wake, s.stopRX, s.stopTX, s.resumeTX, s.stopDgram} {
@@ -190,7 +192,7 @@ func (s *session) Stop() {
 		c.mu.Lock()
 		if c.sm.live() {
 			c.sm.close()
-			s.releaseLocked(c)
+			c.releaseLocked()
 		}
 		c.mu.Unlock()
 	}
@@ -269,162 +271,52 @@ func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
 // newConn returns a connection with no credit granted yet: its first
 // packet to the guest (REQUEST or RESPONSE) takes its window from the
 // budget (grantLocked).
-func newConn(k connKey, typ uint16, sm connSM) *conn {
-	return &conn{key: k, typ: typ, fd: -1, sm: sm}
+func (s *session) newConn(k connKey, typ uint16, sm connSM) *conn {
+	return &conn{key: k, typ: typ, env: &s.env, fd: -1, sm: sm}
 }
 
-// registerFDLocked hands a connected host socket to the connection and the epoll
-// set. Called with c.mu held.
-func (s *session) registerFDLocked(c *conn, fd int) error {
-	// The workers read and write host sockets expecting EAGAIN, never a
-	// block: whatever the Dialer or the host client handed over.
-	if err := unix.SetNonblock(fd, true); err != nil {
-		return fmt.Errorf("vsock: host socket: %w", err)
-	}
-	if s.opts.SendBuffer && c.typ == TypeStream {
-		// Best effort: the kernel caps it at net.core.wmem_max (and
-		// doubles it); a socket that refuses keeps its default.
-		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, int(s.d.cfg.ConnBuffer)); err != nil {
-			s.d.log.WithError(err).Debug("vsock: SO_SNDBUF")
-		}
-	}
-	// In the table before epoll: an edge the ADD reports at once (data
-	// or a hang-up already there) must find the connection. The RX worker
-	// then waits for c.mu, which the caller holds until the connection is
-	// set up. An edge dropped for want of its connection would not come
-	// again: a lost hang-up left a short read taken for drained and the
-	// end of the stream never read (found with Options.ReadinessGate,
-	// which leaves no later EPOLLOUT edge to repeat it).
-	c.fd = fd
+// watch implements mux: fd joins the descriptor index before the epoll
+// set, so an edge the ADD reports at once (data or a hang-up already there)
+// finds the connection; the RX worker then waits for c.mu, which the caller
+// holds until c owns fd. An edge dropped for want of its connection would
+// not come again: a lost hang-up left a short read taken for drained and
+// the end of the stream never read (found with Options.ReadinessGate, which
+// leaves no later EPOLLOUT edge to repeat it).
+func (s *session) watch(c *conn, fd int, events uint32) error {
 	s.connMu.Lock()
 	s.byFD[fd] = c
 	s.connMu.Unlock()
-	ev := unix.EpollEvent{Events: s.initialEvents(), Fd: int32(fd)}
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
-		s.connMu.Lock()
-		delete(s.byFD, fd)
-		s.connMu.Unlock()
-		c.fd = -1
+		s.unwatch(c, fd)
 		return fmt.Errorf("vsock: epoll add socket: %w", err)
 	}
-	c.events = ev.Events
-	// Data may already be waiting: the edge for it may have come before
-	// registration.
-	c.hostReadable = true
 	return nil
 }
 
-// applyLocked carries out what the connection's state machine decided
-// (connsm.go), in the order of the act bits: counters, timers, the host
-// socket's half-closes, then closing and the RST. actProtoErr, actFlush,
-// actDropMsg and actDropLate concern the packet being handled and are the
-// caller's. Called with c.mu held.
-func (s *session) applyLocked(c *conn, a act) {
-	if a&actCountRefused != 0 {
-		s.d.ctr.connsRefused.Add(1)
-	}
-	if a&actCountReset != 0 {
-		s.d.ctr.connsReset.Add(1)
-	}
-	if a&actCountEstablished != 0 {
-		s.d.ctr.connsEstablished.Add(1)
-	}
-	if a&actStopTimer != 0 && c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	if a&actWriteOK != 0 {
-		if b := c.sm.onAccepted(s.acceptedLocked(c)); b != 0 {
-			s.applyLocked(c, b)
-		}
-	}
-	if a&actShutHostRead != 0 {
-		s.hostReadShutLocked(c)
-	}
-	if a&actShutHostWrite != 0 && c.fd >= 0 {
-		_ = unix.Shutdown(c.fd, unix.SHUT_WR)
-	}
-	if a&actStartCloseTimer != 0 && c.timer == nil {
-		c.timer = time.AfterFunc(s.d.cfg.ConnectTimeout, func() { s.onTimer(c, (*connSM).onCloseTimeout) })
-	}
-	if a&actClose != 0 {
-		s.releaseLocked(c)
-		s.removeConnLocked(c)
-	}
-	if a&actRst != 0 {
-		s.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ})
-	}
+// rearm implements mux.
+func (s *session) rearm(fd int, events uint32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+	return unix.EpollCtl(s.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 }
 
-// acceptedLocked tells the host client of a host-initiated connection that
-// the guest accepted it ("OK <port>\n", written before any data can flow:
-// the TX worker is the only writer of the socket) and registers the socket
-// with epoll. It reports false if either fails. Called with c.mu held.
-func (s *session) acceptedLocked(c *conn) bool {
-	fd := c.fd
-	c.fd = -1
-	line := fmt.Appendf(nil, "OK %d\n", c.key.hostPort)
-	if n, err := writeSome(fd, line); err != nil || n != len(line) {
-		closeFD(fd)
-		return false
+// unwatch implements mux.
+func (s *session) unwatch(c *conn, fd int) {
+	s.connMu.Lock()
+	if s.byFD[fd] == c {
+		delete(s.byFD, fd)
 	}
-	if err := s.registerFDLocked(c, fd); err != nil {
-		closeFD(fd)
-		return false
-	}
-	if uint64(c.bufAlloc) < s.windowLocked(c) {
-		// The REQUEST went out while the budget was short: the guest
-		// gets the rest of its window as soon as there is budget.
-		c.sm.pend |= pendCredit
-	}
-	return true
+	s.connMu.Unlock()
 }
 
-// releaseLocked lets go of what a connection the state machine closed
-// holds: its timer, its host socket (and epoll registration) and its
-// buffers, whose credit goes back to the device's budget. The caller
-// removes it from the table (removeConnLocked) unless Stop did.
-// Called with c.mu held.
-func (s *session) releaseLocked(c *conn) {
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	if c.fd >= 0 {
-		s.connMu.Lock()
-		if s.byFD[c.fd] == c {
-			delete(s.byFD, c.fd)
-		}
-		s.connMu.Unlock()
-		closeFD(c.fd)
-		c.fd, c.events = -1, 0
-	}
-	if exp := c.exposureLocked(); s.budget.shrink(exp, exp) {
-		s.wakeRX()
-	}
-	c.bufAlloc, c.grantFwd = 0, c.fwdCnt
-	c.toHost.Reset()
-	c.prefix = nil
-	c.msg, c.rec, c.recOff, c.seqNeed = nil, nil, 0, 0
-	c.recs.reset()
-	s.d.ctr.connsOpen.Add(-1)
-}
-
-// removeConnLocked drops a closed connection from the table. Called with c.mu held
-// (connMu nests inside conn.mu only for this map update, never the other way).
-func (s *session) removeConnLocked(c *conn) {
+// remove implements mux: a closed connection leaves the table (connMu
+// nests inside conn.mu only for map updates, never the other way).
+func (s *session) remove(c *conn) {
 	s.connMu.Lock()
 	if s.conns[c.key] == c {
 		delete(s.conns, c.key)
 	}
 	s.connMu.Unlock()
-}
-
-// resetConnLocked is the device giving up on c for a reason of its own
-// (a host socket error, a broken guest packet, a transport reset): RST to
-// the guest, host socket closed, counted by state. Called with c.mu held.
-func (s *session) resetConnLocked(c *conn) {
-	s.applyLocked(c, c.sm.onHostFailed())
 }
 
 // refuseGuest answers a guest REQUEST that gets no connection with an RST
@@ -506,7 +398,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 		s.d.ctr.connsRefused.Add(1)
 		return fmt.Errorf("vsock: no free host port")
 	}
-	c := newConn(connKey{hostPort, port}, typ, newHostSM())
+	c := s.newConn(connKey{hostPort, port}, typ, newHostSM())
 	c.prefix = append([]byte(nil), prefix...)
 	wake := false
 	defer func() { // after the unlock below: wake the RX worker once c is free
@@ -526,19 +418,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 		return err
 	}
 	c.fd = fd // registered with epoll once the guest accepts
-	c.timer = time.AfterFunc(time.Until(deadline), func() { s.onTimer(c, (*connSM).onConnectTimeout) })
+	c.timer = time.AfterFunc(time.Until(deadline), func() { c.onTimer((*connSM).onConnectTimeout) })
 	wake = s.emitOrQueueLocked(c, nil)
 	return nil
-}
-
-// onTimer runs a connection's connect or close timer: event is
-// onConnectTimeout or onCloseTimeout, which decide whether the connection
-// still waits for it.
-func (s *session) onTimer(c *conn, event func(*connSM) act) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if a := event(&c.sm); a != 0 {
-		s.d.log.WithField("port", c.key.guestPort).Debugf("vsock: %s connection timed out; resetting", c.key.String())
-		s.applyLocked(c, a)
-	}
 }

@@ -254,7 +254,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		// socket on a packet of another type too); an RST is never
 		// answered with one.
 		s.guestError(virtio.GuestErrType, "packet %v on a connection of type %d", h, c.typ)
-		s.applyLocked(c, c.sm.onWrongType(h.Op))
+		c.applyLocked(c.sm.onWrongType(h.Op))
 		s.endRun(st)
 		return
 	}
@@ -275,13 +275,13 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.d.ctr.lateRW.Add(1)
 		s.d.log.Debugf("vsock: dropped %d bytes the guest sent to %v after the host closed", h.Len, c.key)
 	}
-	s.applyLocked(c, a)
+	c.applyLocked(a)
 	switch {
 	case a&actFlush != 0:
-		s.flushForShutdownLocked(st, c)
+		c.flushForShutdownLocked(st)
 	case h.Op == OpRW && rwAdmitted(a):
 		st.payload = p.body.Views(st.payload[:0], uint64(h.Len))
-		s.guestData(st, c, h)
+		c.guestData(st, h)
 	}
 	if c.hasRxWork() {
 		st.wantRx = true
@@ -299,7 +299,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 func (s *session) resetPorts(h *Header, key connKey) {
 	if c := s.lookup(key); c != nil {
 		c.mu.Lock()
-		s.resetConnLocked(c)
+		c.resetLocked()
 		c.mu.Unlock()
 		return
 	}
@@ -338,12 +338,12 @@ func (s *session) endRun(st *txState) {
 		return
 	}
 	st.cur = nil
-	s.writeRunLocked(st, c)
+	c.writeRunLocked(st)
 	if c.sm.state != stateClosed {
 		if c.toHost.Len() > 0 {
-			s.flushLocked(&st.iov, c)
+			c.flushLocked(&st.iov)
 		}
-		s.creditCheckLocked(c)
+		c.creditCheckLocked()
 		if c.hasRxWork() {
 			st.wantRx = true
 		}
@@ -354,19 +354,10 @@ func (s *session) endRun(st *txState) {
 	if want {
 		wake = s.emitOrQueueLocked(c, &st.rx)
 	}
-	s.interestLocked(c)
+	c.interestLocked()
 	c.mu.Unlock()
 	if wake {
 		s.wakeRX()
-	}
-}
-
-// creditCheckLocked schedules a CREDIT_UPDATE when the guest believes less
-// than half of our buffer is free but we have forwarded more since we last
-// told it.
-func (s *session) creditCheckLocked(c *conn) {
-	if c.sm.state == stateEstablished && c.fwdCnt != c.lastFwd && c.guestViewFree() < c.bufAlloc/2 {
-		c.sm.pend |= pendCredit
 	}
 }
 
@@ -376,7 +367,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 	if old := s.lookup(key); old != nil {
 		old.mu.Lock()
 		s.guestError(virtio.GuestErrOp, "REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
-		s.resetConnLocked(old)
+		old.resetLocked()
 		old.mu.Unlock()
 		return
 	}
@@ -396,7 +387,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		s.refuseGuest(rst)
 		return
 	}
-	c := newConn(key, h.Type, newGuestSM())
+	c := s.newConn(key, h.Type, newGuestSM())
 	c.updatePeerCredit(h)
 	if err := s.addConn(c); err != nil {
 		s.d.log.WithError(err).Debug("vsock: guest connection refused")
@@ -435,7 +426,7 @@ func (s *session) dial(c *conn) {
 	case c.sm.state == stateGuestConnecting:
 		// The socket joins the epoll set before the connection counts
 		// as established; if it cannot, the attempt is refused.
-		if rerr := s.registerFDLocked(c, fd); rerr != nil {
+		if rerr := c.registerLocked(fd); rerr != nil {
 			closeFD(fd)
 			s.d.log.WithError(rerr).Warn("vsock: guest connection")
 			err = rerr
@@ -444,291 +435,8 @@ func (s *session) dial(c *conn) {
 		closeFD(fd) // the guest gave up, or the device was reset
 	}
 	a, keep := c.sm.onDialed(err != nil)
-	s.applyLocked(c, a)
+	c.applyLocked(a)
 	if keep {
 		wake = s.emitOrQueueLocked(c, nil)
 	}
-}
-
-// flushForShutdownLocked gives the host everything the guest sent before
-// its SHUTDOWN (the run's views, then the buffer); the shutdown takes
-// effect once nothing is left (afterFlushLocked), now or when the host
-// socket drains.
-func (s *session) flushForShutdownLocked(st *txState, c *conn) {
-	s.writeRunLocked(st, c)
-	if !c.sm.live() {
-		return
-	}
-	if c.toHost.Len() > 0 {
-		s.flushLocked(&st.iov, c) // applies the shutdown if it drains the buffer
-		return
-	}
-	s.afterFlushLocked(c)
-}
-
-// hostReadShutLocked applies the guest's SHUTDOWN(RCV) ("will not receive")
-// to the host socket: shutdown(SHUT_RD), which on a Unix stream or SEQPACKET
-// socket also shuts the peer's sending side, so the host's further writes
-// fail with EPIPE, as a Linux vsock socket's do once its peer shut down
-// receiving. Host data not yet given to the guest (the CONNECT prefix, a
-// SEQPACKET record in flight, what waits in the socket) is dropped: the
-// device never reads the socket again, and the kernel frees what it holds
-// when the connection closes. Called with c.mu held.
-func (s *session) hostReadShutLocked(c *conn) {
-	if c.fd >= 0 {
-		_ = unix.Shutdown(c.fd, unix.SHUT_RD)
-	}
-	c.hostReadable = false
-	c.prefix = nil
-	c.rec, c.recOff, c.seqNeed = nil, 0, 0
-}
-
-// afterFlushLocked tells the state machine when the host has all of the
-// guest's data, so that a SHUTDOWN the guest sent takes effect
-// (onHostDrained).
-func (s *session) afterFlushLocked(c *conn) {
-	if c.toHost.Len() > 0 || !c.sm.live() {
-		return
-	}
-	s.applyLocked(c, c.sm.onHostDrained())
-}
-
-// guestData forwards an RW payload (st.payload, h.Len bytes) to the host.
-// The state machine has admitted it (rwAdmitted).
-func (s *session) guestData(st *txState, c *conn, h *Header) {
-	n := h.Len
-	// Against the credit granted (grantFwd, not fwdCnt): what the guest
-	// was told is at most that, and the device-wide budget counts on it.
-	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
-		s.guestError(virtio.GuestErrCredit, "connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
-			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
-		s.resetConnLocked(c)
-		return
-	}
-	c.fromGuest += n
-	s.d.ctr.txBytes.Add(uint64(n))
-	s.growWindowLocked(c)
-	if c.typ == TypeSeqpacket {
-		s.guestSeqData(st, c, h)
-		return
-	}
-	if n == 0 {
-		return
-	}
-	if !c.sm.canForward() {
-		// The host is gone: the data has nowhere to go.
-		s.resetConnLocked(c)
-		return
-	}
-	if c.toHost.Len() == 0 {
-		// Scatter-gather straight from guest memory: now, or with the
-		// rest of the run in one writev (BatchLock).
-		st.runViews = append(st.runViews, st.payload...)
-		if !s.opts.BatchLock {
-			s.writeRunLocked(st, c)
-		}
-		return
-	}
-	// Older bytes still buffered: copy, in order after anything the run
-	// holds.
-	s.writeRunLocked(st, c)
-	if c.sm.state == stateClosed {
-		return
-	}
-	s.appendTx(c, st.payload, 0)
-	if !s.opts.BatchLock {
-		s.flushLocked(&st.iov, c)
-	}
-}
-
-// writeRunLocked sends the run's pending payload views to the host socket
-// with one writev, copying what the socket does not take into the
-// connection's buffer (behind anything already buffered, to keep the byte
-// order).
-func (s *session) writeRunLocked(st *txState, c *conn) {
-	if len(st.runViews) == 0 {
-		return
-	}
-	defer func() {
-		clear(st.runViews)
-		st.runViews = st.runViews[:0]
-	}()
-	if c.sm.state == stateClosed || c.fd < 0 {
-		return
-	}
-	if c.toHost.Len() > 0 {
-		s.appendTx(c, st.runViews, 0)
-		return
-	}
-	var total int
-	for _, v := range st.runViews {
-		total += len(v)
-	}
-	w, err := st.iov.writev(c.fd, st.runViews)
-	if err != nil {
-		s.d.log.WithError(err).Debug("vsock: host write")
-		s.resetConnLocked(c)
-		return
-	}
-	s.forwardedLocked(c, uint32(w))
-	if w < total {
-		s.d.ctr.hostWriteStalls.Add(1)
-		s.appendTx(c, st.runViews, uint64(w))
-	}
-}
-
-// appendTx copies payload bytes from skip on into the connection's buffer.
-func (s *session) appendTx(c *conn, payload [][]byte, skip uint64) {
-	for _, b := range payload {
-		if skip >= uint64(len(b)) {
-			skip -= uint64(len(b))
-			continue
-		}
-		c.toHost.Append(b[skip:])
-		skip = 0
-	}
-}
-
-// guestSeqData takes one fragment of a SEQPACKET message (st.payload, h.Len
-// bytes, already within the credit). Fragments gather in c.msg until the
-// packet with SeqEOM; the message then goes to the host socket as one
-// record (sendmsg, MSG_EOR when the guest set SeqEOR): straight from guest
-// memory when nothing is waiting ahead of it, otherwise queued behind the
-// records in c.toHost. Nothing here ever joins two messages: each record is
-// one sendmsg, whatever the Options. c.msg cannot outgrow the buffer we
-// advertised: its bytes are not forwarded, so they count against the
-// credit, and a guest that sends a message larger than the buffer overruns
-// it and is reset (guestData) rather than making c.msg grow.
-func (s *session) guestSeqData(st *txState, c *conn, h *Header) {
-	if !c.sm.canForward() {
-		// The host is gone: the data has nowhere to go.
-		s.resetConnLocked(c)
-		return
-	}
-	if h.Flags&SeqEOM == 0 {
-		for _, v := range st.payload {
-			c.msg = append(c.msg, v...)
-		}
-		return
-	}
-	n := len(c.msg) + int(h.Len)
-	eor := h.Flags&SeqEOR != 0
-	if n == 0 {
-		// An empty message: Linux never sends one, and no host record
-		// could be told apart from the end of the stream. Dropped.
-		return
-	}
-	flags := 0
-	if eor {
-		flags = unix.MSG_EOR
-	}
-	if c.toHost.Len() == 0 && len(st.payload) < maxIov {
-		st.seqViews = append(append(st.seqViews[:0], c.msg), st.payload...)
-		ok, err := st.iov.sendmsg(c.fd, st.seqViews, flags)
-		clear(st.seqViews)
-		if err != nil {
-			s.d.log.WithError(err).Debugf("vsock: host write of a %d-byte record", n)
-			s.resetConnLocked(c)
-			return
-		}
-		if ok {
-			s.forwardedLocked(c, uint32(n))
-			s.d.ctr.seqToHost.Add(1)
-			s.resetMsg(c)
-			return
-		}
-		s.d.ctr.hostWriteStalls.Add(1)
-	}
-	queued := c.toHost.Len()
-	c.toHost.Append(c.msg)
-	for _, v := range st.payload {
-		c.toHost.Append(v)
-	}
-	c.recs.push(uint32(n), eor)
-	s.resetMsg(c)
-	if queued > 0 {
-		s.flushLocked(&st.iov, c)
-	}
-}
-
-// resetMsg empties c.msg, letting go of a large array.
-func (s *session) resetMsg(c *conn) {
-	if cap(c.msg) > idleQueueCap {
-		c.msg = nil
-	} else {
-		c.msg = c.msg[:0]
-	}
-}
-
-// flushSeqLocked writes the queued SEQPACKET records to the host socket, one
-// sendmsg each (a record's bytes may lie in several of the queue's chunks),
-// until the socket is full.
-func (s *session) flushSeqLocked(iov *iovecs, c *conn) {
-	for c.recs.len() > 0 {
-		n, eor := c.recs.head()
-		flags := 0
-		if eor {
-			flags = unix.MSG_EOR
-		}
-		views := c.toHost.Views(iov.views[:0], n)
-		if len(views) > maxIov {
-			// A record of more than maxIov chunks (64 MiB) goes out
-			// from one copy: one sendmsg must carry all of it.
-			whole := make([]byte, 0, n)
-			for _, v := range views {
-				whole = append(whole, v...)
-			}
-			views = append(views[:0], whole)
-		}
-		ok, err := iov.sendmsg(c.fd, views, flags)
-		clear(views)
-		iov.views = views[:0]
-		if err != nil {
-			s.d.log.WithError(err).Debugf("vsock: host write of a %d-byte record", n)
-			s.resetConnLocked(c)
-			return
-		}
-		if !ok {
-			s.d.ctr.hostWriteStalls.Add(1)
-			return
-		}
-		c.toHost.Consume(n)
-		c.recs.pop()
-		s.forwardedLocked(c, uint32(n))
-		s.d.ctr.seqToHost.Add(1)
-	}
-	s.afterFlushLocked(c)
-}
-
-// flushLocked writes buffered guest data to the host socket, with writev
-// over the queue's chunks, until it is empty or the socket full. iov is
-// the calling worker's scratch.
-func (s *session) flushLocked(iov *iovecs, c *conn) {
-	if c.fd < 0 || c.toHost.Len() == 0 {
-		return
-	}
-	if c.typ == TypeSeqpacket {
-		s.flushSeqLocked(iov, c)
-		return
-	}
-	for c.toHost.Len() > 0 {
-		views := c.toHost.Views(iov.views[:0], c.toHost.Len())
-		w, err := iov.writev(c.fd, views)
-		clear(views)
-		iov.views = views[:0]
-		if err != nil {
-			s.d.log.WithError(err).Debug("vsock: host write")
-			s.resetConnLocked(c)
-			return
-		}
-		if w == 0 {
-			s.d.ctr.hostWriteStalls.Add(1)
-			return
-		}
-		s.forwardedLocked(c, uint32(w))
-		c.toHost.Consume(w)
-	}
-	// A shutdown the guest sent while data was still buffered takes
-	// effect now. (This may close the connection.)
-	s.afterFlushLocked(c)
 }
