@@ -115,6 +115,11 @@ func (q *Queue) Config() QueueConfig { return q.cfg }
 // consume (vhost-user GET_VRING_BASE).
 func (q *Queue) LastAvail() uint16 { return q.lastAvail }
 
+// NextUsed is the index of the next used entry the device will fill
+// (pushed, published or not): LastAvail less NextUsed is how many chains
+// the device has popped and not returned.
+func (q *Queue) NextUsed() uint16 { return q.nextUsed }
+
 // SetIndices restores the device's ring positions (vhost-user
 // SET_VRING_BASE): the next available entry to consume; the used index is
 // read back from the ring, which the previous owner left consistent.

@@ -48,6 +48,7 @@
 //     packets to the guest. They ask the state machine at each event and
 //     have the connection act; they never set a connection's state
 //     themselves.
+//   - rxspare.go: RX buffers a host read popped and left empty.
 //   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
 //   - event.go: the event queue; dgram.go: datagrams; uds.go: the host's
 //     Unix sockets (one back-end, below).
@@ -133,11 +134,17 @@
 //
 // A goroutine that hands a connection to the RX worker (the ready list)
 // wakes the worker only after unlocking that connection (emitOrQueueLocked
-// reports the wake-up due): the worker's first step is to lock it. Still
-// held across a data-moving call: the RX side's readv from a host socket
-// into guest buffers runs under the connection's lock and rxMu (popped
-// buffers are given back in order with Undo), and the TX side's writev to
-// a host socket under the connection's lock.
+// reports the wake-up due): the worker's first step is to lock it. rxMu is
+// never held across a data-moving call: the RX side pops the guest buffers
+// a host read may fill under it, the connection reads into them without it
+// (connread.go) and the RX side pushes them under it again, the empty ones
+// going to a spare list every pop takes from first (rxspare.go). Whoever
+// puts buffers there while other RX work waits wakes the RX worker after
+// unlocking: it may have found none while they were out and gone to sleep
+// for a guest kick that will not come (TestRxSpareWakesRX). Still held
+// across one: the connection's own lock, over its readv and over its writev
+// to the host socket; it is the connection's owner's lock, which keeps
+// that connection's bytes in order, and no other connection waits on it.
 //
 // # A packet's path
 //
@@ -158,8 +165,8 @@
 // worker puts the connection on the ready list -> when the guest has RX
 // buffers and credit, one readv from the socket into up to 16 buffers at
 // once (after each one's header space, no more than the credit) -> a header
-// written into each filled buffer, used entries pushed, unused buffers given
-// back in order -> one interrupt per pass.
+// written into each filled buffer, used entries pushed, unused buffers kept
+// on the spare list for the next packet -> one interrupt per pass.
 // A connection without credit leaves the list until a guest packet brings
 // credit; with no RX buffers the worker re-enables RX kicks and sleeps.
 //

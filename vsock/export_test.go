@@ -24,6 +24,11 @@ type Probe struct {
 	ConnsOpenStat int64 // Stats.ConnsOpen
 	Dials         int64 // dial goroutines in flight
 	Rsts          int   // RSTs queued for the guest
+	// RxOut is how many guest RX buffers the device popped and did not
+	// return; RxSpare how many of them wait on the spare list. At rest
+	// (Idle) they are the same: a buffer popped for a host read and
+	// neither filled nor kept is lost to the guest for good.
+	RxOut, RxSpare int
 
 	BudgetUsed, BudgetLimit uint64
 	Exposure                uint64 // sum of every connection's exposure
@@ -109,11 +114,12 @@ func (d *Device) Probe() Probe {
 	p.Dials = s.dials.Load()
 	s.rxMu.Lock()
 	p.Rsts = len(s.rsts)
+	p.RxOut, p.RxSpare = int(s.rx.LastAvail()-s.rx.NextUsed()), s.rxSpare.n
 	work := len(s.ready) > 0 || len(s.rsts) > 0
 	pushed := s.rxPushed
 	avail := false
 	if work && !p.Failed {
-		avail, _ = s.rx.HasAvailable()
+		avail, _ = s.rxAvailableLocked()
 	}
 	s.rxMu.Unlock()
 	p.Idle = p.Dials == 0 && !pushed && !avail && s.rxSleeping.Load() && !s.budget.freed.Load() && !pollIn(s.epfd)
@@ -159,4 +165,25 @@ func (d *Device) FireTimers() {
 			c.onTimer((*connSM).onCloseTimeout)
 		}
 	}
+}
+
+// SetRxReadHook makes f run between popping the RX buffers of a host read
+// and the read (testHookRead) until the test ends.
+func SetRxReadHook(tb interface{ Cleanup(func()) }, f func(txWorker bool)) {
+	testHookRead = f
+	tb.Cleanup(func() { testHookRead = nil })
+}
+
+// ProbeRX is the part of a Probe that locks no connection (usable while a
+// worker holds one): RX buffers popped and not returned, those on the
+// spare list, and whether the RX worker has gone to sleep or is about to
+// (it re-checks for work first).
+func (d *Device) ProbeRX() (out, spare int, asleep bool) {
+	s, _ := d.life.Current()
+	if s == nil {
+		return 0, 0, false
+	}
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	return int(s.rx.LastAvail() - s.rx.NextUsed()), s.rxSpare.n, s.rxSleeping.Load()
 }

@@ -2,6 +2,8 @@ package vsock
 
 import (
 	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/virtio"
 )
 
 // rxBudget bounds the data packets one connection sends per turn, so one
@@ -13,7 +15,8 @@ type rxState struct {
 	events [64]unix.EpollEvent
 	iov    iovecs
 	views  [][]byte
-	rooms  [rxReadBatch]uint64 // payload room of each popped buffer
+	rooms  [rxReadBatch]uint64       // payload room of each popped buffer
+	chains [rxReadBatch]virtio.Chain // the buffers one host read fills
 	// irq is the TX worker's held interrupt when this is its scratch
 	// (the RX interrupts of its direct enqueues may join it: txirq.go);
 	// nil for every other producer.
@@ -89,7 +92,7 @@ func (s *session) rxHasWork() bool {
 	if len(s.ready) == 0 && len(s.rsts) == 0 {
 		return false
 	}
-	ok, err := s.rx.HasAvailable()
+	ok, err := s.rxAvailableLocked()
 	if err != nil {
 		s.failDevice(err)
 		return false
@@ -337,34 +340,104 @@ const rxReadBatch = 16
 // emitData sends host data to the guest as RW packets: the CONNECT prefix
 // first, then straight from the host socket into guest buffers with one
 // readv across up to rxReadBatch of them (header space skipped), as much as
-// the guest's credit allows. rxMu is held across the read so that unused
-// buffers can be given back (Undo) in order; the read never blocks. Called
-// with c.mu held.
+// the guest's credit allows. The buffers are popped under rxMu, filled
+// without it (the connection reads: connread.go), and pushed under it
+// again; those left empty go to the spare list (rxspare.go). The read never
+// blocks. Called with c.mu held, not rxMu.
 func (s *session) emitData(st *rxState, c *conn) emitResult {
 	if c.typ == TypeSeqpacket {
 		return s.emitSeqData(st, c)
 	}
-	s.rxMu.Lock()
-	defer s.rxMu.Unlock()
 	credit := uint64(c.peerCredit())
 	if credit == 0 {
 		return emitStop
 	}
-	popped := 0
-	undo := func(k int) {
-		for ; k > 0; k-- {
-			s.rx.Undo()
-		}
+	popped := s.popForRead(st, c, credit)
+	if popped == 0 {
+		return emitNoBuffers
 	}
+	if testHookRead != nil {
+		testHookRead(st.irq != nil)
+	}
+	var total uint64
+	for _, room := range st.rooms[:popped] {
+		total += room
+	}
+	got, r := c.readHostLocked(&st.iov, st.views, st.rooms[0], total)
+	clear(st.views)
+	if r != emitSent {
+		s.giveBack(st, 0, popped)
+		return r
+	}
+	// The bytes fill the buffers in order; each filled buffer becomes one
+	// packet and the ones left empty go to the spare list.
+	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
+		Type: TypeStream, Op: OpRW}
+	c.grantLocked()
+	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
+	var hb [HeaderSize]byte
+	s.rxMu.Lock()
+	if s.failed.Load() {
+		// Failed while the read ran: a failed device does not touch the
+		// ring, and what was read is lost with the device.
+		s.rxMu.Unlock()
+		return emitNoBuffers
+	}
+	filled := 0
+	for left := uint64(got); left > 0; filled++ {
+		ch := &st.chains[filled]
+		k := min(left, st.rooms[filled])
+		h.Len = uint32(k)
+		h.Encode(hb[:])
+		w := ch.Writer()
+		w.Write(hb[:])
+		if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+k)); err != nil {
+			s.rxMu.Unlock()
+			s.failDevice(err)
+			return emitNoBuffers
+		}
+		left -= k
+		c.toGuest += uint32(k)
+		s.d.ctr.rxPackets.Add(1)
+		s.d.ctr.rxBytes.Add(k)
+	}
+	wake := s.spareLocked(st, filled, popped)
+	s.rxPushed = true
+	s.rxMu.Unlock()
+	if wake {
+		s.wakeRX()
+	}
+	c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
+	return emitSent
+}
+
+// testHookRead, set only by tests (export_test.go), runs between popping the
+// buffers of a host read and the read; txWorker says whether the TX worker
+// (a direct enqueue) is the reader. It lets a test hold the buffers out of
+// the ring while the RX worker looks for some.
+var testHookRead func(txWorker bool)
+
+// popForRead pops the guest RX buffers one host read may fill, up to
+// credit bytes (one buffer while a CONNECT prefix is left), into
+// st.chains, with their payload room in st.rooms and views past the header
+// space in st.views. It returns how many; none when the guest has no
+// buffer or a broken one failed the device. Called with c.mu held; takes
+// rxMu.
+func (s *session) popForRead(st *rxState, c *conn, credit uint64) int {
+	s.rxMu.Lock()
+	defer s.rxMu.Unlock()
+	if s.failed.Load() {
+		return 0
+	}
+	popped := 0
 	st.views = st.views[:0]
 	var total uint64
 	for popped < rxReadBatch && total < credit && (popped == 0 || len(c.prefix) == 0) {
-		ch := &s.rxChains[popped]
-		ok, err := s.rx.Pop(ch)
+		ch := &st.chains[popped]
+		ok, err := s.popRXLocked(ch)
 		if err != nil {
-			undo(popped)
 			s.failDevice(err)
-			return emitNoBuffers
+			break
 		}
 		if !ok {
 			break
@@ -373,9 +446,9 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 			// A buffer without room after the header can never carry
 			// data: left at the head of the ring it would be retried
 			// forever.
-			undo(popped + 1)
 			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
-			return emitNoBuffers
+			popped++
+			break
 		}
 		room := min(ch.WritableLen()-HeaderSize, MaxPacketPayload, credit-total)
 		st.rooms[popped] = room
@@ -385,43 +458,39 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		total += room
 		popped++
 	}
-	if popped == 0 {
-		return emitNoBuffers
+	if s.failed.Load() {
+		s.spareLocked(st, 0, popped)
+		clear(st.views)
+		return 0
 	}
-	got, r := c.readHostLocked(&st.iov, st.views, st.rooms[0], total)
-	clear(st.views)
-	if r != emitSent {
-		undo(popped)
-		return r
+	return popped
+}
+
+// giveBack puts st.chains[from:to], popped for a read that filled none of
+// them, on the spare list, and wakes the RX worker after unlocking if it
+// may be asleep waiting for them (spareLocked).
+func (s *session) giveBack(st *rxState, from, to int) {
+	s.rxMu.Lock()
+	wake := s.spareLocked(st, from, to)
+	s.rxMu.Unlock()
+	if wake {
+		s.wakeRX()
 	}
-	// The bytes fill the buffers in order; each filled buffer becomes one
-	// packet and the ones left empty go back to the ring.
-	filled := 0
-	h := Header{SrcCID: CIDHost, DstCID: s.d.cfg.CID, SrcPort: c.key.hostPort, DstPort: c.key.guestPort,
-		Type: TypeStream, Op: OpRW}
-	c.grantLocked()
-	h.BufAlloc, h.FwdCnt = c.bufAlloc, c.grantFwd
-	var hb [HeaderSize]byte
-	for left := uint64(got); left > 0; filled++ {
-		ch := &s.rxChains[filled]
-		k := min(left, st.rooms[filled])
-		h.Len = uint32(k)
-		h.Encode(hb[:])
-		w := ch.Writer()
-		w.Write(hb[:])
-		if err := s.rx.PushNoPublish(ch.Head, uint32(HeaderSize+k)); err != nil {
-			s.failDevice(err)
-			return emitNoBuffers
-		}
-		left -= k
-		c.toGuest += uint32(k)
-		s.d.ctr.rxPackets.Add(1)
-		s.d.ctr.rxBytes.Add(k)
+}
+
+// spareLocked puts st.chains[from:to] on the spare list. It reports whether
+// the RX worker must be woken: other RX work waits (a ready connection, an
+// RST), and while these buffers were out of the ring the worker may have
+// found none for it and gone to sleep waiting for a guest kick that will
+// not come, since the guest posted nothing new. (Seen when the TX worker's
+// direct enqueue took the last buffers and its read came back short: an
+// agent exec never finished.) Called with rxMu held; the caller wakes the
+// worker after unlocking.
+func (s *session) spareLocked(st *rxState, from, to int) bool {
+	for k := from; k < to; k++ {
+		s.rxSpare.put(&st.chains[k])
 	}
-	undo(popped - filled)
-	s.rxPushed = true
-	c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
-	return emitSent
+	return to > from && (len(s.ready) > 0 || len(s.rsts) > 0)
 }
 
 // emitSeqData sends one SEQPACKET record from the host to the guest: read
@@ -445,7 +514,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	var hb [HeaderSize]byte
 	ch := &s.rxChain
 	for c.recOff < len(c.rec) {
-		ok, err := s.rx.Pop(ch)
+		ok, err := s.popRXLocked(ch)
 		if err != nil {
 			s.failDevice(err)
 			return emitNoBuffers
@@ -454,7 +523,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 			return emitNoBuffers
 		}
 		if ch.WritableLen() <= HeaderSize {
-			s.rx.Undo()
+			s.rxSpare.put(ch)
 			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
 			return emitNoBuffers
 		}
@@ -495,7 +564,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	ch := &s.rxChain
-	ok, err := s.rx.Pop(ch)
+	ok, err := s.popRXLocked(ch)
 	if err != nil {
 		s.failDevice(err)
 		return false
@@ -504,7 +573,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	if ch.WritableLen() < HeaderSize {
-		s.rx.Undo()
+		s.rxSpare.put(ch)
 		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
 		return false
 	}

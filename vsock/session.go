@@ -55,12 +55,12 @@ type session struct {
 	fence    chan struct{}
 	fenceEnd time.Time
 
-	rxMu     sync.Mutex                // guards the RX and event queues, ready, inReady flags, rsts, rxChain(s), evPending
-	ready    []*conn                   // connections with work for the guest, FIFO
-	rsts     []Header                  // RSTs for connections that no longer exist
-	rxChain  virtio.Chain              // a control packet's buffer
-	rxChains [rxReadBatch]virtio.Chain // the buffers one host read fills
-	rxPushed bool                      // used entries published since the last notification
+	rxMu     sync.Mutex   // guards the RX and event queues, ready, inReady flags, rsts, rxChain, rxSpare, evPending
+	ready    []*conn      // connections with work for the guest, FIFO
+	rsts     []Header     // RSTs for connections that no longer exist
+	rxChain  virtio.Chain // a control packet's buffer
+	rxSpare  rxSpare      // buffers popped for a host read and left empty (rxspare.go)
+	rxPushed bool         // used entries published since the last notification
 	// evPending: a TRANSPORT_RESET waits for an event buffer; evChain is
 	// the buffer it goes into. evDelivered: the last one was written and
 	// the driver's available index was evMark then; the driver posting

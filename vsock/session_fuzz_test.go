@@ -571,6 +571,9 @@ func (m *fzMachine) checkProbe() {
 		m.fatalf("budget in use %d, but the connections' exposures add up to %d", p.BudgetUsed, p.Exposure)
 	case p.Buffered > lim:
 		m.fatalf("%d guest bytes buffered, MaxBuffered %d", p.Buffered, lim)
+	case p.Active && !p.Failed && p.Idle && p.RxOut != p.RxSpare:
+		m.fatalf("the device popped %d RX buffers it did not return, but keeps %d on its spare list (probe %+v)",
+			p.RxOut, p.RxSpare, p)
 	}
 }
 
