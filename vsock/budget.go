@@ -253,7 +253,7 @@ func (c *conn) forwardedLocked(n uint32) {
 	exp := c.exposureLocked()
 	c.fwdCnt += n
 	if c.env.budget.shrink(exp, uint64(n)) {
-		c.env.mux.wakeRX()
+		c.wakeRX = true // after unlocking (conn.unlock)
 	}
 }
 
@@ -269,6 +269,6 @@ func (s *session) feedStarved() {
 			c.sm.pend |= pendCredit | pendCreditForced
 			s.markReadyLocked(c)
 		}
-		c.mu.Unlock()
+		c.unlock()
 	}
 }

@@ -96,6 +96,9 @@ type conn struct {
 	seqNeed uint32
 
 	timer *time.Timer // connect or close timeout
+	// wakeRX: the RX worker is to be woken once mu is released (unlock):
+	// budget came back that a starved connection waits for.
+	wakeRX bool
 
 	inReady bool // guarded by session.rxMu
 	starved bool // on the budget's starved list; guarded by budget.mu

@@ -121,7 +121,7 @@ func (c *conn) releaseLocked() {
 		c.fd, c.events = -1, 0
 	}
 	if exp := c.exposureLocked(); c.env.budget.shrink(exp, exp) {
-		c.env.mux.wakeRX()
+		c.wakeRX = true
 	}
 	c.bufAlloc, c.grantFwd = 0, c.fwdCnt
 	c.toHost.Reset()
@@ -143,7 +143,7 @@ func (c *conn) resetLocked() {
 // still waits for it.
 func (c *conn) onTimer(event func(*connSM) act) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if a := event(&c.sm); a != 0 {
 		c.env.log.WithField("port", c.key.guestPort).Debugf("vsock: %s connection timed out; resetting", c.key.String())
 		c.applyLocked(a)
@@ -184,5 +184,19 @@ func (c *conn) hostEventLocked(iov *iovecs, events uint32) {
 	if events&unix.EPOLLOUT != 0 && c.toHost.Len() > 0 {
 		c.flushLocked(iov)
 		c.creditCheckLocked()
+	}
+}
+
+// unlock releases c.mu, then wakes the RX worker if work done under it gave
+// budget back that a starved connection waits for (wakeRX). Seed 000's
+// rule: wake the other side after unlocking, or the RX worker, whose
+// first step may be to lock this very connection (feedStarved), wakes only
+// to wait for c.mu.
+func (c *conn) unlock() {
+	wake := c.wakeRX
+	c.wakeRX = false
+	c.mu.Unlock()
+	if wake {
+		c.env.mux.wakeRX()
 	}
 }

@@ -118,7 +118,7 @@ func (s *session) resetTransport() {
 			c.resetLocked()
 			dropped++
 		}
-		c.mu.Unlock()
+		c.unlock()
 	}
 	s.d.log.WithField("connections", dropped).Info("vsock: transport reset")
 	if s.ev == nil {

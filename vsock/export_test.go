@@ -168,10 +168,11 @@ func (d *Device) FireTimers() {
 }
 
 // SetRxReadHook makes f run between popping the RX buffers of a host read
-// and the read (testHookRead) until the test ends.
+// and the read (testHookRead) until the test ends. It applies to every
+// device in the process: a test that sets it must not run in parallel.
 func SetRxReadHook(tb interface{ Cleanup(func()) }, f func(txWorker bool)) {
-	testHookRead = f
-	tb.Cleanup(func() { testHookRead = nil })
+	testHookRead.Store(&f)
+	tb.Cleanup(func() { testHookRead.Store(nil) })
 }
 
 // ProbeRX is the part of a Probe that locks no connection (usable while a

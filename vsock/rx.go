@@ -1,6 +1,8 @@
 package vsock
 
 import (
+	"sync/atomic"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/virtio"
@@ -121,7 +123,7 @@ func (s *session) hostEvent(st *rxState, fd int, events uint32) {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if c.fd != fd || !c.sm.live() {
 		return // stale event for a descriptor that was closed
 	}
@@ -179,7 +181,7 @@ func (s *session) rxPass(st *rxState) {
 			s.markReadyLocked(c)
 		}
 		c.interestLocked()
-		c.mu.Unlock()
+		c.unlock()
 		if out {
 			s.countQueueFull()
 			break
@@ -356,8 +358,8 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	if popped == 0 {
 		return emitNoBuffers
 	}
-	if testHookRead != nil {
-		testHookRead(st.irq != nil)
+	if f := testHookRead.Load(); f != nil {
+		(*f)(st.irq != nil)
 	}
 	var total uint64
 	for _, room := range st.rooms[:popped] {
@@ -415,7 +417,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 // buffers of a host read and the read; txWorker says whether the TX worker
 // (a direct enqueue) is the reader. It lets a test hold the buffers out of
 // the ring while the RX worker looks for some.
-var testHookRead func(txWorker bool)
+var testHookRead atomic.Pointer[func(txWorker bool)]
 
 // popForRead pops the guest RX buffers one host read may fill, up to
 // credit bytes (one buffer while a CONNECT prefix is left), into

@@ -194,7 +194,7 @@ func (s *session) Stop() {
 			c.sm.close()
 			c.releaseLocked()
 		}
-		c.mu.Unlock()
+		c.unlock()
 	}
 	unix.Close(s.epfd)
 	s.wake.Close()
@@ -409,7 +409,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 	// Hold c.mu before c is in the table: a reset (or a guest packet for
 	// the new port) must not close c before it owns fd, or fd would leak.
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	if err := s.addConn(c); err != nil {
 		if !errors.Is(err, errFenced) {
 			closeFD(fd)

@@ -300,7 +300,7 @@ func (s *session) resetPorts(h *Header, key connKey) {
 	if c := s.lookup(key); c != nil {
 		c.mu.Lock()
 		c.resetLocked()
-		c.mu.Unlock()
+		c.unlock()
 		return
 	}
 	if h.Op == OpRst {
@@ -355,7 +355,7 @@ func (s *session) endRun(st *txState) {
 		wake = s.emitOrQueueLocked(c, &st.rx)
 	}
 	c.interestLocked()
-	c.mu.Unlock()
+	c.unlock()
 	if wake {
 		s.wakeRX()
 	}
@@ -368,7 +368,7 @@ func (s *session) guestRequest(h *Header, key connKey) {
 		old.mu.Lock()
 		s.guestError(virtio.GuestErrOp, "REQUEST for existing connection %d<->%d", key.hostPort, key.guestPort)
 		old.resetLocked()
-		old.mu.Unlock()
+		old.unlock()
 		return
 	}
 	if s.d.cfg.Dialer == nil {
@@ -418,7 +418,7 @@ func (s *session) dial(c *conn) {
 		}
 	}()
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	defer c.unlock()
 	switch {
 	case err != nil:
 		// fd is no descriptor: a Dialer returns none with an error.
