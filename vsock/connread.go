@@ -19,10 +19,12 @@ import (
 // emitStop (nothing to read now: EAGAIN or the end of the stream) or
 // emitReset (the socket failed). Called with c.mu held; the caller clears
 // views after.
-func (c *conn) readHostLocked(iov *iovecs, views [][]byte, firstRoom, room uint64) (int, emitResult) {
+func (c *conn) readHostLocked(iov *iovecs, views [][]byte, room uint64) (int, emitResult) {
 	if len(c.prefix) > 0 {
-		// One buffer: copy the bytes that came with the CONNECT line.
-		got := virtio.CopyTo(views, 0, c.prefix[:min(uint64(len(c.prefix)), firstRoom)])
+		// One buffer (the RX side pops no more while a prefix is
+		// left): copy what fits of the bytes that came with the
+		// CONNECT line.
+		got := virtio.CopyTo(views, 0, c.prefix)
 		c.prefix = c.prefix[got:]
 		if len(c.prefix) == 0 {
 			c.prefix = nil

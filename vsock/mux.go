@@ -20,9 +20,9 @@ import (
 // guest packets and host events to connections (tx.go, rx.go) and never
 // changes a connection's state itself.
 
-// mux is what a connection asks of the muxer. Every method is called with
-// the connection's mu held and takes only locks below it (connMu, rxMu:
-// leaves); none blocks or moves data.
+// mux is what a connection asks of the muxer. Every method but wakeRX is
+// called with the connection's mu held and takes only locks below it
+// (connMu, rxMu: leaves); none blocks or moves data.
 type mux interface {
 	// watch indexes c under its host socket fd and adds fd to the
 	// epoll set, asking for events.
@@ -37,7 +37,8 @@ type mux interface {
 	// queueRst sends the guest an RST for ports that have no connection
 	// any more (h's ports and type).
 	queueRst(h Header)
-	// wakeRX wakes the RX worker if it sleeps (budget came back).
+	// wakeRX wakes the RX worker if it sleeps (budget came back); the
+	// connection calls it after releasing mu (conn.unlock).
 	wakeRX()
 	// guestError counts and logs a protocol violation by the guest that
 	// resets the connection, not the device.

@@ -365,10 +365,10 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	for _, room := range st.rooms[:popped] {
 		total += room
 	}
-	got, r := c.readHostLocked(&st.iov, st.views, st.rooms[0], total)
+	got, r := c.readHostLocked(&st.iov, st.views, total)
 	clear(st.views)
 	if r != emitSent {
-		s.giveBack(st, 0, popped)
+		s.giveBack(st, popped)
 		return r
 	}
 	// The bytes fill the buffers in order; each filled buffer becomes one
@@ -468,12 +468,12 @@ func (s *session) popForRead(st *rxState, c *conn, credit uint64) int {
 	return popped
 }
 
-// giveBack puts st.chains[from:to], popped for a read that filled none of
-// them, on the spare list, and wakes the RX worker after unlocking if it
-// may be asleep waiting for them (spareLocked).
-func (s *session) giveBack(st *rxState, from, to int) {
+// giveBack puts st.chains[:n], popped for a read that filled none of them,
+// on the spare list, and wakes the RX worker after unlocking if it may be
+// asleep waiting for them (spareLocked).
+func (s *session) giveBack(st *rxState, n int) {
 	s.rxMu.Lock()
-	wake := s.spareLocked(st, from, to)
+	wake := s.spareLocked(st, 0, n)
 	s.rxMu.Unlock()
 	if wake {
 		s.wakeRX()
@@ -485,7 +485,7 @@ func (s *session) giveBack(st *rxState, from, to int) {
 // RST), and while these buffers were out of the ring the worker may have
 // found none for it and gone to sleep waiting for a guest kick that will
 // not come, since the guest posted nothing new. (Seen when the TX worker's
-// direct enqueue took the last buffers and its read came back short: an
+// direct enqueue took the last buffers and its read came back empty: an
 // agent exec never finished.) Called with rxMu held; the caller wakes the
 // worker after unlocking.
 func (s *session) spareLocked(st *rxState, from, to int) bool {
