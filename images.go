@@ -82,7 +82,13 @@ var ErrImageNotFound = image.ErrNotFound
 // half of guest RAM) and runs commands there. Call it before New; the
 // agent then runs the image's commands as Config says (ImageConfig).
 func (c *Config) UseImage(img *Image, overlayBytes uint64) {
-	c.Disks = append([]DiskConfig{{Path: img.Rootfs, ReadOnly: true}}, c.Disks...)
+	c.UseRootfs(img.Rootfs, overlayBytes)
+}
+
+// UseRootfs is UseImage for an ext4 file that is not in an image store
+// (the containerd shim builds one from a container's snapshot).
+func (c *Config) UseRootfs(ext4 string, overlayBytes uint64) {
+	c.Disks = append([]DiskConfig{{Path: ext4, ReadOnly: true}}, c.Disks...)
 	c.Cmdline = strings.TrimSpace(c.Cmdline + " microvm.root=/dev/vda")
 	if overlayBytes > 0 {
 		c.Cmdline += fmt.Sprintf(" microvm.rootsize=%dk", overlayBytes>>10)

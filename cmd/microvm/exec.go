@@ -33,7 +33,7 @@ import (
 // Exec's fixed choices: the agent's vsock port (also agent's default
 // --port) and the guest's CID.
 const (
-	agentPort = 1024
+	agentPort = agentapi.DefaultPort
 	execCID   = 3
 	// consoleKeep is how much of the guest console exec keeps, to show
 	// when the agent never answers.

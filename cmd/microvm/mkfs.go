@@ -3,14 +3,13 @@
 package main
 
 import (
-	"fmt"
+	"context"
 	"os"
-	"os/exec"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/image"
 )
 
 // mkfsCommand builds an ext4 image from a directory with e2fsprogs'
@@ -49,51 +48,8 @@ func mkfsCommand() *cli.Command {
 	}
 }
 
-// mkfs writes the image to out.tmp and renames it into place once
-// mkfs.ext4 succeeded.
+// mkfs writes the image (internal/image does it for the containerd shim
+// too).
 func mkfs(out, dir string, size uint64, label string) error {
-	tool, err := exec.LookPath("mkfs.ext4")
-	if err != nil {
-		for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
-			if _, serr := os.Stat(p); serr == nil {
-				tool, err = p, nil
-				break
-			}
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("mkfs: mkfs.ext4 not found (install e2fsprogs)")
-	}
-	tmp := out + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("mkfs: %w", err)
-	}
-	err = f.Truncate(int64(size))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("mkfs: %w", err)
-	}
-	// -F: the target is a regular file; -q: only errors; root_owner: files
-	// keep their owners from dir, the root directory is root's.
-	args := []string{"-q", "-F", "-t", "ext4", "-E", "root_owner=0:0", "-d", dir}
-	if label != "" {
-		args = append(args, "-L", label)
-	}
-	args = append(args, tmp)
-	var msg strings.Builder
-	cmd := exec.Command(tool, args...)
-	cmd.Stdout, cmd.Stderr = &msg, &msg
-	if err := cmd.Run(); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("mkfs: %s %s: %v\n%s", tool, strings.Join(args, " "), err, strings.TrimSpace(msg.String()))
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("mkfs: %w", err)
-	}
-	return nil
+	return image.WriteDirExt4(context.Background(), out, dir, size, label)
 }

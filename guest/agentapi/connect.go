@@ -24,6 +24,10 @@ import (
 // running VM's vsock socket.
 type DialFunc func(ctx context.Context) (net.Conn, error)
 
+// DefaultPort is the vsock port the agent listens on unless told
+// otherwise (microvm-agent -listen vsock://:PORT).
+const DefaultPort = 1024
+
 // RetryInterval is how often Connect dials again while the agent is not
 // there yet.
 // Dials are cheap (a refused one is a REQUEST and an RST in the guest), and
