@@ -396,12 +396,12 @@ func TestGitHubRunnerLauncher(t *testing.T) {
 		t.Fatal(err)
 	}
 	runner := func(name, body string) tarEntry {
-		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "home/runner/" + name, Mode: 0o755, Uid: 1000, Gid: 1000},
-			body: []byte("#!/bin/sh\n" + body + "\n")}
+		return tarEntry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "home/runner/" + name, Mode: 0o755, Uid: 1000, Gid: 1000},
+			Body: []byte("#!/bin/sh\n" + body + "\n")}
 	}
 	oci := writeBusyboxImage(t,
-		tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/", Mode: 0o755}},
-		tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/runner/", Mode: 0o755, Uid: 1000, Gid: 1000}},
+		tarEntry{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/", Mode: 0o755}},
+		tarEntry{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: "home/runner/", Mode: 0o755, Uid: 1000, Gid: 1000}},
 		runner("run.sh", `echo "runner got $*"; echo job done`),
 		runner("slow.sh", "echo started; sleep 600"))
 	r := &ciRunner{t: t, bin: testenv.Binary(t), state: t.TempDir()}

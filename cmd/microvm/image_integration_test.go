@@ -18,47 +18,14 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testimage"
 )
 
 // tarEntry is one entry of a test layer.
-type tarEntry struct {
-	hdr  tar.Header
-	body []byte
-}
-
-// testLayer is an uncompressed layer holding entries.
-func testLayer(t *testing.T, entries []tarEntry) v1.Layer {
-	t.Helper()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		h := e.hdr
-		h.Size = int64(len(e.body))
-		if h.ModTime.IsZero() {
-			h.ModTime = time.Unix(1700000000, 0)
-		}
-		if err := tw.WriteHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write(e.body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
+type tarEntry = testimage.Entry
 
 // writeBusyboxImage writes, as an OCI layout directory, a two-layer image
 // of Debian's static busybox: the second layer deletes a file of the first
@@ -72,43 +39,32 @@ func writeBusyboxImage(t *testing.T, extra ...tarEntry) string {
 		testenv.Missing(t, "static busybox: %v (apt-get install busybox-static)", err)
 	}
 	dir := func(name string, mode int64, uid int) tarEntry {
-		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, Uid: uid, Gid: uid}}
+		return tarEntry{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode, Uid: uid, Gid: uid}}
 	}
 	file := func(name string, mode int64, uid int, body string) tarEntry {
-		return tarEntry{hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Uid: uid, Gid: uid}, body: []byte(body)}
+		return tarEntry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: mode, Uid: uid, Gid: uid}, Body: []byte(body)}
 	}
 	base := []tarEntry{
 		dir("bin/", 0o755, 0), dir("etc/", 0o755, 0), dir("data/", 0o755, 1000), dir("tmp/", 0o1777, 0),
-		{hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, body: bb},
+		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, Body: bb},
 		file("etc/passwd", 0o644, 0, "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/data:/bin/sh\n"),
 		file("etc/group", 0o644, 0, "root:x:0:\napp:x:1000:\n"),
 		file("data/old.txt", 0o644, 1000, "old\n"),
 		file("data/keep.txt", 0o644, 1000, "keep\n"),
 	}
 	for _, applet := range []string{"sh", "id", "pwd", "ls", "cat", "echo", "mount", "grep", "touch", "rm", "stat", "tr"} {
-		base = append(base, tarEntry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + applet, Linkname: "busybox", Mode: 0o777}})
+		base = append(base, tarEntry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + applet, Linkname: "busybox", Mode: 0o777}})
 	}
 	top := append([]tarEntry{
 		file("data/.wh.old.txt", 0o644, 0, ""),
 		file("data/new.txt", 0o644, 1000, "new\n"),
 	}, extra...)
-	img, err := mutate.AppendLayers(empty.Image, testLayer(t, base), testLayer(t, top))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Config.Env = []string{"PATH=/bin", "FOO=from-image"}
-	cf.Config.WorkingDir = "/data"
-	cf.Config.User = "app"
-	cf.Config.Cmd = []string{"sh", "-c", "echo default-cmd as $(id -u)"}
-	if img, err = mutate.ConfigFile(img, cf); err != nil {
-		t.Fatal(err)
-	}
+	img := testimage.Of(t, v1.Config{
+		Env:        []string{"PATH=/bin", "FOO=from-image"},
+		WorkingDir: "/data",
+		User:       "app",
+		Cmd:        []string{"sh", "-c", "echo default-cmd as $(id -u)"},
+	}, "amd64", testimage.Layer(t, base), testimage.Layer(t, top))
 	out := filepath.Join(t.TempDir(), "oci")
 	p, err := layout.Write(out, empty.Index)
 	if err != nil {

@@ -21,10 +21,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/microvm/microvm/internal/testimage"
 )
 
 // anonymous is a keychain that never reads docker's config: tests must not
@@ -144,36 +143,13 @@ func tarBytes(t *testing.T, entries []entry) []byte {
 
 func layer(t *testing.T, entries ...entry) v1.Layer {
 	t.Helper()
-	b := tarBytes(t, entries)
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(b)), nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return testimage.FromTar(t, tarBytes(t, entries))
 }
 
 // imageOf builds an image of layers with the given config.
 func imageOf(t *testing.T, cfg v1.Config, arch string, layers ...v1.Layer) v1.Image {
 	t.Helper()
-	img, err := mutate.AppendLayers(empty.Image, layers...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.Config = cfg
-	cf.OS = "linux"
-	cf.Architecture = arch
-	img, err = mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
+	return testimage.Of(t, cfg, arch, layers...)
 }
 
 // debugfs runs one read-only debugfs request on an ext4 file.
