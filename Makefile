@@ -1,7 +1,8 @@
 # microvm: build, demo, test and benchmark.
 #
 #   make              bin/microvm and bin/microvm-full (static), bin/microvm-agent,
-#                     bin/microvm-net, bin/testguest and the guest kernel (make kernel)
+#                     bin/microvm-net, bin/containerd-shim-microvm-v2 (the containerd
+#                     runtime), bin/testguest and the guest kernel (make kernel)
 #   make run          the demo: the test guest, then Linux with the guest agent
 #                     (commands and a gRPC call over vsock)
 #   make test-net     TestNetLinux alone (make test runs it too; docs/net.md)
@@ -50,13 +51,13 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-usernet bench-images bench-ci bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-usernet bench-images bench-ci bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
 # The binaries and the guest kernel that exec, run --with-agent and
 # --image boot by default (built once, minutes; nothing after that).
-all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/testguest kernel
+all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest kernel
 
 # go build is incremental, so the target is always handed to it.
 # bin/microvm is the lean build of the CLI: `run` and `version`, handing
@@ -72,6 +73,11 @@ bin/microvm-full:
 # The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
 bin/microvm-agent:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./guest/agent/cmd/microvm-agent
+
+# The containerd runtime io.containerd.microvm.v2 (docs/containerd.md):
+# containerd finds it by this name in its PATH.
+bin/containerd-shim-microvm-v2:
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./cmd/containerd-shim-microvm-v2
 
 # The process of a --net user network (gVisor's netstack): microvm starts it
 # from beside its own binary, so neither VMM binary links the netstack.
@@ -125,6 +131,7 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
 	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net \
+	MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 \
 	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar \
 	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar
 

@@ -266,6 +266,9 @@ const (
 	// curl (make debian-build-image: build/images/debian-12-build.tar), a
 	// CI job's image.
 	EnvDebianBuildImage = "MICROVM_DEBIAN_BUILD_IMAGE"
+	// EnvShim names the built containerd shim (make:
+	// bin/containerd-shim-microvm-v2).
+	EnvShim = "MICROVM_SHIM"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -282,6 +285,13 @@ func Binary(tb testing.TB) string {
 func Agent(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvAgent, "bin/microvm-agent", "bin/microvm-agent")
+}
+
+// Shim returns the containerd shim: $MICROVM_SHIM, else
+// bin/containerd-shim-microvm-v2 built by make.
+func Shim(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvShim, "bin/containerd-shim-microvm-v2", "bin/containerd-shim-microvm-v2")
 }
 
 // NetTest returns the static guest network helper (guest/nettest, UDP

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testimage"
+)
+
+// runtimeName is what ctr's --runtime and containerd's config call the shim.
+const runtimeName = "io.containerd.microvm.v2"
+
+// testImage is the busybox image the tests import.
+const testImage = "microvm.test/busybox:1"
+
+// ctrEnv is a containerd of the test's own: its root, state, sockets and
+// configuration in a temporary directory, the shim's directory first in
+// its PATH (containerd finds containerd-shim-microvm-v2 there), and the
+// kernel and agent the shim boots in its environment, which containerd
+// passes to its shims.
+type ctrEnv struct {
+	t          *testing.T
+	dir        string
+	sock       string
+	config     string
+	env        []string
+	containerd string
+	ctr        string
+	shim       string
+	log        string
+
+	snapshotter string // ctr's; "" is native
+
+	cmd    *exec.Cmd // the running containerd
+	waited chan error
+}
+
+// startContainerd starts Debian's containerd (apt-get install containerd)
+// and stops it at the end of the test; the CRI plugin is off (ctr only).
+func startContainerd(t *testing.T) *ctrEnv {
+	t.Helper()
+	containerd, err := exec.LookPath("containerd")
+	if err != nil {
+		testenv.Missing(t, "containerd: %v (apt-get install containerd)", err)
+	}
+	ctr, err := exec.LookPath("ctr")
+	if err != nil {
+		testenv.Missing(t, "ctr: %v (apt-get install containerd)", err)
+	}
+	e := &ctrEnv{t: t, dir: t.TempDir(), ctr: ctr, containerd: containerd, shim: testenv.Shim(t)}
+	e.sock = filepath.Join(e.dir, "containerd.sock")
+	e.log = filepath.Join(e.dir, "containerd.log")
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+`, filepath.Join(e.dir, "root"), filepath.Join(e.dir, "state"), e.sock, e.sock+".ttrpc")
+	e.config = filepath.Join(e.dir, "config.toml")
+	if err := os.WriteFile(e.config, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.env = append(os.Environ(),
+		"PATH="+filepath.Dir(e.shim)+":"+os.Getenv("PATH"),
+		"MICROVM_KERNEL="+testenv.BzImage(t),
+		"MICROVM_AGENT="+testenv.Agent(t),
+		"MICROVM_SHIM_MEMORY=256M")
+	e.start()
+	t.Cleanup(func() {
+		e.stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(e.log)
+			t.Logf("containerd log:\n%s", tail(string(b), 30000))
+		}
+	})
+	return e
+}
+
+// start starts containerd and waits until it answers.
+func (e *ctrEnv) start() {
+	t := e.t
+	t.Helper()
+	logf, err := os.OpenFile(e.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(e.containerd, "--config", e.config, "--log-level", "debug")
+	cmd.Stdout, cmd.Stderr, cmd.Env = logf, logf, e.env
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.cmd, e.waited = cmd, make(chan error, 1)
+	go func(w chan error) { w <- cmd.Wait() }(e.waited)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if _, _, code := e.run("version"); code == 0 {
+			return
+		}
+		select {
+		case err := <-e.waited:
+			b, _ := os.ReadFile(e.log)
+			e.cmd = nil
+			t.Fatalf("containerd exited: %v\n%s", err, tail(string(b), 30000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("containerd did not answer within 90s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// stop stops containerd (SIGTERM; its shims keep running, as under
+// systemd's KillMode=process).
+func (e *ctrEnv) stop() {
+	if e.cmd == nil {
+		return
+	}
+	e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.waited:
+	case <-time.After(30 * time.Second):
+		e.cmd.Process.Kill()
+		<-e.waited
+	}
+	e.cmd = nil
+}
+
+// run runs ctr against the test's containerd in namespace "test", with
+// e.snapshotter, by default the native one (a directory per snapshot:
+// works on any file system, the box's tmpfs included).
+func (e *ctrEnv) run(args ...string) (stdout, stderr string, code int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.ctr, append([]string{"--address", e.sock, "--namespace", "test"}, args...)...)
+	sn := e.snapshotter
+	if sn == "" {
+		sn = "native"
+	}
+	cmd.Env = append(os.Environ(), "CONTAINERD_SNAPSHOTTER="+sn)
+	var o, s bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &s
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		e.t.Fatalf("ctr %s: %v", strings.Join(args, " "), err)
+	}
+	return o.String(), s.String(), code
+}
+
+// must runs ctr and fails the test unless it succeeds.
+func (e *ctrEnv) must(args ...string) string {
+	e.t.Helper()
+	out, errOut, code := e.run(args...)
+	if code != 0 {
+		e.t.Fatalf("ctr %s: status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// importBusybox imports a one-layer image of Debian's static busybox.
+func (e *ctrEnv) importBusybox() {
+	t := e.t
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		testenv.Missing(t, "static busybox: %v (apt-get install busybox-static)", err)
+	}
+	dir := func(n string) testimage.Entry {
+		return testimage.Entry{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: n, Mode: 0o755}}
+	}
+	entries := []testimage.Entry{dir("bin/"), dir("etc/"), dir("tmp/"), dir("proc/"), dir("sys/"), dir("dev/"),
+		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, Body: bb},
+		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "etc/passwd", Mode: 0o644}, Body: []byte("root:x:0:0:root:/:/bin/sh\n")},
+	}
+	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount"} {
+		entries = append(entries, testimage.Entry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}})
+	}
+	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}, "amd64", testimage.Layer(t, entries))
+	ref, err := name.NewTag(testImage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(e.dir, "busybox.tar")
+	if err := tarball.WriteToFile(path, ref, img); err != nil {
+		t.Fatal(err)
+	}
+	e.must("images", "import", path)
+}
+
+// shimPids lists the running processes of the shim binary.
+func (e *ctrEnv) shimPids() []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", d.Name(), "exe")); err == nil && exe == e.shim {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// leftovers fails the test when a shim process, a mount under the test's
+// directory or a root file system image is left once every container is
+// gone.
+func (e *ctrEnv) leftovers() {
+	t := e.t
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(e.shimPids()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if p := e.shimPids(); len(p) > 0 {
+		t.Errorf("shim processes left running: %v", p)
+	}
+	if e.mounted() {
+		t.Errorf("mounts left:\n%s", e.mounts())
+	}
+	filepath.WalkDir(filepath.Join(e.dir, "state"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && strings.HasPrefix(d.Name(), "microvm-") {
+			t.Errorf("file left: %s", p)
+		}
+		return nil
+	})
+}
+
+// mounts are the mount table's lines under the test's directory.
+func (e *ctrEnv) mounts() string {
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(string(mi), "\n") {
+		if strings.Contains(l, e.dir) {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
+}
+
+func (e *ctrEnv) mounted() bool { return e.mounts() != "" }
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// TestCtrRun: containerd (Debian's, with ctr) runs containers in microVMs
+// through the shim. ctr run --rm: the container's stdout and stderr reach
+// ctr apart, its exit status is ctr's, and nothing is left behind. Then a
+// detached container: ctr task exec runs a second process in its VM, and
+// a shim killed with SIGKILL takes its VM with it; containerd sees the
+// task stop and the shim's delete action leaves nothing mounted or
+// written.
+func TestCtrRun(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	e := startContainerd(t)
+	e.importBusybox()
+
+	out, errOut, code := e.run("run", "--runtime", runtimeName, "--rm", testImage, "c1",
+		"sh", "-c", "echo hello from $(uname -s) as $(id -u); echo to-stderr >&2; exit 3")
+	t.Logf("ctr run: status %d, stdout %q, stderr %q", code, out, errOut)
+	if code != 3 || !strings.Contains(out, "hello from Linux as 0") || !strings.Contains(errOut, "to-stderr") ||
+		strings.Contains(out, "to-stderr") {
+		t.Fatalf("ctr run: status %d (want 3)\nstdout: %q\nstderr: %q", code, out, errOut)
+	}
+	if l := e.must("containers", "ls", "-q"); strings.TrimSpace(l) != "" {
+		t.Errorf("containers left after --rm: %q", l)
+	}
+	e.leftovers()
+
+	// The overlayfs snapshotter where this file system takes it: its
+	// snapshot is mounted in the bundle, which the shim must undo.
+	if plugins := e.must("plugins", "ls"); regexp.MustCompile(`overlayfs\s+\S+\s+ok`).MatchString(plugins) {
+		e.snapshotter = "overlayfs"
+	} else {
+		t.Log("the overlayfs snapshotter is not available here; native it is")
+	}
+	e.must("run", "-d", "--runtime", runtimeName, testImage, "c2", "sleep", "600")
+	if e.snapshotter == "overlayfs" && !e.mounted() {
+		t.Error("overlayfs snapshot of a running container: not mounted in its bundle")
+	}
+	if got := e.must("task", "exec", "--exec-id", "e1", "c2", "sh", "-c", "echo exec in $(uname -s)"); !strings.Contains(got, "exec in Linux") {
+		t.Errorf("ctr task exec: stdout %q", got)
+	}
+	// containerd restarts while the container runs: the shim keeps it,
+	// and the new containerd reconnects to the shim's socket.
+	e.stop()
+	e.start()
+	if l := e.must("task", "ls"); !strings.Contains(l, "RUNNING") {
+		t.Errorf("after containerd restarted, task ls:\n%s", l)
+	}
+	if got := e.must("task", "exec", "--exec-id", "e2", "c2", "echo", "after restart"); !strings.Contains(got, "after restart") {
+		t.Errorf("ctr task exec after containerd restarted: stdout %q", got)
+	}
+	pids := e.shimPids()
+	if len(pids) != 1 {
+		t.Fatalf("shim processes for one container: %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		l := e.must("task", "ls")
+		if !strings.Contains(l, "RUNNING") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task still running a minute after its shim was killed:\n%s", l)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.run("task", "delete", "c2")
+	e.must("containers", "delete", "c2")
+	e.leftovers()
+}

@@ -1,0 +1,68 @@
+package containerdshim
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/microvm/microvm"
+)
+
+// Config is what the shim boots each VM with. containerd starts its shims
+// with its own environment, so an operator sets these on containerd's
+// service (docs/containerd.md).
+type Config struct {
+	Kernel      string        // MICROVM_KERNEL; default build/kernel/bzImage beside the shim's bin/
+	Agent       string        // MICROVM_AGENT; default microvm-agent beside the shim
+	CPUs        int           // MICROVM_SHIM_CPUS; default 1
+	Memory      uint64        // MICROVM_SHIM_MEMORY (a SIZE); default 512M
+	BootTimeout time.Duration // MICROVM_SHIM_BOOT_TIMEOUT (a Go duration); default 2m
+}
+
+// ConfigFromEnv reads Config from getenv, with defaults found from the
+// shim binary's path self.
+func ConfigFromEnv(getenv func(string) string, self string) (Config, error) {
+	dir := filepath.Dir(self)
+	c := Config{
+		Kernel:      filepath.Clean(filepath.Join(dir, "..", "build", "kernel", "bzImage")),
+		Agent:       filepath.Join(dir, "microvm-agent"),
+		CPUs:        1,
+		Memory:      512 << 20,
+		BootTimeout: 2 * time.Minute,
+	}
+	if v := getenv("MICROVM_KERNEL"); v != "" {
+		c.Kernel = v
+	}
+	if v := getenv("MICROVM_AGENT"); v != "" {
+		c.Agent = v
+	}
+	if v := getenv("MICROVM_SHIM_CPUS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > microvm.MaxCPUs {
+			return c, fmt.Errorf("MICROVM_SHIM_CPUS=%q: want 1..%d", v, microvm.MaxCPUs)
+		}
+		c.CPUs = n
+	}
+	if v := getenv("MICROVM_SHIM_MEMORY"); v != "" {
+		n, err := microvm.ParseSize(v)
+		if err != nil {
+			return c, fmt.Errorf("MICROVM_SHIM_MEMORY=%q: %w", v, err)
+		}
+		c.Memory = n
+	}
+	if v := getenv("MICROVM_SHIM_BOOT_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, fmt.Errorf("MICROVM_SHIM_BOOT_TIMEOUT=%q: want a positive duration such as 90s", v)
+		}
+		c.BootTimeout = d
+	}
+	for what, p := range map[string]string{"kernel (MICROVM_KERNEL)": c.Kernel, "guest agent (MICROVM_AGENT)": c.Agent} {
+		if _, err := os.Stat(p); err != nil {
+			return c, fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,37 @@
+// Package containerdshim is microvm's containerd runtime,
+// io.containerd.microvm.v2 (cmd/containerd-shim-microvm-v2): containerd's
+// shim v2 task API served over ttrpc, each VM carried by one shim process.
+//
+// The shim library is containerd 1.7's runtime/v2/shim: its start action
+// prints the socket address as plain text, which every containerd from 1.6
+// (Debian 12's) to 2.x reads; 2.x's pkg/shim prints a JSON bootstrap
+// record that containerd 1.6 cannot parse.
+//
+// Data flow of one container (ctr run, or kubelet through CRI):
+//
+//	containerd ── exec "shim start" in the bundle ──▶ Manager.Start (manager.go)
+//	    groups by the CRI sandbox annotation, starts the daemon (fd 3: its socket),
+//	    prints the address
+//	containerd ── ttrpc Create ──▶ Service.Create (service.go)
+//	    readSpec/checkSpec/execStart (container.go, spec.go): OCI spec → agent ExecStart
+//	    prepareRootfs (rootfs.go): snapshot mounts → BUNDLE/rootfs → ext4 (mkfs.ext4 -d)
+//	    bootSandbox (sandbox.go): microvm.Machine in this process, the agent's
+//	        initramfs, the ext4 as the root under a tmpfs overlay; waits for
+//	        the agent over in-process vsock
+//	containerd ── ttrpc Start ──▶ process.run (process.go)
+//	    one agent Exec stream: stdin FIFO → stream; stream → stdout/stderr FIFOs
+//	    exit status → Wait, State, the TaskExit event (Service.publish)
+//	containerd ── Kill/ResizePty/CloseIO ──▶ the process's stream (signal, resize, close_stdin)
+//	containerd ── Delete ──▶ the agent powers the guest off, the VM is closed,
+//	    the rootfs unmounted and its ext4 removed
+//	containerd ── exec "shim delete" (after the daemon died) ──▶ Manager.Stop:
+//	    the same clean-up from the bundle, nothing else to stop: the VM died
+//	    with the daemon
+//
+// Goroutines: ttrpc calls each run on their own goroutine; Service.publish
+// owns the event publisher; each running VM has its Machine.Run goroutine
+// and Service.watchVM, which ends every process when the VM ends; each
+// process has three (process.go). Locks: Service.mu (the VM and the
+// container table) before process.mu; neither is held across a call into
+// the guest, a VM boot or a VM stop.
+package containerdshim
