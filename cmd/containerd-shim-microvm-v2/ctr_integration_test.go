@@ -200,7 +200,7 @@ func (e *ctrEnv) importBusybox() {
 		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, Body: bb},
 		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "etc/passwd", Mode: 0o644}, Body: []byte("root:x:0:0:root:/:/bin/sh\n")},
 	}
-	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount"} {
+	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount", "true"} {
 		entries = append(entries, testimage.Entry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}})
 	}
 	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}, "amd64", testimage.Layer(t, entries))
@@ -282,10 +282,11 @@ func tail(s string, n int) string {
 // TestCtrRun: containerd (Debian's, with ctr) runs containers in microVMs
 // through the shim. ctr run --rm: the container's stdout and stderr reach
 // ctr apart, its exit status is ctr's, and nothing is left behind. Then a
-// detached container: ctr task exec runs a second process in its VM, and
-// a shim killed with SIGKILL takes its VM with it; containerd sees the
-// task stop and the shim's delete action leaves nothing mounted or
-// written.
+// detached container (on the overlayfs snapshotter where it works): ctr
+// task exec runs a second process in its VM; pause and resume reach the
+// VM; containerd restarted meanwhile finds the container running and
+// reaches it again; a shim killed with SIGKILL takes its VM with it, and
+// containerd sees the task stop with nothing left running or mounted.
 func TestCtrRun(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	e := startContainerd(t)
@@ -316,6 +317,15 @@ func TestCtrRun(t *testing.T) {
 	}
 	if got := e.must("task", "exec", "--exec-id", "e1", "c2", "sh", "-c", "echo exec in $(uname -s)"); !strings.Contains(got, "exec in Linux") {
 		t.Errorf("ctr task exec: stdout %q", got)
+	}
+	// Pause and resume stop and restart the VM's vCPUs.
+	e.must("task", "pause", "c2")
+	if l := e.must("task", "ls"); !strings.Contains(l, "PAUSED") {
+		t.Errorf("after ctr task pause, task ls:\n%s", l)
+	}
+	e.must("task", "resume", "c2")
+	if got := e.must("task", "exec", "--exec-id", "e-resumed", "c2", "echo", "resumed"); !strings.Contains(got, "resumed") {
+		t.Errorf("ctr task exec after resume: stdout %q", got)
 	}
 	// containerd restarts while the container runs: the shim keeps it,
 	// and the new containerd reconnects to the shim's socket.

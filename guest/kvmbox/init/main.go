@@ -196,6 +196,7 @@ func buildRoot(repo string) error {
 		{"overlay", newRoot, "overlay", 0, "lowerdir=/mnt/lower,upperdir=/mnt/upper/data,workdir=/mnt/upper/work"},
 		{"proc", newRoot + "/proc", "proc", 0, ""},
 		{"sysfs", newRoot + "/sys", "sysfs", 0, ""},
+		{"cgroup2", newRoot + "/sys/fs/cgroup", "cgroup2", 0, ""},
 		{"devtmpfs", newRoot + "/dev", "devtmpfs", 0, "mode=0755"},
 		{"devpts", newRoot + "/dev/pts", "devpts", 0, "newinstance,ptmxmode=0666,mode=0620"},
 		{"shm", newRoot + "/dev/shm", "tmpfs", 0, "mode=1777"},
@@ -264,8 +265,18 @@ func openPort(name string) (*os.File, error) {
 	return nil, fmt.Errorf("virtio-serial port %q: %w", name, lastErr)
 }
 
+// enterRoot makes the box's root the root of its mount namespace, as
+// switch_root does (the root mounted over the initramfs, then chroot), not
+// with a bare chroot: a process that joins the namespace with setns (runc
+// exec, nsenter) lands on the namespace's root, which must be this one.
 func enterRoot(dir string) error {
-	if err := unix.Chroot(newRoot); err != nil {
+	if err := os.Chdir(newRoot); err != nil {
+		return err
+	}
+	if err := unix.Mount(newRoot, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move %s to /: %w", newRoot, err)
+	}
+	if err := unix.Chroot("."); err != nil {
 		return fmt.Errorf("chroot %s: %w", newRoot, err)
 	}
 	if err := os.Chdir("/"); err != nil {

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// EnvBench turns TestContainerdBench on: its value is where the JSON goes
+// (make bench-containerd sets it). It is a measurement, not a test: it
+// fails only when a container does not run.
+const EnvBench = "MICROVM_BENCH_CONTAINERD"
+
+// benchRuntimes are compared in one run, interleaved: microvm's shim and
+// runc (Debian's containerd ships io.containerd.runc.v2 and runc).
+var benchRuntimes = []string{runtimeName, "io.containerd.runc.v2"}
+
+// benchResult is one runtime's figures.
+type benchResult struct {
+	Runtime    string    `json:"runtime"`
+	StartMS    []float64 `json:"start_ms"`       // ctr run -d: create and start, until running
+	ExecMS     []float64 `json:"exec_ms"`        // ctr task exec of true, until its exit
+	StopMS     []float64 `json:"stop_ms"`        // kill, wait and delete
+	HostRSSKiB []int64   `json:"host_rss_kib"`   // the shim and its children while the container sleeps
+	StartP50   float64   `json:"start_p50_ms"`   //
+	StartP99   float64   `json:"start_p99_ms"`   //
+	ExecP50    float64   `json:"exec_p50_ms"`    //
+	ExecP99    float64   `json:"exec_p99_ms"`    //
+	RSSMedian  int64     `json:"rss_median_kib"` //
+}
+
+// TestContainerdBench: container start (ctr run -d, until the task runs),
+// exec latency and host memory per container, microvm against runc in
+// the same run, N rounds (MICROVM_BENCH_N, default 10). Prints a table and
+// writes JSON to $MICROVM_BENCH_CONTAINERD. Where this host's KVM cannot
+// run Linux, make bench-containerd runs it in the nested-KVM box, and
+// the table says so: those are TCG figures.
+func TestContainerdBench(t *testing.T) {
+	out := os.Getenv(EnvBench)
+	if out == "" {
+		t.Skipf("a benchmark: set $%s to a JSON path (make bench-containerd)", EnvBench)
+	}
+	n := 10
+	if v := os.Getenv("MICROVM_BENCH_N"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("MICROVM_BENCH_N=%q", v)
+		}
+	}
+	e := startContainerd(t)
+	e.importBusybox()
+	res := map[string]*benchResult{}
+	for _, rt := range benchRuntimes {
+		res[rt] = &benchResult{Runtime: rt}
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for i := 0; i < n; i++ {
+		for _, rt := range benchRuntimes {
+			r := res[rt]
+			id := fmt.Sprintf("b%d-%s", i, strings.Split(rt, ".")[2])
+			t0 := time.Now()
+			e.must("run", "-d", "--runtime", rt, testImage, id, "sleep", "600")
+			r.StartMS = append(r.StartMS, ms(time.Since(t0)))
+			t0 = time.Now()
+			e.must("task", "exec", "--exec-id", "x", id, "true")
+			r.ExecMS = append(r.ExecMS, ms(time.Since(t0)))
+			r.HostRSSKiB = append(r.HostRSSKiB, e.taskRSS(id))
+			t0 = time.Now()
+			e.must("task", "kill", "-s", "SIGKILL", id)
+			e.waitStopped(id)
+			e.must("task", "delete", id)
+			r.StopMS = append(r.StopMS, ms(time.Since(t0)))
+			e.must("containers", "delete", id)
+		}
+	}
+	where := "natively"
+	if testenv.InBox() {
+		where = "in the nested-KVM box (QEMU TCG: not hardware speed)"
+	}
+	fmt.Printf("containerd: %d rounds, %s\n", n, where)
+	fmt.Printf("%-24s %12s %12s %12s %12s %12s %14s\n", "runtime", "start p50", "start p99", "exec p50", "exec p99", "stop p50", "host RSS (MiB)")
+	list := []*benchResult{}
+	for _, rt := range benchRuntimes {
+		r := res[rt]
+		r.StartP50, r.StartP99 = pct(r.StartMS, 50), pct(r.StartMS, 99)
+		r.ExecP50, r.ExecP99 = pct(r.ExecMS, 50), pct(r.ExecMS, 99)
+		r.RSSMedian = medianInt(r.HostRSSKiB)
+		fmt.Printf("%-24s %10.1fms %10.1fms %10.1fms %10.1fms %10.1fms %14.1f\n", rt, r.StartP50, r.StartP99,
+			r.ExecP50, r.ExecP99, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
+		list = append(list, r)
+	}
+	b, err := json.MarshalIndent(map[string]any{"where": where, "rounds": n, "runtimes": list}, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// taskRSS is the host memory a running container costs: the resident
+// set of its shim and of everything below the shim (runc's container
+// processes; microvm's VM is inside the shim), in KiB.
+func (e *ctrEnv) taskRSS(id string) int64 {
+	e.t.Helper()
+	shim := e.shimOf(id)
+	if shim == 0 {
+		e.t.Fatalf("no shim process found for %s", id)
+	}
+	var total int64
+	for _, pid := range append([]int{shim}, descendants(shim)...) {
+		total += rssKiB(pid)
+	}
+	return total
+}
+
+// shimOf finds the shim process of container id: the one whose command
+// line names it after -id.
+func (e *ctrEnv) shimOf(id string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if !strings.Contains(args[0], "containerd-shim") {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-id" && args[i+1] == id {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// descendants lists pid's children, grandchildren, ...
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, d := range ents {
+		p, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", d.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces; split after ')'.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 {
+			if pp, err := strconv.Atoi(f[1]); err == nil {
+				children[pp] = append(children[pp], p)
+			}
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		out = append(out, children[p]...)
+		queue = append(queue, children[p]...)
+	}
+	return out
+}
+
+// rssKiB is a process's VmRSS.
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// waitStopped waits until the task is no longer running.
+func (e *ctrEnv) waitStopped(id string) {
+	e.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		l := e.must("task", "ls")
+		running := false
+		for _, line := range strings.Split(l, "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == id && f[2] != "STOPPED" {
+				running = true
+			}
+		}
+		if !running {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Fatalf("task %s did not stop within a minute", id)
+}
+
+// pct is the p-th percentile of v (nearest rank).
+func pct(v []float64, p int) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := (p*len(s)+99)/100 - 1
+	if i < 0 {
+		i = 0
+	}
+	return s[i]
+}
+
+func medianInt(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]int64(nil), v...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
