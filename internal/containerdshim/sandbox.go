@@ -153,7 +153,8 @@ func (s *sandbox) consoleTail() string {
 
 // stop powers the VM off (the agent's Shutdown, so the guest syncs and
 // powers off; after grace, or without an agent, by ending Run) and
-// releases it. It can run again.
+// releases it. Service.stopVM calls it once per VM (bootSandbox on its
+// own failure path).
 func (s *sandbox) stop() {
 	const grace = 5 * time.Second
 	if s.client != nil {
