@@ -37,7 +37,13 @@ import (
 // it is PID 1: processes orphaned by an Exec are reparented here, and the
 // tests' Reaper reaps them, so "no process of the group remains" can be
 // checked with kill(-pgid, 0) whatever reaps orphans on this machine.
+//
+// Run as ContainerInitArg0 (Exec with a container starts /proc/self/exe,
+// this test binary, so) it is a container process's set-up step.
 func TestMain(m *testing.M) {
+	if os.Args[0] == ContainerInitArg0 {
+		ContainerInit()
+	}
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		fmt.Fprintf(os.Stderr, "agent test: PR_SET_CHILD_SUBREAPER: %v\n", err)
 		os.Exit(1)

@@ -23,6 +23,19 @@
 // send SIGKILL to the process group at once, without a SIGTERM grace: the
 // client can send a signal message itself first if it wants a grace period.
 //
+// # Containers
+//
+// An ExecStart with a container forks the agent's own binary as
+// ContainerInitArg0 (startInContainer, container.go) with the request on
+// a memfd. Creating: in new mount, PID, UTS and IPC namespaces; the step
+// (ContainerInit, containerinit.go) binds the root, makes the mounts,
+// pivot_roots, sets the hostname, then the process's rlimits, capabilities
+// and credentials, and execs the program, which keeps the pid. Joining:
+// the agent enters the init's PID, UTS and IPC namespaces on a locked
+// thread it then throws away, forks the step there with the init's root as
+// a descriptor, and the step chroots to it. containers maps ids to their
+// init's pid; the init's beforeReap forgets it.
+//
 // # Waiting for children
 //
 // Exit statuses must reach the Exec that started the process, and as PID 1
@@ -40,7 +53,7 @@
 // per child, ending when it exits. Reaper owns one goroutine, stopped by
 // Close.
 //
-// Lock order: Reaper.mu, then group.mu (taken by beforeReap under
-// Reaper.mu). Server.mu guards the count of running Execs only and is never
+// Lock order: Reaper.mu, then containers.mu and group.mu (taken by
+// beforeReap under Reaper.mu). Server.mu guards the count of running Execs only and is never
 // held with another lock.
 package agent

@@ -198,6 +198,9 @@ func validateStart(st *agentapi.ExecStart) error {
 	if strings.IndexByte(st.Dir, 0) >= 0 {
 		return bad("directory contains NUL")
 	}
+	if st.Container == nil && (len(st.Rlimits) > 0 || st.Capabilities != nil || st.NoNewPrivileges || len(st.AdditionalGids) > 0) {
+		return bad("rlimits, capabilities, no_new_privileges and additional_gids apply to container processes only")
+	}
 	return nil
 }
 
@@ -251,6 +254,14 @@ func startErr(argv0 string, err error) error {
 // (a session, with a pty) of its own.
 func (s *Server) startProcess(st *agentapi.ExecStart, x *execIO, g *group) (*child, error) {
 	defer closeAll(x.child) // the process has its copies once started
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if x.pty != nil {
+		// A new session makes the process its own group leader too.
+		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	}
+	if st.Container != nil {
+		return s.startInContainer(st, x, g, sys)
+	}
 	dir := st.Dir
 	if dir == "" {
 		dir = "/"
@@ -274,11 +285,6 @@ func (s *Server) startProcess(st *agentapi.ExecStart, x *execIO, g *group) (*chi
 			return nil, startErr(argv0, err)
 		}
 		argv0 = p
-	}
-	sys := &syscall.SysProcAttr{Setpgid: true}
-	if x.pty != nil {
-		// A new session makes the process its own group leader too.
-		sys = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	}
 	if st.Uid != nil || st.Gid != nil {
 		sys.Credential = &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), NoSetGroups: false}

@@ -41,6 +41,9 @@ type Options struct {
 	MaxExecs int
 	// Version overrides the version Info reports.
 	Version string
+	// Self is the agent's own executable, run as ContainerInitArg0 to set
+	// up container processes; "/proc/self/exe" when empty.
+	Self string
 	// Logf, when set, receives one line per started and ended process.
 	Logf func(format string, args ...any)
 }
@@ -59,6 +62,8 @@ type Server struct {
 
 	mu      sync.Mutex
 	running int // guarded by mu: Exec calls between enterExec and leaveExec
+
+	ctrs containers // the running containers (Exec with ExecStart.container)
 
 	shutdownOnce sync.Once
 }

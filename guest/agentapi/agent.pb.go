@@ -44,9 +44,24 @@ type ExecStart struct {
 	// pty, when set, runs the process on a new pseudo-terminal of that size
 	// as its controlling terminal; stdout then carries the terminal output
 	// and stderr is unused.
-	Pty           *PtySize `protobuf:"bytes,7,opt,name=pty,proto3" json:"pty,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Pty *PtySize `protobuf:"bytes,7,opt,name=pty,proto3" json:"pty,omitempty"`
+	// container, when set, runs the process in a container of the guest
+	// (docs/agent.md, "Containers"): its first process creates it, later
+	// ones join it.
+	Container *Container `protobuf:"bytes,8,opt,name=container,proto3" json:"container,omitempty"`
+	// The following apply to container processes only, after the container
+	// is entered and before the program runs.
+	// rlimits are set with setrlimit(2).
+	Rlimits []*Rlimit `protobuf:"bytes,9,rep,name=rlimits,proto3" json:"rlimits,omitempty"`
+	// capabilities, when set, are the process's capability sets; otherwise
+	// it keeps the agent's.
+	Capabilities *Capabilities `protobuf:"bytes,10,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// no_new_privileges sets PR_SET_NO_NEW_PRIVS.
+	NoNewPrivileges bool `protobuf:"varint,11,opt,name=no_new_privileges,json=noNewPrivileges,proto3" json:"no_new_privileges,omitempty"`
+	// additional_gids are the supplementary groups (with uid set).
+	AdditionalGids []uint32 `protobuf:"varint,12,rep,packed,name=additional_gids,json=additionalGids,proto3" json:"additional_gids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -128,6 +143,388 @@ func (x *ExecStart) GetPty() *PtySize {
 	return nil
 }
 
+func (x *ExecStart) GetContainer() *Container {
+	if x != nil {
+		return x.Container
+	}
+	return nil
+}
+
+func (x *ExecStart) GetRlimits() []*Rlimit {
+	if x != nil {
+		return x.Rlimits
+	}
+	return nil
+}
+
+func (x *ExecStart) GetCapabilities() *Capabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *ExecStart) GetNoNewPrivileges() bool {
+	if x != nil {
+		return x.NoNewPrivileges
+	}
+	return false
+}
+
+func (x *ExecStart) GetAdditionalGids() []uint32 {
+	if x != nil {
+		return x.AdditionalGids
+	}
+	return nil
+}
+
+// Container names the container a process runs in.
+type Container struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the container in the guest: 1 to 128 of [A-Za-z0-9_.-].
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// create, set on the container's first process only, describes its root
+	// and namespaces; that process becomes the container's init (PID 1 of its
+	// PID namespace), and the container ends when it exits. Without create,
+	// the process joins the running container id: its root, PID, UTS and IPC
+	// namespaces.
+	Create        *ContainerRoot `protobuf:"bytes,2,opt,name=create,proto3" json:"create,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Container) Reset() {
+	*x = Container{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Container) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Container) ProtoMessage() {}
+
+func (x *Container) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Container.ProtoReflect.Descriptor instead.
+func (*Container) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Container) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Container) GetCreate() *ContainerRoot {
+	if x != nil {
+		return x.Create
+	}
+	return nil
+}
+
+// ContainerRoot is what a container's first process sets up: new mount,
+// PID, UTS and IPC namespaces, the root and the mounts below it.
+type ContainerRoot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// root is the directory, in the guest, that becomes the container's /
+	// (bound without the mounts below it; "/" is the guest's root file system).
+	Root string `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	// readonly makes / read-only once the mounts are made.
+	Readonly bool `protobuf:"varint,2,opt,name=readonly,proto3" json:"readonly,omitempty"`
+	// hostname is set in the container's UTS namespace when not empty.
+	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// mounts are made in order, below root.
+	Mounts        []*Mount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerRoot) Reset() {
+	*x = ContainerRoot{}
+	mi := &file_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerRoot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerRoot) ProtoMessage() {}
+
+func (x *ContainerRoot) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerRoot.ProtoReflect.Descriptor instead.
+func (*ContainerRoot) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ContainerRoot) GetRoot() string {
+	if x != nil {
+		return x.Root
+	}
+	return ""
+}
+
+func (x *ContainerRoot) GetReadonly() bool {
+	if x != nil {
+		return x.Readonly
+	}
+	return false
+}
+
+func (x *ContainerRoot) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *ContainerRoot) GetMounts() []*Mount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+// Mount is one mount of a container, as in the OCI runtime spec.
+type Mount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination is absolute, inside the container.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// type is proc, sysfs, tmpfs, devpts, mqueue, cgroup, cgroup2 or bind.
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// source is a guest path for bind mounts, a name otherwise.
+	Source string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// options are mount(8) options: flags such as ro, nosuid, nodev, noexec,
+	// rbind; the rest become the file system's data.
+	Options       []string `protobuf:"bytes,4,rep,name=options,proto3" json:"options,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Mount) Reset() {
+	*x = Mount{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Mount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Mount) ProtoMessage() {}
+
+func (x *Mount) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Mount.ProtoReflect.Descriptor instead.
+func (*Mount) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Mount) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *Mount) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Mount) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Mount) GetOptions() []string {
+	if x != nil {
+		return x.Options
+	}
+	return nil
+}
+
+// Rlimit is one resource limit.
+type Rlimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resource is the Linux RLIMIT_* number.
+	Resource      uint32 `protobuf:"varint,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Soft          uint64 `protobuf:"varint,2,opt,name=soft,proto3" json:"soft,omitempty"`
+	Hard          uint64 `protobuf:"varint,3,opt,name=hard,proto3" json:"hard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rlimit) Reset() {
+	*x = Rlimit{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rlimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rlimit) ProtoMessage() {}
+
+func (x *Rlimit) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
+func (*Rlimit) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Rlimit) GetResource() uint32 {
+	if x != nil {
+		return x.Resource
+	}
+	return 0
+}
+
+func (x *Rlimit) GetSoft() uint64 {
+	if x != nil {
+		return x.Soft
+	}
+	return 0
+}
+
+func (x *Rlimit) GetHard() uint64 {
+	if x != nil {
+		return x.Hard
+	}
+	return 0
+}
+
+// Capabilities are Linux capability numbers (CAP_CHOWN is 0), per set.
+type Capabilities struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bounding      []uint32               `protobuf:"varint,1,rep,packed,name=bounding,proto3" json:"bounding,omitempty"`
+	Effective     []uint32               `protobuf:"varint,2,rep,packed,name=effective,proto3" json:"effective,omitempty"`
+	Permitted     []uint32               `protobuf:"varint,3,rep,packed,name=permitted,proto3" json:"permitted,omitempty"`
+	Inheritable   []uint32               `protobuf:"varint,4,rep,packed,name=inheritable,proto3" json:"inheritable,omitempty"`
+	Ambient       []uint32               `protobuf:"varint,5,rep,packed,name=ambient,proto3" json:"ambient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Capabilities) Reset() {
+	*x = Capabilities{}
+	mi := &file_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Capabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Capabilities) ProtoMessage() {}
+
+func (x *Capabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
+func (*Capabilities) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Capabilities) GetBounding() []uint32 {
+	if x != nil {
+		return x.Bounding
+	}
+	return nil
+}
+
+func (x *Capabilities) GetEffective() []uint32 {
+	if x != nil {
+		return x.Effective
+	}
+	return nil
+}
+
+func (x *Capabilities) GetPermitted() []uint32 {
+	if x != nil {
+		return x.Permitted
+	}
+	return nil
+}
+
+func (x *Capabilities) GetInheritable() []uint32 {
+	if x != nil {
+		return x.Inheritable
+	}
+	return nil
+}
+
+func (x *Capabilities) GetAmbient() []uint32 {
+	if x != nil {
+		return x.Ambient
+	}
+	return nil
+}
+
 // PtySize is a terminal size in characters.
 type PtySize struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -139,7 +536,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +548,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +561,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -190,7 +587,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +599,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +612,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 // ExecRequest is one client message of an Exec call.
@@ -235,7 +632,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -247,7 +644,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -260,7 +657,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -371,7 +768,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +780,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +793,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExitStatus) GetCode() int32 {
@@ -435,7 +832,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +844,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +857,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -537,7 +934,7 @@ type PutFileHeader struct {
 
 func (x *PutFileHeader) Reset() {
 	*x = PutFileHeader{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +946,7 @@ func (x *PutFileHeader) String() string {
 func (*PutFileHeader) ProtoMessage() {}
 
 func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +959,7 @@ func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileHeader.ProtoReflect.Descriptor instead.
 func (*PutFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutFileHeader) GetPath() string {
@@ -600,7 +997,7 @@ type PutFileRequest struct {
 
 func (x *PutFileRequest) Reset() {
 	*x = PutFileRequest{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +1009,7 @@ func (x *PutFileRequest) String() string {
 func (*PutFileRequest) ProtoMessage() {}
 
 func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +1022,7 @@ func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileRequest.ProtoReflect.Descriptor instead.
 func (*PutFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutFileRequest) GetMsg() isPutFileRequest_Msg {
@@ -680,7 +1077,7 @@ type PutFileResponse struct {
 
 func (x *PutFileResponse) Reset() {
 	*x = PutFileResponse{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +1089,7 @@ func (x *PutFileResponse) String() string {
 func (*PutFileResponse) ProtoMessage() {}
 
 func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +1102,7 @@ func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileResponse.ProtoReflect.Descriptor instead.
 func (*PutFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutFileResponse) GetSize() uint64 {
@@ -726,7 +1123,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +1135,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +1148,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -774,7 +1171,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +1183,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +1196,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FileInfo) GetMode() uint32 {
@@ -830,7 +1227,7 @@ type GetFileResponse struct {
 
 func (x *GetFileResponse) Reset() {
 	*x = GetFileResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +1239,7 @@ func (x *GetFileResponse) String() string {
 func (*GetFileResponse) ProtoMessage() {}
 
 func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +1252,7 @@ func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileResponse.ProtoReflect.Descriptor instead.
 func (*GetFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetFileResponse) GetMsg() isGetFileResponse_Msg {
@@ -915,7 +1312,7 @@ type PutTreeRequest struct {
 
 func (x *PutTreeRequest) Reset() {
 	*x = PutTreeRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1324,7 @@ func (x *PutTreeRequest) String() string {
 func (*PutTreeRequest) ProtoMessage() {}
 
 func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1337,7 @@ func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
 func (*PutTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
@@ -999,7 +1396,7 @@ type PutTreeResponse struct {
 
 func (x *PutTreeResponse) Reset() {
 	*x = PutTreeResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1011,7 +1408,7 @@ func (x *PutTreeResponse) String() string {
 func (*PutTreeResponse) ProtoMessage() {}
 
 func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1024,7 +1421,7 @@ func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
 func (*PutTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutTreeResponse) GetEntries() uint64 {
@@ -1059,7 +1456,7 @@ type GetTreeRequest struct {
 
 func (x *GetTreeRequest) Reset() {
 	*x = GetTreeRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1468,7 @@ func (x *GetTreeRequest) String() string {
 func (*GetTreeRequest) ProtoMessage() {}
 
 func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1481,7 @@ func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
 func (*GetTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetTreeRequest) GetPath() string {
@@ -1104,7 +1501,7 @@ type GetTreeResponse struct {
 
 func (x *GetTreeResponse) Reset() {
 	*x = GetTreeResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1513,7 @@ func (x *GetTreeResponse) String() string {
 func (*GetTreeResponse) ProtoMessage() {}
 
 func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1526,7 @@ func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
 func (*GetTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetTreeResponse) GetData() []byte {
@@ -1148,7 +1545,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1557,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1570,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -1198,7 +1595,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +1607,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +1620,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1284,7 +1681,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1693,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1706,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 // ShutdownResponse is empty.
@@ -1321,7 +1718,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1730,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,14 +1743,14 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x10microvm.agent.v1\"\xcd\x01\n" +
+	"\vagent.proto\x12\x10microvm.agent.v1\"\xd5\x03\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -1362,9 +1759,38 @@ const file_agent_proto_rawDesc = "" +
 	"\x03gid\x18\x05 \x01(\rH\x01R\x03gid\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\x04R\ttimeoutMs\x12+\n" +
-	"\x03pty\x18\a \x01(\v2\x19.microvm.agent.v1.PtySizeR\x03ptyB\x06\n" +
+	"\x03pty\x18\a \x01(\v2\x19.microvm.agent.v1.PtySizeR\x03pty\x129\n" +
+	"\tcontainer\x18\b \x01(\v2\x1b.microvm.agent.v1.ContainerR\tcontainer\x122\n" +
+	"\arlimits\x18\t \x03(\v2\x18.microvm.agent.v1.RlimitR\arlimits\x12B\n" +
+	"\fcapabilities\x18\n" +
+	" \x01(\v2\x1e.microvm.agent.v1.CapabilitiesR\fcapabilities\x12*\n" +
+	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12'\n" +
+	"\x0fadditional_gids\x18\f \x03(\rR\x0eadditionalGidsB\x06\n" +
 	"\x04_uidB\x06\n" +
-	"\x04_gid\"1\n" +
+	"\x04_gid\"T\n" +
+	"\tContainer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x127\n" +
+	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\x8c\x01\n" +
+	"\rContainerRoot\x12\x12\n" +
+	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1a\n" +
+	"\breadonly\x18\x02 \x01(\bR\breadonly\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12/\n" +
+	"\x06mounts\x18\x04 \x03(\v2\x17.microvm.agent.v1.MountR\x06mounts\"o\n" +
+	"\x05Mount\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
+	"\aoptions\x18\x04 \x03(\tR\aoptions\"L\n" +
+	"\x06Rlimit\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\rR\bresource\x12\x12\n" +
+	"\x04soft\x18\x02 \x01(\x04R\x04soft\x12\x12\n" +
+	"\x04hard\x18\x03 \x01(\x04R\x04hard\"\xa2\x01\n" +
+	"\fCapabilities\x12\x1a\n" +
+	"\bbounding\x18\x01 \x03(\rR\bbounding\x12\x1c\n" +
+	"\teffective\x18\x02 \x03(\rR\teffective\x12\x1c\n" +
+	"\tpermitted\x18\x03 \x03(\rR\tpermitted\x12 \n" +
+	"\vinheritable\x18\x04 \x03(\rR\vinheritable\x12\x18\n" +
+	"\aambient\x18\x05 \x03(\rR\aambient\"1\n" +
 	"\aPtySize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
 	"\x04cols\x18\x02 \x01(\rR\x04cols\"\f\n" +
@@ -1451,56 +1877,66 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_agent_proto_goTypes = []any{
 	(*ExecStart)(nil),        // 0: microvm.agent.v1.ExecStart
-	(*PtySize)(nil),          // 1: microvm.agent.v1.PtySize
-	(*CloseStdin)(nil),       // 2: microvm.agent.v1.CloseStdin
-	(*ExecRequest)(nil),      // 3: microvm.agent.v1.ExecRequest
-	(*ExitStatus)(nil),       // 4: microvm.agent.v1.ExitStatus
-	(*ExecResponse)(nil),     // 5: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),    // 6: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),   // 7: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),  // 8: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),   // 9: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),         // 10: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),  // 11: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),   // 12: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),  // 13: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),   // 14: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),  // 15: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),      // 16: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),     // 17: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),  // 18: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 19: microvm.agent.v1.ShutdownResponse
+	(*Container)(nil),        // 1: microvm.agent.v1.Container
+	(*ContainerRoot)(nil),    // 2: microvm.agent.v1.ContainerRoot
+	(*Mount)(nil),            // 3: microvm.agent.v1.Mount
+	(*Rlimit)(nil),           // 4: microvm.agent.v1.Rlimit
+	(*Capabilities)(nil),     // 5: microvm.agent.v1.Capabilities
+	(*PtySize)(nil),          // 6: microvm.agent.v1.PtySize
+	(*CloseStdin)(nil),       // 7: microvm.agent.v1.CloseStdin
+	(*ExecRequest)(nil),      // 8: microvm.agent.v1.ExecRequest
+	(*ExitStatus)(nil),       // 9: microvm.agent.v1.ExitStatus
+	(*ExecResponse)(nil),     // 10: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),    // 11: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),   // 12: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),  // 13: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),   // 14: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),         // 15: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),  // 16: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),   // 17: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),  // 18: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),   // 19: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),  // 20: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),      // 21: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),     // 22: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),  // 23: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil), // 24: microvm.agent.v1.ShutdownResponse
 }
 var file_agent_proto_depIdxs = []int32{
-	1,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
-	0,  // 1: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
-	2,  // 2: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
-	1,  // 3: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
-	4,  // 4: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
-	6,  // 5: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
-	10, // 6: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	3,  // 7: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	7,  // 8: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	9,  // 9: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	12, // 10: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	14, // 11: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	16, // 12: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	18, // 13: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	5,  // 14: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	8,  // 15: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	11, // 16: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	13, // 17: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	15, // 18: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	17, // 19: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	19, // 20: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	14, // [14:21] is the sub-list for method output_type
-	7,  // [7:14] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	6,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
+	1,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
+	4,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
+	5,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
+	2,  // 4: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
+	3,  // 5: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
+	0,  // 6: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
+	7,  // 7: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
+	6,  // 8: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
+	9,  // 9: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
+	11, // 10: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
+	15, // 11: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
+	8,  // 12: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	12, // 13: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	14, // 14: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	17, // 15: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	19, // 16: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	21, // 17: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	23, // 18: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	10, // 19: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	13, // 20: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	16, // 21: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	18, // 22: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	20, // 23: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	22, // 24: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	24, // 25: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1509,27 +1945,27 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[3].OneofWrappers = []any{
+	file_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*PutFileRequest_Header)(nil),
 		(*PutFileRequest_Data)(nil),
 	}
-	file_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
-	file_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*PutTreeRequest_Dir)(nil),
 		(*PutTreeRequest_Data)(nil),
 	}
@@ -1539,7 +1975,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -64,6 +64,14 @@ type Cmd struct {
 	// Resize, when not nil, carries new sizes of that terminal (a host
 	// terminal's SIGWINCH), sent in order with stdin until the call ends.
 	Resize <-chan *PtySize
+	// Container, when not nil, runs the process in a container of the
+	// guest; the fields after it apply to container processes only (see
+	// ExecStart).
+	Container       *Container
+	Rlimits         []*Rlimit
+	Capabilities    *Capabilities
+	NoNewPrivileges bool
+	AdditionalGIDs  []uint32
 
 	// Stdin, when not nil, is copied to the process's standard input,
 	// which is closed when Stdin returns io.EOF; a nil Stdin closes it at
@@ -91,6 +99,8 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 	start := &ExecStart{
 		Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		Uid: cmd.UID, Gid: cmd.GID, Pty: cmd.Pty,
+		Container: cmd.Container, Rlimits: cmd.Rlimits, Capabilities: cmd.Capabilities,
+		NoNewPrivileges: cmd.NoNewPrivileges, AdditionalGids: cmd.AdditionalGIDs,
 	}
 	if cmd.Timeout > 0 {
 		start.TimeoutMs = uint64((cmd.Timeout + time.Millisecond - 1) / time.Millisecond)

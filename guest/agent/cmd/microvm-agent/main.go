@@ -44,6 +44,9 @@ const stopGrace = 2 * time.Second
 var errListen = errors.New("want vsock://:PORT or unix:///PATH")
 
 func main() {
+	if os.Args[0] == agent.ContainerInitArg0 {
+		agent.ContainerInit() // a container process's set-up step; never returns
+	}
 	listen := flag.String("listen", "vsock://:1024", "where to serve: vsock://:PORT or unix:///PATH")
 	afterExec := flag.Bool("poweroff-after-exec", false, "power off (exit, if not PID 1) when the last running Exec ends")
 	version := flag.Bool("version", false, "print the version and exit")

@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm/guest/agentapi"
+)
+
+// busyboxApplets are linked in the test root.
+var busyboxApplets = []string{"sh", "cat", "echo", "hostname", "ls", "sleep", "grep", "touch", "id", "readlink"}
+
+// containerRoot makes a root file system of the host's static busybox, or
+// skips the test where containers cannot be made (not root, no busybox).
+func containerRoot(t *testing.T) string {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("containers need root (mount, pivot_root, new namespaces)")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("no busybox on this host (scripts/deps test installs busybox-static)")
+	}
+	if out, err := exec.Command("ldd", bb).CombinedOutput(); err == nil && !strings.Contains(string(out), "not a dynamic") {
+		t.Skipf("%s is not static: %s", bb, out)
+	}
+	root := t.TempDir()
+	for _, d := range []string{"bin", "proc", "tmp", "dev", "sys"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range busyboxApplets {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A link that points out of the root: a mount below it must stay
+	// inside (at /escape/below of the container).
+	if err := os.Symlink("/../../../escape", filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// ociMounts are the mounts containerd's default spec gives a container.
+func ociMounts() []*agentapi.Mount {
+	return []*agentapi.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}},
+		{Destination: "/link/below", Type: "tmpfs", Source: "tmpfs"},
+	}
+}
+
+func TestContainerCreate(t *testing.T) {
+	root := containerRoot(t)
+	host, _ := os.Hostname()
+	h := newHarness(t, Options{}, false)
+	uid, gid := uint32(0), uint32(0)
+	r := run(testCtx(t), h.client, &agentapi.Cmd{
+		Argv: sh(`echo pid=$$; echo host=$(hostname); grep ^CapEff /proc/self/status; ` +
+			`touch /x 2>/dev/null && echo rw || echo ro; echo t > /tmp/t && echo tmp=$(cat /tmp/t); ` +
+			`ls /dev/null /dev/zero /dev/urandom /dev/pts/ptmx >/dev/null && echo dev; echo nofile=$(ulimit -n); ` +
+			`ls -d /escape/below`),
+		Env:       []string{"PATH=/bin"},
+		Dir:       "/tmp",
+		UID:       &uid,
+		GID:       &gid,
+		Container: &agentapi.Container{Id: "c1", Create: &agentapi.ContainerRoot{Root: root, Readonly: true, Hostname: "pod-a", Mounts: ociMounts()}},
+		Rlimits:   []*agentapi.Rlimit{{Resource: 7 /* RLIMIT_NOFILE */, Soft: 123, Hard: 123}},
+		// CAP_CHOWN (0) and CAP_KILL (5).
+		Capabilities:    &agentapi.Capabilities{Bounding: []uint32{0, 5}, Effective: []uint32{0, 5}, Permitted: []uint32{0, 5}},
+		NoNewPrivileges: true,
+	})
+	if r.err != nil || r.exit.Code != 0 {
+		t.Fatalf("exec: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+	}
+	want := "pid=1\nhost=pod-a\nCapEff:\t0000000000000021\nro\ntmp=t\ndev\nnofile=123\n/escape/below\n"
+	if r.stdout.String() != want {
+		t.Errorf("output\n%s\nwant\n%s\nstderr %q", r.stdout.String(), want, r.stderr.String())
+	}
+	if now, _ := os.Hostname(); now != host {
+		t.Errorf("the host's name changed from %q to %q", host, now)
+	}
+	if _, err := os.Stat("/escape"); err == nil {
+		t.Error("a mount below a link out of the root was made outside it")
+	}
+	if _, err := os.Stat(filepath.Join(root, "x")); err == nil {
+		t.Error("the read-only root was written")
+	}
+	if _, err := os.Stat(filepath.Join(root, "tmp", "t")); err == nil {
+		t.Error("/tmp was not a tmpfs of the container's")
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), root) {
+		t.Errorf("mounts of the container are left in the agent's namespace:\n%s", mi)
+	}
+	if _, err := os.Stat(filepath.Join(containerDirBase, "c1")); err == nil {
+		t.Errorf("%s/c1 is left behind", containerDirBase)
+	}
+}
+
+func TestContainerJoin(t *testing.T) {
+	root := containerRoot(t)
+	h := newHarness(t, Options{}, false)
+	ctx := testCtx(t)
+	stdinR, stdinW := io.Pipe()
+	ready := make(chan struct{})
+	initOut := &notifyWriter{want: "ready", ready: ready}
+	initDone := make(chan *result, 1)
+	go func() {
+		r := &result{}
+		cmd := &agentapi.Cmd{
+			Argv:      sh(`echo mark > /tmp/mark; echo ready; read x; echo bye`),
+			Env:       []string{"PATH=/bin"},
+			Container: &agentapi.Container{Id: "pod", Create: &agentapi.ContainerRoot{Root: root, Hostname: "pod-b", Mounts: ociMounts()}},
+			Stdin:     stdinR,
+			Stdout:    initOut,
+			Stderr:    &r.stderr,
+		}
+		r.exit, r.err = h.client.Exec(ctx, cmd)
+		initDone <- r
+	}()
+	select {
+	case <-ready:
+	case r := <-initDone:
+		t.Fatalf("the container's init ended early: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+	case <-ctx.Done():
+		t.Fatal("the container's init never got ready")
+	}
+
+	// A second container with the same id is refused.
+	r := run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"},
+		Container: &agentapi.Container{Id: "pod", Create: &agentapi.ContainerRoot{Root: root}}})
+	if status.Code(r.err) != codes.AlreadyExists {
+		t.Errorf("second create of the same id: %v, want AlreadyExists", r.err)
+	}
+
+	// A joining process sees the init's tmpfs, hostname and PID namespace.
+	r = run(ctx, h.client, &agentapi.Cmd{
+		Argv:      sh(`cat /tmp/mark; hostname; echo pid=$$; ls /proc | grep -c '^[0-9]'`),
+		Env:       []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "pod"},
+	})
+	if r.err != nil || r.exit.Code != 0 {
+		t.Fatalf("join: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout.String()), "\n")
+	if len(lines) != 4 || lines[0] != "mark" || lines[1] != "pod-b" || lines[2] == "pid=1" {
+		t.Errorf("join output %q: want mark, pod-b, a pid other than 1, a count", lines)
+	}
+	// Processes of the container: its init, this shell, ls and grep (a
+	// view of the host's PID namespace would show many more).
+	if len(lines) == 4 && lines[3] != "4" && lines[3] != "3" {
+		t.Errorf("the joining process sees %s processes, want those of the container", lines[3])
+	}
+
+	// A program that is not in the container is 127, with a message.
+	r = run(ctx, h.client, &agentapi.Cmd{Argv: []string{"no-such-program"}, Env: []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "pod"}})
+	if r.err != nil || r.exit.Code != 127 || !strings.Contains(r.stderr.String(), "no-such-program") {
+		t.Errorf("missing program: %v, %v; stderr %q: want 127 naming it", r.exit, r.err, r.stderr.String())
+	}
+
+	stdinW.Close()
+	select {
+	case r := <-initDone:
+		if r.err != nil || r.exit.Code != 0 {
+			t.Fatalf("init: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+		}
+	case <-ctx.Done():
+		t.Fatal("the init did not end after its stdin closed")
+	}
+	// The container ended with its init: joining it fails.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r = run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"}, Container: &agentapi.Container{Id: "pod"}})
+		if status.Code(r.err) == codes.FailedPrecondition || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if status.Code(r.err) != codes.FailedPrecondition {
+		t.Errorf("join after the init ended: %v, %v; want FailedPrecondition", r.exit, r.err)
+	}
+}
+
+func TestContainerBadRequests(t *testing.T) {
+	h := newHarness(t, Options{}, false)
+	ctx := testCtx(t)
+	for name, cmd := range map[string]*agentapi.Cmd{
+		"bad id":        {Argv: []string{"true"}, Container: &agentapi.Container{Id: "../x", Create: &agentapi.ContainerRoot{Root: "/"}}},
+		"relative root": {Argv: []string{"true"}, Container: &agentapi.Container{Id: "x", Create: &agentapi.ContainerRoot{Root: "rel"}}},
+		"rlimits without a container": {Argv: []string{"true"},
+			Rlimits: []*agentapi.Rlimit{{Resource: 7, Soft: 1, Hard: 1}}},
+	} {
+		if r := run(ctx, h.client, cmd); status.Code(r.err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, %v; want InvalidArgument", name, r.exit, r.err)
+		}
+	}
+	r := run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"}, Container: &agentapi.Container{Id: "nobody"}})
+	if status.Code(r.err) != codes.FailedPrecondition {
+		t.Errorf("join of a container that does not exist: %v; want FailedPrecondition", r.err)
+	}
+}
+
+func TestResolveIn(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "a", "b"), 0o755)
+	os.Symlink("/a", filepath.Join(root, "abs"))
+	os.Symlink("../../..", filepath.Join(root, "a", "up"))
+	os.Symlink("loop", filepath.Join(root, "loop"))
+	for _, c := range []struct{ in, want string }{
+		{"/a/b", "/a/b"},
+		{"/abs/b", "/a/b"},
+		{"/a/up/c", "/c"},
+		{"/../../d", "/d"},
+		{"/abs/new/deeper", "/a/new/deeper"},
+	} {
+		got, err := resolveIn(root, c.in, false)
+		if err != nil || got != filepath.Join(root, c.want) {
+			t.Errorf("resolveIn(%q) = %q, %v; want %q", c.in, got, err, filepath.Join(root, c.want))
+		}
+		if fi, err := os.Stat(got); err != nil || !fi.IsDir() {
+			t.Errorf("resolveIn(%q) did not make the directory: %v", c.in, err)
+		}
+	}
+	if got, err := resolveIn(root, "/abs/file", true); err != nil {
+		t.Errorf("file: %v", err)
+	} else if fi, err := os.Stat(got); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("resolveIn with file did not make a file: %v", err)
+	}
+	if _, err := resolveIn(root, "/loop/x", false); err == nil {
+		t.Error("a symlink loop resolved")
+	}
+}
+
+func TestMountOptions(t *testing.T) {
+	flags, data := mountOptions([]string{"nosuid", "ro", "rw", "mode=755", "rprivate", "size=1k", "rbind"})
+	if want := uintptr(0x2 | 0x1000 | 0x4000); flags != want || data != "mode=755,size=1k" {
+		t.Errorf("flags %#x data %q; want %#x and mode=755,size=1k", flags, data, want)
+	}
+}
+
+// notifyWriter closes ready once it has seen want.
+type notifyWriter struct {
+	want  string
+	ready chan struct{}
+	buf   strings.Builder
+	done  bool
+}
+
+func (w *notifyWriter) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		close(w.ready)
+	}
+	return len(p), nil
+}
