@@ -49,6 +49,10 @@ TOOLS       := $(CURDIR)/build/tools
 # staticcheck 2026.2.x (v0.8.x) is the first release line that knows Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(TOOLS)/staticcheck
+# crictl (kubelet's CRI as a command) for the shim's CRI tests; v1.37.0 is
+# the newest cri-tools the module proxy serves for Go 1.26.
+CRICTL_VERSION := v1.37.0
+CRICTL      := $(TOOLS)/crictl
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
@@ -133,7 +137,7 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_BINARY=$(CURDIR)/bin/microvm MICROVM_INITRD=$(CURDIR)/build/linux/initramfs.cpio.gz \
 	MICROVM_AGENT=$(CURDIR)/bin/microvm-agent MICROVM_EXAMPLES=$(CURDIR)/build/examples \
 	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net \
-	MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 \
+	MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 MICROVM_CRICTL=$(CRICTL) \
 	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar \
 	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar
 
@@ -160,6 +164,9 @@ fmt-check:
 $(STATICCHECK):
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+$(CRICTL):
+	GOBIN=$(TOOLS) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
+
 # The lean build of cmd/microvm (bin/microvm) too: its files differ by tag.
 # Its tests are the full build's (TestLeanBuild builds it), so -tests=false.
 staticcheck: $(STATICCHECK)
@@ -169,13 +176,13 @@ staticcheck: $(STATICCHECK)
 # MICROVM_TESTGUEST and the kernel in build/kernel are what the KVM
 # integration tests boot; under CI=true they fail rather than skip when
 # /dev/kvm or either artefact is missing.
-go-test: bin/testguest
+go-test: bin/testguest $(CRICTL)
 	$(TEST_ENV) MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) ./...
 
 # The tests go-test and conformance queued because this host's KVM cannot
 # run them (Linux, guest interrupts; everything without /dev/kvm), run in the
 # nested-KVM box (scripts/box-test, docs/testing.md).
-box-test: all initramfs build/nettest
+box-test: all initramfs build/nettest $(CRICTL)
 	$(TEST_ENV) scripts/box-test $(RECORD)
 
 # TestNetLinux alone (docs/net.md): Linux's virtio-net driver over a TAP in

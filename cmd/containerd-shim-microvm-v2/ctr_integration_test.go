@@ -47,6 +47,7 @@ type ctrEnv struct {
 	log        string
 
 	snapshotter string // ctr's; "" is native
+	ns          string // ctr's namespace: "test", or CRI's "k8s.io"
 
 	cmd    *exec.Cmd // the running containerd
 	waited chan error
@@ -56,6 +57,19 @@ type ctrEnv struct {
 // and stops it at the end of the test; the CRI plugin is off (ctr only).
 func startContainerd(t *testing.T) *ctrEnv {
 	t.Helper()
+	return startContainerdWith(t, func(*ctrEnv) string { return criOff })
+}
+
+// criOff is the configuration line that turns the CRI plugin off.
+const criOff = `disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper"]
+`
+
+// startContainerdWith is startContainerd with plugins' configuration:
+// extra(e) is appended to containerd's config.toml.
+func startContainerdWith(t *testing.T, extra func(*ctrEnv) string) *ctrEnv {
+	t.Helper()
 	containerd, err := exec.LookPath("containerd")
 	if err != nil {
 		testenv.Missing(t, "containerd: %v (apt-get install containerd)", err)
@@ -64,20 +78,17 @@ func startContainerd(t *testing.T) *ctrEnv {
 	if err != nil {
 		testenv.Missing(t, "ctr: %v (apt-get install containerd)", err)
 	}
-	e := &ctrEnv{t: t, dir: t.TempDir(), ctr: ctr, containerd: containerd, shim: testenv.Shim(t)}
+	e := &ctrEnv{t: t, dir: t.TempDir(), ctr: ctr, containerd: containerd, shim: testenv.Shim(t), ns: "test"}
 	e.sock = filepath.Join(e.dir, "containerd.sock")
 	e.log = filepath.Join(e.dir, "containerd.log")
 	config := fmt.Sprintf(`version = 2
 root = %q
 state = %q
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper"]
 [grpc]
   address = %q
 [ttrpc]
   address = %q
-`, filepath.Join(e.dir, "root"), filepath.Join(e.dir, "state"), e.sock, e.sock+".ttrpc")
+`, filepath.Join(e.dir, "root"), filepath.Join(e.dir, "state"), e.sock, e.sock+".ttrpc") + extra(e)
 	e.config = filepath.Join(e.dir, "config.toml")
 	if err := os.WriteFile(e.config, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
@@ -155,7 +166,7 @@ func (e *ctrEnv) stop() {
 func (e *ctrEnv) run(args ...string) (stdout, stderr string, code int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, e.ctr, append([]string{"--address", e.sock, "--namespace", "test"}, args...)...)
+	cmd := exec.CommandContext(ctx, e.ctr, append([]string{"--address", e.sock, "--namespace", e.ns}, args...)...)
 	sn := e.snapshotter
 	if sn == "" {
 		sn = "native"
@@ -187,6 +198,12 @@ func (e *ctrEnv) must(args ...string) string {
 
 // importBusybox imports a one-layer image of Debian's static busybox.
 func (e *ctrEnv) importBusybox() {
+	e.t.Helper()
+	e.importImage(testImage, []string{"sh"})
+}
+
+// importImage imports the busybox image as ref, with cmd as its command.
+func (e *ctrEnv) importImage(ref string, cmd []string) {
 	t := e.t
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
@@ -200,16 +217,16 @@ func (e *ctrEnv) importBusybox() {
 		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755}, Body: bb},
 		{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "etc/passwd", Mode: 0o644}, Body: []byte("root:x:0:0:root:/:/bin/sh\n")},
 	}
-	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount", "true"} {
+	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount", "true", "nc", "grep", "touch", "wc"} {
 		entries = append(entries, testimage.Entry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}})
 	}
-	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: []string{"sh"}}, "amd64", testimage.Layer(t, entries))
-	ref, err := name.NewTag(testImage)
+	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: cmd}, "amd64", testimage.Layer(t, entries))
+	tag, err := name.NewTag(ref)
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(e.dir, "busybox.tar")
-	if err := tarball.WriteToFile(path, ref, img); err != nil {
+	path := filepath.Join(e.dir, "image.tar")
+	if err := tarball.WriteToFile(path, tag, img); err != nil {
 		t.Fatal(err)
 	}
 	e.must("images", "import", path)
@@ -357,5 +374,69 @@ func TestCtrRun(t *testing.T) {
 	}
 	e.run("task", "delete", "c2")
 	e.must("containers", "delete", "c2")
+	e.leftovers()
+}
+
+// sandboxAnnotation is CRI's annotation that groups a pod's containers;
+// Manager.Start puts the containers that carry the same value in one shim,
+// so one VM. ctr sets it here as kubelet's CRI would.
+const sandboxAnnotation = "io.kubernetes.cri.sandbox-id"
+
+// TestCtrPod: two containers of one pod (grouped by CRI's sandbox
+// annotation) run in one VM, each in its own namespaces: the second has a
+// read-only root, a tmpfs and a bind-mounted volume, talks to the first
+// over localhost, and is PID 1 of its own PID namespace; it ends and is
+// removed while the first runs on; deleting the first ends the VM with
+// nothing left.
+func TestCtrPod(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	e := startContainerd(t)
+	e.importBusybox()
+	vol := filepath.Join(e.dir, "volume")
+	if err := os.MkdirAll(vol, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vol, "greeting"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	e.must("run", "-d", "--runtime", runtimeName, "--annotation", sandboxAnnotation+"=pod1", testImage, "pod1",
+		"sh", "-c", "echo pong | nc -l -p 8080; sleep 600")
+	out, errOut, code := e.run("run", "--rm", "--runtime", runtimeName, "--annotation", sandboxAnnotation+"=pod1",
+		"--read-only", "--mount", "type=tmpfs,src=tmpfs,dst=/scratch,options=nosuid:nodev",
+		"--mount", "type=bind,src="+vol+",dst=/data,options=rbind:ro",
+		testImage, "app1", "sh", "-c",
+		"for i in 1 2 3 4 5 6 7 8 9 10; do nc 127.0.0.1 8080 && break; sleep 1; done; "+
+			"touch /x 2>/dev/null && echo root=rw || echo root=ro; echo t > /scratch/f && echo scratch=$(cat /scratch/f); "+
+			"cat /data/greeting; echo pid=$$; echo procs=$(ls /proc | grep -c '^[0-9]')")
+	t.Logf("app1: status %d, stdout %q, stderr %q", code, out, errOut)
+	for _, want := range []string{"pong\n", "root=ro\n", "scratch=t\n", "from the host\n", "pid=1\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("app1 output lacks %q", want)
+		}
+	}
+	if m := regexp.MustCompile(`procs=(\d+)`).FindStringSubmatch(out); m == nil || m[1] == "0" || len(m[1]) > 1 {
+		t.Errorf("app1 sees %v processes: want those of its own PID namespace (a few)", m)
+	}
+	if code != 0 {
+		t.Errorf("app1: status %d", code)
+	}
+	if p := e.shimPids(); len(p) != 1 {
+		t.Errorf("shim processes for one pod: %v, want 1", p)
+	}
+	// The pod's first container runs on after the second is gone.
+	if got := e.must("task", "exec", "--exec-id", "e1", "pod1", "sh", "-c", "echo pid=$$; ls /scratch 2>&1"); !strings.Contains(got, "No such file") {
+		t.Errorf("an exec in pod1 sees app1's tmpfs, or failed: %q", got)
+	}
+	e.must("task", "kill", "-s", "SIGKILL", "pod1")
+	deadline := time.Now().Add(60 * time.Second)
+	for strings.Contains(e.must("task", "ls"), "RUNNING") {
+		if time.Now().After(deadline) {
+			t.Fatal("pod1 still running a minute after SIGKILL")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.must("task", "delete", "pod1")
+	e.must("containers", "delete", "pod1")
 	e.leftovers()
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -196,6 +197,10 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		})
 		if err != nil {
 			s.ctrs.drop(ct.Id, e)
+			if errors.Is(err, unix.EINVAL) {
+				return nil, status.Errorf(codes.FailedPrecondition,
+					"agent: exec: container %q: new namespaces refused (%v): does the guest kernel have CONFIG_PID_NS, UTS_NS and IPC_NS?", ct.Id, err)
+			}
 			return nil, startErr(st.Argv[0], err)
 		}
 		s.ctrs.started(e, c.pid)

@@ -14,16 +14,24 @@
 //	    prints the address
 //	containerd ── ttrpc Create ──▶ Service.Create (service.go)
 //	    readSpec/checkSpec/execStart (container.go, spec.go): OCI spec → agent ExecStart
-//	    prepareRootfs (rootfs.go): snapshot mounts → BUNDLE/rootfs → ext4 (mkfs.ext4 -d)
-//	    bootSandbox (sandbox.go): microvm.Machine in this process, the agent's
-//	        initramfs, the ext4 as the root under a tmpfs overlay; waits for
-//	        the agent over in-process vsock
+//	    mountRootfs (rootfs.go): snapshot mounts → BUNDLE/rootfs
+//	    the pod's first container: writeExt4 → ext4 (mkfs.ext4 -d), then
+//	        bootSandbox (sandbox.go): microvm.Machine in this process, the
+//	        agent's initramfs, the ext4 as the root under a tmpfs overlay;
+//	        waits for the agent over in-process vsock
+//	    later containers: putTree (guestcopy.go): the root as tar → agent
+//	        PutTree into the guest
+//	    copyBinds (guestcopy.go): each bind mount's source → agent PutTree
+//	    containerRoot (spec.go): root, mounts, hostname, read-only → the
+//	        init's ExecStart.container (the agent creates the container's
+//	        namespaces when it starts; execs join them)
 //	containerd ── ttrpc Start ──▶ process.run (process.go)
 //	    one agent Exec stream: stdin FIFO → stream; stream → stdout/stderr FIFOs
 //	    exit status → Wait, State, the TaskExit event (Service.publish)
 //	containerd ── Kill/ResizePty/CloseIO ──▶ the process's stream (signal, resize, close_stdin)
-//	containerd ── Delete ──▶ the agent powers the guest off, the VM is closed,
-//	    the rootfs unmounted and its ext4 removed
+//	containerd ── Delete ──▶ the rootfs unmounted and its ext4 removed; with
+//	    the pod's last container the agent powers the guest off and the VM
+//	    is closed
 //	containerd ── exec "shim delete" (after the daemon died) ──▶ Manager.Stop:
 //	    the same clean-up from the bundle, nothing else to stop: the VM died
 //	    with the daemon

@@ -19,56 +19,58 @@ const rootfsImage = "microvm-rootfs.ext4"
 
 // rootfs is a container's root file system on its way into the guest:
 // containerd's snapshot mounted at BUNDLE/rootfs (when it is more than
-// one directory), copied into BUNDLE/microvm-rootfs.ext4. The guest runs
-// it under an overlay whose writable layer is a tmpfs (microvm.Config.
-// UseRootfs), so the snapshot itself is only read.
+// one directory), then either copied into BUNDLE/microvm-rootfs.ext4 (the
+// VM's first container: the guest runs it as its root under an overlay
+// whose writable layer is a tmpfs, microvm.Config.UseRootfs) or streamed
+// into the running guest as a tar archive (every later container of the
+// pod). Either way the snapshot itself is only read.
 type rootfs struct {
 	bundle  string
+	src     string // the directory that holds the root
 	mounted bool   // BUNDLE/rootfs holds containerd's mounts
 	ext4    string // the image, once written
 }
 
-// prepareRootfs mounts ms (the snapshotter's mounts) and writes the ext4.
-// On error nothing is left mounted or written.
-func prepareRootfs(ctx context.Context, bundle string, ms []*types.Mount) (_ *rootfs, err error) {
+// mountRootfs mounts ms (the snapshotter's mounts) unless the root is one
+// directory already. On error nothing is left mounted.
+func mountRootfs(bundle string, ms []*types.Mount) (*rootfs, error) {
 	r := &rootfs{bundle: bundle}
-	defer func() {
-		if err != nil {
-			r.cleanup()
-		}
-	}()
-	var src string
 	switch {
 	case len(ms) == 0:
 		// The bundle's rootfs directory is the root (ctr run --rootfs).
-		src = filepath.Join(bundle, "rootfs")
+		r.src = filepath.Join(bundle, "rootfs")
 	case len(ms) == 1 && ms[0].Type == "bind":
 		// The native snapshotter: a directory, read in place.
-		src = ms[0].Source
+		r.src = ms[0].Source
 	default:
-		src = filepath.Join(bundle, "rootfs")
-		if err := os.MkdirAll(src, 0o711); err != nil {
+		r.src = filepath.Join(bundle, "rootfs")
+		if err := os.MkdirAll(r.src, 0o711); err != nil {
 			return nil, fmt.Errorf("rootfs: %w", err)
 		}
 		list := make([]mount.Mount, len(ms))
 		for i, m := range ms {
 			list[i] = mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options}
 		}
-		if err := mount.All(list, src); err != nil {
+		if err := mount.All(list, r.src); err != nil {
 			return nil, fmt.Errorf("rootfs: mount the snapshot: %w", err)
 		}
 		r.mounted = true
 	}
-	size, err := image.DirExt4Size(src)
+	return r, nil
+}
+
+// writeExt4 copies the root into BUNDLE/microvm-rootfs.ext4.
+func (r *rootfs) writeExt4(ctx context.Context) error {
+	size, err := image.DirExt4Size(r.src)
 	if err != nil {
-		return nil, fmt.Errorf("rootfs: %w", err)
+		return fmt.Errorf("rootfs: %w", err)
 	}
-	out := filepath.Join(bundle, rootfsImage)
-	if err := image.WriteDirExt4(ctx, out, src, size, "rootfs"); err != nil {
-		return nil, fmt.Errorf("rootfs: %w", err)
+	out := filepath.Join(r.bundle, rootfsImage)
+	if err := image.WriteDirExt4(ctx, out, r.src, size, "rootfs"); err != nil {
+		return fmt.Errorf("rootfs: %w", err)
 	}
 	r.ext4 = out
-	return r, nil
+	return nil
 }
 
 // cleanup unmounts the snapshot and removes the ext4; it can run again.

@@ -34,7 +34,8 @@ type sandbox struct {
 	m       *microvm.Machine
 	agent   *agentapi.Conn
 	client  agentapi.AgentClient
-	console string // path of the console log
+	files   *agentapi.Client // the same connection, for PutTree
+	console string           // path of the console log
 	cancel  context.CancelFunc
 
 	done chan struct{} // closed when Run returned; res and runErr are set then
@@ -105,6 +106,7 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs string, log logrus
 		return nil, fmt.Errorf("vm: the guest agent: %w", err)
 	}
 	s.client = agentapi.NewAgentClient(s.agent)
+	s.files = agentapi.NewClient(s.agent)
 	return s, nil
 }
 

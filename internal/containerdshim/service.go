@@ -19,6 +19,8 @@ import (
 	"github.com/containerd/ttrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // Service is the shim's task service: containerd's calls for the
@@ -78,8 +80,12 @@ func (s *Service) send(topic string, ev any) { s.events <- event{topic, ev} }
 // host process that carries them (as Kata reports).
 var shimPid = uint32(os.Getpid())
 
-// Create boots the VM with the container's root file system (one
-// container per VM for now: a second Create is refused).
+// Create adds a container to the shim's VM. The first one boots the VM
+// with its root file system as the guest's root (the CRI pod sandbox, or
+// ctr's one container); later ones (the pod's containers, grouped into
+// this shim by Manager.Start) have their root file system copied into the
+// running guest. Each runs in its own namespaces in the guest (agent
+// containers: docs/agent.md).
 func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, err error) {
 	if s.cfgErr != nil {
 		return nil, errdefs.ToGRPC(fmt.Errorf("%w: microvm shim configuration: %w", errdefs.ErrFailedPrecondition, s.cfgErr))
@@ -99,36 +105,73 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPC(err)
 	}
 	s.mu.Lock()
-	if s.vm != nil || s.booting {
+	vm := s.vm
+	switch {
+	case s.booting:
 		s.mu.Unlock()
-		return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented,
-			"container %s: more than one container in a microvm VM is not supported yet", r.ID)
+		return nil, errdefs.ToGRPCf(errdefs.ErrUnavailable, "container %s: the VM is still booting for the pod's first container", r.ID)
+	case s.containers[r.ID] != nil:
+		s.mu.Unlock()
+		return nil, errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "container %s", r.ID)
+	case vm == nil:
+		s.booting = true
 	}
-	s.booting = true
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		s.booting = false
-		s.mu.Unlock()
-	}()
+	first := vm == nil
+	if first {
+		defer func() {
+			s.mu.Lock()
+			s.booting = false
+			s.mu.Unlock()
+		}()
+	}
 
-	rfs, err := prepareRootfs(ctx, r.Bundle, r.Rootfs)
+	rfs, err := mountRootfs(r.Bundle, r.Rootfs)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	vm, err := bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, log.G(s.ctx).WithField("id", r.ID))
+	defer func() {
+		if err != nil {
+			rfs.cleanup()
+		}
+	}()
+	guestRoot := "/"
+	if first {
+		if err := rfs.writeExt4(ctx); err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, log.G(s.ctx).WithField("id", r.ID))
+		if err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		defer func() {
+			if err != nil {
+				vm.stop()
+			}
+		}()
+	} else {
+		guestRoot = guestDir(r.ID) + "/rootfs"
+		if err := putTree(ctx, vm.files, rfs.src, guestRoot); err != nil {
+			return nil, errdefs.ToGRPC(fmt.Errorf("rootfs: %w", err))
+		}
+	}
+	binds, err := copyBinds(ctx, vm.files, r.ID, spec)
 	if err != nil {
-		rfs.cleanup()
 		return nil, errdefs.ToGRPC(err)
 	}
+	st.Container = &agentapi.Container{Id: r.ID, Create: containerRoot(spec, guestRoot, binds)}
 	c := &container{id: r.ID, bundle: r.Bundle, rootfs: rfs,
 		init:  newProcess("", stdio{r.Stdin, r.Stdout, r.Stderr, r.Terminal}, st),
 		execs: map[string]*process{}}
 	s.mu.Lock()
-	s.vm = vm
+	if first {
+		s.vm = vm
+	}
 	s.containers[r.ID] = c
 	s.mu.Unlock()
-	go s.watchVM(vm)
+	if first {
+		go s.watchVM(vm)
+	}
 	s.send(runtime.TaskCreateEventTopic, &eventstypes.TaskCreate{
 		ContainerID: r.ID, Bundle: r.Bundle, Rootfs: r.Rootfs,
 		IO:  &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
@@ -204,7 +247,8 @@ func (s *Service) exited(c *container, p *process) {
 }
 
 // Delete removes a stopped exec, or the container once its init process
-// stopped: its VM is powered off and its root file system released.
+// stopped: its root file system is released, and with the pod's last
+// container the VM is powered off.
 func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	c, p, err := s.lookup(r.ID, r.ExecID)
 	if err != nil {
@@ -231,13 +275,16 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	for _, e := range execs {
 		e.end()
 	}
-	s.stopVM()
+	s.mu.Lock()
+	delete(s.containers, r.ID)
+	last := len(s.containers) == 0
+	s.mu.Unlock()
+	if last {
+		s.stopVM() // the pod's last container: the VM goes
+	}
 	if err := c.rootfs.cleanup(); err != nil {
 		log.G(ctx).WithError(err).Warn("delete")
 	}
-	s.mu.Lock()
-	delete(s.containers, r.ID)
-	s.mu.Unlock()
 	s.send(runtime.TaskDeleteEventTopic, &eventstypes.TaskDelete{
 		ContainerID: c.id, ID: c.id, Pid: shimPid, ExitStatus: code, ExitedAt: resp.ExitedAt})
 	return resp, nil
@@ -267,6 +314,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emp
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
+	st.Container = &agentapi.Container{Id: r.ID}
 	s.mu.Lock()
 	c := s.containers[r.ID]
 	switch {

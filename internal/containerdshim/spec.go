@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/containerd/containerd/errdefs"
+	capability "github.com/containerd/containerd/pkg/cap"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/microvm/microvm/guest/agentapi"
@@ -13,8 +14,10 @@ import (
 const defaultRows, defaultCols = 24, 80
 
 // execStart turns an OCI process into the agent's ExecStart: argv, env,
-// working directory, uid and gid, and a terminal. docs/containerd.md lists
-// what else of the spec is honoured and what is refused.
+// working directory, uid and gid with the additional gids, a terminal,
+// rlimits, capabilities and no_new_privileges. The caller names the
+// container. docs/containerd.md lists what else of the spec is honoured
+// and what is refused.
 func execStart(p *specs.Process) (*agentapi.ExecStart, error) {
 	if p == nil {
 		return nil, fmt.Errorf("%w: the spec has no process", errdefs.ErrInvalidArgument)
@@ -27,11 +30,13 @@ func execStart(p *specs.Process) (*agentapi.ExecStart, error) {
 	}
 	uid, gid := p.User.UID, p.User.GID
 	st := &agentapi.ExecStart{
-		Argv: p.Args,
-		Env:  p.Env,
-		Dir:  p.Cwd,
-		Uid:  &uid,
-		Gid:  &gid,
+		Argv:            p.Args,
+		Env:             p.Env,
+		Dir:             p.Cwd,
+		Uid:             &uid,
+		Gid:             &gid,
+		AdditionalGids:  p.User.AdditionalGids,
+		NoNewPrivileges: p.NoNewPrivileges,
 	}
 	if p.Terminal {
 		st.Pty = &agentapi.PtySize{Rows: defaultRows, Cols: defaultCols}
@@ -39,32 +44,93 @@ func execStart(p *specs.Process) (*agentapi.ExecStart, error) {
 			st.Pty = &agentapi.PtySize{Rows: uint32(p.ConsoleSize.Height), Cols: uint32(p.ConsoleSize.Width)}
 		}
 	}
+	for _, r := range p.Rlimits {
+		n, ok := rlimits[r.Type]
+		if !ok {
+			return nil, fmt.Errorf("%w: process.rlimits: unknown type %q", errdefs.ErrInvalidArgument, r.Type)
+		}
+		st.Rlimits = append(st.Rlimits, &agentapi.Rlimit{Resource: n, Soft: r.Soft, Hard: r.Hard})
+	}
+	if c := p.Capabilities; c != nil {
+		st.Capabilities = &agentapi.Capabilities{}
+		for _, set := range []struct {
+			names []string
+			out   *[]uint32
+		}{
+			{c.Bounding, &st.Capabilities.Bounding}, {c.Effective, &st.Capabilities.Effective},
+			{c.Permitted, &st.Capabilities.Permitted}, {c.Inheritable, &st.Capabilities.Inheritable},
+			{c.Ambient, &st.Capabilities.Ambient},
+		} {
+			for _, name := range set.names {
+				n, ok := capNumbers[name]
+				if !ok {
+					return nil, fmt.Errorf("%w: process.capabilities: unknown capability %q", errdefs.ErrInvalidArgument, name)
+				}
+				*set.out = append(*set.out, n)
+			}
+		}
+	}
 	return st, nil
 }
 
-// guestMountTypes are the spec mount types the guest provides itself:
-// its kernel's /proc, /sys and /dev, shared by the VM's processes.
+// rlimits are the RLIMIT_* numbers of Linux on x86-64 (asm-generic).
+var rlimits = map[string]uint32{
+	"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3, "RLIMIT_CORE": 4,
+	"RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7, "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9,
+	"RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11, "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13,
+	"RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15,
+}
+
+// capNumbers maps capability names (CAP_CHOWN) to their numbers, from
+// containerd's list of the capabilities Linux knows.
+var capNumbers = func() map[string]uint32 {
+	m := map[string]uint32{}
+	for i, name := range capability.Known() {
+		m[name] = uint32(i)
+	}
+	return m
+}()
+
+// guestMountTypes are the spec mount types the agent makes in the guest,
+// in each container's own mount namespace.
 var guestMountTypes = map[string]bool{
 	"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true,
 	"cgroup": true, "cgroup2": true,
 }
 
-// checkSpec refuses what the shim cannot honour yet, with an error that
-// names it, rather than run the container without it.
+// isBind says whether m binds a host path (a volume, or CRI's /etc/hosts).
+func isBind(m specs.Mount) bool {
+	return m.Type == "bind" || hasOption(m.Options, "bind", "rbind")
+}
+
+// checkSpec refuses what the shim cannot honour, with an error that names
+// it, rather than run the container without it.
 func checkSpec(s *specs.Spec) error {
-	if s.Root != nil && s.Root.Readonly {
-		return fmt.Errorf("%w: root.readonly: a read-only root file system is not supported yet", errdefs.ErrNotImplemented)
-	}
 	for _, m := range s.Mounts {
-		if m.Type == "bind" || hasOption(m.Options, "bind", "rbind") {
-			return fmt.Errorf("%w: mount %s: bind mounts (volumes) are not supported yet", errdefs.ErrNotImplemented, m.Destination)
-		}
-		if guestMountTypes[m.Type] {
+		if isBind(m) || guestMountTypes[m.Type] {
 			continue
 		}
 		return fmt.Errorf("%w: mount %s: type %q is not supported", errdefs.ErrNotImplemented, m.Destination, m.Type)
 	}
 	return nil
+}
+
+// containerRoot is the agent's description of a container's root: the
+// guest directory root, the spec's read-only flag, hostname and mounts,
+// with each bind mount's source replaced by the guest copy binds names.
+func containerRoot(s *specs.Spec, root string, binds map[int]string) *agentapi.ContainerRoot {
+	r := &agentapi.ContainerRoot{Root: root, Hostname: s.Hostname}
+	if s.Root != nil {
+		r.Readonly = s.Root.Readonly
+	}
+	for i, m := range s.Mounts {
+		am := &agentapi.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options}
+		if isBind(m) {
+			am.Type, am.Source = "bind", binds[i]
+		}
+		r.Mounts = append(r.Mounts, am)
+	}
+	return r
 }
 
 func hasOption(opts []string, names ...string) bool {

@@ -2,6 +2,7 @@ package containerdshim
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -56,15 +57,62 @@ func TestCheckSpec(t *testing.T) {
 	if err := checkSpec(ok); err != nil {
 		t.Errorf("ctr's default spec: %v", err)
 	}
-	for name, s := range map[string]*specs.Spec{
-		"read-only root": {Root: &specs.Root{Readonly: true}},
-		"bind type":      {Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: "/srv"}}},
-		"bind option":    {Mounts: []specs.Mount{{Destination: "/data", Type: "none", Source: "/srv", Options: []string{"rbind", "ro"}}}},
-		"other type":     {Mounts: []specs.Mount{{Destination: "/mnt", Type: "nfs"}}},
-	} {
-		err := checkSpec(s)
-		if !errors.Is(err, errdefs.ErrNotImplemented) {
-			t.Errorf("%s: err %v, want ErrNotImplemented", name, err)
-		}
+	// A read-only root and bind mounts (volumes, CRI's /etc/hosts) are
+	// honoured; other mount types are refused.
+	if err := checkSpec(&specs.Spec{Root: &specs.Root{Readonly: true}, Mounts: []specs.Mount{
+		{Destination: "/data", Type: "bind", Source: "/srv"},
+		{Destination: "/etc/hosts", Type: "none", Source: "/x/hosts", Options: []string{"rbind", "ro"}},
+	}}); err != nil {
+		t.Errorf("read-only root with binds: %v", err)
+	}
+	err := checkSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/mnt", Type: "nfs"}}})
+	if !errors.Is(err, errdefs.ErrNotImplemented) || !strings.Contains(err.Error(), "/mnt") {
+		t.Errorf("nfs mount: err %v, want ErrNotImplemented naming /mnt", err)
+	}
+}
+
+func TestExecStartLimitsAndCapabilities(t *testing.T) {
+	p := &specs.Process{
+		Args: []string{"true"}, User: specs.User{UID: 1, GID: 2, AdditionalGids: []uint32{3, 4}},
+		NoNewPrivileges: true,
+		Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 512}},
+		Capabilities: &specs.LinuxCapabilities{
+			Bounding: []string{"CAP_CHOWN", "CAP_NET_BIND_SERVICE"}, Effective: []string{"CAP_KILL"},
+			Ambient: []string{"CAP_NET_RAW"},
+		},
+	}
+	st, err := execStart(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Rlimits) != 1 || st.Rlimits[0].Resource != 7 || st.Rlimits[0].Soft != 512 || st.Rlimits[0].Hard != 1024 {
+		t.Errorf("rlimits %v, want NOFILE (7) 512/1024", st.Rlimits)
+	}
+	c := st.Capabilities
+	if fmt.Sprint(c.Bounding, c.Effective, c.Ambient) != "[0 10] [5] [13]" || !st.NoNewPrivileges ||
+		fmt.Sprint(st.AdditionalGids) != "[3 4]" {
+		t.Errorf("capabilities %v, no_new_privileges %v, gids %v", c, st.NoNewPrivileges, st.AdditionalGids)
+	}
+	p.Rlimits[0].Type = "RLIMIT_BOGUS"
+	if _, err := execStart(p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("unknown rlimit: %v", err)
+	}
+	p.Rlimits = nil
+	p.Capabilities.Effective = []string{"CAP_BOGUS"}
+	if _, err := execStart(p); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("unknown capability: %v", err)
+	}
+}
+
+func TestContainerRoot(t *testing.T) {
+	s := &specs.Spec{Root: &specs.Root{Readonly: true}, Hostname: "pod", Mounts: []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/etc/hosts", Type: "bind", Source: "/host/hosts", Options: []string{"rbind", "ro"}},
+	}}
+	r := containerRoot(s, "/r", map[int]string{1: "/run/x/mounts/1/hosts"})
+	if r.Root != "/r" || !r.Readonly || r.Hostname != "pod" || len(r.Mounts) != 2 ||
+		r.Mounts[0].Type != "proc" || r.Mounts[1].Type != "bind" || r.Mounts[1].Source != "/run/x/mounts/1/hosts" ||
+		fmt.Sprint(r.Mounts[1].Options) != "[rbind ro]" {
+		t.Errorf("containerRoot = %v", r)
 	}
 }

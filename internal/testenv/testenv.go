@@ -269,6 +269,9 @@ const (
 	// EnvShim names the built containerd shim (make:
 	// bin/containerd-shim-microvm-v2).
 	EnvShim = "MICROVM_SHIM"
+	// EnvCrictl names crictl (make: build/tools/crictl, go install of
+	// sigs.k8s.io/cri-tools at a pinned version).
+	EnvCrictl = "MICROVM_CRICTL"
 )
 
 var buildMu sync.Mutex // one make at a time within a process
@@ -292,6 +295,13 @@ func Agent(tb testing.TB) string {
 func Shim(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvShim, "bin/containerd-shim-microvm-v2", "bin/containerd-shim-microvm-v2")
+}
+
+// Crictl returns crictl: $MICROVM_CRICTL, else build/tools/crictl
+// installed by make.
+func Crictl(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvCrictl, "build/tools/crictl", "build/tools/crictl")
 }
 
 // NetTest returns the static guest network helper (guest/nettest, UDP

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// pauseImage is the pod sandbox's image in the CRI tests: busybox that
+// sleeps (what registry.k8s.io/pause does, without a registry).
+const pauseImage = "microvm.test/pause:1"
+
+// criConfig turns the CRI plugin on, as a node would configure it for
+// microvm: the runtime handler "microvm", the sandbox image imported by the
+// test, the native snapshotter (any file system, the box's too), no
+// cgroups or AppArmor of CRI's own, and the streaming server on loopback.
+func criConfig(e *ctrEnv) string {
+	return fmt.Sprintf(`disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  disable_cgroup = true
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.microvm]
+      runtime_type = %q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %q
+    conf_dir = %q
+`, pauseImage, runtimeName, filepath.Join(e.dir, "cni", "bin"), filepath.Join(e.dir, "cni", "conf"))
+}
+
+// crictl runs crictl against the test's containerd.
+func (e *ctrEnv) crictl(bin string, args ...string) (string, string, int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ep := "unix://" + e.sock
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "4m"}, args...)...)
+	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+filepath.Join(e.dir, "crictl.yaml"))
+	var o, s bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &s
+	err := cmd.Run()
+	var ee *exec.ExitError
+	code := 0
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		e.t.Fatalf("crictl %s: %v", strings.Join(args, " "), err)
+	}
+	return o.String(), s.String(), code
+}
+
+func (e *ctrEnv) mustCrictl(bin string, args ...string) string {
+	e.t.Helper()
+	out, errOut, code := e.crictl(bin, args...)
+	if code != 0 {
+		e.t.Fatalf("crictl %s: status %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, out, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// writeJSON writes v as JSON into the test's directory.
+func (e *ctrEnv) writeJSON(name string, v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	p := filepath.Join(e.dir, name)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// TestCrictlPod: kubelet's path, through containerd's CRI plugin with the
+// runtime handler "microvm", driven by crictl. A pod (its sandbox and two
+// containers in one VM): the client has a read-only root and a tmpfs
+// volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
+// to the server over localhost; crictl logs shows each one's output and
+// crictl exec reaches them; stop, rm, stopp and rmp leave nothing behind.
+func TestCrictlPod(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	crictl := testenv.Crictl(t)
+	e := startContainerdWith(t, criConfig)
+	e.ns = "k8s.io"
+	e.importBusybox()
+	e.importImage(pauseImage, []string{"sleep", "1000000"})
+	// CRI reads its image list at start: restart it to see the imports.
+	e.stop()
+	e.start()
+
+	scratch := t.TempDir()
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatalf("tmpfs for the volume: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(scratch, unix.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(scratch, "seed"), []byte("seeded\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := filepath.Join(e.dir, "pod-logs")
+	pod := e.writeJSON("pod.json", map[string]any{
+		"metadata":      map[string]any{"name": "pod1", "namespace": "default", "uid": "pod1-uid", "attempt": 1},
+		"log_directory": logs,
+		"linux":         map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
+	})
+	server := e.writeJSON("server.json", map[string]any{
+		"metadata": map[string]any{"name": "server"},
+		"image":    map[string]any{"image": testImage},
+		"command":  []string{"sh", "-c", "echo server up; while true; do echo pong | nc -l -p 8080; done"},
+		"log_path": "server.log",
+	})
+	client := e.writeJSON("client.json", map[string]any{
+		"metadata": map[string]any{"name": "client"},
+		"image":    map[string]any{"image": testImage},
+		"command": []string{"sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do nc 127.0.0.1 8080 && break; sleep 1; done; " +
+			"touch /x 2>/dev/null && echo root=rw || echo root=ro; cat /scratch/seed; " +
+			"echo t > /scratch/f && echo scratch=$(cat /scratch/f); echo pid=$$; echo client done; sleep 1000000"},
+		"log_path": "client.log",
+		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
+		"linux":    map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+	})
+
+	podID := e.mustCrictl(crictl, "runp", "--runtime", "microvm", pod)
+	serverID := e.mustCrictl(crictl, "create", podID, server, pod)
+	e.mustCrictl(crictl, "start", serverID)
+	clientID := e.mustCrictl(crictl, "create", podID, client, pod)
+	e.mustCrictl(crictl, "start", clientID)
+
+	var out string
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out = e.mustCrictl(crictl, "logs", clientID)
+		if strings.Contains(out, "client done") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("crictl logs client:\n%s", out)
+	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1", "client done"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("client's log lacks %q", want)
+		}
+	}
+	if got := e.mustCrictl(crictl, "logs", serverID); !strings.Contains(got, "server up") {
+		t.Errorf("crictl logs server: %q", got)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/scratch/f"); got != "t" {
+		t.Errorf("crictl exec -s client cat /scratch/f: %q, want t", got)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "sh", "-c", "ls /scratch 2>/dev/null || echo none"); got != "none" {
+		t.Errorf("the server sees the client's volume: %q", got)
+	}
+	if p := e.shimPids(); len(p) != 1 {
+		t.Errorf("shim processes for one pod: %v, want 1", p)
+	}
+	if ps := e.mustCrictl(crictl, "ps", "-q", "--pod", podID); len(strings.Fields(ps)) != 2 {
+		t.Errorf("crictl ps: %q, want the two containers", ps)
+	}
+
+	e.mustCrictl(crictl, "stop", "--timeout", "2", clientID)
+	e.mustCrictl(crictl, "rm", clientID)
+	e.mustCrictl(crictl, "stop", "--timeout", "2", serverID)
+	e.mustCrictl(crictl, "rm", serverID)
+	e.mustCrictl(crictl, "stopp", podID)
+	e.mustCrictl(crictl, "rmp", podID)
+	if l := e.mustCrictl(crictl, "pods", "-q"); l != "" {
+		t.Errorf("pods left: %q", l)
+	}
+	e.leftovers()
+}
