@@ -23,13 +23,12 @@ import (
 const pauseImage = "microvm.test/pause:1"
 
 // criConfig turns the CRI plugin on, as a node would configure it for
-// microvm: the runtime handler "microvm", the sandbox image imported by the
-// test, the native snapshotter (any file system, the box's too), no
-// cgroups or AppArmor of CRI's own, and the streaming server on loopback.
-func criConfig(e *ctrEnv) string {
-	return fmt.Sprintf(`disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[plugins."io.containerd.grpc.v1.cri"]
+// microvm: the runtime handler "microvm" beside the default runc, the
+// sandbox image imported by the test, the native snapshotter (any file
+// system, the box's too), no cgroups or AppArmor of CRI's own, and the
+// streaming server on loopback.
+func criConfig(e *ctrEnv) (string, string) {
+	return "disabled_plugins = [" + unusedSnapshotters + "]\n", fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   disable_cgroup = true
   disable_apparmor = true
@@ -38,6 +37,8 @@ func criConfig(e *ctrEnv) string {
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "native"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.microvm]
       runtime_type = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -52,7 +53,11 @@ func (e *ctrEnv) crictl(bin string, args ...string) (string, string, int) {
 	defer cancel()
 	ep := "unix://" + e.sock
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "4m"}, args...)...)
-	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+filepath.Join(e.dir, "crictl.yaml"))
+	conf := filepath.Join(e.dir, "crictl.yaml")
+	if _, err := os.Stat(conf); err != nil {
+		os.WriteFile(conf, []byte("runtime-endpoint: "+ep+"\nimage-endpoint: "+ep+"\n"), 0o644)
+	}
+	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+conf)
 	var o, s bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &s
 	err := cmd.Run()
@@ -167,6 +172,24 @@ func TestCrictlPod(t *testing.T) {
 	}
 	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "sh", "-c", "ls /scratch 2>/dev/null || echo none"); got != "none" {
 		t.Errorf("the server sees the client's volume: %q", got)
+	}
+	// Stats come from the container's cgroup in the guest.
+	var stats struct {
+		Stats []struct {
+			CPU struct {
+				UsageCoreNanoSeconds struct{ Value string } `json:"usageCoreNanoSeconds"`
+			} `json:"cpu"`
+			Memory struct {
+				WorkingSetBytes struct{ Value string } `json:"workingSetBytes"`
+			} `json:"memory"`
+		} `json:"stats"`
+	}
+	sj := e.mustCrictl(crictl, "stats", "-o", "json", clientID)
+	if err := json.Unmarshal([]byte(sj), &stats); err != nil || len(stats.Stats) != 1 {
+		t.Errorf("crictl stats: %v\n%s", err, sj)
+	} else if cs := stats.Stats[0]; cs.CPU.UsageCoreNanoSeconds.Value == "" || cs.CPU.UsageCoreNanoSeconds.Value == "0" ||
+		cs.Memory.WorkingSetBytes.Value == "" || cs.Memory.WorkingSetBytes.Value == "0" {
+		t.Errorf("crictl stats of the client: want CPU time and a working set from the guest:\n%s", sj)
 	}
 	if p := e.shimPids(); len(p) != 1 {
 		t.Errorf("shim processes for one pod: %v, want 1", p)

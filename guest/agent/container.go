@@ -82,6 +82,14 @@ func (cs *containers) started(e *containerEntry, pid int) {
 	}
 }
 
+// running says whether container id runs.
+func (cs *containers) running(id string) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	e := cs.ids[id]
+	return e != nil && e.pid != 0 && !e.gone
+}
+
 // drop forgets the container whose init is e.
 func (cs *containers) drop(id string, e *containerEntry) {
 	cs.mu.Lock()
@@ -189,14 +197,26 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		if err != nil {
 			return nil, err
 		}
+		cg, err := s.containerCgroup(ct.Id, true)
+		if err != nil {
+			s.ctrs.drop(ct.Id, e)
+			return nil, status.Errorf(codes.Internal, "agent: exec: container %q: %v", ct.Id, err)
+		}
+		if cg != nil {
+			defer cg.Close()
+			sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
+		}
 		sys.Cloneflags = containerNamespaces
+		cgDir := s.cgroupDir(ct.Id)
 		c, err := s.starter.start(self, argv, attr, func(pid int) {
 			s.ctrs.drop(ct.Id, e)
 			os.RemoveAll(filepath.Join(containerDirBase, ct.Id))
 			g.leaderExited(pid)
+			go removeCgroup(cgDir)
 		})
 		if err != nil {
 			s.ctrs.drop(ct.Id, e)
+			removeCgroup(cgDir)
 			if errors.Is(err, unix.EINVAL) {
 				return nil, status.Errorf(codes.FailedPrecondition,
 					"agent: exec: container %q: new namespaces refused (%v): does the guest kernel have CONFIG_PID_NS, UTS_NS and IPC_NS?", ct.Id, err)
@@ -214,6 +234,14 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 	}
 	defer closeAll(ns)
 	defer root.Close()
+	cg, err := s.containerCgroup(ct.Id, false)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "agent: exec: container %q: %v", ct.Id, err)
+	}
+	if cg != nil {
+		defer cg.Close()
+		sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
+	}
 	attr.Files = append(attr.Files, root.Fd())
 	type result struct {
 		c   *child

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -278,4 +281,76 @@ func (w *notifyWriter) Write(p []byte) (int, error) {
 		close(w.ready)
 	}
 	return len(p), nil
+}
+
+// cgroup2Base returns a cgroup v2 directory this test may make cgroups
+// in (the unified hierarchy, mounted on its own on hybrid hosts), or skips.
+func cgroup2Base(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			dir := filepath.Join(p, fmt.Sprintf("microvm-agent-test-%d", os.Getpid()))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Skipf("cannot make a cgroup: %v", err)
+			}
+			t.Cleanup(func() { unix.Rmdir(dir) })
+			return dir
+		}
+	}
+	t.Skip("no cgroup v2 hierarchy on this host")
+	return ""
+}
+
+func TestContainerCgroupAndStats(t *testing.T) {
+	root := containerRoot(t)
+	base := cgroup2Base(t)
+	h := newHarness(t, Options{CgroupRoot: base}, false)
+	ctx := testCtx(t)
+	stdinR, stdinW := io.Pipe()
+	ready := make(chan struct{})
+	out := &notifyWriter{want: "ready", ready: ready}
+	done := make(chan *result, 1)
+	go func() {
+		r := &result{}
+		r.exit, r.err = h.client.Exec(ctx, &agentapi.Cmd{
+			Argv:      sh(`i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; cat /proc/self/cgroup; echo ready; read x || true`),
+			Env:       []string{"PATH=/bin"},
+			Container: &agentapi.Container{Id: "stats", Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts()}},
+			Stdin:     stdinR, Stdout: out, Stderr: &r.stderr,
+		})
+		done <- r
+	}()
+	select {
+	case <-ready:
+	case r := <-done:
+		t.Fatalf("container ended early: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+	}
+	if want := "0::/" + filepath.Base(base) + "/stats"; !strings.Contains(out.buf.String(), want) {
+		t.Errorf("/proc/self/cgroup of the container: %q, want a line %q", out.buf.String(), want)
+	}
+	st, err := agentapi.NewAgentClient(h.conn).ContainerStats(ctx, &agentapi.ContainerStatsRequest{Id: "stats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CpuUsageUsec == 0 || st.CpuUsageUsec < st.CpuUserUsec {
+		t.Errorf("stats %v: want CPU time counted", st)
+	}
+	if _, err := agentapi.NewAgentClient(h.conn).ContainerStats(ctx, &agentapi.ContainerStatsRequest{Id: "other"}); status.Code(err) != codes.NotFound {
+		t.Errorf("stats of a container that does not run: %v, want NotFound", err)
+	}
+	stdinW.Close()
+	if r := <-done; r.err != nil || r.exit.Code != 0 {
+		t.Fatalf("container: %v, %v", r.exit, r.err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(base, "stats")); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the container's cgroup is left after it ended")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -41,6 +41,9 @@ type Options struct {
 	MaxExecs int
 	// Version overrides the version Info reports.
 	Version string
+	// CgroupRoot, when set, is a cgroup v2 directory below which each
+	// container gets a cgroup of its own (ContainerStats reads it).
+	CgroupRoot string
 	// Self is the agent's own executable, run as ContainerInitArg0 to set
 	// up container processes; "/proc/self/exe" when empty.
 	Self string
@@ -63,7 +66,8 @@ type Server struct {
 	mu      sync.Mutex
 	running int // guarded by mu: Exec calls between enterExec and leaveExec
 
-	ctrs containers // the running containers (Exec with ExecStart.container)
+	ctrs       containers // the running containers (Exec with ExecStart.container)
+	cgroupOnce sync.Once  // enables the containers' cgroup controllers
 
 	shutdownOnce sync.Once
 }

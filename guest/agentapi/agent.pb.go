@@ -1746,6 +1746,149 @@ func (*ShutdownResponse) Descriptor() ([]byte, []int) {
 	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
+// ContainerStatsRequest names the container.
+type ContainerStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsRequest) Reset() {
+	*x = ContainerStatsRequest{}
+	mi := &file_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsRequest) ProtoMessage() {}
+
+func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
+func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ContainerStatsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+// ContainerStatsResponse is what the container's cgroup counts; a counter
+// whose controller the guest lacks is zero.
+type ContainerStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// From cpu.stat.
+	CpuUsageUsec  uint64 `protobuf:"varint,1,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3" json:"cpu_usage_usec,omitempty"`
+	CpuUserUsec   uint64 `protobuf:"varint,2,opt,name=cpu_user_usec,json=cpuUserUsec,proto3" json:"cpu_user_usec,omitempty"`
+	CpuSystemUsec uint64 `protobuf:"varint,3,opt,name=cpu_system_usec,json=cpuSystemUsec,proto3" json:"cpu_system_usec,omitempty"`
+	// memory.current, and memory.max (0 for "max").
+	MemoryCurrentBytes uint64 `protobuf:"varint,4,opt,name=memory_current_bytes,json=memoryCurrentBytes,proto3" json:"memory_current_bytes,omitempty"`
+	MemoryMaxBytes     uint64 `protobuf:"varint,5,opt,name=memory_max_bytes,json=memoryMaxBytes,proto3" json:"memory_max_bytes,omitempty"`
+	// pids.current.
+	PidsCurrent uint64 `protobuf:"varint,6,opt,name=pids_current,json=pidsCurrent,proto3" json:"pids_current,omitempty"`
+	// memory_stat holds memory.stat's fields (anon, file, inactive_file, ...).
+	MemoryStat    map[string]uint64 `protobuf:"bytes,7,rep,name=memory_stat,json=memoryStat,proto3" json:"memory_stat,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStatsResponse) Reset() {
+	*x = ContainerStatsResponse{}
+	mi := &file_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStatsResponse) ProtoMessage() {}
+
+func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
+func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
+	if x != nil {
+		return x.CpuUsageUsec
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetCpuUserUsec() uint64 {
+	if x != nil {
+		return x.CpuUserUsec
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetCpuSystemUsec() uint64 {
+	if x != nil {
+		return x.CpuSystemUsec
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetMemoryCurrentBytes() uint64 {
+	if x != nil {
+		return x.MemoryCurrentBytes
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetMemoryMaxBytes() uint64 {
+	if x != nil {
+		return x.MemoryMaxBytes
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetPidsCurrent() uint64 {
+	if x != nil {
+		return x.PidsCurrent
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetMemoryStat() map[string]uint64 {
+	if x != nil {
+		return x.MemoryStat
+	}
+	return nil
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -1855,14 +1998,29 @@ const file_agent_proto_rawDesc = "" +
 	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\x12\x17\n" +
 	"\anum_cpu\x18\a \x01(\rR\x06numCpu\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\xb4\x04\n" +
+	"\x10ShutdownResponse\"'\n" +
+	"\x15ContainerStatsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xa3\x03\n" +
+	"\x16ContainerStatsResponse\x12$\n" +
+	"\x0ecpu_usage_usec\x18\x01 \x01(\x04R\fcpuUsageUsec\x12\"\n" +
+	"\rcpu_user_usec\x18\x02 \x01(\x04R\vcpuUserUsec\x12&\n" +
+	"\x0fcpu_system_usec\x18\x03 \x01(\x04R\rcpuSystemUsec\x120\n" +
+	"\x14memory_current_bytes\x18\x04 \x01(\x04R\x12memoryCurrentBytes\x12(\n" +
+	"\x10memory_max_bytes\x18\x05 \x01(\x04R\x0ememoryMaxBytes\x12!\n" +
+	"\fpids_current\x18\x06 \x01(\x04R\vpidsCurrent\x12Y\n" +
+	"\vmemory_stat\x18\a \x03(\v28.microvm.agent.v1.ContainerStatsResponse.MemoryStatEntryR\n" +
+	"memoryStat\x1a=\n" +
+	"\x0fMemoryStatEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\x99\x05\n" +
 	"\x05Agent\x12I\n" +
 	"\x04Exec\x12\x1d.microvm.agent.v1.ExecRequest\x1a\x1e.microvm.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\aPutFile\x12 .microvm.agent.v1.PutFileRequest\x1a!.microvm.agent.v1.PutFileResponse(\x01\x12P\n" +
 	"\aGetFile\x12 .microvm.agent.v1.GetFileRequest\x1a!.microvm.agent.v1.GetFileResponse0\x01\x12P\n" +
 	"\aPutTree\x12 .microvm.agent.v1.PutTreeRequest\x1a!.microvm.agent.v1.PutTreeResponse(\x01\x12P\n" +
 	"\aGetTree\x12 .microvm.agent.v1.GetTreeRequest\x1a!.microvm.agent.v1.GetTreeResponse0\x01\x12E\n" +
-	"\x04Info\x12\x1d.microvm.agent.v1.InfoRequest\x1a\x1e.microvm.agent.v1.InfoResponse\x12Q\n" +
+	"\x04Info\x12\x1d.microvm.agent.v1.InfoRequest\x1a\x1e.microvm.agent.v1.InfoResponse\x12c\n" +
+	"\x0eContainerStats\x12'.microvm.agent.v1.ContainerStatsRequest\x1a(.microvm.agent.v1.ContainerStatsResponse\x12Q\n" +
 	"\bShutdown\x12!.microvm.agent.v1.ShutdownRequest\x1a\".microvm.agent.v1.ShutdownResponseB+Z)github.com/microvm/microvm/guest/agentapib\x06proto3"
 
 var (
@@ -1877,33 +2035,36 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),        // 0: microvm.agent.v1.ExecStart
-	(*Container)(nil),        // 1: microvm.agent.v1.Container
-	(*ContainerRoot)(nil),    // 2: microvm.agent.v1.ContainerRoot
-	(*Mount)(nil),            // 3: microvm.agent.v1.Mount
-	(*Rlimit)(nil),           // 4: microvm.agent.v1.Rlimit
-	(*Capabilities)(nil),     // 5: microvm.agent.v1.Capabilities
-	(*PtySize)(nil),          // 6: microvm.agent.v1.PtySize
-	(*CloseStdin)(nil),       // 7: microvm.agent.v1.CloseStdin
-	(*ExecRequest)(nil),      // 8: microvm.agent.v1.ExecRequest
-	(*ExitStatus)(nil),       // 9: microvm.agent.v1.ExitStatus
-	(*ExecResponse)(nil),     // 10: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),    // 11: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),   // 12: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),  // 13: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),   // 14: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),         // 15: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),  // 16: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),   // 17: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),  // 18: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),   // 19: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),  // 20: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),      // 21: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),     // 22: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),  // 23: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil), // 24: microvm.agent.v1.ShutdownResponse
+	(*ExecStart)(nil),              // 0: microvm.agent.v1.ExecStart
+	(*Container)(nil),              // 1: microvm.agent.v1.Container
+	(*ContainerRoot)(nil),          // 2: microvm.agent.v1.ContainerRoot
+	(*Mount)(nil),                  // 3: microvm.agent.v1.Mount
+	(*Rlimit)(nil),                 // 4: microvm.agent.v1.Rlimit
+	(*Capabilities)(nil),           // 5: microvm.agent.v1.Capabilities
+	(*PtySize)(nil),                // 6: microvm.agent.v1.PtySize
+	(*CloseStdin)(nil),             // 7: microvm.agent.v1.CloseStdin
+	(*ExecRequest)(nil),            // 8: microvm.agent.v1.ExecRequest
+	(*ExitStatus)(nil),             // 9: microvm.agent.v1.ExitStatus
+	(*ExecResponse)(nil),           // 10: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),          // 11: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),         // 12: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),        // 13: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),         // 14: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),               // 15: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),        // 16: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),         // 17: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),        // 18: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),         // 19: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),        // 20: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),            // 21: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),           // 22: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),        // 23: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),       // 24: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),  // 25: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil), // 26: microvm.agent.v1.ContainerStatsResponse
+	nil,                            // 27: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
 	6,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
@@ -1918,25 +2079,28 @@ var file_agent_proto_depIdxs = []int32{
 	9,  // 9: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
 	11, // 10: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
 	15, // 11: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	8,  // 12: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	12, // 13: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	14, // 14: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	17, // 15: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	19, // 16: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	21, // 17: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	23, // 18: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	10, // 19: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	13, // 20: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	16, // 21: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	18, // 22: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	20, // 23: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	22, // 24: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	24, // 25: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	27, // 12: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	8,  // 13: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	12, // 14: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	14, // 15: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	17, // 16: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	19, // 17: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	21, // 18: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	25, // 19: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	23, // 20: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	10, // 21: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	13, // 22: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	16, // 23: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	18, // 24: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	20, // 25: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	22, // 26: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	26, // 27: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	24, // 28: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	21, // [21:29] is the sub-list for method output_type
+	13, // [13:21] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -1975,7 +2139,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,13 +22,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Exec_FullMethodName     = "/microvm.agent.v1.Agent/Exec"
-	Agent_PutFile_FullMethodName  = "/microvm.agent.v1.Agent/PutFile"
-	Agent_GetFile_FullMethodName  = "/microvm.agent.v1.Agent/GetFile"
-	Agent_PutTree_FullMethodName  = "/microvm.agent.v1.Agent/PutTree"
-	Agent_GetTree_FullMethodName  = "/microvm.agent.v1.Agent/GetTree"
-	Agent_Info_FullMethodName     = "/microvm.agent.v1.Agent/Info"
-	Agent_Shutdown_FullMethodName = "/microvm.agent.v1.Agent/Shutdown"
+	Agent_Exec_FullMethodName           = "/microvm.agent.v1.Agent/Exec"
+	Agent_PutFile_FullMethodName        = "/microvm.agent.v1.Agent/PutFile"
+	Agent_GetFile_FullMethodName        = "/microvm.agent.v1.Agent/GetFile"
+	Agent_PutTree_FullMethodName        = "/microvm.agent.v1.Agent/PutTree"
+	Agent_GetTree_FullMethodName        = "/microvm.agent.v1.Agent/GetTree"
+	Agent_Info_FullMethodName           = "/microvm.agent.v1.Agent/Info"
+	Agent_ContainerStats_FullMethodName = "/microvm.agent.v1.Agent/ContainerStats"
+	Agent_Shutdown_FullMethodName       = "/microvm.agent.v1.Agent/Shutdown"
 )
 
 // AgentClient is the client API for Agent service.
@@ -64,6 +65,10 @@ type AgentClient interface {
 	GetTree(ctx context.Context, in *GetTreeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetTreeResponse], error)
 	// Info describes the guest.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
+	// ContainerStats reads a running container's cgroup (cgroup v2):
+	// NOT_FOUND for a container that does not run, FAILED_PRECONDITION when
+	// the guest has no cgroup v2 for containers.
+	ContainerStats(ctx context.Context, in *ContainerStatsRequest, opts ...grpc.CallOption) (*ContainerStatsResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
@@ -164,6 +169,16 @@ func (c *agentClient) Info(ctx context.Context, in *InfoRequest, opts ...grpc.Ca
 	return out, nil
 }
 
+func (c *agentClient) ContainerStats(ctx context.Context, in *ContainerStatsRequest, opts ...grpc.CallOption) (*ContainerStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContainerStatsResponse)
+	err := c.cc.Invoke(ctx, Agent_ContainerStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -207,6 +222,10 @@ type AgentServer interface {
 	GetTree(*GetTreeRequest, grpc.ServerStreamingServer[GetTreeResponse]) error
 	// Info describes the guest.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
+	// ContainerStats reads a running container's cgroup (cgroup v2):
+	// NOT_FOUND for a container that does not run, FAILED_PRECONDITION when
+	// the guest has no cgroup v2 for containers.
+	ContainerStats(context.Context, *ContainerStatsRequest) (*ContainerStatsResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
@@ -237,6 +256,9 @@ func (UnimplementedAgentServer) GetTree(*GetTreeRequest, grpc.ServerStreamingSer
 }
 func (UnimplementedAgentServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedAgentServer) ContainerStats(context.Context, *ContainerStatsRequest) (*ContainerStatsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ContainerStats not implemented")
 }
 func (UnimplementedAgentServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Shutdown not implemented")
@@ -323,6 +345,24 @@ func _Agent_Info_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_ContainerStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ContainerStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).ContainerStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_ContainerStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).ContainerStats(ctx, req.(*ContainerStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -351,6 +391,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _Agent_Info_Handler,
+		},
+		{
+			MethodName: "ContainerStats",
+			Handler:    _Agent_ContainerStats_Handler,
 		},
 		{
 			MethodName: "Shutdown",

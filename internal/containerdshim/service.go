@@ -481,11 +481,6 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "update of a microvm container's resources")
 }
 
-// Stats is not supported yet (docs/containerd.md).
-func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.StatsResponse, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "stats of a microvm container")
-}
-
 // Connect tells containerd the shim's pid.
 func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	return &taskAPI.ConnectResponse{ShimPid: shimPid, TaskPid: shimPid}, nil

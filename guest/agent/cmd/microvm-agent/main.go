@@ -99,6 +99,9 @@ func main() {
 		})
 	}
 	opts := agent.Options{Shutdown: stop, Reaper: reaper}
+	if pid1 && haveCgroup2() {
+		opts.CgroupRoot = cgroupRoot
+	}
 	if *verbose {
 		opts.Logf = log.Printf
 	}

@@ -17,6 +17,18 @@ var mounts = []pid1.Mount{
 	{Source: "devpts", Target: "/dev/pts", FSType: "devpts", Flags: unix.MS_NOSUID | unix.MS_NOEXEC, Data: "mode=0620,ptmxmode=0666"},
 	{Source: "tmpfs", Target: "/dev/shm", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"},
 	{Source: "tmpfs", Target: "/run", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=0755"},
+	// Each container's cgroup lives below (agent.Options.CgroupRoot);
+	// a kernel without cgroups logs one line and runs containers without.
+	{Source: "cgroup2", Target: cgroupRoot, FSType: "cgroup2", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+}
+
+// cgroupRoot is where the agent mounts cgroup v2 in the guest.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// haveCgroup2 says whether cgroup v2 is mounted at cgroupRoot.
+func haveCgroup2() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(cgroupRoot, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
 // initramfsTmp is /tmp for the agent's own initramfs; an image keeps its

@@ -1,0 +1,133 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm/guest/agentapi"
+)
+
+// containerControllers are the cgroup v2 controllers the agent enables for
+// containers where the guest kernel has them (cpu.stat counts without any).
+const containerControllers = "+memory +pids"
+
+// cgroupDir returns the cgroup of container id, or "" with cgroups off.
+func (s *Server) cgroupDir(id string) string {
+	if s.opts.CgroupRoot == "" {
+		return ""
+	}
+	return filepath.Join(s.opts.CgroupRoot, id)
+}
+
+// containerCgroup makes (create) or opens the cgroup of container id and
+// returns a descriptor of it for clone3's CLONE_INTO_CGROUP, or nil with
+// cgroups off. The controllers are enabled once per agent, each on its own,
+// so a guest kernel without one still gets the others.
+func (s *Server) containerCgroup(id string, create bool) (*os.File, error) {
+	dir := s.cgroupDir(id)
+	if dir == "" {
+		return nil, nil
+	}
+	if create {
+		s.cgroupOnce.Do(func() {
+			for _, c := range strings.Fields(containerControllers) {
+				os.WriteFile(filepath.Join(s.opts.CgroupRoot, "cgroup.subtree_control"), []byte(c), 0)
+			}
+		})
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// removeCgroup removes a container's cgroup once its last process is gone:
+// the kernel kills the rest of a PID namespace when its init exits, which
+// takes a moment, so rmdir's EBUSY is retried for a while.
+func removeCgroup(dir string) {
+	if dir == "" {
+		return
+	}
+	for i := 0; i < 100; i++ {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) || !errors.Is(err, unix.EBUSY) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ContainerStats reads a running container's cgroup; see agent.proto.
+func (s *Server) ContainerStats(_ context.Context, r *agentapi.ContainerStatsRequest) (*agentapi.ContainerStatsResponse, error) {
+	if !validContainerID(r.Id) {
+		return nil, status.Errorf(codes.InvalidArgument, "agent: stats: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", r.Id)
+	}
+	if !s.ctrs.running(r.Id) {
+		return nil, status.Errorf(codes.NotFound, "agent: stats: container %q is not running", r.Id)
+	}
+	dir := s.cgroupDir(r.Id)
+	if dir == "" {
+		return nil, status.Error(codes.FailedPrecondition, "agent: stats: this agent runs containers without cgroups")
+	}
+	cpu, err := readKeyed(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "agent: stats: %v", err)
+	}
+	resp := &agentapi.ContainerStatsResponse{
+		CpuUsageUsec: cpu["usage_usec"], CpuUserUsec: cpu["user_usec"], CpuSystemUsec: cpu["system_usec"],
+		MemoryCurrentBytes: readUint(filepath.Join(dir, "memory.current")),
+		MemoryMaxBytes:     readUint(filepath.Join(dir, "memory.max")),
+		PidsCurrent:        readUint(filepath.Join(dir, "pids.current")),
+	}
+	if m, err := readKeyed(filepath.Join(dir, "memory.stat")); err == nil {
+		resp.MemoryStat = m
+	}
+	return resp, nil
+}
+
+// readKeyed reads a cgroup file of "key value" lines.
+func readKeyed(path string) (map[string]uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m := map[string]uint64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64); err == nil {
+			m[k] = n
+		}
+	}
+	return m, sc.Err()
+}
+
+// readUint reads a cgroup file of one number; 0 when it is missing (no
+// such controller) or "max".
+func readUint(path string) uint64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return n
+}
