@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,12 +26,11 @@ const pauseImage = "microvm.test/pause:1"
 // criConfig turns the CRI plugin on, as a node would configure it for
 // microvm: the runtime handler "microvm" beside the default runc, the
 // sandbox image imported by the test, the native snapshotter (any file
-// system, the box's too), no cgroups or AppArmor of CRI's own, and the
+// system, the box's too), no AppArmor, and the
 // streaming server on loopback.
 func criConfig(e *ctrEnv) (string, string) {
 	return "disabled_plugins = [" + unusedSnapshotters + "]\n", fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
-  disable_cgroup = true
   disable_apparmor = true
   restrict_oom_score_adj = true
   stream_server_address = "127.0.0.1"
@@ -100,7 +100,9 @@ func (e *ctrEnv) writeJSON(name string, v any) string {
 // containers in one VM): the client has a read-only root and a tmpfs
 // volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
 // to the server over localhost; crictl logs shows each one's output and
-// crictl exec reaches them; stop, rm, stopp and rmp leave nothing behind.
+// crictl exec reaches them; crictl stats reads the client's cgroup in the
+// guest, its memory limit is there and crictl update changes it; stop,
+// rm, stopp and rmp leave nothing behind.
 func TestCrictlPod(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	crictl := testenv.Crictl(t)
@@ -140,7 +142,8 @@ func TestCrictlPod(t *testing.T) {
 			"echo t > /scratch/f && echo scratch=$(cat /scratch/f); echo pid=$$; echo client done; sleep 1000000"},
 		"log_path": "client.log",
 		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
-		"linux":    map[string]any{"security_context": map[string]any{"readonly_rootfs": true}},
+		"linux": map[string]any{"security_context": map[string]any{"readonly_rootfs": true},
+			"resources": map[string]any{"memory_limit_in_bytes": 128 << 20}},
 	})
 
 	podID := e.mustCrictl(crictl, "runp", "--runtime", "microvm", pod)
@@ -190,6 +193,16 @@ func TestCrictlPod(t *testing.T) {
 	} else if cs := stats.Stats[0]; cs.CPU.UsageCoreNanoSeconds.Value == "" || cs.CPU.UsageCoreNanoSeconds.Value == "0" ||
 		cs.Memory.WorkingSetBytes.Value == "" || cs.Memory.WorkingSetBytes.Value == "0" {
 		t.Errorf("crictl stats of the client: want CPU time and a working set from the guest:\n%s", sj)
+	}
+	// The memory limit reaches the client's cgroup in the guest, and
+	// crictl update changes it.
+	memMax := "cat /sys/fs/cgroup/" + clientID + "/memory.max"
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", memMax); got != strconv.Itoa(128<<20) {
+		t.Errorf("memory.max of the client: %q, want %d", got, 128<<20)
+	}
+	e.mustCrictl(crictl, "update", "--memory", strconv.Itoa(96<<20), clientID)
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", memMax); got != strconv.Itoa(96<<20) {
+		t.Errorf("memory.max of the client after crictl update: %q, want %d", got, 96<<20)
 	}
 	if p := e.shimPids(); len(p) != 1 {
 		t.Errorf("shim processes for one pod: %v, want 1", p)

@@ -131,3 +131,59 @@ func readUint(path string) uint64 {
 	n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	return n
 }
+
+// UpdateContainer writes a running container's limits; see agent.proto.
+func (s *Server) UpdateContainer(_ context.Context, r *agentapi.UpdateContainerRequest) (*agentapi.UpdateContainerResponse, error) {
+	if !validContainerID(r.Id) {
+		return nil, status.Errorf(codes.InvalidArgument, "agent: update: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", r.Id)
+	}
+	if !s.ctrs.running(r.Id) {
+		return nil, status.Errorf(codes.NotFound, "agent: update: container %q is not running", r.Id)
+	}
+	if err := s.setResources(r.Id, r.Resources); err != nil {
+		return nil, err
+	}
+	return &agentapi.UpdateContainerResponse{}, nil
+}
+
+// setResources writes r to container id's cgroup; nil r writes nothing.
+func (s *Server) setResources(id string, r *agentapi.Resources) error {
+	if r == nil {
+		return nil
+	}
+	dir := s.cgroupDir(id)
+	if dir == "" {
+		return status.Error(codes.FailedPrecondition, "agent: resources: this agent runs containers without cgroups")
+	}
+	for _, l := range []struct {
+		file string
+		v    uint64
+	}{{"memory.max", r.MemoryMaxBytes}, {"pids.max", r.PidsMax}} {
+		v := "max"
+		if l.v > 0 {
+			v = strconv.FormatUint(l.v, 10)
+		}
+		err := writeCgroupFile(filepath.Join(dir, l.file), v)
+		if errors.Is(err, os.ErrNotExist) {
+			return status.Errorf(codes.FailedPrecondition, "agent: resources: %s: the guest kernel lacks this cgroup controller", l.file)
+		}
+		if err != nil {
+			return status.Errorf(codes.InvalidArgument, "agent: resources: %s = %s: %v", l.file, v, err)
+		}
+	}
+	return nil
+}
+
+// writeCgroupFile writes an existing cgroup file (without O_CREAT: a file
+// of a missing controller is then ENOENT, not EACCES).
+func writeCgroupFile(path, v string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(v)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

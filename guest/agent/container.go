@@ -206,6 +206,11 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 			defer cg.Close()
 			sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
 		}
+		if err := s.setResources(ct.Id, ct.Create.Resources); err != nil {
+			s.ctrs.drop(ct.Id, e)
+			removeCgroup(s.cgroupDir(ct.Id))
+			return nil, err
+		}
 		sys.Cloneflags = containerNamespaces
 		cgDir := s.cgroupDir(ct.Id)
 		c, err := s.starter.start(self, argv, attr, func(pid int) {

@@ -354,3 +354,41 @@ func TestContainerCgroupAndStats(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Limits go to the container's cgroup where the hierarchy has the
+// controllers (a cgroup v2 host, the guest), and are refused with
+// FailedPrecondition, naming the file, where it does not (a hybrid host).
+func TestContainerResources(t *testing.T) {
+	root := containerRoot(t)
+	base := cgroup2Base(t)
+	ctrls, _ := os.ReadFile(filepath.Join(filepath.Dir(base), "cgroup.controllers"))
+	haveMemory := strings.Contains(string(ctrls), "memory") && strings.Contains(string(ctrls), "pids")
+	h := newHarness(t, Options{CgroupRoot: base}, false)
+	r := run(testCtx(t), h.client, &agentapi.Cmd{
+		Argv: sh(`cat /sys/fs/cgroup/$0/memory.max /sys/fs/cgroup/$0/pids.max`, filepath.Base(base)+"/limits"),
+		Env:  []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "limits", Create: &agentapi.ContainerRoot{Root: root, Mounts: []*agentapi.Mount{
+			{Destination: "/sys/fs/cgroup", Type: "cgroup2", Source: "cgroup2"}},
+			Resources: &agentapi.Resources{MemoryMaxBytes: 64 << 20, PidsMax: 0}}},
+	})
+	if !haveMemory {
+		if status.Code(r.err) != codes.FailedPrecondition || !strings.Contains(r.err.Error(), "memory.max") {
+			t.Errorf("limits without a memory controller: %v, want FailedPrecondition naming memory.max", r.err)
+		}
+		return
+	}
+	if r.err != nil || r.stdout.String() != "67108864\nmax\n" {
+		t.Errorf("limits: %v, %v, %q; want 67108864 and max", r.exit, r.err, r.stdout.String())
+	}
+}
+
+func TestUpdateContainerErrors(t *testing.T) {
+	h := newHarness(t, Options{}, false)
+	c := agentapi.NewAgentClient(h.conn)
+	if _, err := c.UpdateContainer(testCtx(t), &agentapi.UpdateContainerRequest{Id: "none"}); status.Code(err) != codes.NotFound {
+		t.Errorf("update of a container that does not run: %v, want NotFound", err)
+	}
+	if _, err := c.UpdateContainer(testCtx(t), &agentapi.UpdateContainerRequest{Id: "../x"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("update with a bad id: %v, want InvalidArgument", err)
+	}
+}

@@ -249,7 +249,9 @@ type ContainerRoot struct {
 	// hostname is set in the container's UTS namespace when not empty.
 	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// mounts are made in order, below root.
-	Mounts        []*Mount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Mounts []*Mount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	// resources, when set, are the limits of the container's cgroup.
+	Resources     *Resources `protobuf:"bytes,5,opt,name=resources,proto3" json:"resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,6 +314,68 @@ func (x *ContainerRoot) GetMounts() []*Mount {
 	return nil
 }
 
+func (x *ContainerRoot) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+// Resources are a container's limits, written to its cgroup (cgroup v2).
+type Resources struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// memory_max_bytes is memory.max; 0 means no limit.
+	MemoryMaxBytes uint64 `protobuf:"varint,1,opt,name=memory_max_bytes,json=memoryMaxBytes,proto3" json:"memory_max_bytes,omitempty"`
+	// pids_max is pids.max; 0 means no limit.
+	PidsMax       uint64 `protobuf:"varint,2,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Resources) Reset() {
+	*x = Resources{}
+	mi := &file_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Resources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Resources) ProtoMessage() {}
+
+func (x *Resources) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Resources.ProtoReflect.Descriptor instead.
+func (*Resources) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Resources) GetMemoryMaxBytes() uint64 {
+	if x != nil {
+		return x.MemoryMaxBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetPidsMax() uint64 {
+	if x != nil {
+		return x.PidsMax
+	}
+	return 0
+}
+
 // Mount is one mount of a container, as in the OCI runtime spec.
 type Mount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -330,7 +394,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +406,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +419,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Mount) GetDestination() string {
@@ -399,7 +463,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +475,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +488,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Rlimit) GetResource() uint32 {
@@ -462,7 +526,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +538,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +551,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Capabilities) GetBounding() []uint32 {
@@ -536,7 +600,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +612,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +625,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -587,7 +651,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +663,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +676,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 // ExecRequest is one client message of an Exec call.
@@ -632,7 +696,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +708,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +721,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -768,7 +832,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +844,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +857,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExitStatus) GetCode() int32 {
@@ -832,7 +896,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +908,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +921,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -934,7 +998,7 @@ type PutFileHeader struct {
 
 func (x *PutFileHeader) Reset() {
 	*x = PutFileHeader{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1010,7 @@ func (x *PutFileHeader) String() string {
 func (*PutFileHeader) ProtoMessage() {}
 
 func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1023,7 @@ func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileHeader.ProtoReflect.Descriptor instead.
 func (*PutFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutFileHeader) GetPath() string {
@@ -997,7 +1061,7 @@ type PutFileRequest struct {
 
 func (x *PutFileRequest) Reset() {
 	*x = PutFileRequest{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1009,7 +1073,7 @@ func (x *PutFileRequest) String() string {
 func (*PutFileRequest) ProtoMessage() {}
 
 func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1022,7 +1086,7 @@ func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileRequest.ProtoReflect.Descriptor instead.
 func (*PutFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutFileRequest) GetMsg() isPutFileRequest_Msg {
@@ -1077,7 +1141,7 @@ type PutFileResponse struct {
 
 func (x *PutFileResponse) Reset() {
 	*x = PutFileResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1153,7 @@ func (x *PutFileResponse) String() string {
 func (*PutFileResponse) ProtoMessage() {}
 
 func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1166,7 @@ func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileResponse.ProtoReflect.Descriptor instead.
 func (*PutFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutFileResponse) GetSize() uint64 {
@@ -1123,7 +1187,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1199,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1212,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1171,7 +1235,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1247,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1260,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FileInfo) GetMode() uint32 {
@@ -1227,7 +1291,7 @@ type GetFileResponse struct {
 
 func (x *GetFileResponse) Reset() {
 	*x = GetFileResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1303,7 @@ func (x *GetFileResponse) String() string {
 func (*GetFileResponse) ProtoMessage() {}
 
 func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1316,7 @@ func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileResponse.ProtoReflect.Descriptor instead.
 func (*GetFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetFileResponse) GetMsg() isGetFileResponse_Msg {
@@ -1312,7 +1376,7 @@ type PutTreeRequest struct {
 
 func (x *PutTreeRequest) Reset() {
 	*x = PutTreeRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1388,7 @@ func (x *PutTreeRequest) String() string {
 func (*PutTreeRequest) ProtoMessage() {}
 
 func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1401,7 @@ func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
 func (*PutTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
@@ -1396,7 +1460,7 @@ type PutTreeResponse struct {
 
 func (x *PutTreeResponse) Reset() {
 	*x = PutTreeResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1472,7 @@ func (x *PutTreeResponse) String() string {
 func (*PutTreeResponse) ProtoMessage() {}
 
 func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1485,7 @@ func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
 func (*PutTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutTreeResponse) GetEntries() uint64 {
@@ -1456,7 +1520,7 @@ type GetTreeRequest struct {
 
 func (x *GetTreeRequest) Reset() {
 	*x = GetTreeRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1532,7 @@ func (x *GetTreeRequest) String() string {
 func (*GetTreeRequest) ProtoMessage() {}
 
 func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1545,7 @@ func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
 func (*GetTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetTreeRequest) GetPath() string {
@@ -1501,7 +1565,7 @@ type GetTreeResponse struct {
 
 func (x *GetTreeResponse) Reset() {
 	*x = GetTreeResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1577,7 @@ func (x *GetTreeResponse) String() string {
 func (*GetTreeResponse) ProtoMessage() {}
 
 func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1590,7 @@ func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
 func (*GetTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetTreeResponse) GetData() []byte {
@@ -1545,7 +1609,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1621,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1634,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -1595,7 +1659,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1671,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1684,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1681,7 +1745,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1757,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1770,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 // ShutdownResponse is empty.
@@ -1718,7 +1782,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1730,7 +1794,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1743,7 +1807,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 // ContainerStatsRequest names the container.
@@ -1756,7 +1820,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1768,7 +1832,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1781,7 +1845,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerStatsRequest) GetId() string {
@@ -1812,7 +1876,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1888,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +1901,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
@@ -1889,6 +1953,96 @@ func (x *ContainerStatsResponse) GetMemoryStat() map[string]uint64 {
 	return nil
 }
 
+// UpdateContainerRequest names the container and its new limits.
+type UpdateContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Resources     *Resources             `protobuf:"bytes,2,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerRequest) Reset() {
+	*x = UpdateContainerRequest{}
+	mi := &file_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerRequest) ProtoMessage() {}
+
+func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *UpdateContainerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateContainerRequest) GetResources() *Resources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+// UpdateContainerResponse is empty.
+type UpdateContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerResponse) Reset() {
+	*x = UpdateContainerResponse{}
+	mi := &file_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerResponse) ProtoMessage() {}
+
+func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
+func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{29}
+}
+
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
@@ -1913,12 +2067,16 @@ const file_agent_proto_rawDesc = "" +
 	"\x04_gid\"T\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x127\n" +
-	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\x8c\x01\n" +
+	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\xc7\x01\n" +
 	"\rContainerRoot\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1a\n" +
 	"\breadonly\x18\x02 \x01(\bR\breadonly\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12/\n" +
-	"\x06mounts\x18\x04 \x03(\v2\x17.microvm.agent.v1.MountR\x06mounts\"o\n" +
+	"\x06mounts\x18\x04 \x03(\v2\x17.microvm.agent.v1.MountR\x06mounts\x129\n" +
+	"\tresources\x18\x05 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\"P\n" +
+	"\tResources\x12(\n" +
+	"\x10memory_max_bytes\x18\x01 \x01(\x04R\x0ememoryMaxBytes\x12\x19\n" +
+	"\bpids_max\x18\x02 \x01(\x04R\apidsMax\"o\n" +
 	"\x05Mount\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -2012,7 +2170,11 @@ const file_agent_proto_rawDesc = "" +
 	"memoryStat\x1a=\n" +
 	"\x0fMemoryStatEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\x99\x05\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"c\n" +
+	"\x16UpdateContainerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\tresources\x18\x02 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\"\x19\n" +
+	"\x17UpdateContainerResponse2\x81\x06\n" +
 	"\x05Agent\x12I\n" +
 	"\x04Exec\x12\x1d.microvm.agent.v1.ExecRequest\x1a\x1e.microvm.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\aPutFile\x12 .microvm.agent.v1.PutFileRequest\x1a!.microvm.agent.v1.PutFileResponse(\x01\x12P\n" +
@@ -2020,7 +2182,8 @@ const file_agent_proto_rawDesc = "" +
 	"\aPutTree\x12 .microvm.agent.v1.PutTreeRequest\x1a!.microvm.agent.v1.PutTreeResponse(\x01\x12P\n" +
 	"\aGetTree\x12 .microvm.agent.v1.GetTreeRequest\x1a!.microvm.agent.v1.GetTreeResponse0\x01\x12E\n" +
 	"\x04Info\x12\x1d.microvm.agent.v1.InfoRequest\x1a\x1e.microvm.agent.v1.InfoResponse\x12c\n" +
-	"\x0eContainerStats\x12'.microvm.agent.v1.ContainerStatsRequest\x1a(.microvm.agent.v1.ContainerStatsResponse\x12Q\n" +
+	"\x0eContainerStats\x12'.microvm.agent.v1.ContainerStatsRequest\x1a(.microvm.agent.v1.ContainerStatsResponse\x12f\n" +
+	"\x0fUpdateContainer\x12(.microvm.agent.v1.UpdateContainerRequest\x1a).microvm.agent.v1.UpdateContainerResponse\x12Q\n" +
 	"\bShutdown\x12!.microvm.agent.v1.ShutdownRequest\x1a\".microvm.agent.v1.ShutdownResponseB+Z)github.com/microvm/microvm/guest/agentapib\x06proto3"
 
 var (
@@ -2035,72 +2198,79 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),              // 0: microvm.agent.v1.ExecStart
-	(*Container)(nil),              // 1: microvm.agent.v1.Container
-	(*ContainerRoot)(nil),          // 2: microvm.agent.v1.ContainerRoot
-	(*Mount)(nil),                  // 3: microvm.agent.v1.Mount
-	(*Rlimit)(nil),                 // 4: microvm.agent.v1.Rlimit
-	(*Capabilities)(nil),           // 5: microvm.agent.v1.Capabilities
-	(*PtySize)(nil),                // 6: microvm.agent.v1.PtySize
-	(*CloseStdin)(nil),             // 7: microvm.agent.v1.CloseStdin
-	(*ExecRequest)(nil),            // 8: microvm.agent.v1.ExecRequest
-	(*ExitStatus)(nil),             // 9: microvm.agent.v1.ExitStatus
-	(*ExecResponse)(nil),           // 10: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),          // 11: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),         // 12: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),        // 13: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),         // 14: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),               // 15: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),        // 16: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),         // 17: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),        // 18: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),         // 19: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),        // 20: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),            // 21: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),           // 22: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),        // 23: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),       // 24: microvm.agent.v1.ShutdownResponse
-	(*ContainerStatsRequest)(nil),  // 25: microvm.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil), // 26: microvm.agent.v1.ContainerStatsResponse
-	nil,                            // 27: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	(*ExecStart)(nil),               // 0: microvm.agent.v1.ExecStart
+	(*Container)(nil),               // 1: microvm.agent.v1.Container
+	(*ContainerRoot)(nil),           // 2: microvm.agent.v1.ContainerRoot
+	(*Resources)(nil),               // 3: microvm.agent.v1.Resources
+	(*Mount)(nil),                   // 4: microvm.agent.v1.Mount
+	(*Rlimit)(nil),                  // 5: microvm.agent.v1.Rlimit
+	(*Capabilities)(nil),            // 6: microvm.agent.v1.Capabilities
+	(*PtySize)(nil),                 // 7: microvm.agent.v1.PtySize
+	(*CloseStdin)(nil),              // 8: microvm.agent.v1.CloseStdin
+	(*ExecRequest)(nil),             // 9: microvm.agent.v1.ExecRequest
+	(*ExitStatus)(nil),              // 10: microvm.agent.v1.ExitStatus
+	(*ExecResponse)(nil),            // 11: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),           // 12: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),          // 13: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),         // 14: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),          // 15: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),                // 16: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),         // 17: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),          // 18: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),         // 19: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),          // 20: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),         // 21: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),             // 22: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 23: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),         // 24: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 25: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),   // 26: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),  // 27: microvm.agent.v1.ContainerStatsResponse
+	(*UpdateContainerRequest)(nil),  // 28: microvm.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil), // 29: microvm.agent.v1.UpdateContainerResponse
+	nil,                             // 30: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
-	6,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
+	7,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
 	1,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
-	4,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
-	5,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
+	5,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
+	6,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
 	2,  // 4: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
-	3,  // 5: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
-	0,  // 6: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
-	7,  // 7: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
-	6,  // 8: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
-	9,  // 9: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
-	11, // 10: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
-	15, // 11: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	27, // 12: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
-	8,  // 13: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	12, // 14: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	14, // 15: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	17, // 16: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	19, // 17: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	21, // 18: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	25, // 19: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
-	23, // 20: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	10, // 21: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	13, // 22: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	16, // 23: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	18, // 24: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	20, // 25: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	22, // 26: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	26, // 27: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
-	24, // 28: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	21, // [21:29] is the sub-list for method output_type
-	13, // [13:21] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	4,  // 5: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
+	3,  // 6: microvm.agent.v1.ContainerRoot.resources:type_name -> microvm.agent.v1.Resources
+	0,  // 7: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
+	8,  // 8: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
+	7,  // 9: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
+	10, // 10: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
+	12, // 11: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
+	16, // 12: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
+	30, // 13: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	3,  // 14: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
+	9,  // 15: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	13, // 16: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	15, // 17: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	18, // 18: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	20, // 19: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	22, // 20: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	26, // 21: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	28, // 22: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
+	24, // 23: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	11, // 24: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	14, // 25: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	17, // 26: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	19, // 27: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	21, // 28: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	23, // 29: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	27, // 30: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	29, // 31: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
+	25, // 32: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	24, // [24:33] is the sub-list for method output_type
+	15, // [15:24] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2109,27 +2279,27 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*PutFileRequest_Header)(nil),
 		(*PutFileRequest_Data)(nil),
 	}
-	file_agent_proto_msgTypes[16].OneofWrappers = []any{
+	file_agent_proto_msgTypes[17].OneofWrappers = []any{
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
-	file_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_agent_proto_msgTypes[18].OneofWrappers = []any{
 		(*PutTreeRequest_Dir)(nil),
 		(*PutTreeRequest_Data)(nil),
 	}
@@ -2139,7 +2309,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

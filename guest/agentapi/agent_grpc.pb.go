@@ -22,14 +22,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Agent_Exec_FullMethodName           = "/microvm.agent.v1.Agent/Exec"
-	Agent_PutFile_FullMethodName        = "/microvm.agent.v1.Agent/PutFile"
-	Agent_GetFile_FullMethodName        = "/microvm.agent.v1.Agent/GetFile"
-	Agent_PutTree_FullMethodName        = "/microvm.agent.v1.Agent/PutTree"
-	Agent_GetTree_FullMethodName        = "/microvm.agent.v1.Agent/GetTree"
-	Agent_Info_FullMethodName           = "/microvm.agent.v1.Agent/Info"
-	Agent_ContainerStats_FullMethodName = "/microvm.agent.v1.Agent/ContainerStats"
-	Agent_Shutdown_FullMethodName       = "/microvm.agent.v1.Agent/Shutdown"
+	Agent_Exec_FullMethodName            = "/microvm.agent.v1.Agent/Exec"
+	Agent_PutFile_FullMethodName         = "/microvm.agent.v1.Agent/PutFile"
+	Agent_GetFile_FullMethodName         = "/microvm.agent.v1.Agent/GetFile"
+	Agent_PutTree_FullMethodName         = "/microvm.agent.v1.Agent/PutTree"
+	Agent_GetTree_FullMethodName         = "/microvm.agent.v1.Agent/GetTree"
+	Agent_Info_FullMethodName            = "/microvm.agent.v1.Agent/Info"
+	Agent_ContainerStats_FullMethodName  = "/microvm.agent.v1.Agent/ContainerStats"
+	Agent_UpdateContainer_FullMethodName = "/microvm.agent.v1.Agent/UpdateContainer"
+	Agent_Shutdown_FullMethodName        = "/microvm.agent.v1.Agent/Shutdown"
 )
 
 // AgentClient is the client API for Agent service.
@@ -69,6 +70,10 @@ type AgentClient interface {
 	// NOT_FOUND for a container that does not run, FAILED_PRECONDITION when
 	// the guest has no cgroup v2 for containers.
 	ContainerStats(ctx context.Context, in *ContainerStatsRequest, opts ...grpc.CallOption) (*ContainerStatsResponse, error)
+	// UpdateContainer sets a running container's resource limits: NOT_FOUND
+	// for a container that does not run, FAILED_PRECONDITION when the guest
+	// lacks cgroups or the limit's controller.
+	UpdateContainer(ctx context.Context, in *UpdateContainerRequest, opts ...grpc.CallOption) (*UpdateContainerResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
@@ -179,6 +184,16 @@ func (c *agentClient) ContainerStats(ctx context.Context, in *ContainerStatsRequ
 	return out, nil
 }
 
+func (c *agentClient) UpdateContainer(ctx context.Context, in *UpdateContainerRequest, opts ...grpc.CallOption) (*UpdateContainerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateContainerResponse)
+	err := c.cc.Invoke(ctx, Agent_UpdateContainer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -226,6 +241,10 @@ type AgentServer interface {
 	// NOT_FOUND for a container that does not run, FAILED_PRECONDITION when
 	// the guest has no cgroup v2 for containers.
 	ContainerStats(context.Context, *ContainerStatsRequest) (*ContainerStatsResponse, error)
+	// UpdateContainer sets a running container's resource limits: NOT_FOUND
+	// for a container that does not run, FAILED_PRECONDITION when the guest
+	// lacks cgroups or the limit's controller.
+	UpdateContainer(context.Context, *UpdateContainerRequest) (*UpdateContainerResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
@@ -259,6 +278,9 @@ func (UnimplementedAgentServer) Info(context.Context, *InfoRequest) (*InfoRespon
 }
 func (UnimplementedAgentServer) ContainerStats(context.Context, *ContainerStatsRequest) (*ContainerStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ContainerStats not implemented")
+}
+func (UnimplementedAgentServer) UpdateContainer(context.Context, *UpdateContainerRequest) (*UpdateContainerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateContainer not implemented")
 }
 func (UnimplementedAgentServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Shutdown not implemented")
@@ -363,6 +385,24 @@ func _Agent_ContainerStats_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_UpdateContainer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateContainerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).UpdateContainer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_UpdateContainer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).UpdateContainer(ctx, req.(*UpdateContainerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -395,6 +435,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ContainerStats",
 			Handler:    _Agent_ContainerStats_Handler,
+		},
+		{
+			MethodName: "UpdateContainer",
+			Handler:    _Agent_UpdateContainer_Handler,
 		},
 		{
 			MethodName: "Shutdown",

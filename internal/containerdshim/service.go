@@ -476,11 +476,6 @@ func (s *Service) Checkpoint(ctx context.Context, r *taskAPI.CheckpointTaskReque
 	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "checkpoint")
 }
 
-// Update is not supported yet (docs/containerd.md).
-func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
-	return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "update of a microvm container's resources")
-}
-
 // Connect tells containerd the shim's pid.
 func (s *Service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
 	return &taskAPI.ConnectResponse{ShimPid: shimPid, TaskPid: shimPid}, nil

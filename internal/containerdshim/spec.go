@@ -123,6 +123,9 @@ func containerRoot(s *specs.Spec, root string, binds map[int]string) *agentapi.C
 	if s.Root != nil {
 		r.Readonly = s.Root.Readonly
 	}
+	if s.Linux != nil {
+		r.Resources = resources(s.Linux.Resources)
+	}
 	for i, m := range s.Mounts {
 		am := &agentapi.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options}
 		if isBind(m) {
@@ -131,6 +134,26 @@ func containerRoot(s *specs.Spec, root string, binds map[int]string) *agentapi.C
 		r.Mounts = append(r.Mounts, am)
 	}
 	return r
+}
+
+// resources are the limits of s's linux.resources that the guest applies
+// to the container's cgroup: memory and pids (nil when it sets neither).
+// CPU shares and quota, block I/O and hugepages are not applied.
+func resources(r *specs.LinuxResources) *agentapi.Resources {
+	if r == nil {
+		return nil
+	}
+	var out agentapi.Resources
+	if r.Memory != nil && r.Memory.Limit != nil && *r.Memory.Limit > 0 {
+		out.MemoryMaxBytes = uint64(*r.Memory.Limit)
+	}
+	if r.Pids != nil && r.Pids.Limit > 0 {
+		out.PidsMax = uint64(r.Pids.Limit)
+	}
+	if out.MemoryMaxBytes == 0 && out.PidsMax == 0 {
+		return nil
+	}
+	return &out
 }
 
 func hasOption(opts []string, names ...string) bool {

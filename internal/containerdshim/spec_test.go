@@ -116,3 +116,18 @@ func TestContainerRoot(t *testing.T) {
 		t.Errorf("containerRoot = %v", r)
 	}
 }
+
+func TestResources(t *testing.T) {
+	mem, pids := int64(64<<20), int64(100)
+	r := resources(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &mem}, Pids: &specs.LinuxPids{Limit: pids}})
+	if r == nil || r.MemoryMaxBytes != 64<<20 || r.PidsMax != 100 {
+		t.Errorf("resources = %v", r)
+	}
+	shares := uint64(512)
+	if r := resources(&specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}); r != nil {
+		t.Errorf("CPU shares only: %v, want nil (nothing the guest applies)", r)
+	}
+	if r := resources(nil); r != nil {
+		t.Errorf("nil: %v", r)
+	}
+}

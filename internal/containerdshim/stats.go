@@ -9,11 +9,16 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/protobuf"
 	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/microvm/microvm/guest/agentapi"
 )
+
+// Stats and Update reach the container's cgroup in the guest through the
+// agent (ContainerStats, UpdateContainer).
 
 // Stats reports the container's CPU, memory and pids from its cgroup in
 // the guest (the agent's ContainerStats), as cgroup v2 metrics: what runc's
@@ -34,6 +39,33 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 		return nil, errdefs.ToGRPC(err)
 	}
 	return &taskAPI.StatsResponse{Stats: protobuf.FromAny(any)}, nil
+}
+
+// Update sets the container's memory and pids limits on its cgroup in the
+// guest (kubelet's UpdateContainerResources, crictl update). A request
+// that asks for nothing the guest applies is refused: CPU and block I/O
+// limits are not built.
+func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	vm, err := s.vmOf(r.ID)
+	if err != nil {
+		return nil, err
+	}
+	v, err := typeurl.UnmarshalAny(r.Resources)
+	if err != nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "update of %s: resources: %v", r.ID, err)
+	}
+	lr, ok := v.(*specs.LinuxResources)
+	if !ok {
+		return nil, errdefs.ToGRPCf(errdefs.ErrInvalidArgument, "update of %s: resources of type %T, want Linux resources", r.ID, v)
+	}
+	res := resources(lr)
+	if res == nil {
+		return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "update of %s: only memory and pids limits are applied in a microvm guest", r.ID)
+	}
+	if _, err := vm.client.UpdateContainer(ctx, &agentapi.UpdateContainerRequest{Id: r.ID, Resources: res}); err != nil {
+		return nil, errdefs.ToGRPC(fmt.Errorf("update of %s: %w", r.ID, agentErr(err)))
+	}
+	return &emptypb.Empty{}, nil
 }
 
 // metrics converts the agent's counters to containerd's cgroup v2 metrics.
