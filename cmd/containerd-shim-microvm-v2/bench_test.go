@@ -39,7 +39,9 @@ type benchResult struct {
 
 // TestContainerdBench: container start (ctr run -d, until the task runs),
 // exec latency and host memory per container, microvm against runc in
-// the same run, N rounds (MICROVM_BENCH_N, default 10). Prints a table and
+// the same run, N rounds (MICROVM_BENCH_N, default 10); then microvm pods
+// started 4 at a time and kept running until the machine's memory is
+// spent (or MICROVM_BENCH_PODS run), none failing before. Prints a table and
 // writes JSON to $MICROVM_BENCH_CONTAINERD. Where this host's KVM cannot
 // run Linux, make bench-containerd runs it in the nested-KVM box, and
 // the table says so: those are TCG figures.
@@ -48,13 +50,7 @@ func TestContainerdBench(t *testing.T) {
 	if out == "" {
 		t.Skipf("a benchmark: set $%s to a JSON path (make bench-containerd)", EnvBench)
 	}
-	n := 10
-	if v := os.Getenv("MICROVM_BENCH_N"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			t.Fatalf("MICROVM_BENCH_N=%q", v)
-		}
-	}
+	n := envInt(t, "MICROVM_BENCH_N", 10)
 	e := startContainerd(t)
 	e.importBusybox()
 	res := map[string]*benchResult{}
@@ -97,13 +93,132 @@ func TestContainerdBench(t *testing.T) {
 			r.ExecP50, r.ExecP99, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
 		list = append(list, r)
 	}
-	b, err := json.MarshalIndent(map[string]any{"where": where, "rounds": n, "runtimes": list}, "", "  ")
+	d := e.density(envInt(t, "MICROVM_BENCH_PODS", 1000), 4)
+	fmt.Printf("density (%s): %d pods running at once, stopped by %s; %d failed; host RSS %.1f MiB per pod (%.1f MiB in all); MemAvailable %d -> %d MiB\n",
+		runtimeName, d.Pods, d.StoppedBy, d.Failed, float64(d.RSSPerPodKiB)/1024, float64(d.RSSTotalKiB)/1024,
+		d.MemAvailableBeforeKiB/1024, d.MemAvailableAfterKiB/1024)
+	if d.Failed > 0 && d.StoppedBy != "memory" {
+		t.Errorf("%d pods failed to start before memory ran out: %s", d.Failed, d.FirstError)
+	}
+	b, err := json.MarshalIndent(map[string]any{"where": where, "rounds": n, "runtimes": list, "density": d}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(out, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// densityResult is how many microvm pods run at once on this machine.
+type densityResult struct {
+	Pods                  int    `json:"pods"`       // running at once when the run stopped
+	StoppedBy             string `json:"stopped_by"` // "memory", "limit" or "failure"
+	Failed                int    `json:"failed"`     // starts that failed
+	FirstError            string `json:"first_error,omitempty"`
+	RSSTotalKiB           int64  `json:"rss_total_kib"`
+	RSSPerPodKiB          int64  `json:"rss_per_pod_kib"`
+	MemAvailableBeforeKiB int64  `json:"mem_available_before_kib"`
+	MemAvailableAfterKiB  int64  `json:"mem_available_after_kib"`
+}
+
+// density starts microvm pods (one container each, sleeping) wave pods at
+// a time, concurrently, and keeps them running, until limit run, a start
+// fails, or the machine's MemAvailable is under twice what one pod costs
+// (the memory is spent: one more pod could push the host into reclaim or
+// the OOM killer, which measures the host, not microvm). Then it stops
+// them all.
+func (e *ctrEnv) density(limit, wave int) densityResult {
+	t := e.t
+	d := densityResult{MemAvailableBeforeKiB: memAvailableKiB(), StoppedBy: "limit"}
+	var ids []string
+	defer func() {
+		for _, id := range ids {
+			e.run("task", "kill", "-s", "SIGKILL", id)
+		}
+		for _, id := range ids {
+			e.waitStopped(id)
+			e.run("task", "delete", id)
+			e.run("containers", "delete", id)
+		}
+	}()
+	perPod := int64(0)
+	for len(ids) < limit {
+		if perPod > 0 && memAvailableKiB() < 2*perPod {
+			d.StoppedBy = "memory"
+			break
+		}
+		type started struct {
+			id   string
+			code int
+			err  string
+		}
+		n := min(wave, limit-len(ids))
+		res := make(chan started, n)
+		for j := 0; j < n; j++ {
+			id := fmt.Sprintf("d%d", len(ids)+j)
+			go func() {
+				_, errOut, code := e.run("run", "-d", "--runtime", runtimeName, testImage, id, "sleep", "3600")
+				res <- started{id, code, errOut}
+			}()
+		}
+		for j := 0; j < n; j++ {
+			r := <-res
+			if r.code != 0 {
+				d.Failed++
+				if d.FirstError == "" {
+					d.FirstError = strings.TrimSpace(r.err)
+				}
+				e.run("containers", "delete", r.id)
+				continue
+			}
+			ids = append(ids, r.id)
+		}
+		if d.Failed > 0 {
+			d.StoppedBy = "failure"
+			if memAvailableKiB() < 2*max(perPod, 1) {
+				d.StoppedBy = "memory"
+			}
+			break
+		}
+		d.RSSTotalKiB = 0
+		for _, id := range ids {
+			d.RSSTotalKiB += e.taskRSS(id)
+		}
+		perPod = d.RSSTotalKiB / int64(len(ids))
+		t.Logf("density: %d pods, %d MiB host RSS, MemAvailable %d MiB", len(ids), d.RSSTotalKiB/1024, memAvailableKiB()/1024)
+	}
+	d.Pods = len(ids)
+	d.RSSPerPodKiB = perPod
+	d.MemAvailableAfterKiB = memAvailableKiB()
+	return d
+}
+
+// memAvailableKiB is the machine's MemAvailable.
+func memAvailableKiB() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v
+		}
+	}
+	return 0
+}
+
+// envInt reads a positive integer from the environment, def when unset.
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
 }
 
 // taskRSS is the host memory a running container costs: the resident

@@ -246,13 +246,19 @@ func TestExecCancelKillsGroup(t *testing.T) {
 	if err := stream.Send(&agentapi.ExecRequest{Msg: &agentapi.ExecRequest_Start{Start: start}}); err != nil {
 		t.Fatal(err)
 	}
+	// The first message says the process started, with its pid, which
+	// is the group's id and what $$ prints.
 	resp, err := stream.Recv()
-	if err != nil {
+	if err != nil || resp.GetStarted() == nil {
+		t.Fatalf("first message %v, %v; want started", resp, err)
+	}
+	started := int(resp.GetStarted().Pid)
+	if resp, err = stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
 	pgid, err := strconv.Atoi(strings.TrimSpace(string(resp.GetStdout())))
-	if err != nil {
-		t.Fatalf("first message %v: %v", resp, err)
+	if err != nil || pgid != started {
+		t.Fatalf("second message %v: %v; want the pid %d", resp, err, started)
 	}
 	cancel()
 	waitGroupGone(t, pgid)
@@ -266,6 +272,9 @@ func TestExecSignalMessage(t *testing.T) {
 	}
 	start := &agentapi.ExecStart{Argv: sh("trap 'echo got; exit 5' INT; echo ready; while :; do sleep 0.05; done")}
 	stream.Send(&agentapi.ExecRequest{Msg: &agentapi.ExecRequest_Start{Start: start}})
+	if resp, err := stream.Recv(); err != nil || resp.GetStarted() == nil {
+		t.Fatalf("first message %v, %v; want started", resp, err)
+	}
 	if resp, err := stream.Recv(); err != nil || string(resp.GetStdout()) != "ready\n" {
 		t.Fatalf("first message %v, %v", resp, err)
 	}

@@ -3,11 +3,13 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -24,9 +26,14 @@ const ContainerInitArg0 = "microvm-container-init"
 
 // Files a container's set-up step finds open, after stdin, stdout, stderr.
 const (
-	initSpecFd = 3 // a memfd holding the marshalled ExecStart
-	initRootFd = 4 // joining only: an O_PATH descriptor of the container's root
+	initSpecFd  = 3 // a memfd holding the marshalled ExecStart
+	initReadyFd = 4 // a pipe's write end, closed by the execve of the program
+	initRootFd  = 5 // joining only: an O_PATH descriptor of the container's root
 )
+
+// setupTimeout bounds a container process's set-up step (mounts,
+// pivot_root): past it the process is killed.
+const setupTimeout = 2 * time.Minute
 
 // containerDirBase holds one directory per container in the guest, where
 // its set-up step binds the root before pivot_root.
@@ -45,8 +52,9 @@ var joinNamespaces = []struct {
 
 // containerEntry is one running container: its init's pid once started.
 type containerEntry struct {
-	pid  int  // guarded by containers.mu; 0 until the init has started
-	gone bool // guarded by containers.mu: the init has exited
+	pid   int  // guarded by containers.mu; 0 until the init has started
+	ready bool // guarded by containers.mu: the init's set-up is done
+	gone  bool // guarded by containers.mu: the init has exited
 }
 
 // containers is the agent's registry of running containers. Lock order:
@@ -82,12 +90,19 @@ func (cs *containers) started(e *containerEntry, pid int) {
 	}
 }
 
+// setUp records that the init's set-up is done: processes may join.
+func (cs *containers) setUp(e *containerEntry) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	e.ready = true
+}
+
 // running says whether container id runs.
 func (cs *containers) running(id string) bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	e := cs.ids[id]
-	return e != nil && e.pid != 0 && !e.gone
+	return e != nil && e.pid != 0 && e.ready && !e.gone
 }
 
 // drop forgets the container whose init is e.
@@ -106,7 +121,7 @@ func (cs *containers) joinFiles(id string) (ns []*os.File, root *os.File, err er
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	e := cs.ids[id]
-	if e == nil || e.pid == 0 || e.gone {
+	if e == nil || e.pid == 0 || !e.ready || e.gone {
 		return nil, nil, status.Errorf(codes.FailedPrecondition, "agent: exec: container %q is not running", id)
 	}
 	proc := fmt.Sprintf("/proc/%d", e.pid)
@@ -185,7 +200,13 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 	for _, f := range x.child {
 		attr.Files = append(attr.Files, f.Fd())
 	}
-	attr.Files = append(attr.Files, spec.Fd())
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "agent: exec: %v", err)
+	}
+	defer readyR.Close()
+	defer readyW.Close()
+	attr.Files = append(attr.Files, spec.Fd(), readyW.Fd())
 	argv := []string{ContainerInitArg0}
 	self := s.opts.Self
 	if self == "" {
@@ -230,6 +251,9 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		}
 		s.ctrs.started(e, c.pid)
 		g.started(c.pid)
+		readyW.Close()
+		waitSetUp(readyR, g)
+		s.ctrs.setUp(e)
 		return c, nil
 	}
 
@@ -272,5 +296,23 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		return nil, startErr(st.Argv[0], r.err)
 	}
 	g.started(r.c.pid)
+	readyW.Close()
+	waitSetUp(readyR, g)
 	return r.c, nil
+}
+
+// waitSetUp waits until the set-up step has executed the program or
+// exited (either closes the ready pipe), killing it after setupTimeout.
+func waitSetUp(ready *os.File, g *group) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(io.Discard, ready)
+	}()
+	select {
+	case <-done:
+	case <-time.After(setupTimeout):
+		g.signal(unix.SIGKILL)
+		<-done
+	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -390,5 +391,41 @@ func TestUpdateContainerErrors(t *testing.T) {
 	}
 	if _, err := c.UpdateContainer(testCtx(t), &agentapi.UpdateContainerRequest{Id: "../x"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("update with a bad id: %v, want InvalidArgument", err)
+	}
+}
+
+// Started comes once the container's set-up is done: a process that joins
+// right after it finds the container's mounts and hostname (before, it
+// could land in the init's root before pivot_root).
+func TestContainerJoinRightAfterStarted(t *testing.T) {
+	root := containerRoot(t)
+	h := newHarness(t, Options{}, false)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	for i := 0; i < 5; i++ {
+		id := fmt.Sprintf("quick%d", i)
+		stream, err := h.client.Agent.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := &agentapi.ExecStart{Argv: []string{"sleep", "100"}, Env: []string{"PATH=/bin"},
+			Container: &agentapi.Container{Id: id, Create: &agentapi.ContainerRoot{Root: root, Hostname: "quick", Mounts: ociMounts()}}}
+		if err := stream.Send(&agentapi.ExecRequest{Msg: &agentapi.ExecRequest_Start{Start: start}}); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := stream.Recv(); err != nil || resp.GetStarted() == nil {
+			t.Fatalf("first message %v, %v; want started", resp, err)
+		}
+		r := run(ctx, h.client, &agentapi.Cmd{Argv: sh(`hostname; ls /proc/self/fd >/dev/null && echo proc`), Env: []string{"PATH=/bin"},
+			Container: &agentapi.Container{Id: id}})
+		if r.err != nil || r.stdout.String() != "quick\nproc\n" {
+			t.Errorf("join right after started: %v, %v, %q; stderr %q", r.exit, r.err, r.stdout.String(), r.stderr.String())
+		}
+		stream.Send(&agentapi.ExecRequest{Msg: &agentapi.ExecRequest_Signal{Signal: int32(unix.SIGKILL)}})
+		for {
+			if resp, err := stream.Recv(); err != nil || resp.GetExit() != nil {
+				break
+			}
+		}
 	}
 }

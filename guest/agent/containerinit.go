@@ -35,6 +35,9 @@ func ContainerInit() {
 	// Capabilities, PR_SET_KEEPCAPS and no_new_privs belong to a thread:
 	// they are set on this one, which then calls execve.
 	runtime.LockOSThread()
+	// The ready pipe closes when execve succeeds (or this process exits):
+	// the agent waits for that before it reports the process started.
+	unix.CloseOnExec(initReadyFd)
 	st, err := readSpec()
 	if err == nil {
 		err = enterContainer(st)

@@ -352,6 +352,12 @@ func (s *Server) Exec(stream agentapi.Agent_ExecServer) error {
 		return err
 	}
 	s.logf("exec pid %d: %q", c.pid, st.Argv)
+	// Nothing else is sent yet: started is the first message.
+	if err := stream.Send(&agentapi.ExecResponse{Msg: &agentapi.ExecResponse_Started{Started: &agentapi.Started{Pid: uint32(c.pid)}}}); err != nil {
+		g.signal(unix.SIGKILL)
+		<-c.done
+		return err
+	}
 
 	ctx := stream.Context()
 	var sendMu sync.Mutex // serializes stream.Send

@@ -881,11 +881,59 @@ func (x *ExitStatus) GetTimedOut() bool {
 	return false
 }
 
+// Started says the process runs; for a container process, its set-up is
+// done and its program executed.
+type Started struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pid is the process's pid in the agent's PID namespace.
+	Pid           uint32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Started) Reset() {
+	*x = Started{}
+	mi := &file_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Started) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Started) ProtoMessage() {}
+
+func (x *Started) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Started.ProtoReflect.Descriptor instead.
+func (*Started) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Started) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
 // ExecResponse is one server message of an Exec call.
 type ExecResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
 	//
+	//	*ExecResponse_Started
 	//	*ExecResponse_Stdout
 	//	*ExecResponse_Stderr
 	//	*ExecResponse_Exit
@@ -896,7 +944,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +956,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,12 +969,21 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
 	if x != nil {
 		return x.Msg
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStarted() *Started {
+	if x != nil {
+		if x, ok := x.Msg.(*ExecResponse_Started); ok {
+			return x.Started
+		}
 	}
 	return nil
 }
@@ -962,6 +1019,12 @@ type isExecResponse_Msg interface {
 	isExecResponse_Msg()
 }
 
+type ExecResponse_Started struct {
+	// started is the first message once the process runs (clients that
+	// need not wait for it may ignore it).
+	Started *Started `protobuf:"bytes,4,opt,name=started,proto3,oneof"`
+}
+
 type ExecResponse_Stdout struct {
 	// stdout and stderr are output chunks of at most 32 KiB, in the order
 	// they were read from each stream.
@@ -976,6 +1039,8 @@ type ExecResponse_Exit struct {
 	// exit is the last message.
 	Exit *ExitStatus `protobuf:"bytes,3,opt,name=exit,proto3,oneof"`
 }
+
+func (*ExecResponse_Started) isExecResponse_Msg() {}
 
 func (*ExecResponse_Stdout) isExecResponse_Msg() {}
 
@@ -998,7 +1063,7 @@ type PutFileHeader struct {
 
 func (x *PutFileHeader) Reset() {
 	*x = PutFileHeader{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1075,7 @@ func (x *PutFileHeader) String() string {
 func (*PutFileHeader) ProtoMessage() {}
 
 func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1088,7 @@ func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileHeader.ProtoReflect.Descriptor instead.
 func (*PutFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutFileHeader) GetPath() string {
@@ -1061,7 +1126,7 @@ type PutFileRequest struct {
 
 func (x *PutFileRequest) Reset() {
 	*x = PutFileRequest{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1138,7 @@ func (x *PutFileRequest) String() string {
 func (*PutFileRequest) ProtoMessage() {}
 
 func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1151,7 @@ func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileRequest.ProtoReflect.Descriptor instead.
 func (*PutFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutFileRequest) GetMsg() isPutFileRequest_Msg {
@@ -1141,7 +1206,7 @@ type PutFileResponse struct {
 
 func (x *PutFileResponse) Reset() {
 	*x = PutFileResponse{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1218,7 @@ func (x *PutFileResponse) String() string {
 func (*PutFileResponse) ProtoMessage() {}
 
 func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1231,7 @@ func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileResponse.ProtoReflect.Descriptor instead.
 func (*PutFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutFileResponse) GetSize() uint64 {
@@ -1187,7 +1252,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1264,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1277,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1235,7 +1300,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1312,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1325,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FileInfo) GetMode() uint32 {
@@ -1291,7 +1356,7 @@ type GetFileResponse struct {
 
 func (x *GetFileResponse) Reset() {
 	*x = GetFileResponse{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1368,7 @@ func (x *GetFileResponse) String() string {
 func (*GetFileResponse) ProtoMessage() {}
 
 func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1381,7 @@ func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileResponse.ProtoReflect.Descriptor instead.
 func (*GetFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetFileResponse) GetMsg() isGetFileResponse_Msg {
@@ -1376,7 +1441,7 @@ type PutTreeRequest struct {
 
 func (x *PutTreeRequest) Reset() {
 	*x = PutTreeRequest{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1453,7 @@ func (x *PutTreeRequest) String() string {
 func (*PutTreeRequest) ProtoMessage() {}
 
 func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1466,7 @@ func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
 func (*PutTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
@@ -1460,7 +1525,7 @@ type PutTreeResponse struct {
 
 func (x *PutTreeResponse) Reset() {
 	*x = PutTreeResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1537,7 @@ func (x *PutTreeResponse) String() string {
 func (*PutTreeResponse) ProtoMessage() {}
 
 func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1550,7 @@ func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
 func (*PutTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutTreeResponse) GetEntries() uint64 {
@@ -1520,7 +1585,7 @@ type GetTreeRequest struct {
 
 func (x *GetTreeRequest) Reset() {
 	*x = GetTreeRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1597,7 @@ func (x *GetTreeRequest) String() string {
 func (*GetTreeRequest) ProtoMessage() {}
 
 func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1610,7 @@ func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
 func (*GetTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetTreeRequest) GetPath() string {
@@ -1565,7 +1630,7 @@ type GetTreeResponse struct {
 
 func (x *GetTreeResponse) Reset() {
 	*x = GetTreeResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1642,7 @@ func (x *GetTreeResponse) String() string {
 func (*GetTreeResponse) ProtoMessage() {}
 
 func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1655,7 @@ func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
 func (*GetTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetTreeResponse) GetData() []byte {
@@ -1609,7 +1674,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1686,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1699,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -1659,7 +1724,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1736,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1749,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1745,7 +1810,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1822,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1835,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 // ShutdownResponse is empty.
@@ -1782,7 +1847,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1859,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1872,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 // ContainerStatsRequest names the container.
@@ -1820,7 +1885,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +1897,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +1910,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContainerStatsRequest) GetId() string {
@@ -1876,7 +1941,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1888,7 +1953,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1901,7 +1966,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
@@ -1964,7 +2029,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2041,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2054,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -2015,7 +2080,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2092,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2105,7 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2109,8 +2174,11 @@ const file_agent_proto_rawDesc = "" +
 	"ExitStatus\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\x05R\x06signal\x12\x1b\n" +
-	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\"}\n" +
-	"\fExecResponse\x12\x18\n" +
+	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\"\x1b\n" +
+	"\aStarted\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\rR\x03pid\"\xb4\x01\n" +
+	"\fExecResponse\x125\n" +
+	"\astarted\x18\x04 \x01(\v2\x19.microvm.agent.v1.StartedH\x00R\astarted\x12\x18\n" +
 	"\x06stdout\x18\x01 \x01(\fH\x00R\x06stdout\x12\x18\n" +
 	"\x06stderr\x18\x02 \x01(\fH\x00R\x06stderr\x122\n" +
 	"\x04exit\x18\x03 \x01(\v2\x1c.microvm.agent.v1.ExitStatusH\x00R\x04exitB\x05\n" +
@@ -2198,7 +2266,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_agent_proto_goTypes = []any{
 	(*ExecStart)(nil),               // 0: microvm.agent.v1.ExecStart
 	(*Container)(nil),               // 1: microvm.agent.v1.Container
@@ -2211,26 +2279,27 @@ var file_agent_proto_goTypes = []any{
 	(*CloseStdin)(nil),              // 8: microvm.agent.v1.CloseStdin
 	(*ExecRequest)(nil),             // 9: microvm.agent.v1.ExecRequest
 	(*ExitStatus)(nil),              // 10: microvm.agent.v1.ExitStatus
-	(*ExecResponse)(nil),            // 11: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),           // 12: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),          // 13: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),         // 14: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),          // 15: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),                // 16: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),         // 17: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),          // 18: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),         // 19: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),          // 20: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),         // 21: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),             // 22: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 23: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),         // 24: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 25: microvm.agent.v1.ShutdownResponse
-	(*ContainerStatsRequest)(nil),   // 26: microvm.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil),  // 27: microvm.agent.v1.ContainerStatsResponse
-	(*UpdateContainerRequest)(nil),  // 28: microvm.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil), // 29: microvm.agent.v1.UpdateContainerResponse
-	nil,                             // 30: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	(*Started)(nil),                 // 11: microvm.agent.v1.Started
+	(*ExecResponse)(nil),            // 12: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),           // 13: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),          // 14: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),         // 15: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),          // 16: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),                // 17: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),         // 18: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),          // 19: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),         // 20: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),          // 21: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),         // 22: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),             // 23: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 24: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),         // 25: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 26: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),   // 27: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),  // 28: microvm.agent.v1.ContainerStatsResponse
+	(*UpdateContainerRequest)(nil),  // 29: microvm.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil), // 30: microvm.agent.v1.UpdateContainerResponse
+	nil,                             // 31: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
 	7,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
@@ -2243,34 +2312,35 @@ var file_agent_proto_depIdxs = []int32{
 	0,  // 7: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
 	8,  // 8: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
 	7,  // 9: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
-	10, // 10: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
-	12, // 11: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
-	16, // 12: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	30, // 13: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
-	3,  // 14: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
-	9,  // 15: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	13, // 16: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	15, // 17: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	18, // 18: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	20, // 19: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	22, // 20: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	26, // 21: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
-	28, // 22: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
-	24, // 23: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	11, // 24: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	14, // 25: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	17, // 26: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	19, // 27: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	21, // 28: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	23, // 29: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	27, // 30: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
-	29, // 31: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
-	25, // 32: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 10: microvm.agent.v1.ExecResponse.started:type_name -> microvm.agent.v1.Started
+	10, // 11: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
+	13, // 12: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
+	17, // 13: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
+	31, // 14: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	3,  // 15: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
+	9,  // 16: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	14, // 17: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	16, // 18: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	19, // 19: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	21, // 20: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	23, // 21: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	27, // 22: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	29, // 23: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
+	25, // 24: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	12, // 25: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	15, // 26: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	18, // 27: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	20, // 28: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	22, // 29: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	24, // 30: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	28, // 31: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	30, // 32: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
+	26, // 33: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2286,20 +2356,21 @@ func file_agent_proto_init() {
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_agent_proto_msgTypes[12].OneofWrappers = []any{
+		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*PutFileRequest_Header)(nil),
 		(*PutFileRequest_Data)(nil),
 	}
-	file_agent_proto_msgTypes[17].OneofWrappers = []any{
+	file_agent_proto_msgTypes[18].OneofWrappers = []any{
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
-	file_agent_proto_msgTypes[18].OneofWrappers = []any{
+	file_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*PutTreeRequest_Dir)(nil),
 		(*PutTreeRequest_Data)(nil),
 	}
@@ -2309,7 +2380,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

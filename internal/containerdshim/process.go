@@ -116,7 +116,16 @@ func (p *process) run(ctx context.Context, client agentapi.AgentClient, onExit f
 	} else {
 		p.closeStdin()
 	}
-	go p.receive(stream, out, errw, in, onExit)
+	// Start returns once the agent has answered: the process runs (for a
+	// container's init: its namespaces and mounts are set up, so an exec
+	// that follows can join them), or it failed, which receive reports as
+	// its exit.
+	answered := make(chan struct{})
+	go p.receive(stream, out, errw, in, answered, onExit)
+	select {
+	case <-answered:
+	case <-ctx.Done():
+	}
 	return nil
 }
 
@@ -177,11 +186,16 @@ func (p *process) closeStdin() {
 
 // receive copies output to the FIFOs until the exit status arrives or the
 // stream fails, then records the exit.
-func (p *process) receive(stream agentapi.Agent_ExecClient, out, errw io.WriteCloser, in io.Closer, onExit func(*process)) {
+// answered is closed at the first message or error.
+func (p *process) receive(stream agentapi.Agent_ExecClient, out, errw io.WriteCloser, in io.Closer, answered chan struct{}, onExit func(*process)) {
 	code := uint32(255)
+	var once sync.Once
+	answer := func() { once.Do(func() { close(answered) }) }
+	defer answer()
 recv:
 	for {
 		r, err := stream.Recv()
+		answer()
 		if err != nil {
 			code = failedExit(err)
 			if errw != nil {
