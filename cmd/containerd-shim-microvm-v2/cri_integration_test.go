@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -49,28 +45,13 @@ func criConfig(e *ctrEnv) (string, string) {
 
 // crictl runs crictl against the test's containerd.
 func (e *ctrEnv) crictl(bin string, args ...string) (string, string, int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	ep := "unix://" + e.sock
-	cmd := exec.CommandContext(ctx, bin, append([]string{"--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "4m"}, args...)...)
 	conf := filepath.Join(e.dir, "crictl.yaml")
 	if _, err := os.Stat(conf); err != nil {
 		os.WriteFile(conf, []byte("runtime-endpoint: "+ep+"\nimage-endpoint: "+ep+"\n"), 0o644)
 	}
-	cmd.Env = append(os.Environ(), "CRI_CONFIG_FILE="+conf)
-	var o, s bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &s
-	err := cmd.Run()
-	var ee *exec.ExitError
-	code := 0
-	switch {
-	case err == nil:
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	default:
-		e.t.Fatalf("crictl %s: %v", strings.Join(args, " "), err)
-	}
-	return o.String(), s.String(), code
+	return e.tool([]string{"CRI_CONFIG_FILE=" + conf}, bin,
+		append([]string{"--runtime-endpoint", ep, "--image-endpoint", ep, "--timeout", "4m"}, args...)...)
 }
 
 func (e *ctrEnv) mustCrictl(bin string, args ...string) string {

@@ -167,14 +167,22 @@ func (e *ctrEnv) stop() {
 // e.snapshotter, by default the native one (a directory per snapshot:
 // works on any file system, the box's tmpfs included).
 func (e *ctrEnv) run(args ...string) (stdout, stderr string, code int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, e.ctr, append([]string{"--address", e.sock, "--namespace", e.ns}, args...)...)
 	sn := e.snapshotter
 	if sn == "" {
 		sn = "native"
 	}
-	cmd.Env = append(os.Environ(), "CONTAINERD_SNAPSHOTTER="+sn)
+	return e.tool([]string{"CONTAINERD_SNAPSHOTTER=" + sn}, e.ctr,
+		append([]string{"--address", e.sock, "--namespace", e.ns}, args...)...)
+}
+
+// tool runs a command-line client (ctr, crictl) with env added to the
+// test's environment, for at most 5 minutes, and returns its output and
+// exit status; a client that cannot run at all fails the test.
+func (e *ctrEnv) tool(env []string, bin string, args ...string) (stdout, stderr string, code int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	var o, s bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &s
 	err := cmd.Run()
@@ -184,7 +192,7 @@ func (e *ctrEnv) run(args ...string) (stdout, stderr string, code int) {
 	case errors.As(err, &ee):
 		code = ee.ExitCode()
 	default:
-		e.t.Fatalf("ctr %s: %v", strings.Join(args, " "), err)
+		e.t.Fatalf("%s %s: %v", filepath.Base(bin), strings.Join(args, " "), err)
 	}
 	return o.String(), s.String(), code
 }

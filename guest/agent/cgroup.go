@@ -74,11 +74,8 @@ func removeCgroup(dir string) {
 
 // ContainerStats reads a running container's cgroup; see agent.proto.
 func (s *Server) ContainerStats(_ context.Context, r *agentapi.ContainerStatsRequest) (*agentapi.ContainerStatsResponse, error) {
-	if !validContainerID(r.Id) {
-		return nil, status.Errorf(codes.InvalidArgument, "agent: stats: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", r.Id)
-	}
-	if !s.ctrs.running(r.Id) {
-		return nil, status.Errorf(codes.NotFound, "agent: stats: container %q is not running", r.Id)
+	if err := s.ctrs.checkRunning("stats", r.Id); err != nil {
+		return nil, err
 	}
 	dir := s.cgroupDir(r.Id)
 	if dir == "" {
@@ -134,11 +131,8 @@ func readUint(path string) uint64 {
 
 // UpdateContainer writes a running container's limits; see agent.proto.
 func (s *Server) UpdateContainer(_ context.Context, r *agentapi.UpdateContainerRequest) (*agentapi.UpdateContainerResponse, error) {
-	if !validContainerID(r.Id) {
-		return nil, status.Errorf(codes.InvalidArgument, "agent: update: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", r.Id)
-	}
-	if !s.ctrs.running(r.Id) {
-		return nil, status.Errorf(codes.NotFound, "agent: update: container %q is not running", r.Id)
+	if err := s.ctrs.checkRunning("update", r.Id); err != nil {
+		return nil, err
 	}
 	if err := s.setResources(r.Id, r.Resources); err != nil {
 		return nil, err

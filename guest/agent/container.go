@@ -57,6 +57,13 @@ type containerEntry struct {
 	gone  bool // guarded by containers.mu: the init has exited
 }
 
+// running says whether processes may join the container (or read its
+// cgroup): its init has started, set it up and not exited. Call it under
+// containers.mu; a nil e is no container.
+func (e *containerEntry) running() bool {
+	return e != nil && e.pid != 0 && e.ready && !e.gone
+}
+
 // containers is the agent's registry of running containers. Lock order:
 // Reaper.mu, then containers.mu (dropped from the init's beforeReap, while
 // its zombie keeps the pid from being reused, so a joiner that finds the
@@ -97,12 +104,18 @@ func (cs *containers) setUp(e *containerEntry) {
 	e.ready = true
 }
 
-// running says whether container id runs.
-func (cs *containers) running(id string) bool {
+// checkRunning is the status for a call (op) on container id: nil when
+// it runs, INVALID_ARGUMENT for a malformed id, NOT_FOUND otherwise.
+func (cs *containers) checkRunning(op, id string) error {
+	if err := checkContainerID(op, id); err != nil {
+		return err
+	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	e := cs.ids[id]
-	return e != nil && e.pid != 0 && e.ready && !e.gone
+	if !cs.ids[id].running() {
+		return status.Errorf(codes.NotFound, "agent: %s: container %q is not running", op, id)
+	}
+	return nil
 }
 
 // drop forgets the container whose init is e.
@@ -121,7 +134,7 @@ func (cs *containers) joinFiles(id string) (ns []*os.File, root *os.File, err er
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	e := cs.ids[id]
-	if e == nil || e.pid == 0 || !e.ready || e.gone {
+	if !e.running() {
 		return nil, nil, status.Errorf(codes.FailedPrecondition, "agent: exec: container %q is not running", id)
 	}
 	proc := fmt.Sprintf("/proc/%d", e.pid)
@@ -141,19 +154,18 @@ func (cs *containers) joinFiles(id string) (ns []*os.File, root *os.File, err er
 	return ns, os.NewFile(uintptr(fd), "container-root"), nil
 }
 
-// validContainerID accepts 1 to 128 of [A-Za-z0-9_.-], not "." or "..":
-// the id names a directory.
-func validContainerID(id string) bool {
-	if id == "" || len(id) > 128 || id == "." || id == ".." {
-		return false
-	}
+// checkContainerID accepts 1 to 128 of [A-Za-z0-9_.-], not "." or ".."
+// (the id names a directory); otherwise it is INVALID_ARGUMENT for op.
+func checkContainerID(op, id string) error {
+	bad := id == "" || len(id) > 128 || id == "." || id == ".."
 	for _, c := range []byte(id) {
 		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
-		if !ok {
-			return false
-		}
+		bad = bad || !ok
 	}
-	return true
+	if bad {
+		return status.Errorf(codes.InvalidArgument, "agent: %s: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", op, id)
+	}
+	return nil
 }
 
 // specFile returns a memfd holding st, for the set-up step to read.
@@ -185,8 +197,8 @@ func specFile(st *agentapi.ExecStart) (*os.File, error) {
 // execs the program. Its pid is the program's.
 func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, sys *syscall.SysProcAttr) (*child, error) {
 	ct := st.Container
-	if !validContainerID(ct.Id) {
-		return nil, status.Errorf(codes.InvalidArgument, "agent: exec: container id %.40q: want 1 to 128 of [A-Za-z0-9_.-]", ct.Id)
+	if err := checkContainerID("exec", ct.Id); err != nil {
+		return nil, err
 	}
 	if r := ct.Create; r != nil && !filepath.IsAbs(r.Root) {
 		return nil, status.Errorf(codes.InvalidArgument, "agent: exec: container %q: root %q is not absolute", ct.Id, r.Root)

@@ -42,15 +42,14 @@ func ContainerInit() {
 	if err == nil {
 		err = enterContainer(st)
 	}
-	var argv0 string
+	var (
+		argv0 string
+		env   []string
+	)
 	if err == nil {
-		argv0, err = setupProcess(st)
+		argv0, env, err = setupProcess(st)
 	}
 	if err == nil {
-		env := st.Env
-		if _, ok := envPath(env); !ok {
-			env = append(env, "PATH="+DefaultPath)
-		}
 		err = syscall.Exec(argv0, st.Argv, env)
 		err = fmt.Errorf("exec %q: %w", st.Argv[0], err)
 	}
@@ -330,43 +329,44 @@ func populateDev(root string) error {
 }
 
 // setupProcess applies the process's rlimits, no_new_privs, capabilities
-// and credentials, changes to its directory and finds its program there.
-func setupProcess(st *agentapi.ExecStart) (string, error) {
+// and credentials, changes to its directory and finds its program there;
+// it returns the program and its environment.
+func setupProcess(st *agentapi.ExecStart) (string, []string, error) {
 	for _, r := range st.Rlimits {
 		if err := unix.Setrlimit(int(r.Resource), &unix.Rlimit{Cur: r.Soft, Max: r.Hard}); err != nil {
-			return "", fmt.Errorf("rlimit %d: %w", r.Resource, err)
+			return "", nil, fmt.Errorf("rlimit %d: %w", r.Resource, err)
 		}
 	}
 	caps := st.Capabilities
 	if caps != nil {
 		if err := dropBounding(caps.Bounding); err != nil {
-			return "", err
+			return "", nil, err
 		}
 		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
-			return "", fmt.Errorf("keepcaps: %w", err)
+			return "", nil, fmt.Errorf("keepcaps: %w", err)
 		}
 	}
 	if st.Gid != nil {
 		if err := syscall.Setgroups(intsOf(st.AdditionalGids)); err != nil {
-			return "", fmt.Errorf("setgroups: %w", err)
+			return "", nil, fmt.Errorf("setgroups: %w", err)
 		}
 		if err := syscall.Setgid(int(*st.Gid)); err != nil {
-			return "", fmt.Errorf("setgid: %w", err)
+			return "", nil, fmt.Errorf("setgid: %w", err)
 		}
 	}
 	if st.Uid != nil {
 		if err := syscall.Setuid(int(*st.Uid)); err != nil {
-			return "", fmt.Errorf("setuid: %w", err)
+			return "", nil, fmt.Errorf("setuid: %w", err)
 		}
 	}
 	if caps != nil {
 		if err := setCaps(caps); err != nil {
-			return "", err
+			return "", nil, err
 		}
 	}
 	if st.NoNewPrivileges {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return "", fmt.Errorf("no_new_privs: %w", err)
+			return "", nil, fmt.Errorf("no_new_privs: %w", err)
 		}
 	}
 	dir := st.Dir
@@ -374,21 +374,14 @@ func setupProcess(st *agentapi.ExecStart) (string, error) {
 		dir = "/"
 	}
 	if err := unix.Chdir(dir); err != nil {
-		return "", fmt.Errorf("working directory %s: %w", dir, err)
+		return "", nil, fmt.Errorf("working directory %s: %w", dir, err)
 	}
-	argv0 := st.Argv[0]
-	if !strings.Contains(argv0, "/") {
-		p, ok := envPath(st.Env)
-		if !ok {
-			p = DefaultPath
-		}
-		found, err := lookPath(argv0, p, dir)
-		if err != nil {
-			return "", fmt.Errorf("exec %q: %w", argv0, err)
-		}
-		argv0 = found
+	env, path := processEnv(st.Env)
+	argv0, err := findProgram(st.Argv[0], path, dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("exec %q: %w", st.Argv[0], err)
 	}
-	return argv0, nil
+	return argv0, env, nil
 }
 
 func intsOf(v []uint32) []int {

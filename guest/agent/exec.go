@@ -214,6 +214,24 @@ func envPath(env []string) (string, bool) {
 	return "", false
 }
 
+// processEnv returns a process's environment, with DefaultPath added when
+// env has no PATH, and the PATH its program is looked up in.
+func processEnv(env []string) ([]string, string) {
+	if path, ok := envPath(env); ok {
+		return env, path
+	}
+	return append(env[:len(env):len(env)], "PATH="+DefaultPath), DefaultPath
+}
+
+// findProgram resolves an argv[0] without a slash in path (relative
+// entries against dir); one with a slash is a path already.
+func findProgram(argv0, path, dir string) (string, error) {
+	if strings.Contains(argv0, "/") {
+		return argv0, nil
+	}
+	return lookPath(argv0, path, dir)
+}
+
 // errNotExecutable reports an argv[0] not found in PATH.
 var errNotExecutable = errors.New("executable file not found in PATH")
 
@@ -272,19 +290,10 @@ func (s *Server) startProcess(st *agentapi.ExecStart, x *execIO, g *group) (*chi
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "agent: exec: working directory: %v", err)
 	}
-	env := st.Env
-	path, ok := envPath(env)
-	if !ok {
-		path = DefaultPath
-		env = append(env[:len(env):len(env)], "PATH="+DefaultPath)
-	}
-	argv0 := st.Argv[0]
-	if !strings.Contains(argv0, "/") {
-		p, err := lookPath(argv0, path, dir)
-		if err != nil {
-			return nil, startErr(argv0, err)
-		}
-		argv0 = p
+	env, path := processEnv(st.Env)
+	argv0, err := findProgram(st.Argv[0], path, dir)
+	if err != nil {
+		return nil, startErr(st.Argv[0], err)
 	}
 	if st.Uid != nil || st.Gid != nil {
 		sys.Credential = &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()), NoSetGroups: false}
