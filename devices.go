@@ -672,6 +672,10 @@ type NetConfig struct {
 	// it does not exist and microvm has CAP_NET_ADMIN; the host side's
 	// address and link state are the caller's to set.
 	TAP string
+	// NetNS is the network namespace the TAP is in or is created in (a
+	// path such as /var/run/netns/NAME; "" is microvm's own): how a
+	// container runtime puts the VM on a pod's network (docs/net.md).
+	NetNS string
 	// User, instead of a TAP, puts the device on a user-mode network
 	// (devices/virtionet/usernet): DHCP, DNS and NAT through microvm's
 	// own sockets, no privilege needed. The kernel command line gets
@@ -706,7 +710,7 @@ type NetMetrics struct {
 	virtionet.Stats
 }
 
-// ParseNet parses a --net value: user[,mac=M] or tap=NAME[,mac=M].
+// ParseNet parses a --net value: user[,mac=M] or tap=NAME[,netns=PATH][,mac=M].
 func ParseNet(s string) (NetConfig, error) {
 	var nc NetConfig
 	for i, kv := range strings.Split(s, ",") {
@@ -716,7 +720,7 @@ func ParseNet(s string) (NetConfig, error) {
 		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || v == "" {
-			return nc, fmt.Errorf("%w: --net %q: want user[,mac=M] or tap=NAME[,mac=M]", ErrConfig, s)
+			return nc, fmt.Errorf("%w: --net %q: want user[,mac=M] or tap=NAME[,netns=PATH][,mac=M]", ErrConfig, s)
 		}
 		switch k {
 		case "tap":
@@ -727,6 +731,11 @@ func ParseNet(s string) (NetConfig, error) {
 				return nc, fmt.Errorf("%w: --net %q: TAP name %q: want at most 15 bytes, no '/' or spaces", ErrConfig, s, v)
 			}
 			nc.TAP = v
+		case "netns":
+			if nc.NetNS != "" {
+				return nc, fmt.Errorf("%w: --net %q: netns given twice", ErrConfig, s)
+			}
+			nc.NetNS = v
 		case "mac":
 			if nc.MAC != nil {
 				return nc, fmt.Errorf("%w: --net %q: mac given twice", ErrConfig, s)
@@ -737,7 +746,7 @@ func ParseNet(s string) (NetConfig, error) {
 			}
 			nc.MAC = m
 		default:
-			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap or mac)", ErrConfig, s, k)
+			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap, netns or mac)", ErrConfig, s, k)
 		}
 	}
 	switch {
@@ -745,6 +754,8 @@ func ParseNet(s string) (NetConfig, error) {
 		return nc, fmt.Errorf("%w: --net %q: user or tap=NAME, not both", ErrConfig, s)
 	case !nc.User && nc.TAP == "":
 		return nc, fmt.Errorf("%w: --net %q: want user or tap=NAME", ErrConfig, s)
+	case nc.User && nc.NetNS != "":
+		return nc, fmt.Errorf("%w: --net %q: netns needs a TAP (tap=NAME)", ErrConfig, s)
 	}
 	return nc, nil
 }
@@ -763,6 +774,8 @@ var netKind = deviceKind{
 			switch {
 			case n.User && n.TAP != "":
 				return fmt.Errorf("%w: net: a TAP (%s) or a user-mode network, not both", ErrConfig, n.TAP)
+			case n.User && n.NetNS != "":
+				return fmt.Errorf("%w: net: a network namespace (%s) needs a TAP, not a user-mode network", ErrConfig, n.NetNS)
 			case n.User:
 				users++
 			case n.TAP == "":
@@ -796,7 +809,7 @@ var netKind = deviceKind{
 	},
 	add: func(m *Machine) error {
 		for i, nc := range m.cfg.Nets {
-			cfg := virtionet.Config{TAP: nc.TAP, MAC: nc.MAC, Log: m.log.WithField("device", fmt.Sprintf("net%d", i))}
+			cfg := virtionet.Config{TAP: nc.TAP, NetNS: nc.NetNS, MAC: nc.MAC, Log: m.log.WithField("device", fmt.Sprintf("net%d", i))}
 			var dev *virtionet.Device
 			var err error
 			if nc.User {
@@ -846,8 +859,8 @@ var netKind = deviceKind{
 		c("microvm_net_rx_errors_total", "TAP reads that failed or returned a runt.", func(n NetMetrics) uint64 { return n.RxErrors })
 	},
 	flags: []Flag{
-		{Name: "net", Synopsis: "[--net user|tap=NAME[,mac=M]]...",
-			Usage: fmt.Sprintf("add a virtio-net device: user: on a user-mode network (NAT, DHCP, DNS; no root; guest %s, host's 127.0.0.1 at %s); tap=NAME: on host TAP NAME (attached, or created with CAP_NET_ADMIN); guest MAC M or a random one; repeatable, at most %d", usernetGuestIP, usernetHostIP, MaxNets),
+		{Name: "net", Synopsis: "[--net user|tap=NAME[,netns=PATH][,mac=M]]...",
+			Usage: fmt.Sprintf("add a virtio-net device: user: on a user-mode network (NAT, DHCP, DNS; no root; guest %s, host's 127.0.0.1 at %s); tap=NAME: on host TAP NAME (attached, or created with CAP_NET_ADMIN), in the network namespace at PATH if given; guest MAC M or a random one; repeatable, at most %d", usernetGuestIP, usernetHostIP, MaxNets),
 			Set: func(c *Config, v string) error {
 				n, err := ParseNet(v)
 				if err != nil {

@@ -105,11 +105,16 @@ func TestParseNet(t *testing.T) {
 		in      string
 		tap     string
 		mac     string
+		netns   string
 		wantErr bool
 	}{
 		{in: "tap=tap0", tap: "tap0"},
 		{in: "tap=tap0,mac=02:00:00:00:00:01", tap: "tap0", mac: "02:00:00:00:00:01"},
 		{in: "mac=52:54:00:00:00:01,tap=vm-eth", tap: "vm-eth", mac: "52:54:00:00:00:01"},
+		{in: "tap=tap0,netns=/var/run/netns/pod1", tap: "tap0", netns: "/var/run/netns/pod1"},
+		{in: "tap=a,netns=/x,netns=/y", wantErr: true},
+		{in: "user,netns=/x", wantErr: true},
+		{in: "tap=a,netns=", wantErr: true},
 		{in: "", wantErr: true},
 		{in: "tap=", wantErr: true},
 		{in: "tap0", wantErr: true},
@@ -128,7 +133,7 @@ func TestParseNet(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || nc.TAP != tc.tap || (tc.mac == "") != (nc.MAC == nil) || (nc.MAC != nil && nc.MAC.String() != tc.mac) {
+		if err != nil || nc.TAP != tc.tap || nc.NetNS != tc.netns || (tc.mac == "") != (nc.MAC == nil) || (nc.MAC != nil && nc.MAC.String() != tc.mac) {
 			t.Errorf("ParseNet(%q) = %+v, %v; want tap %q mac %q", tc.in, nc, err, tc.tap, tc.mac)
 		}
 	}

@@ -55,6 +55,9 @@ type Config struct {
 	// TAP is the host interface the device attaches to (created when it
 	// does not exist and the VMM has CAP_NET_ADMIN).
 	TAP string
+	// NetNS is the network namespace the TAP is in (a path such as
+	// /var/run/netns/NAME); "" is the VMM's own (OpenTAPIn).
+	NetNS string
 	// MAC is the guest's address; nil picks a random locally administered
 	// unicast one.
 	MAC net.HardwareAddr
@@ -94,10 +97,10 @@ type Device struct {
 	life virtio.Lifecycle[*session] // the current activation
 }
 
-// New opens the TAP cfg.TAP and returns a device on it. The device owns
-// the descriptor until Close.
+// New opens the TAP cfg.TAP (in cfg.NetNS) and returns a device on it. The
+// device owns the descriptor until Close.
 func New(cfg Config) (*Device, error) {
-	t, err := OpenTAP(cfg.TAP)
+	t, err := OpenTAPIn(cfg.TAP, cfg.NetNS)
 	if err != nil {
 		return nil, err
 	}
