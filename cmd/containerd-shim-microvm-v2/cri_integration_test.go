@@ -3,7 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,12 +22,68 @@ import (
 // sleeps (what registry.k8s.io/pause does, without a registry).
 const pauseImage = "microvm.test/pause:1"
 
+// The pod network of the CRI test: CNI's bridge plugin on a bridge of the
+// test's own, with host-local addresses from a subnet no host here uses.
+const (
+	cniBridge  = "mvcnitest0"
+	cniSubnet  = "10.88.77.0/24"
+	cniGateway = "10.88.77.1"
+)
+
+// cniPluginDirs are where distributions put CNI's plugins: Debian's
+// containernetworking-plugins, then the upstream tarball's place.
+var cniPluginDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
+
+// writeCNIConfig writes the pod network's configuration into the test's
+// CNI directory and returns the plugins' directory: a bridge that is the
+// pods' gateway (no masquerade: nothing leaves this machine), addresses
+// kept in the test's directory. CRI adds loopback itself.
+func (e *ctrEnv) writeCNIConfig() string {
+	e.t.Helper()
+	bin := ""
+	for _, d := range cniPluginDirs {
+		if _, err := os.Stat(filepath.Join(d, "bridge")); err == nil {
+			bin = d
+			break
+		}
+	}
+	if bin == "" {
+		testenv.Missing(e.t, "CNI plugins: no bridge plugin in %v (apt-get install containernetworking-plugins)", cniPluginDirs)
+	}
+	conf := filepath.Join(e.dir, "cni", "conf")
+	if err := os.MkdirAll(conf, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := json.Marshal(map[string]any{
+		"cniVersion": "1.0.0", "name": "microvm-test",
+		"plugins": []any{map[string]any{
+			"type": "bridge", "bridge": cniBridge, "isGateway": true, "ipMasq": false,
+			"ipam": map[string]any{"type": "host-local", "dataDir": filepath.Join(e.dir, "cni", "ipam"),
+				"ranges": [][]map[string]string{{{"subnet": cniSubnet, "gateway": cniGateway}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
+		}},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(conf, "10-microvm-test.conflist"), b, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if _, err := net.InterfaceByName(cniBridge); err == nil {
+			exec.Command("ip", "link", "del", cniBridge).Run()
+		}
+	})
+	return bin
+}
+
 // criConfig turns the CRI plugin on, as a node would configure it for
 // microvm: the runtime handler "microvm" beside the default runc, the
 // sandbox image imported by the test, the native snapshotter (any file
-// system, the box's too), no AppArmor, and the
-// streaming server on loopback.
+// system, the box's too), no AppArmor, the streaming server on loopback,
+// and CNI with the test's bridge network.
 func criConfig(e *ctrEnv) (string, string) {
+	cniBin := e.writeCNIConfig()
 	return "disabled_plugins = [" + unusedSnapshotters + "]\n", fmt.Sprintf(`[plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %q
   disable_apparmor = true
@@ -40,7 +99,7 @@ func criConfig(e *ctrEnv) (string, string) {
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %q
     conf_dir = %q
-`, pauseImage, runtimeName, filepath.Join(e.dir, "cni", "bin"), filepath.Join(e.dir, "cni", "conf"))
+`, pauseImage, runtimeName, cniBin, filepath.Join(e.dir, "cni", "conf"))
 }
 
 // crictl runs crictl against the test's containerd.
@@ -78,7 +137,9 @@ func (e *ctrEnv) writeJSON(name string, v any) string {
 
 // TestCrictlPod: kubelet's path, through containerd's CRI plugin with the
 // runtime handler "microvm", driven by crictl. A pod (its sandbox and two
-// containers in one VM): the client has a read-only root and a tmpfs
+// containers in one VM) on a CNI bridge network: the guest has the pod's
+// address, the node reaches the server at it and the client reaches the
+// node's gateway; the client has a read-only root and a tmpfs
 // volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
 // to the server over localhost; crictl logs shows each one's output and
 // crictl exec reaches them; crictl stats reads the client's cgroup in the
@@ -107,7 +168,6 @@ func TestCrictlPod(t *testing.T) {
 	pod := e.writeJSON("pod.json", map[string]any{
 		"metadata":      map[string]any{"name": "pod1", "namespace": "default", "uid": "pod1-uid", "attempt": 1},
 		"log_directory": logs,
-		"linux":         map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"network": 2}}},
 	})
 	server := e.writeJSON("server.json", map[string]any{
 		"metadata": map[string]any{"name": "server"},
@@ -185,6 +245,7 @@ func TestCrictlPod(t *testing.T) {
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", memMax); got != strconv.Itoa(96<<20) {
 		t.Errorf("memory.max of the client after crictl update: %q, want %d", got, 96<<20)
 	}
+	checkPodNetwork(t, e, crictl, podID, serverID, clientID)
 	if p := e.shimPids(); len(p) != 1 {
 		t.Errorf("shim processes for one pod: %v, want 1", p)
 	}
@@ -202,4 +263,75 @@ func TestCrictlPod(t *testing.T) {
 		t.Errorf("pods left: %q", l)
 	}
 	e.leftovers()
+}
+
+// checkPodNetwork: the pod's address from CNI is the guest's eth0, the
+// node (this process, beside the bridge) reaches the server at it, and
+// the client reaches a listener on the node's side of the bridge.
+func checkPodNetwork(t *testing.T, e *ctrEnv, crictl, podID, serverID, clientID string) {
+	t.Helper()
+	var insp struct {
+		Status struct {
+			Network struct{ IP string } `json:"network"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(e.mustCrictl(crictl, "inspectp", "-o", "json", podID)), &insp); err != nil {
+		t.Fatalf("crictl inspectp: %v", err)
+	}
+	podIP := insp.Status.Network.IP
+	_, subnet, _ := net.ParseCIDR(cniSubnet)
+	if ip := net.ParseIP(podIP); ip == nil || !subnet.Contains(ip) {
+		t.Fatalf("the pod's address %q is not in CNI's %s", podIP, cniSubnet)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "busybox", "ip", "-4", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+podIP+"/24 ") {
+		t.Errorf("the guest's eth0: %q, want the pod's address %s", got, podIP)
+	}
+
+	// Node to pod: the server answers pong at the pod's address.
+	var got []byte
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(podIP, "8080"), 5*time.Second)
+		if err == nil {
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			got, _ = io.ReadAll(c)
+			c.Close()
+			if strings.TrimSpace(string(got)) == "pong" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node could not reach the server at %s:8080: %v (read %q)", podIP, err, got)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+
+	// Pod to node: the client sends a line to the gateway's side.
+	l, err := net.Listen("tcp", net.JoinHostPort(cniGateway, "0"))
+	if err != nil {
+		t.Fatalf("listen on the bridge: %v", err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	line := make(chan string, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			line <- err.Error()
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		b, _ := io.ReadAll(c)
+		line <- strings.TrimSpace(string(b))
+	}()
+	e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", fmt.Sprintf("echo hello node | nc -w 5 %s %d", cniGateway, port))
+	select {
+	case got := <-line:
+		if got != "hello node" {
+			t.Errorf("the node read %q from the pod, want %q", got, "hello node")
+		}
+	case <-time.After(60 * time.Second):
+		t.Errorf("the pod's line never reached the node at %s:%d", cniGateway, port)
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/podnet"
 )
 
 // Files the sandbox keeps in the bundle.
@@ -25,6 +26,8 @@ const (
 	guestCID   = 3
 	// consoleTail is how much of the console an error quotes.
 	consoleTail = 4 << 10
+	// podTAP is the VM's TAP in the pod's network namespace.
+	podTAP = "tap0_microvm"
 )
 
 // sandbox is one VM: the machine, run on its own goroutine inside the shim
@@ -44,9 +47,12 @@ type sandbox struct {
 }
 
 // bootSandbox boots a VM whose root file system is the ext4 at rootfs and
-// waits until its agent answers, within cfg.BootTimeout. On error the VM
-// is gone.
-func bootSandbox(ctx context.Context, cfg Config, dir, rootfs string, log logrus.FieldLogger) (_ *sandbox, err error) {
+// waits until its agent answers, within cfg.BootTimeout. With netns (the
+// pod's network namespace, as CNI set it up) the VM is the pod on its
+// network: its eth0 on a TAP in the namespace joined to the pod's
+// interface (package podnet), with that interface's MAC and IPv4 address.
+// On error the VM is gone.
+func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, netns string, log logrus.FieldLogger) (_ *sandbox, err error) {
 	initrd := filepath.Join(dir, initrdFile)
 	if err := writeInitrd(initrd, cfg.Agent); err != nil {
 		return nil, err
@@ -65,10 +71,27 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs string, log logrus
 		RNG:   &microvm.RNGConfig{},
 	}
 	mc.UseRootfs(rootfs, 0)
+	var ifc podnet.Interface
+	if netns != "" {
+		if ifc, err = podnet.Inspect(netns); err != nil {
+			con.Close()
+			return nil, fmt.Errorf("vm: pod network: %w", err)
+		}
+		log.WithField("netns", netns).Infof("pod network: %v", ifc)
+		mc.Nets = []microvm.NetConfig{{TAP: podTAP, NetNS: netns, MAC: ifc.MAC}}
+		mc.Cmdline += " " + ifc.KernelArg("eth0")
+	}
 	s.m, err = microvm.New(mc)
 	if err != nil {
 		con.Close()
 		return nil, fmt.Errorf("vm: %w", err)
+	}
+	if netns != "" {
+		if err := podnet.Redirect(netns, ifc, podTAP); err != nil {
+			s.m.Close()
+			con.Close()
+			return nil, fmt.Errorf("vm: pod network: %w", err)
+		}
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

@@ -140,7 +140,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		if err := rfs.writeExt4(ctx); err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}
-		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, log.G(s.ctx).WithField("id", r.ID))
+		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
 		if err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}

@@ -166,3 +166,19 @@ func hasOption(opts []string, names ...string) bool {
 	}
 	return false
 }
+
+// podNetNS is the network namespace the spec joins (linux.namespaces, type
+// network, with a path): the one CNI set up for the pod, which CRI names
+// in the sandbox's spec. "" when the spec has none or asks for a new one
+// (ctr run, a hostNetwork pod): the VM then has loopback only.
+func podNetNS(spec *specs.Spec) string {
+	if spec.Linux == nil {
+		return ""
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			return ns.Path
+		}
+	}
+	return ""
+}

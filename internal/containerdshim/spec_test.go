@@ -131,3 +131,23 @@ func TestResources(t *testing.T) {
 		t.Errorf("nil: %v", r)
 	}
 }
+
+// The sandbox's network namespace is the one with a path; a new one (ctr
+// run) or none (a hostNetwork pod) is no pod network.
+func TestPodNetNS(t *testing.T) {
+	for _, tc := range []struct {
+		ns   []specs.LinuxNamespace
+		want string
+	}{
+		{nil, ""},
+		{[]specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}}, ""},
+		{[]specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1"}}, "/var/run/netns/cni-1"},
+	} {
+		if got := podNetNS(&specs.Spec{Linux: &specs.Linux{Namespaces: tc.ns}}); got != tc.want {
+			t.Errorf("podNetNS(%v) = %q, want %q", tc.ns, got, tc.want)
+		}
+	}
+	if got := podNetNS(&specs.Spec{}); got != "" {
+		t.Errorf("podNetNS of a spec without linux: %q", got)
+	}
+}
