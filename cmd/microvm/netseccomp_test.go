@@ -57,10 +57,14 @@ func TestExecNetSeccomp(t *testing.T) {
 		}
 	}
 	ip("link", "set", "lo", "up")
-	// The guest tries for two minutes: the host configures its end of
-	// the TAP only once microvm has made it.
-	script := "ip addr add 10.98.0.2/24 dev eth0 && ip link set eth0 up && " +
-		"for i in $(seq 120); do ping -c 1 -W 1 " + hostAddr + " >/dev/null 2>&1 && echo pinged && exit 0; done; exit 1"
+	// The guest tries for two minutes by its clock (a ping without an ARP
+	// answer takes 3 s, so a count of tries could outlast --timeout): the
+	// host configures its end of the TAP only once microvm has made it.
+	// On failure it prints its interface counters and neighbours, which
+	// tell a frame the host never answered from one the guest never got.
+	script := "ip addr add 10.98.0.2/24 dev eth0 && ip link set eth0 up && end=$(($(date +%s)+120)); " +
+		"while [ $(date +%s) -lt $end ]; do ping -c 1 -W 1 " + hostAddr + " >/dev/null 2>&1 && echo pinged && exit 0; done; " +
+		"echo no reply; cat /proc/net/dev; ip neigh; exit 1"
 	vm := exec.Command(testenv.Binary(t), "exec", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
 		"--net", "tap="+tap+",mac=02:00:00:98:00:02", "--timeout", "3m", "--log-level", "debug",
 		"--", "sh", "-c", script)
