@@ -35,6 +35,9 @@ type benchResult struct {
 	ExecP50    float64   `json:"exec_p50_ms"`    //
 	ExecP99    float64   `json:"exec_p99_ms"`    //
 	RSSMedian  int64     `json:"rss_median_kib"` //
+	// CreatePhasesP50 splits microvm's start (the shim's log, one line per
+	// Create): snapshot mount, ext4 build, boot to agent, volumes, in ms.
+	CreatePhasesP50 map[string]float64 `json:"create_phases_p50_ms,omitempty"`
 }
 
 // TestContainerdBench: container start (ctr run -d, until the task runs),
@@ -92,6 +95,25 @@ func TestContainerdBench(t *testing.T) {
 		fmt.Printf("%-24s %10.1fms %10.1fms %10.1fms %10.1fms %10.1fms %14.1f\n", rt, r.StartP50, r.StartP99,
 			r.ExecP50, r.ExecP99, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
 		list = append(list, r)
+	}
+	phases := e.createPhases()
+	if len(phases) > 0 {
+		p50 := func(k string) float64 {
+			var v []float64
+			for _, p := range phases {
+				v = append(v, p[k])
+			}
+			return pct(v, 50)
+		}
+		split := map[string]float64{}
+		for _, k := range []string{"mount_ms", "ext4_ms", "boot_ms", "volumes_ms"} {
+			split[k] = p50(k)
+		}
+		start := res[runtimeName].StartP50
+		fmt.Printf("%s start, p50 of %d creates: snapshot mount %.1f ms, ext4 built %.1f ms (%.0f%% of start p50), boot until the agent answers %.1f ms (%.0f%%), volumes %.1f ms; the rest (ctr, containerd, the shim's start, Start) %.1f ms\n",
+			runtimeName, len(phases), split["mount_ms"], split["ext4_ms"], 100*split["ext4_ms"]/start, split["boot_ms"], 100*split["boot_ms"]/start,
+			split["volumes_ms"], start-split["mount_ms"]-split["ext4_ms"]-split["boot_ms"]-split["volumes_ms"])
+		res[runtimeName].CreatePhasesP50 = split
 	}
 	d := e.density(envInt(t, "MICROVM_BENCH_PODS", 1000), 4)
 	fmt.Printf("density (%s): %d pods running at once, stopped by %s; %d failed; host RSS %.1f MiB per pod (%.1f MiB in all); MemAvailable %d -> %d MiB\n",
@@ -352,4 +374,32 @@ func medianInt(v []int64) int64 {
 	s := append([]int64(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// createPhases reads the shim's "microvm create phases" lines from
+// containerd's log (containerd copies each shim's log into its own): one
+// map of phase to ms per Create, in order.
+func (e *ctrEnv) createPhases() []map[string]float64 {
+	b, err := os.ReadFile(e.log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []map[string]float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="microvm create phases"`) {
+			continue
+		}
+		m := map[string]float64{}
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok || !strings.HasSuffix(k, "_ms") {
+				continue
+			}
+			if x, err := strconv.ParseFloat(v, 64); err == nil {
+				m[k] = x
+			}
+		}
+		out = append(out, m)
+	}
+	return out
 }

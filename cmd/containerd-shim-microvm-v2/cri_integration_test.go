@@ -139,11 +139,13 @@ func (e *ctrEnv) writeJSON(name string, v any) string {
 // runtime handler "microvm", driven by crictl. A pod (its sandbox and two
 // containers in one VM) on a CNI bridge network: the guest has the pod's
 // address, the node reaches the server at it and the client reaches the
-// node's gateway; the client has a read-only root and a tmpfs
+// node's gateway; the client has a read-only root, containerd's
+// RuntimeDefault seccomp profile, kubelet's read-only /proc/sys and a tmpfs
 // volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
 // to the server over localhost; crictl logs shows each one's output and
 // crictl exec reaches them; crictl stats reads the client's cgroup in the
-// guest, its memory limit is there and crictl update changes it; stop,
+// guest, its memory and CPU limits are there and crictl update changes
+// them; stop,
 // rm, stopp and rmp leave nothing behind.
 func TestCrictlPod(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
@@ -180,11 +182,16 @@ func TestCrictlPod(t *testing.T) {
 		"image":    map[string]any{"image": testImage},
 		"command": []string{"sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do nc 127.0.0.1 8080 && break; sleep 1; done; " +
 			"touch /x 2>/dev/null && echo root=rw || echo root=ro; cat /scratch/seed; " +
-			"echo t > /scratch/f && echo scratch=$(cat /scratch/f); echo pid=$$; echo client done; sleep 1000000"},
+			"echo t > /scratch/f && echo scratch=$(cat /scratch/f); echo pid=$$; grep ^Seccomp: /proc/self/status; " +
+			"grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo procsys=ro; echo client done; sleep 1000000"},
 		"log_path": "client.log",
 		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
-		"linux": map[string]any{"security_context": map[string]any{"readonly_rootfs": true},
-			"resources": map[string]any{"memory_limit_in_bytes": 128 << 20}},
+		"linux": map[string]any{"security_context": map[string]any{"readonly_rootfs": true,
+			"seccomp": map[string]any{"profile_type": 0 /* RuntimeDefault */},
+			// What kubelet sends for procMount Default (crictl sends none).
+			"masked_paths": []string{"/proc/kcore", "/proc/keys", "/proc/timer_list"}, "readonly_paths": []string{"/proc/sys", "/proc/sysrq-trigger"}},
+			"resources": map[string]any{"memory_limit_in_bytes": 128 << 20,
+				"cpu_quota": 50000, "cpu_period": 100000, "cpu_shares": 512}},
 	})
 
 	podID := e.mustCrictl(crictl, "runp", "--runtime", "microvm", pod)
@@ -203,13 +210,21 @@ func TestCrictlPod(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("crictl logs client:\n%s", out)
-	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1", "client done"} {
+	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1", "Seccomp:\t2", "procsys=ro", "client done"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("client's log lacks %q", want)
+			raw, _ := os.ReadFile(filepath.Join(logs, "client.log"))
+			t.Fatalf("client's log lacks %q; the log file:\n%s", want, raw)
 		}
 	}
 	if got := e.mustCrictl(crictl, "logs", serverID); !strings.Contains(got, "server up") {
 		t.Errorf("crictl logs server: %q", got)
+	}
+	// The client runs under containerd's RuntimeDefault seccomp profile,
+	// its execs too; the server, which asked for none, runs without.
+	for id, want := range map[string]string{clientID: "Seccomp:\t2", serverID: "Seccomp:\t0"} {
+		if got := e.mustCrictl(crictl, "exec", "-s", id, "grep", "^Seccomp:", "/proc/self/status"); got != want {
+			t.Errorf("crictl exec -s %s grep Seccomp: %q, want %q", id, got, want)
+		}
 	}
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/scratch/f"); got != "t" {
 		t.Errorf("crictl exec -s client cat /scratch/f: %q, want t", got)
@@ -244,6 +259,16 @@ func TestCrictlPod(t *testing.T) {
 	e.mustCrictl(crictl, "update", "--memory", strconv.Itoa(96<<20), clientID)
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", memMax); got != strconv.Itoa(96<<20) {
 		t.Errorf("memory.max of the client after crictl update: %q, want %d", got, 96<<20)
+	}
+	// So do the CPU quota and shares (as cgroup v2's cpu.weight, mapped
+	// as runc maps them: 512 shares are weight 20).
+	cpuFiles := "cat /sys/fs/cgroup/" + clientID + "/cpu.max /sys/fs/cgroup/" + clientID + "/cpu.weight"
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", cpuFiles); got != "50000 100000\n20" {
+		t.Errorf("cpu.max and cpu.weight of the client: %q, want 50000 100000 and 20", got)
+	}
+	e.mustCrictl(crictl, "update", "--cpu-quota", "20000", clientID)
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", cpuFiles); got != "20000 100000\n20" {
+		t.Errorf("cpu.max and cpu.weight of the client after crictl update: %q, want 20000 100000 and 20", got)
 	}
 	checkPodNetwork(t, e, crictl, podID, serverID, clientID)
 	if p := e.shimPids(); len(p) != 1 {

@@ -20,7 +20,7 @@ import (
 
 // containerControllers are the cgroup v2 controllers the agent enables for
 // containers where the guest kernel has them (cpu.stat counts without any).
-const containerControllers = "+memory +pids"
+const containerControllers = "+cpu +memory +pids"
 
 // cgroupDir returns the cgroup of container id, or "" with cgroups off.
 func (s *Server) cgroupDir(id string) string {
@@ -90,6 +90,7 @@ func (s *Server) ContainerStats(_ context.Context, r *agentapi.ContainerStatsReq
 		MemoryCurrentBytes: readUint(filepath.Join(dir, "memory.current")),
 		MemoryMaxBytes:     readUint(filepath.Join(dir, "memory.max")),
 		PidsCurrent:        readUint(filepath.Join(dir, "pids.current")),
+		CpuNrPeriods:       cpu["nr_periods"], CpuNrThrottled: cpu["nr_throttled"], CpuThrottledUsec: cpu["throttled_usec"],
 	}
 	if m, err := readKeyed(filepath.Join(dir, "memory.stat")); err == nil {
 		resp.MemoryStat = m
@@ -149,23 +150,46 @@ func (s *Server) setResources(id string, r *agentapi.Resources) error {
 	if dir == "" {
 		return status.Error(codes.FailedPrecondition, "agent: resources: this agent runs containers without cgroups")
 	}
-	for _, l := range []struct {
-		file string
-		v    uint64
-	}{{"memory.max", r.MemoryMaxBytes}, {"pids.max", r.PidsMax}} {
-		v := "max"
-		if l.v > 0 {
-			v = strconv.FormatUint(l.v, 10)
-		}
-		err := writeCgroupFile(filepath.Join(dir, l.file), v)
+	for _, l := range cgroupLimits(r) {
+		err := writeCgroupFile(filepath.Join(dir, l.file), l.value)
 		if errors.Is(err, os.ErrNotExist) {
 			return status.Errorf(codes.FailedPrecondition, "agent: resources: %s: the guest kernel lacks this cgroup controller", l.file)
 		}
 		if err != nil {
-			return status.Errorf(codes.InvalidArgument, "agent: resources: %s = %s: %v", l.file, v, err)
+			return status.Errorf(codes.InvalidArgument, "agent: resources: %s = %s: %v", l.file, l.value, err)
 		}
 	}
 	return nil
+}
+
+// cgroupLimit is one cgroup v2 file and what setResources writes to it.
+type cgroupLimit struct{ file, value string }
+
+// cgroupLimits turns r into cgroup v2 file contents, every limit written
+// each time (0 in r is "no limit"), so an update replaces all of them.
+// The CPU files come only when r sets a CPU limit, so a guest kernel
+// without the cpu controller still takes memory and pids limits.
+func cgroupLimits(r *agentapi.Resources) []cgroupLimit {
+	orMax := func(v uint64) string {
+		if v == 0 {
+			return "max"
+		}
+		return strconv.FormatUint(v, 10)
+	}
+	ls := []cgroupLimit{{"memory.max", orMax(r.MemoryMaxBytes)}, {"pids.max", orMax(r.PidsMax)}}
+	if r.CpuQuotaUsec > 0 || r.CpuPeriodUsec > 0 || r.CpuWeight > 0 {
+		period := r.CpuPeriodUsec
+		if period == 0 {
+			period = 100000
+		}
+		weight := r.CpuWeight
+		if weight == 0 {
+			weight = 100
+		}
+		ls = append(ls, cgroupLimit{"cpu.max", orMax(r.CpuQuotaUsec) + " " + strconv.FormatUint(period, 10)},
+			cgroupLimit{"cpu.weight", strconv.FormatUint(weight, 10)})
+	}
+	return ls
 }
 
 // writeCgroupFile writes an existing cgroup file (without O_CREAT: a file

@@ -12,15 +12,17 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/seccomp"
 )
 
 // busyboxApplets are linked in the test root.
-var busyboxApplets = []string{"sh", "cat", "echo", "hostname", "ls", "sleep", "grep", "touch", "id", "readlink"}
+var busyboxApplets = []string{"sh", "cat", "echo", "hostname", "ls", "sleep", "grep", "touch", "id", "readlink", "mkdir"}
 
 // containerRoot makes a root file system of the host's static busybox, or
 // skips the test where containers cannot be made (not root, no busybox).
@@ -427,5 +429,114 @@ func TestContainerJoinRightAfterStarted(t *testing.T) {
 				break
 			}
 		}
+	}
+}
+
+// Every limit is written each time, 0 as "max"; the CPU files only when a
+// CPU limit is asked for, with the kernel's defaults for what is not given.
+func TestCgroupLimits(t *testing.T) {
+	for _, tc := range []struct {
+		r    *agentapi.Resources
+		want string
+	}{
+		{&agentapi.Resources{MemoryMaxBytes: 1 << 20}, "memory.max=1048576 pids.max=max"},
+		{&agentapi.Resources{PidsMax: 7, CpuQuotaUsec: 50000}, "memory.max=max pids.max=7 cpu.max=50000 100000 cpu.weight=100"},
+		{&agentapi.Resources{CpuQuotaUsec: 20000, CpuPeriodUsec: 40000, CpuWeight: 39}, "memory.max=max pids.max=max cpu.max=20000 40000 cpu.weight=39"},
+		{&agentapi.Resources{CpuWeight: 1000}, "memory.max=max pids.max=max cpu.max=max 100000 cpu.weight=1000"},
+	} {
+		var got []string
+		for _, l := range cgroupLimits(tc.r) {
+			got = append(got, l.file+"="+l.value)
+		}
+		if g := strings.Join(got, " "); g != tc.want {
+			t.Errorf("cgroupLimits(%v) = %q, want %q", tc.r, g, tc.want)
+		}
+	}
+}
+
+// A container's seccomp filter holds for its init and for processes that
+// join it, with and without no_new_privs (installed before or after the
+// capabilities drop), and a filter outside a container is refused.
+func TestContainerSeccomp(t *testing.T) {
+	root := containerRoot(t)
+	h := newHarness(t, Options{}, false)
+	ctx := testCtx(t)
+	errno := uint(unix.EACCES)
+	f, err := seccomp.CompileOCI(&specs.LinuxSeccomp{DefaultAction: specs.ActAllow, Syscalls: []specs.LinuxSyscall{
+		{Names: []string{"mkdir", "mkdirat"}, Action: specs.ActErrno, ErrnoRet: &errno}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	filter := &agentapi.SeccompFilter{Program: f.Program, Flags: f.Flags}
+	script := sh(`grep ^Seccomp: /proc/self/status; mkdir /tmp/d 2>&1 || true; touch /tmp/f && echo touched`)
+	for _, nnp := range []bool{false, true} {
+		id := fmt.Sprintf("sc%v", nnp)
+		r := run(ctx, h.client, &agentapi.Cmd{Argv: script, Env: []string{"PATH=/bin"}, NoNewPrivileges: nnp, Seccomp: filter,
+			Capabilities: &agentapi.Capabilities{Bounding: []uint32{0}, Effective: []uint32{0}, Permitted: []uint32{0}},
+			Container:    &agentapi.Container{Id: id, Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts()}}})
+		out := r.stdout.String()
+		if r.err != nil || !strings.Contains(out, "Seccomp:\t2") || !strings.Contains(out, "Permission denied") || !strings.Contains(out, "touched") {
+			t.Errorf("no_new_privs %v: %v, %v; output %q, stderr %q: want filter mode 2, mkdir refused, touch run", nnp, r.exit, r.err, out, r.stderr.String())
+		}
+	}
+
+	// A joining process gets the filter it is given.
+	stdinR, stdinW := io.Pipe()
+	defer stdinW.Close()
+	ready := make(chan struct{})
+	go h.client.Exec(ctx, &agentapi.Cmd{Argv: sh(`echo ready; read x`), Env: []string{"PATH=/bin"}, Stdin: stdinR,
+		Stdout:    &notifyWriter{want: "ready", ready: ready},
+		Container: &agentapi.Container{Id: "scjoin", Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts()}}})
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		t.Fatal("the container's init never got ready")
+	}
+	r := run(ctx, h.client, &agentapi.Cmd{Argv: script, Env: []string{"PATH=/bin"}, Seccomp: filter,
+		Container: &agentapi.Container{Id: "scjoin"}})
+	if out := r.stdout.String(); r.err != nil || !strings.Contains(out, "Seccomp:\t2") || !strings.Contains(out, "Permission denied") {
+		t.Errorf("join: %v, %v; output %q: want filter mode 2 and mkdir refused", r.exit, r.err, out)
+	}
+
+	r = run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"}, Seccomp: filter})
+	if status.Code(r.err) != codes.InvalidArgument {
+		t.Errorf("a filter without a container: %v, want InvalidArgument", r.err)
+	}
+	r = run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"}, Seccomp: &agentapi.SeccompFilter{Program: []byte{1, 2, 3}},
+		Container: &agentapi.Container{Id: "scjoin"}})
+	if status.Code(r.err) != codes.InvalidArgument {
+		t.Errorf("a program of 3 bytes: %v, want InvalidArgument", r.err)
+	}
+}
+
+// Masked paths are hidden (a file reads empty, a directory lists empty) and
+// read-only paths refuse writes, inside the container only; paths that do
+// not exist are skipped.
+func TestContainerMaskedAndReadonlyPaths(t *testing.T) {
+	root := containerRoot(t)
+	for _, d := range []string{"secret", "ro"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{"secret/key", "hidden"} {
+		if err := os.WriteFile(filepath.Join(root, f), []byte("sensitive\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newHarness(t, Options{}, false)
+	r := run(testCtx(t), h.client, &agentapi.Cmd{
+		Argv: sh(`echo hidden=$(cat /hidden); echo secret=$(ls /secret); touch /ro/x 2>/dev/null && echo ro=rw || echo ro=ro; ` +
+			`touch /tmp/x && echo tmp=rw`),
+		Env: []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "masked", Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts(),
+			MaskedPaths:   []string{"/hidden", "/secret", "/proc/no-such-file"},
+			ReadonlyPaths: []string{"/ro", "/no-such-dir"}}},
+	})
+	if want := "hidden=\nsecret=\nro=ro\ntmp=rw\n"; r.err != nil || r.stdout.String() != want {
+		t.Errorf("masked and read-only paths: %v, %v, %q (stderr %q); want %q", r.exit, r.err, r.stdout.String(), r.stderr.String(), want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "hidden")); string(b) != "sensitive\n" {
+		t.Errorf("the masked file changed outside the container: %q", b)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/seccomp"
 )
 
 // Exit statuses of a set-up step that fails, as a shell's: 127 when the
@@ -46,8 +47,19 @@ func ContainerInit() {
 		argv0 string
 		env   []string
 	)
+	// The container's seccomp filter: without no_new_privs the kernel
+	// takes it only from a thread with CAP_SYS_ADMIN, so it goes in before
+	// setupProcess drops the capabilities (and then filters set-up's own
+	// calls, as under runc); with no_new_privs it goes in last.
+	early := st.Seccomp != nil && !st.NoNewPrivileges
+	if err == nil && early {
+		err = seccomp.InstallProgram(st.Seccomp.Program, st.Seccomp.Flags)
+	}
 	if err == nil {
 		argv0, env, err = setupProcess(st)
+	}
+	if err == nil && st.Seccomp != nil && !early {
+		err = seccomp.InstallProgram(st.Seccomp.Program, st.Seccomp.Flags)
 	}
 	if err == nil {
 		err = syscall.Exec(argv0, st.Argv, env)
@@ -141,9 +153,50 @@ func createRoot(id string, r *agentapi.ContainerRoot) error {
 			return fmt.Errorf("make / read-only: %w", err)
 		}
 	}
+	if err := maskPaths(r.MaskedPaths); err != nil {
+		return err
+	}
+	if err := readonlyPaths(r.ReadonlyPaths); err != nil {
+		return err
+	}
 	if r.Hostname != "" {
 		if err := unix.Sethostname([]byte(r.Hostname)); err != nil {
 			return fmt.Errorf("hostname: %w", err)
+		}
+	}
+	return nil
+}
+
+// maskPaths hides each path, as runc does: a file behind /dev/null, a
+// directory (binding a file on it is ENOTDIR) behind an empty read-only
+// tmpfs. It runs after pivot_root, so the paths, symbolic links included,
+// resolve inside the container's root. A missing path is skipped.
+func maskPaths(paths []string) error {
+	for _, p := range paths {
+		err := unix.Mount("/dev/null", p, "", unix.MS_BIND, "")
+		if errors.Is(err, unix.ENOTDIR) {
+			err = unix.Mount("tmpfs", p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=0")
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// readonlyPaths binds each path on itself and makes that read-only
+// (after pivot_root, like maskPaths). A missing path is skipped.
+func readonlyPaths(paths []string) error {
+	for _, p := range paths {
+		err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, "")
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err == nil {
+			err = unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_REC, "")
+		}
+		if err != nil {
+			return fmt.Errorf("read-only %s: %w", p, err)
 		}
 	}
 	return nil

@@ -201,6 +201,14 @@ func validateStart(st *agentapi.ExecStart) error {
 	if st.Container == nil && (len(st.Rlimits) > 0 || st.Capabilities != nil || st.NoNewPrivileges || len(st.AdditionalGids) > 0) {
 		return bad("rlimits, capabilities, no_new_privileges and additional_gids apply to container processes only")
 	}
+	if sc := st.Seccomp; sc != nil {
+		if st.Container == nil {
+			return bad("a seccomp filter applies to container processes only")
+		}
+		if n := len(sc.Program); n == 0 || n%8 != 0 || n > 8*4096 {
+			return bad("seccomp program of %d bytes: want 1 to 4096 instructions of 8 bytes", n)
+		}
+	}
 	return nil
 }
 

@@ -60,8 +60,14 @@ type ExecStart struct {
 	NoNewPrivileges bool `protobuf:"varint,11,opt,name=no_new_privileges,json=noNewPrivileges,proto3" json:"no_new_privileges,omitempty"`
 	// additional_gids are the supplementary groups (with uid set).
 	AdditionalGids []uint32 `protobuf:"varint,12,rep,packed,name=additional_gids,json=additionalGids,proto3" json:"additional_gids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// seccomp, when set, is a seccomp filter the process runs under (the
+	// container's OCI profile, compiled by the host): installed on the
+	// process's thread just before execve, or, without no_new_privileges,
+	// before the capabilities are dropped (it needs CAP_SYS_ADMIN then), as
+	// runc does. Only with container.
+	Seccomp       *SeccompFilter `protobuf:"bytes,13,opt,name=seccomp,proto3" json:"seccomp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -178,6 +184,68 @@ func (x *ExecStart) GetAdditionalGids() []uint32 {
 	return nil
 }
 
+func (x *ExecStart) GetSeccomp() *SeccompFilter {
+	if x != nil {
+		return x.Seccomp
+	}
+	return nil
+}
+
+// SeccompFilter is a classic BPF program for seccomp(SECCOMP_SET_MODE_FILTER).
+type SeccompFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// program is struct sock_filter[], 8 bytes an instruction, little-endian.
+	Program []byte `protobuf:"bytes,1,opt,name=program,proto3" json:"program,omitempty"`
+	// flags are SECCOMP_FILTER_FLAG_* (LOG, SPEC_ALLOW; never TSYNC).
+	Flags         uint32 `protobuf:"varint,2,opt,name=flags,proto3" json:"flags,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeccompFilter) Reset() {
+	*x = SeccompFilter{}
+	mi := &file_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeccompFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeccompFilter) ProtoMessage() {}
+
+func (x *SeccompFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeccompFilter.ProtoReflect.Descriptor instead.
+func (*SeccompFilter) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SeccompFilter) GetProgram() []byte {
+	if x != nil {
+		return x.Program
+	}
+	return nil
+}
+
+func (x *SeccompFilter) GetFlags() uint32 {
+	if x != nil {
+		return x.Flags
+	}
+	return 0
+}
+
 // Container names the container a process runs in.
 type Container struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -195,7 +263,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -207,7 +275,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[1]
+	mi := &file_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -220,7 +288,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{1}
+	return file_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Container) GetId() string {
@@ -251,14 +319,20 @@ type ContainerRoot struct {
 	// mounts are made in order, below root.
 	Mounts []*Mount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
 	// resources, when set, are the limits of the container's cgroup.
-	Resources     *Resources `protobuf:"bytes,5,opt,name=resources,proto3" json:"resources,omitempty"`
+	Resources *Resources `protobuf:"bytes,5,opt,name=resources,proto3" json:"resources,omitempty"`
+	// masked_paths (the OCI spec's linux.maskedPaths) are hidden once the
+	// root is the container's: a file behind /dev/null, a directory behind
+	// an empty read-only tmpfs. readonly_paths (linux.readonlyPaths) are
+	// bound on themselves read-only. Paths that do not exist are skipped.
+	MaskedPaths   []string `protobuf:"bytes,6,rep,name=masked_paths,json=maskedPaths,proto3" json:"masked_paths,omitempty"`
+	ReadonlyPaths []string `protobuf:"bytes,7,rep,name=readonly_paths,json=readonlyPaths,proto3" json:"readonly_paths,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerRoot) Reset() {
 	*x = ContainerRoot{}
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +344,7 @@ func (x *ContainerRoot) String() string {
 func (*ContainerRoot) ProtoMessage() {}
 
 func (x *ContainerRoot) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[2]
+	mi := &file_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +357,7 @@ func (x *ContainerRoot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerRoot.ProtoReflect.Descriptor instead.
 func (*ContainerRoot) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{2}
+	return file_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ContainerRoot) GetRoot() string {
@@ -321,20 +395,41 @@ func (x *ContainerRoot) GetResources() *Resources {
 	return nil
 }
 
+func (x *ContainerRoot) GetMaskedPaths() []string {
+	if x != nil {
+		return x.MaskedPaths
+	}
+	return nil
+}
+
+func (x *ContainerRoot) GetReadonlyPaths() []string {
+	if x != nil {
+		return x.ReadonlyPaths
+	}
+	return nil
+}
+
 // Resources are a container's limits, written to its cgroup (cgroup v2).
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// memory_max_bytes is memory.max; 0 means no limit.
 	MemoryMaxBytes uint64 `protobuf:"varint,1,opt,name=memory_max_bytes,json=memoryMaxBytes,proto3" json:"memory_max_bytes,omitempty"`
 	// pids_max is pids.max; 0 means no limit.
-	PidsMax       uint64 `protobuf:"varint,2,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`
+	PidsMax uint64 `protobuf:"varint,2,opt,name=pids_max,json=pidsMax,proto3" json:"pids_max,omitempty"`
+	// cpu_quota_usec and cpu_period_usec are cpu.max: at most quota of CPU
+	// time per period. A quota of 0 means no limit; a period of 0 is the
+	// kernel's default, 100000.
+	CpuQuotaUsec  uint64 `protobuf:"varint,3,opt,name=cpu_quota_usec,json=cpuQuotaUsec,proto3" json:"cpu_quota_usec,omitempty"`
+	CpuPeriodUsec uint64 `protobuf:"varint,4,opt,name=cpu_period_usec,json=cpuPeriodUsec,proto3" json:"cpu_period_usec,omitempty"`
+	// cpu_weight is cpu.weight (1 to 10000, 100 by default); 0 means 100.
+	CpuWeight     uint64 `protobuf:"varint,5,opt,name=cpu_weight,json=cpuWeight,proto3" json:"cpu_weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -346,7 +441,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[3]
+	mi := &file_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -359,7 +454,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{3}
+	return file_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Resources) GetMemoryMaxBytes() uint64 {
@@ -372,6 +467,27 @@ func (x *Resources) GetMemoryMaxBytes() uint64 {
 func (x *Resources) GetPidsMax() uint64 {
 	if x != nil {
 		return x.PidsMax
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuQuotaUsec() uint64 {
+	if x != nil {
+		return x.CpuQuotaUsec
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuPeriodUsec() uint64 {
+	if x != nil {
+		return x.CpuPeriodUsec
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuWeight() uint64 {
+	if x != nil {
+		return x.CpuWeight
 	}
 	return 0
 }
@@ -394,7 +510,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -406,7 +522,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -419,7 +535,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Mount) GetDestination() string {
@@ -463,7 +579,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +591,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +604,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Rlimit) GetResource() uint32 {
@@ -526,7 +642,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +654,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +667,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Capabilities) GetBounding() []uint32 {
@@ -600,7 +716,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +728,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +741,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -651,7 +767,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +779,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +792,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 // ExecRequest is one client message of an Exec call.
@@ -696,7 +812,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +824,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +837,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -832,7 +948,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +960,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +973,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExitStatus) GetCode() int32 {
@@ -893,7 +1009,7 @@ type Started struct {
 
 func (x *Started) Reset() {
 	*x = Started{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1021,7 @@ func (x *Started) String() string {
 func (*Started) ProtoMessage() {}
 
 func (x *Started) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1034,7 @@ func (x *Started) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Started.ProtoReflect.Descriptor instead.
 func (*Started) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Started) GetPid() uint32 {
@@ -944,7 +1060,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1072,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1085,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1063,7 +1179,7 @@ type PutFileHeader struct {
 
 func (x *PutFileHeader) Reset() {
 	*x = PutFileHeader{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1191,7 @@ func (x *PutFileHeader) String() string {
 func (*PutFileHeader) ProtoMessage() {}
 
 func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1204,7 @@ func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileHeader.ProtoReflect.Descriptor instead.
 func (*PutFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutFileHeader) GetPath() string {
@@ -1126,7 +1242,7 @@ type PutFileRequest struct {
 
 func (x *PutFileRequest) Reset() {
 	*x = PutFileRequest{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1254,7 @@ func (x *PutFileRequest) String() string {
 func (*PutFileRequest) ProtoMessage() {}
 
 func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1267,7 @@ func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileRequest.ProtoReflect.Descriptor instead.
 func (*PutFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutFileRequest) GetMsg() isPutFileRequest_Msg {
@@ -1206,7 +1322,7 @@ type PutFileResponse struct {
 
 func (x *PutFileResponse) Reset() {
 	*x = PutFileResponse{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1218,7 +1334,7 @@ func (x *PutFileResponse) String() string {
 func (*PutFileResponse) ProtoMessage() {}
 
 func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1231,7 +1347,7 @@ func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileResponse.ProtoReflect.Descriptor instead.
 func (*PutFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutFileResponse) GetSize() uint64 {
@@ -1252,7 +1368,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1380,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1393,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1300,7 +1416,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1428,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1441,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FileInfo) GetMode() uint32 {
@@ -1356,7 +1472,7 @@ type GetFileResponse struct {
 
 func (x *GetFileResponse) Reset() {
 	*x = GetFileResponse{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1484,7 @@ func (x *GetFileResponse) String() string {
 func (*GetFileResponse) ProtoMessage() {}
 
 func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1497,7 @@ func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileResponse.ProtoReflect.Descriptor instead.
 func (*GetFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetFileResponse) GetMsg() isGetFileResponse_Msg {
@@ -1441,7 +1557,7 @@ type PutTreeRequest struct {
 
 func (x *PutTreeRequest) Reset() {
 	*x = PutTreeRequest{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1453,7 +1569,7 @@ func (x *PutTreeRequest) String() string {
 func (*PutTreeRequest) ProtoMessage() {}
 
 func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1466,7 +1582,7 @@ func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
 func (*PutTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
@@ -1525,7 +1641,7 @@ type PutTreeResponse struct {
 
 func (x *PutTreeResponse) Reset() {
 	*x = PutTreeResponse{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1653,7 @@ func (x *PutTreeResponse) String() string {
 func (*PutTreeResponse) ProtoMessage() {}
 
 func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1666,7 @@ func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
 func (*PutTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutTreeResponse) GetEntries() uint64 {
@@ -1585,7 +1701,7 @@ type GetTreeRequest struct {
 
 func (x *GetTreeRequest) Reset() {
 	*x = GetTreeRequest{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1597,7 +1713,7 @@ func (x *GetTreeRequest) String() string {
 func (*GetTreeRequest) ProtoMessage() {}
 
 func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1610,7 +1726,7 @@ func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
 func (*GetTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetTreeRequest) GetPath() string {
@@ -1630,7 +1746,7 @@ type GetTreeResponse struct {
 
 func (x *GetTreeResponse) Reset() {
 	*x = GetTreeResponse{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1758,7 @@ func (x *GetTreeResponse) String() string {
 func (*GetTreeResponse) ProtoMessage() {}
 
 func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1771,7 @@ func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
 func (*GetTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetTreeResponse) GetData() []byte {
@@ -1674,7 +1790,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1802,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1815,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -1724,7 +1840,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1852,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1865,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1810,7 +1926,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +1938,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +1951,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 // ShutdownResponse is empty.
@@ -1847,7 +1963,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +1975,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +1988,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 // ContainerStatsRequest names the container.
@@ -1885,7 +2001,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2013,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2026,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContainerStatsRequest) GetId() string {
@@ -1934,14 +2050,19 @@ type ContainerStatsResponse struct {
 	// pids.current.
 	PidsCurrent uint64 `protobuf:"varint,6,opt,name=pids_current,json=pidsCurrent,proto3" json:"pids_current,omitempty"`
 	// memory_stat holds memory.stat's fields (anon, file, inactive_file, ...).
-	MemoryStat    map[string]uint64 `protobuf:"bytes,7,rep,name=memory_stat,json=memoryStat,proto3" json:"memory_stat,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MemoryStat map[string]uint64 `protobuf:"bytes,7,rep,name=memory_stat,json=memoryStat,proto3" json:"memory_stat,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// From cpu.stat with a CPU limit (cpu.max): periods, periods in which
+	// the container was throttled, and the time it was throttled.
+	CpuNrPeriods     uint64 `protobuf:"varint,8,opt,name=cpu_nr_periods,json=cpuNrPeriods,proto3" json:"cpu_nr_periods,omitempty"`
+	CpuNrThrottled   uint64 `protobuf:"varint,9,opt,name=cpu_nr_throttled,json=cpuNrThrottled,proto3" json:"cpu_nr_throttled,omitempty"`
+	CpuThrottledUsec uint64 `protobuf:"varint,10,opt,name=cpu_throttled_usec,json=cpuThrottledUsec,proto3" json:"cpu_throttled_usec,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1953,7 +2074,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1966,7 +2087,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
@@ -2018,6 +2139,27 @@ func (x *ContainerStatsResponse) GetMemoryStat() map[string]uint64 {
 	return nil
 }
 
+func (x *ContainerStatsResponse) GetCpuNrPeriods() uint64 {
+	if x != nil {
+		return x.CpuNrPeriods
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetCpuNrThrottled() uint64 {
+	if x != nil {
+		return x.CpuNrThrottled
+	}
+	return 0
+}
+
+func (x *ContainerStatsResponse) GetCpuThrottledUsec() uint64 {
+	if x != nil {
+		return x.CpuThrottledUsec
+	}
+	return 0
+}
+
 // UpdateContainerRequest names the container and its new limits.
 type UpdateContainerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2029,7 +2171,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2183,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2196,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -2080,7 +2222,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2234,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,14 +2247,14 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
 
 const file_agent_proto_rawDesc = "" +
 	"\n" +
-	"\vagent.proto\x12\x10microvm.agent.v1\"\xd5\x03\n" +
+	"\vagent.proto\x12\x10microvm.agent.v1\"\x90\x04\n" +
 	"\tExecStart\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12\x10\n" +
 	"\x03env\x18\x02 \x03(\tR\x03env\x12\x10\n" +
@@ -2127,21 +2269,31 @@ const file_agent_proto_rawDesc = "" +
 	"\fcapabilities\x18\n" +
 	" \x01(\v2\x1e.microvm.agent.v1.CapabilitiesR\fcapabilities\x12*\n" +
 	"\x11no_new_privileges\x18\v \x01(\bR\x0fnoNewPrivileges\x12'\n" +
-	"\x0fadditional_gids\x18\f \x03(\rR\x0eadditionalGidsB\x06\n" +
+	"\x0fadditional_gids\x18\f \x03(\rR\x0eadditionalGids\x129\n" +
+	"\aseccomp\x18\r \x01(\v2\x1f.microvm.agent.v1.SeccompFilterR\aseccompB\x06\n" +
 	"\x04_uidB\x06\n" +
-	"\x04_gid\"T\n" +
+	"\x04_gid\"?\n" +
+	"\rSeccompFilter\x12\x18\n" +
+	"\aprogram\x18\x01 \x01(\fR\aprogram\x12\x14\n" +
+	"\x05flags\x18\x02 \x01(\rR\x05flags\"T\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x127\n" +
-	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\xc7\x01\n" +
+	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\x91\x02\n" +
 	"\rContainerRoot\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1a\n" +
 	"\breadonly\x18\x02 \x01(\bR\breadonly\x12\x1a\n" +
 	"\bhostname\x18\x03 \x01(\tR\bhostname\x12/\n" +
 	"\x06mounts\x18\x04 \x03(\v2\x17.microvm.agent.v1.MountR\x06mounts\x129\n" +
-	"\tresources\x18\x05 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\"P\n" +
+	"\tresources\x18\x05 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\x12!\n" +
+	"\fmasked_paths\x18\x06 \x03(\tR\vmaskedPaths\x12%\n" +
+	"\x0ereadonly_paths\x18\a \x03(\tR\rreadonlyPaths\"\xbd\x01\n" +
 	"\tResources\x12(\n" +
 	"\x10memory_max_bytes\x18\x01 \x01(\x04R\x0ememoryMaxBytes\x12\x19\n" +
-	"\bpids_max\x18\x02 \x01(\x04R\apidsMax\"o\n" +
+	"\bpids_max\x18\x02 \x01(\x04R\apidsMax\x12$\n" +
+	"\x0ecpu_quota_usec\x18\x03 \x01(\x04R\fcpuQuotaUsec\x12&\n" +
+	"\x0fcpu_period_usec\x18\x04 \x01(\x04R\rcpuPeriodUsec\x12\x1d\n" +
+	"\n" +
+	"cpu_weight\x18\x05 \x01(\x04R\tcpuWeight\"o\n" +
 	"\x05Mount\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -2226,7 +2378,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse\"'\n" +
 	"\x15ContainerStatsRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xa3\x03\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xa1\x04\n" +
 	"\x16ContainerStatsResponse\x12$\n" +
 	"\x0ecpu_usage_usec\x18\x01 \x01(\x04R\fcpuUsageUsec\x12\"\n" +
 	"\rcpu_user_usec\x18\x02 \x01(\x04R\vcpuUserUsec\x12&\n" +
@@ -2235,7 +2387,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x10memory_max_bytes\x18\x05 \x01(\x04R\x0ememoryMaxBytes\x12!\n" +
 	"\fpids_current\x18\x06 \x01(\x04R\vpidsCurrent\x12Y\n" +
 	"\vmemory_stat\x18\a \x03(\v28.microvm.agent.v1.ContainerStatsResponse.MemoryStatEntryR\n" +
-	"memoryStat\x1a=\n" +
+	"memoryStat\x12$\n" +
+	"\x0ecpu_nr_periods\x18\b \x01(\x04R\fcpuNrPeriods\x12(\n" +
+	"\x10cpu_nr_throttled\x18\t \x01(\x04R\x0ecpuNrThrottled\x12,\n" +
+	"\x12cpu_throttled_usec\x18\n" +
+	" \x01(\x04R\x10cpuThrottledUsec\x1a=\n" +
 	"\x0fMemoryStatEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"c\n" +
@@ -2266,81 +2422,83 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_agent_proto_goTypes = []any{
 	(*ExecStart)(nil),               // 0: microvm.agent.v1.ExecStart
-	(*Container)(nil),               // 1: microvm.agent.v1.Container
-	(*ContainerRoot)(nil),           // 2: microvm.agent.v1.ContainerRoot
-	(*Resources)(nil),               // 3: microvm.agent.v1.Resources
-	(*Mount)(nil),                   // 4: microvm.agent.v1.Mount
-	(*Rlimit)(nil),                  // 5: microvm.agent.v1.Rlimit
-	(*Capabilities)(nil),            // 6: microvm.agent.v1.Capabilities
-	(*PtySize)(nil),                 // 7: microvm.agent.v1.PtySize
-	(*CloseStdin)(nil),              // 8: microvm.agent.v1.CloseStdin
-	(*ExecRequest)(nil),             // 9: microvm.agent.v1.ExecRequest
-	(*ExitStatus)(nil),              // 10: microvm.agent.v1.ExitStatus
-	(*Started)(nil),                 // 11: microvm.agent.v1.Started
-	(*ExecResponse)(nil),            // 12: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),           // 13: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),          // 14: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),         // 15: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),          // 16: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),                // 17: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),         // 18: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),          // 19: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),         // 20: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),          // 21: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),         // 22: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),             // 23: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 24: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),         // 25: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 26: microvm.agent.v1.ShutdownResponse
-	(*ContainerStatsRequest)(nil),   // 27: microvm.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil),  // 28: microvm.agent.v1.ContainerStatsResponse
-	(*UpdateContainerRequest)(nil),  // 29: microvm.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil), // 30: microvm.agent.v1.UpdateContainerResponse
-	nil,                             // 31: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	(*SeccompFilter)(nil),           // 1: microvm.agent.v1.SeccompFilter
+	(*Container)(nil),               // 2: microvm.agent.v1.Container
+	(*ContainerRoot)(nil),           // 3: microvm.agent.v1.ContainerRoot
+	(*Resources)(nil),               // 4: microvm.agent.v1.Resources
+	(*Mount)(nil),                   // 5: microvm.agent.v1.Mount
+	(*Rlimit)(nil),                  // 6: microvm.agent.v1.Rlimit
+	(*Capabilities)(nil),            // 7: microvm.agent.v1.Capabilities
+	(*PtySize)(nil),                 // 8: microvm.agent.v1.PtySize
+	(*CloseStdin)(nil),              // 9: microvm.agent.v1.CloseStdin
+	(*ExecRequest)(nil),             // 10: microvm.agent.v1.ExecRequest
+	(*ExitStatus)(nil),              // 11: microvm.agent.v1.ExitStatus
+	(*Started)(nil),                 // 12: microvm.agent.v1.Started
+	(*ExecResponse)(nil),            // 13: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),           // 14: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),          // 15: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),         // 16: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),          // 17: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),                // 18: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),         // 19: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),          // 20: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),         // 21: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),          // 22: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),         // 23: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),             // 24: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 25: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),         // 26: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 27: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),   // 28: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),  // 29: microvm.agent.v1.ContainerStatsResponse
+	(*UpdateContainerRequest)(nil),  // 30: microvm.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil), // 31: microvm.agent.v1.UpdateContainerResponse
+	nil,                             // 32: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
-	7,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
-	1,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
-	5,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
-	6,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
-	2,  // 4: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
-	4,  // 5: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
-	3,  // 6: microvm.agent.v1.ContainerRoot.resources:type_name -> microvm.agent.v1.Resources
-	0,  // 7: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
-	8,  // 8: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
-	7,  // 9: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
-	11, // 10: microvm.agent.v1.ExecResponse.started:type_name -> microvm.agent.v1.Started
-	10, // 11: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
-	13, // 12: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
-	17, // 13: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	31, // 14: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
-	3,  // 15: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
-	9,  // 16: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	14, // 17: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	16, // 18: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	19, // 19: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	21, // 20: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	23, // 21: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	27, // 22: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
-	29, // 23: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
-	25, // 24: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	12, // 25: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	15, // 26: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	18, // 27: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	20, // 28: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	22, // 29: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	24, // 30: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	28, // 31: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
-	30, // 32: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
-	26, // 33: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	25, // [25:34] is the sub-list for method output_type
-	16, // [16:25] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	8,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
+	2,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
+	6,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
+	7,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
+	1,  // 4: microvm.agent.v1.ExecStart.seccomp:type_name -> microvm.agent.v1.SeccompFilter
+	3,  // 5: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
+	5,  // 6: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
+	4,  // 7: microvm.agent.v1.ContainerRoot.resources:type_name -> microvm.agent.v1.Resources
+	0,  // 8: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
+	9,  // 9: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
+	8,  // 10: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
+	12, // 11: microvm.agent.v1.ExecResponse.started:type_name -> microvm.agent.v1.Started
+	11, // 12: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
+	14, // 13: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
+	18, // 14: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
+	32, // 15: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	4,  // 16: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
+	10, // 17: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	15, // 18: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	17, // 19: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	20, // 20: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	22, // 21: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	24, // 22: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	28, // 23: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	30, // 24: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
+	26, // 25: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	13, // 26: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	16, // 27: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	19, // 28: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	21, // 29: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	23, // 30: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	25, // 31: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	29, // 32: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	31, // 33: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
+	27, // 34: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2349,28 +2507,28 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[14].OneofWrappers = []any{
+	file_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*PutFileRequest_Header)(nil),
 		(*PutFileRequest_Data)(nil),
 	}
-	file_agent_proto_msgTypes[18].OneofWrappers = []any{
+	file_agent_proto_msgTypes[19].OneofWrappers = []any{
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
-	file_agent_proto_msgTypes[19].OneofWrappers = []any{
+	file_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*PutTreeRequest_Dir)(nil),
 		(*PutTreeRequest_Data)(nil),
 	}
@@ -2380,7 +2538,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

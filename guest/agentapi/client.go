@@ -72,6 +72,7 @@ type Cmd struct {
 	Capabilities    *Capabilities
 	NoNewPrivileges bool
 	AdditionalGIDs  []uint32
+	Seccomp         *SeccompFilter
 
 	// Stdin, when not nil, is copied to the process's standard input,
 	// which is closed when Stdin returns io.EOF; a nil Stdin closes it at
@@ -101,6 +102,7 @@ func (c *Client) Exec(ctx context.Context, cmd *Cmd) (*ExitStatus, error) {
 		Uid: cmd.UID, Gid: cmd.GID, Pty: cmd.Pty,
 		Container: cmd.Container, Rlimits: cmd.Rlimits, Capabilities: cmd.Capabilities,
 		NoNewPrivileges: cmd.NoNewPrivileges, AdditionalGids: cmd.AdditionalGIDs,
+		Seccomp: cmd.Seccomp,
 	}
 	if cmd.Timeout > 0 {
 		start.TimeoutMs = uint64((cmd.Timeout + time.Millisecond - 1) / time.Millisecond)

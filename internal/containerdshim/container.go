@@ -8,6 +8,8 @@ import (
 
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // container is one container of the VM: its bundle, its root file system
@@ -19,6 +21,9 @@ type container struct {
 	rootfs *rootfs
 	init   *process
 	execs  map[string]*process
+	// seccomp is the spec's profile compiled (nil: none), for the init
+	// and every exec.
+	seccomp *agentapi.SeccompFilter
 }
 
 // process finds the container's init process ("") or one of its execs.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v2"
@@ -104,6 +105,9 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
+	if st.Seccomp, err = seccompFilter(spec, log.G(s.ctx).WithField("id", r.ID)); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
 	s.mu.Lock()
 	vm := s.vm
 	switch {
@@ -126,6 +130,8 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}()
 	}
 
+	var phases createPhases
+	t0 := time.Now()
 	rfs, err := mountRootfs(r.Bundle, r.Rootfs)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
@@ -135,11 +141,13 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			rfs.cleanup()
 		}
 	}()
+	phases.mark(&phases.mount, &t0)
 	guestRoot := "/"
 	if first {
 		if err := rfs.writeExt4(ctx); err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}
+		phases.mark(&phases.ext4, &t0)
 		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
 		if err != nil {
 			return nil, errdefs.ToGRPC(err)
@@ -149,18 +157,22 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 				vm.stop()
 			}
 		}()
+		phases.mark(&phases.boot, &t0)
 	} else {
 		guestRoot = guestDir(r.ID) + "/rootfs"
 		if err := putTree(ctx, vm.files, rfs.src, guestRoot); err != nil {
 			return nil, errdefs.ToGRPC(fmt.Errorf("rootfs: %w", err))
 		}
+		phases.mark(&phases.copy, &t0)
 	}
 	binds, err := copyBinds(ctx, vm.files, r.ID, spec)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
+	phases.mark(&phases.volumes, &t0)
+	phases.log(log.G(s.ctx).WithField("id", r.ID))
 	st.Container = &agentapi.Container{Id: r.ID, Create: containerRoot(spec, guestRoot, binds)}
-	c := &container{id: r.ID, bundle: r.Bundle, rootfs: rfs,
+	c := &container{id: r.ID, bundle: r.Bundle, rootfs: rfs, seccomp: st.Seccomp,
 		init:  newProcess("", stdio{r.Stdin, r.Stdout, r.Stderr, r.Terminal}, st),
 		execs: map[string]*process{}}
 	s.mu.Lock()
@@ -323,6 +335,7 @@ func (s *Service) Exec(ctx context.Context, r *taskAPI.ExecProcessRequest) (*emp
 	case r.ExecID == "" || c.execs[r.ExecID] != nil:
 		err = errdefs.ToGRPCf(errdefs.ErrAlreadyExists, "exec %q of container %q", r.ExecID, r.ID)
 	default:
+		st.Seccomp = c.seccomp // an exec runs under its container's profile, as under runc
 		c.execs[r.ExecID] = newProcess(r.ExecID, stdio{r.Stdin, r.Stdout, r.Stderr, r.Terminal}, st)
 	}
 	s.mu.Unlock()

@@ -6,8 +6,10 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	capability "github.com/containerd/containerd/pkg/cap"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/seccomp"
 )
 
 // The terminal size of a process whose spec gives none.
@@ -125,6 +127,7 @@ func containerRoot(s *specs.Spec, root string, binds map[int]string) *agentapi.C
 	}
 	if s.Linux != nil {
 		r.Resources = resources(s.Linux.Resources)
+		r.MaskedPaths, r.ReadonlyPaths = s.Linux.MaskedPaths, s.Linux.ReadonlyPaths
 	}
 	for i, m := range s.Mounts {
 		am := &agentapi.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options}
@@ -136,9 +139,10 @@ func containerRoot(s *specs.Spec, root string, binds map[int]string) *agentapi.C
 	return r
 }
 
-// resources are the limits of s's linux.resources that the guest applies
-// to the container's cgroup: memory and pids (nil when it sets neither).
-// CPU shares and quota, block I/O and hugepages are not applied.
+// resources are the limits of linux.resources that the guest applies to
+// the container's cgroup (v2): memory, pids, and CPU quota, period and
+// shares (nil when it sets none of them). Block I/O, hugepages, cpusets
+// and realtime CPU are not applied.
 func resources(r *specs.LinuxResources) *agentapi.Resources {
 	if r == nil {
 		return nil
@@ -150,10 +154,37 @@ func resources(r *specs.LinuxResources) *agentapi.Resources {
 	if r.Pids != nil && r.Pids.Limit > 0 {
 		out.PidsMax = uint64(r.Pids.Limit)
 	}
-	if out.MemoryMaxBytes == 0 && out.PidsMax == 0 {
+	if c := r.CPU; c != nil {
+		if c.Quota != nil && *c.Quota > 0 {
+			out.CpuQuotaUsec = uint64(*c.Quota)
+		}
+		if c.Period != nil {
+			out.CpuPeriodUsec = *c.Period
+		}
+		if c.Shares != nil {
+			out.CpuWeight = sharesToWeight(*c.Shares)
+		}
+	}
+	if out.MemoryMaxBytes == 0 && out.PidsMax == 0 && out.CpuQuotaUsec == 0 && out.CpuPeriodUsec == 0 && out.CpuWeight == 0 {
 		return nil
 	}
 	return &out
+}
+
+// sharesToWeight maps cgroup v1 CPU shares (2 to 262144, what CRI sends:
+// 1024 per CPU requested) onto cgroup v2's cpu.weight (1 to 10000) the way
+// runc and crun do, so a pod's weight in the guest is what it would be on
+// a cgroup v2 node: 2 → 1, 1024 → 39, 262144 → 10000. 0 stays 0 (unset).
+func sharesToWeight(shares uint64) uint64 {
+	switch {
+	case shares == 0:
+		return 0
+	case shares < 2:
+		shares = 2
+	case shares > 262144:
+		shares = 262144
+	}
+	return 1 + (shares-2)*9999/262142
 }
 
 func hasOption(opts []string, names ...string) bool {
@@ -181,4 +212,26 @@ func podNetNS(spec *specs.Spec) string {
 		}
 	}
 	return ""
+}
+
+// seccompFilter compiles the spec's linux.seccomp (containerd's
+// RuntimeDefault profile, a Localhost one, or none) into the filter the
+// agent installs in the guest before the container's program runs. System
+// call names x86-64 lacks are skipped (profiles list several
+// architectures') and logged; what the compiler refuses fails Create.
+func seccompFilter(s *specs.Spec, log logrus.FieldLogger) (*agentapi.SeccompFilter, error) {
+	if s.Linux == nil || s.Linux.Seccomp == nil {
+		return nil, nil
+	}
+	f, err := seccomp.CompileOCI(s.Linux.Seccomp)
+	if err != nil {
+		return nil, fmt.Errorf("%w: linux.seccomp: %w", errdefs.ErrInvalidArgument, err)
+	}
+	if f == nil {
+		return nil, nil
+	}
+	if len(f.Unknown) > 0 {
+		log.Debugf("linux.seccomp: %d system call names unknown on x86-64, skipped: %v", len(f.Unknown), f.Unknown)
+	}
+	return &agentapi.SeccompFilter{Program: f.Program, Flags: f.Flags}, nil
 }

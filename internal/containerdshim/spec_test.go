@@ -8,6 +8,7 @@ import (
 
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 )
 
 func TestExecStart(t *testing.T) {
@@ -123,9 +124,22 @@ func TestResources(t *testing.T) {
 	if r == nil || r.MemoryMaxBytes != 64<<20 || r.PidsMax != 100 {
 		t.Errorf("resources = %v", r)
 	}
-	shares := uint64(512)
-	if r := resources(&specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}); r != nil {
-		t.Errorf("CPU shares only: %v, want nil (nothing the guest applies)", r)
+	shares, quota, period := uint64(1024), int64(50000), uint64(100000)
+	r = resources(&specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period}})
+	if r == nil || r.CpuWeight != 39 || r.CpuQuotaUsec != 50000 || r.CpuPeriodUsec != 100000 {
+		t.Errorf("CPU shares 1024, quota 50000/100000: %v, want weight 39 and cpu.max 50000 100000", r)
+	}
+	unlimited := int64(-1)
+	if r := resources(&specs.LinuxResources{CPU: &specs.LinuxCPU{Quota: &unlimited}}); r != nil {
+		t.Errorf("quota -1 only: %v, want nil (no limit)", r)
+	}
+	if r := resources(&specs.LinuxResources{BlockIO: &specs.LinuxBlockIO{}}); r != nil {
+		t.Errorf("block I/O only: %v, want nil (nothing the guest applies)", r)
+	}
+	for shares, want := range map[uint64]uint64{0: 0, 1: 1, 2: 1, 1024: 39, 262144: 10000, 1 << 20: 10000} {
+		if got := sharesToWeight(shares); got != want {
+			t.Errorf("sharesToWeight(%d) = %d, want %d", shares, got, want)
+		}
 	}
 	if r := resources(nil); r != nil {
 		t.Errorf("nil: %v", r)
@@ -149,5 +163,23 @@ func TestPodNetNS(t *testing.T) {
 	}
 	if got := podNetNS(&specs.Spec{}); got != "" {
 		t.Errorf("podNetNS of a spec without linux: %q", got)
+	}
+}
+
+// The spec's seccomp profile is compiled for the agent; none is no filter,
+// and one the compiler refuses is an invalid argument naming linux.seccomp.
+func TestSeccompFilter(t *testing.T) {
+	log := logrus.New()
+	if f, err := seccompFilter(&specs.Spec{Linux: &specs.Linux{}}, log); f != nil || err != nil {
+		t.Errorf("no profile: %v, %v", f, err)
+	}
+	f, err := seccompFilter(&specs.Spec{Linux: &specs.Linux{Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActErrno,
+		Syscalls: []specs.LinuxSyscall{{Names: []string{"read", "arm_fadvise64_64"}, Action: specs.ActAllow}}}}}, log)
+	if err != nil || f == nil || len(f.Program) == 0 || len(f.Program)%8 != 0 {
+		t.Errorf("a profile: %v, %v; want a program", f, err)
+	}
+	_, err = seccompFilter(&specs.Spec{Linux: &specs.Linux{Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActNotify}}}, log)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "linux.seccomp") {
+		t.Errorf("a notify profile: %v, want an invalid argument naming linux.seccomp", err)
 	}
 }

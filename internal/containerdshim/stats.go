@@ -41,10 +41,9 @@ func (s *Service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	return &taskAPI.StatsResponse{Stats: protobuf.FromAny(any)}, nil
 }
 
-// Update sets the container's memory and pids limits on its cgroup in the
-// guest (kubelet's UpdateContainerResources, crictl update). A request
-// that asks for nothing the guest applies is refused: CPU and block I/O
-// limits are not built.
+// Update sets the container's memory, pids and CPU limits on its cgroup in
+// the guest (kubelet's UpdateContainerResources, crictl update). A request
+// that asks for nothing the guest applies (block I/O only, say) is refused.
 func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
 	vm, err := s.vmOf(r.ID)
 	if err != nil {
@@ -60,7 +59,7 @@ func (s *Service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*em
 	}
 	res := resources(lr)
 	if res == nil {
-		return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "update of %s: only memory and pids limits are applied in a microvm guest", r.ID)
+		return nil, errdefs.ToGRPCf(errdefs.ErrNotImplemented, "update of %s: only memory, pids and CPU limits are applied in a microvm guest", r.ID)
 	}
 	if _, err := vm.client.UpdateContainer(ctx, &agentapi.UpdateContainerRequest{Id: r.ID, Resources: res}); err != nil {
 		return nil, errdefs.ToGRPC(fmt.Errorf("update of %s: %w", r.ID, agentErr(err)))
@@ -73,7 +72,8 @@ func metrics(st *agentapi.ContainerStatsResponse) *cgroupsv2.Metrics {
 	m := st.MemoryStat
 	return &cgroupsv2.Metrics{
 		Pids: &cgroupsv2.PidsStat{Current: st.PidsCurrent},
-		CPU:  &cgroupsv2.CPUStat{UsageUsec: st.CpuUsageUsec, UserUsec: st.CpuUserUsec, SystemUsec: st.CpuSystemUsec},
+		CPU: &cgroupsv2.CPUStat{UsageUsec: st.CpuUsageUsec, UserUsec: st.CpuUserUsec, SystemUsec: st.CpuSystemUsec,
+			NrPeriods: st.CpuNrPeriods, NrThrottled: st.CpuNrThrottled, ThrottledUsec: st.CpuThrottledUsec},
 		Memory: &cgroupsv2.MemoryStat{
 			Usage: st.MemoryCurrentBytes, UsageLimit: st.MemoryMaxBytes,
 			Anon: m["anon"], File: m["file"], KernelStack: m["kernel_stack"], Slab: m["slab"],

@@ -15,6 +15,7 @@ import (
 func TestMetrics(t *testing.T) {
 	st := &agentapi.ContainerStatsResponse{
 		CpuUsageUsec: 1500, CpuUserUsec: 1000, CpuSystemUsec: 500,
+		CpuNrPeriods: 10, CpuNrThrottled: 4, CpuThrottledUsec: 900,
 		MemoryCurrentBytes: 8 << 20, PidsCurrent: 3,
 		MemoryStat: map[string]uint64{"anon": 4 << 20, "inactive_file": 1 << 20},
 	}
@@ -34,7 +35,8 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("decoded %T", v)
 	}
 	if m.CPU.UsageUsec != 1500 || m.CPU.UserUsec != 1000 || m.Memory.Usage != 8<<20 ||
-		m.Memory.Anon != 4<<20 || m.Memory.InactiveFile != 1<<20 || m.Pids.Current != 3 {
+		m.Memory.Anon != 4<<20 || m.Memory.InactiveFile != 1<<20 || m.Pids.Current != 3 ||
+		m.CPU.NrPeriods != 10 || m.CPU.NrThrottled != 4 || m.CPU.ThrottledUsec != 900 {
 		t.Errorf("metrics %v", m)
 	}
 }
