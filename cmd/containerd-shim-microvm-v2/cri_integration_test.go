@@ -143,7 +143,8 @@ func (e *ctrEnv) writeJSON(name string, v any) string {
 // RuntimeDefault seccomp profile, kubelet's read-only /proc/sys and a tmpfs
 // volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
 // to the server over localhost; crictl logs shows each one's output and
-// crictl exec reaches them; crictl stats reads the client's cgroup in the
+// crictl exec reaches them; they share the sandbox's IPC and UTS
+// namespaces, not its PID one; crictl stats reads the client's cgroup in the
 // guest, its memory and CPU limits are there and crictl update changes
 // them; stop,
 // rm, stopp and rmp leave nothing behind.
@@ -176,6 +177,9 @@ func TestCrictlPod(t *testing.T) {
 		"image":    map[string]any{"image": testImage},
 		"command":  []string{"sh", "-c", "echo server up; while true; do echo pong | nc -l -p 8080; done"},
 		"log_path": "server.log",
+		// Each container its own PID namespace, as kubelet asks without
+		// shareProcessNamespace (crictl's default is the pod's).
+		"linux": map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 1 /* CONTAINER */}}},
 	})
 	client := e.writeJSON("client.json", map[string]any{
 		"metadata": map[string]any{"name": "client"},
@@ -187,7 +191,8 @@ func TestCrictlPod(t *testing.T) {
 		"log_path": "client.log",
 		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
 		"linux": map[string]any{"security_context": map[string]any{"readonly_rootfs": true,
-			"seccomp": map[string]any{"profile_type": 0 /* RuntimeDefault */},
+			"namespace_options": map[string]any{"pid": 1 /* CONTAINER */},
+			"seccomp":           map[string]any{"profile_type": 0 /* RuntimeDefault */},
 			// What kubelet sends for procMount Default (crictl sends none).
 			"masked_paths": []string{"/proc/kcore", "/proc/keys", "/proc/timer_list"}, "readonly_paths": []string{"/proc/sys", "/proc/sysrq-trigger"}},
 			"resources": map[string]any{"memory_limit_in_bytes": 128 << 20,
@@ -210,7 +215,7 @@ func TestCrictlPod(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("crictl logs client:\n%s", out)
-	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1", "Seccomp:\t2", "procsys=ro", "client done"} {
+	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1\n", "Seccomp:\t2", "procsys=ro", "client done"} {
 		if !strings.Contains(out, want) {
 			raw, _ := os.ReadFile(filepath.Join(logs, "client.log"))
 			t.Fatalf("client's log lacks %q; the log file:\n%s", want, raw)
@@ -225,6 +230,16 @@ func TestCrictlPod(t *testing.T) {
 		if got := e.mustCrictl(crictl, "exec", "-s", id, "grep", "^Seccomp:", "/proc/self/status"); got != want {
 			t.Errorf("crictl exec -s %s grep Seccomp: %q, want %q", id, got, want)
 		}
+	}
+	// The pod's containers share the sandbox's IPC and UTS namespaces in
+	// the guest (CRI names them in each container's spec), and each has
+	// its own PID namespace (the client is PID 1 of its own, above).
+	nsIDs := func(id string) string {
+		return e.mustCrictl(crictl, "exec", "-s", id, "sh", "-c", "readlink /proc/self/ns/ipc; readlink /proc/self/ns/uts; readlink /proc/self/ns/pid")
+	}
+	cns, sns := strings.Split(nsIDs(clientID), "\n"), strings.Split(nsIDs(serverID), "\n")
+	if len(cns) != 3 || len(sns) != 3 || cns[0] != sns[0] || cns[1] != sns[1] || cns[2] == sns[2] {
+		t.Errorf("namespaces (ipc, uts, pid) of the client %q and the server %q: want the same IPC and UTS, different PID", cns, sns)
 	}
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/scratch/f"); got != "t" {
 		t.Errorf("crictl exec -s client cat /scratch/f: %q, want t", got)

@@ -58,10 +58,15 @@ func (s *Server) containerCgroup(id string, create bool) (*os.File, error) {
 
 // removeCgroup removes a container's cgroup once its last process is gone:
 // the kernel kills the rest of a PID namespace when its init exits, which
-// takes a moment, so rmdir's EBUSY is retried for a while.
-func removeCgroup(dir string) {
+// takes a moment, so rmdir's EBUSY is retried for a while. With kill (a
+// container in a PID namespace it does not own) the processes left are
+// killed first through cgroup.kill.
+func removeCgroup(dir string, kill bool) {
 	if dir == "" {
 		return
+	}
+	if kill {
+		writeCgroupFile(filepath.Join(dir, "cgroup.kill"), "1")
 	}
 	for i := 0; i < 100; i++ {
 		err := unix.Rmdir(dir)

@@ -39,16 +39,34 @@ const setupTimeout = 2 * time.Minute
 // its set-up step binds the root before pivot_root.
 const containerDirBase = "/run/microvm-agent/containers"
 
-// The namespaces a container gets of its own; the network stays the
-// VM's, shared by every container (the pod's network).
-const containerNamespaces = unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC
+// A container always gets a mount namespace of its own; the network stays
+// the VM's, shared by every container (the pod's network). Its PID, UTS
+// and IPC namespaces are new unless ContainerRoot.namespaces says
+// otherwise (namespaceKinds).
+const containerNamespaces = unix.CLONE_NEWNS
 
-// joinNamespaces are the namespaces a joining process enters with setns
-// (mount: through its root instead, see ContainerInit).
-var joinNamespaces = []struct {
+// namespaceKind is one of the namespaces a process can enter with setns
+// (the mount namespace is entered through the container's root instead,
+// see ContainerInit).
+type namespaceKind struct {
 	name string
 	flag int
-}{{"pid", unix.CLONE_NEWPID}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC}}
+}
+
+// namespaceKinds are the namespaces a joining process enters, in order.
+var namespaceKinds = []namespaceKind{{"pid", unix.CLONE_NEWPID}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC}}
+
+// nsFile is an open namespace and the kind setns enters it as.
+type nsFile struct {
+	f    *os.File
+	flag int
+}
+
+func closeNS(ns []nsFile) {
+	for _, n := range ns {
+		n.f.Close()
+	}
+}
 
 // containerEntry is one running container: its init's pid once started.
 type containerEntry struct {
@@ -129,29 +147,102 @@ func (cs *containers) drop(id string, e *containerEntry) {
 }
 
 // joinFiles opens what a process joining container id needs: its init's
-// namespaces (joinNamespaces order) and root.
-func (cs *containers) joinFiles(id string) (ns []*os.File, root *os.File, err error) {
+// namespaces (namespaceKinds) and root.
+func (cs *containers) joinFiles(id string) (ns []nsFile, root *os.File, err error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	e := cs.ids[id]
-	if !e.running() {
-		return nil, nil, status.Errorf(codes.FailedPrecondition, "agent: exec: container %q is not running", id)
-	}
-	proc := fmt.Sprintf("/proc/%d", e.pid)
-	for _, n := range joinNamespaces {
-		f, err := os.Open(filepath.Join(proc, "ns", n.name))
-		if err != nil {
-			closeAll(ns)
-			return nil, nil, status.Errorf(codes.Internal, "agent: exec: container %q: %v", id, err)
-		}
-		ns = append(ns, f)
-	}
-	fd, err := unix.Open(filepath.Join(proc, "root"), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	ns, err = cs.namespaces(id, namespaceKinds)
 	if err != nil {
-		closeAll(ns)
+		return nil, nil, err
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/root", cs.ids[id].pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		closeNS(ns)
 		return nil, nil, status.Errorf(codes.Internal, "agent: exec: container %q: root: %v", id, err)
 	}
 	return ns, os.NewFile(uintptr(fd), "container-root"), nil
+}
+
+// namespaces opens the given namespaces of running container id's init.
+// Call it under cs.mu (the init's zombie keeps its pid until drop).
+func (cs *containers) namespaces(id string, kinds []namespaceKind) ([]nsFile, error) {
+	e := cs.ids[id]
+	if !e.running() {
+		return nil, status.Errorf(codes.FailedPrecondition, "agent: exec: container %q is not running", id)
+	}
+	var ns []nsFile
+	for _, k := range kinds {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", e.pid, k.name))
+		if err != nil {
+			closeNS(ns)
+			return nil, status.Errorf(codes.Internal, "agent: exec: container %q: %v", id, err)
+		}
+		ns = append(ns, nsFile{f, k.flag})
+	}
+	return ns, nil
+}
+
+// createNamespaces turns a new container's ContainerRoot.namespaces into
+// clone flags (the mount namespace and the NEW ones) and the namespaces of
+// another container to enter first (the JOIN ones); GUEST ones are
+// neither. It also says whether the container owns its PID namespace.
+func (cs *containers) createNamespaces(id string, n *agentapi.ContainerNamespaces) (flags uintptr, join []nsFile, ownPID bool, err error) {
+	flags = containerNamespaces
+	var kinds []namespaceKind
+	for i, mode := range []agentapi.NamespaceMode{n.GetPid(), n.GetUts(), n.GetIpc()} {
+		switch mode {
+		case agentapi.NamespaceMode_NAMESPACE_NEW:
+			flags |= uintptr(namespaceKinds[i].flag)
+		case agentapi.NamespaceMode_NAMESPACE_JOIN:
+			kinds = append(kinds, namespaceKinds[i])
+		case agentapi.NamespaceMode_NAMESPACE_GUEST:
+		default:
+			return 0, nil, false, status.Errorf(codes.InvalidArgument, "agent: exec: container %q: %s namespace mode %v", id, namespaceKinds[i].name, mode)
+		}
+	}
+	ownPID = n.GetPid() == agentapi.NamespaceMode_NAMESPACE_NEW
+	if len(kinds) == 0 {
+		return flags, nil, ownPID, nil
+	}
+	if err := checkContainerID("exec", n.Of); err != nil {
+		return 0, nil, false, err
+	}
+	if n.Of == id {
+		return 0, nil, false, status.Errorf(codes.InvalidArgument, "agent: exec: container %q cannot join its own namespaces", id)
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	join, err = cs.namespaces(n.Of, kinds)
+	return flags, join, ownPID, err
+}
+
+// startIn runs start on a thread that has entered the namespaces ns first
+// (setns changes the calling thread only; the PID namespace: for its
+// children), or on the caller's thread when there are none. The thread is
+// never unlocked, so it exits with its goroutine instead of running other
+// goroutines in the container's namespaces.
+func startIn(ns []nsFile, start func() (*child, error)) (*child, error) {
+	if len(ns) == 0 {
+		return start()
+	}
+	type result struct {
+		c   *child
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		for _, n := range ns {
+			if err := unix.Setns(int(n.f.Fd()), n.flag); err != nil {
+				res <- result{err: fmt.Errorf("setns %s: %w", n.f.Name(), err)}
+				return
+			}
+		}
+		c, err := start()
+		res <- result{c, err}
+	}()
+	r := <-res
+	return r.c, r.err
 }
 
 // checkContainerID accepts 1 to 128 of [A-Za-z0-9_.-], not "." or ".."
@@ -241,20 +332,31 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		}
 		if err := s.setResources(ct.Id, ct.Create.Resources); err != nil {
 			s.ctrs.drop(ct.Id, e)
-			removeCgroup(s.cgroupDir(ct.Id))
+			removeCgroup(s.cgroupDir(ct.Id), false)
 			return nil, err
 		}
-		sys.Cloneflags = containerNamespaces
-		cgDir := s.cgroupDir(ct.Id)
-		c, err := s.starter.start(self, argv, attr, func(pid int) {
+		flags, join, ownPID, err := s.ctrs.createNamespaces(ct.Id, ct.Create.Namespaces)
+		if err != nil {
 			s.ctrs.drop(ct.Id, e)
-			os.RemoveAll(filepath.Join(containerDirBase, ct.Id))
-			g.leaderExited(pid)
-			go removeCgroup(cgDir)
+			removeCgroup(s.cgroupDir(ct.Id), false)
+			return nil, err
+		}
+		defer closeNS(join)
+		sys.Cloneflags = flags
+		cgDir := s.cgroupDir(ct.Id)
+		c, err := startIn(join, func() (*child, error) {
+			return s.starter.start(self, argv, attr, func(pid int) {
+				s.ctrs.drop(ct.Id, e)
+				os.RemoveAll(filepath.Join(containerDirBase, ct.Id))
+				g.leaderExited(pid)
+				// Without a PID namespace of its own, the init's end
+				// does not end the container's other processes.
+				go removeCgroup(cgDir, !ownPID)
+			})
 		})
 		if err != nil {
 			s.ctrs.drop(ct.Id, e)
-			removeCgroup(cgDir)
+			removeCgroup(cgDir, false)
 			if errors.Is(err, unix.EINVAL) {
 				return nil, status.Errorf(codes.FailedPrecondition,
 					"agent: exec: container %q: new namespaces refused (%v): does the guest kernel have CONFIG_PID_NS, UTS_NS and IPC_NS?", ct.Id, err)
@@ -273,7 +375,7 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 	if err != nil {
 		return nil, err
 	}
-	defer closeAll(ns)
+	defer closeNS(ns)
 	defer root.Close()
 	cg, err := s.containerCgroup(ct.Id, false)
 	if err != nil {
@@ -284,33 +386,14 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
 	}
 	attr.Files = append(attr.Files, root.Fd())
-	type result struct {
-		c   *child
-		err error
+	c, err := startIn(ns, func() (*child, error) { return s.starter.start(self, argv, attr, g.leaderExited) })
+	if err != nil {
+		return nil, startErr(st.Argv[0], err)
 	}
-	res := make(chan result, 1)
-	go func() {
-		// setns changes this thread only (the PID namespace: for its
-		// children); it is never unlocked, so the thread exits with this
-		// goroutine instead of running other goroutines in the container.
-		runtime.LockOSThread()
-		for i, f := range ns {
-			if err := unix.Setns(int(f.Fd()), joinNamespaces[i].flag); err != nil {
-				res <- result{err: fmt.Errorf("setns %s: %w", joinNamespaces[i].name, err)}
-				return
-			}
-		}
-		c, err := s.starter.start(self, argv, attr, g.leaderExited)
-		res <- result{c, err}
-	}()
-	r := <-res
-	if r.err != nil {
-		return nil, startErr(st.Argv[0], r.err)
-	}
-	g.started(r.c.pid)
+	g.started(c.pid)
 	readyW.Close()
 	waitSetUp(readyR, g)
-	return r.c, nil
+	return c, nil
 }
 
 // waitSetUp waits until the set-up step has executed the program or

@@ -22,7 +22,7 @@ import (
 )
 
 // busyboxApplets are linked in the test root.
-var busyboxApplets = []string{"sh", "cat", "echo", "hostname", "ls", "sleep", "grep", "touch", "id", "readlink", "mkdir"}
+var busyboxApplets = []string{"sh", "cat", "echo", "hostname", "ls", "sleep", "grep", "touch", "id", "readlink", "mkdir", "seq", "setsid"}
 
 // containerRoot makes a root file system of the host's static busybox, or
 // skips the test where containers cannot be made (not root, no busybox).
@@ -538,5 +538,73 @@ func TestContainerMaskedAndReadonlyPaths(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(root, "hidden")); string(b) != "sensitive\n" {
 		t.Errorf("the masked file changed outside the container: %q", b)
+	}
+}
+
+// A container can take its PID, UTS and IPC namespaces from another (a
+// pod's containers share the sandbox's) or keep the guest's own (hostPID,
+// hostIPC): it is then not PID 1, keeps the owner's hostname, and when its
+// init exits what it left behind in the shared PID namespace is killed
+// through its cgroup.
+func TestContainerSharedNamespaces(t *testing.T) {
+	root := containerRoot(t)
+	base := cgroup2Base(t)
+	h := newHarness(t, Options{CgroupRoot: base}, false)
+	ctx := testCtx(t)
+	stdinR, stdinW := io.Pipe()
+	defer stdinW.Close()
+	ready := make(chan struct{})
+	go h.client.Exec(ctx, &agentapi.Cmd{Argv: sh(`echo ready; read x`), Env: []string{"PATH=/bin"}, Stdin: stdinR,
+		Stdout:    &notifyWriter{want: "ready", ready: ready},
+		Container: &agentapi.Container{Id: "owner", Create: &agentapi.ContainerRoot{Root: root, Hostname: "pod-c", Mounts: ociMounts()}}})
+	select {
+	case <-ready:
+	case <-ctx.Done():
+		t.Fatal("the owner never got ready")
+	}
+	ids := `for n in pid uts ipc; do readlink /proc/self/ns/$n; done; hostname`
+	owner := run(ctx, h.client, &agentapi.Cmd{Argv: sh(ids), Env: []string{"PATH=/bin"}, Container: &agentapi.Container{Id: "owner"}})
+	if owner.err != nil || owner.exit.Code != 0 {
+		t.Fatalf("join the owner: %v, %v; stderr %q", owner.exit, owner.err, owner.stderr.String())
+	}
+
+	join := agentapi.NamespaceMode_NAMESPACE_JOIN
+	r := run(ctx, h.client, &agentapi.Cmd{Argv: sh(ids + `; echo pid=$$; setsid sleep 1000 </dev/null >/dev/null 2>&1 & sleep 0.2; [ -d /proc/$! ] && echo bg=$!`), Env: []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "sharer", Create: &agentapi.ContainerRoot{Root: root, Hostname: "ignored", Mounts: ociMounts(),
+			Namespaces: &agentapi.ContainerNamespaces{Of: "owner", Pid: join, Uts: join, Ipc: join}}}})
+	lines := strings.Split(r.stdout.String(), "\n")
+	if r.err != nil || len(lines) < 6 || strings.Join(lines[:4], "\n")+"\n" != owner.stdout.String() || lines[4] == "pid=1" {
+		t.Fatalf("sharer: %v, %v, %q (stderr %q); want the owner's namespaces and hostname %q, not PID 1",
+			r.exit, r.err, r.stdout.String(), r.stderr.String(), owner.stdout.String())
+	}
+	// The sharer's init has exited: its background sleep, in a session of
+	// its own (out of reach of the agent's process-group kill), goes too.
+	bg := strings.TrimPrefix(lines[5], "bg=")
+	// Killed, it is a zombie of the owner's init (a shell that does not
+	// reap while it reads) or gone.
+	gone := `for i in $(seq 100); do case "$(grep ^State: /proc/$1/status 2>/dev/null)" in ""|*zombie*) echo gone; exit 0;; esac; sleep 0.1; done; echo alive`
+	if r := run(ctx, h.client, &agentapi.Cmd{Argv: sh(gone, bg), Env: []string{"PATH=/bin"}, Container: &agentapi.Container{Id: "owner"}}); r.stdout.String() != "gone\n" {
+		t.Errorf("the sharer's background process %s after its init ended: %q (stderr %q), want gone", bg, r.stdout.String(), r.stderr.String())
+	}
+
+	// The guest's own namespaces are those of a process outside any
+	// container (not this test's /proc/self: its main thread may be one
+	// the runtime parked after a setns).
+	nsOf := `readlink /proc/self/ns/uts; readlink /proc/self/ns/ipc`
+	agentNS := run(ctx, h.client, &agentapi.Cmd{Argv: sh(nsOf)})
+	guest := agentapi.NamespaceMode_NAMESPACE_GUEST
+	r = run(ctx, h.client, &agentapi.Cmd{Argv: sh(nsOf), Env: []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "hostns", Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts(),
+			Namespaces: &agentapi.ContainerNamespaces{Uts: guest, Ipc: guest}}}})
+	if want := agentNS.stdout.String(); r.err != nil || want == "" || r.stdout.String() != want {
+		t.Errorf("guest namespaces: %v, %v, %q; want the agent's %q", r.exit, r.err, r.stdout.String(), want)
+	}
+
+	for _, bad := range []*agentapi.ContainerNamespaces{{Of: "none", Ipc: join}, {Of: "self", Ipc: join}, {Of: "../x", Ipc: join}} {
+		r := run(ctx, h.client, &agentapi.Cmd{Argv: []string{"true"},
+			Container: &agentapi.Container{Id: "self", Create: &agentapi.ContainerRoot{Root: root, Namespaces: bad}}})
+		if c := status.Code(r.err); c != codes.FailedPrecondition && c != codes.InvalidArgument {
+			t.Errorf("namespaces %v: %v, want FailedPrecondition or InvalidArgument", bad, r.err)
+		}
 	}
 }

@@ -159,7 +159,7 @@ func createRoot(id string, r *agentapi.ContainerRoot) error {
 	if err := readonlyPaths(r.ReadonlyPaths); err != nil {
 		return err
 	}
-	if r.Hostname != "" {
+	if r.Hostname != "" && r.GetNamespaces().GetUts() == agentapi.NamespaceMode_NAMESPACE_NEW {
 		if err := unix.Sethostname([]byte(r.Hostname)); err != nil {
 			return fmt.Errorf("hostname: %w", err)
 		}

@@ -24,6 +24,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// NamespaceMode is where one namespace of a container comes from.
+type NamespaceMode int32
+
+const (
+	// NAMESPACE_NEW: a new namespace of the container's own.
+	NamespaceMode_NAMESPACE_NEW NamespaceMode = 0
+	// NAMESPACE_JOIN: the one of container ContainerNamespaces.of. A
+	// container that does not own its PID namespace is not its PID 1: when
+	// its init exits the agent kills what is left in its cgroup.
+	NamespaceMode_NAMESPACE_JOIN NamespaceMode = 1
+	// NAMESPACE_GUEST: the guest's own, the agent's.
+	NamespaceMode_NAMESPACE_GUEST NamespaceMode = 2
+)
+
+// Enum value maps for NamespaceMode.
+var (
+	NamespaceMode_name = map[int32]string{
+		0: "NAMESPACE_NEW",
+		1: "NAMESPACE_JOIN",
+		2: "NAMESPACE_GUEST",
+	}
+	NamespaceMode_value = map[string]int32{
+		"NAMESPACE_NEW":   0,
+		"NAMESPACE_JOIN":  1,
+		"NAMESPACE_GUEST": 2,
+	}
+)
+
+func (x NamespaceMode) Enum() *NamespaceMode {
+	p := new(NamespaceMode)
+	*p = x
+	return p
+}
+
+func (x NamespaceMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NamespaceMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (NamespaceMode) Type() protoreflect.EnumType {
+	return &file_agent_proto_enumTypes[0]
+}
+
+func (x NamespaceMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NamespaceMode.Descriptor instead.
+func (NamespaceMode) EnumDescriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{0}
+}
+
 // ExecStart describes the process to run.
 type ExecStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -314,7 +369,8 @@ type ContainerRoot struct {
 	Root string `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
 	// readonly makes / read-only once the mounts are made.
 	Readonly bool `protobuf:"varint,2,opt,name=readonly,proto3" json:"readonly,omitempty"`
-	// hostname is set in the container's UTS namespace when not empty.
+	// hostname is set in the container's UTS namespace when not empty and
+	// the namespace is new (a shared one keeps its owner's name).
 	Hostname string `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	// mounts are made in order, below root.
 	Mounts []*Mount `protobuf:"bytes,4,rep,name=mounts,proto3" json:"mounts,omitempty"`
@@ -326,6 +382,10 @@ type ContainerRoot struct {
 	// bound on themselves read-only. Paths that do not exist are skipped.
 	MaskedPaths   []string `protobuf:"bytes,6,rep,name=masked_paths,json=maskedPaths,proto3" json:"masked_paths,omitempty"`
 	ReadonlyPaths []string `protobuf:"bytes,7,rep,name=readonly_paths,json=readonlyPaths,proto3" json:"readonly_paths,omitempty"`
+	// namespaces say where the container's PID, UTS and IPC namespaces come
+	// from; unset, each is new. The mount namespace is always new, the
+	// network namespace always the VM's.
+	Namespaces    *ContainerNamespaces `protobuf:"bytes,8,opt,name=namespaces,proto3" json:"namespaces,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -409,6 +469,86 @@ func (x *ContainerRoot) GetReadonlyPaths() []string {
 	return nil
 }
 
+func (x *ContainerRoot) GetNamespaces() *ContainerNamespaces {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
+// ContainerNamespaces places a container's PID, UTS and IPC namespaces: a
+// pod's containers share its sandbox's IPC and UTS namespaces, and its PID
+// namespace with shareProcessNamespace; a host-namespace pod (hostPID,
+// hostIPC) uses the guest's own.
+type ContainerNamespaces struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// of names the running container whose namespaces JOIN takes.
+	Of            string        `protobuf:"bytes,1,opt,name=of,proto3" json:"of,omitempty"`
+	Pid           NamespaceMode `protobuf:"varint,2,opt,name=pid,proto3,enum=microvm.agent.v1.NamespaceMode" json:"pid,omitempty"`
+	Uts           NamespaceMode `protobuf:"varint,3,opt,name=uts,proto3,enum=microvm.agent.v1.NamespaceMode" json:"uts,omitempty"`
+	Ipc           NamespaceMode `protobuf:"varint,4,opt,name=ipc,proto3,enum=microvm.agent.v1.NamespaceMode" json:"ipc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerNamespaces) Reset() {
+	*x = ContainerNamespaces{}
+	mi := &file_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerNamespaces) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerNamespaces) ProtoMessage() {}
+
+func (x *ContainerNamespaces) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerNamespaces.ProtoReflect.Descriptor instead.
+func (*ContainerNamespaces) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ContainerNamespaces) GetOf() string {
+	if x != nil {
+		return x.Of
+	}
+	return ""
+}
+
+func (x *ContainerNamespaces) GetPid() NamespaceMode {
+	if x != nil {
+		return x.Pid
+	}
+	return NamespaceMode_NAMESPACE_NEW
+}
+
+func (x *ContainerNamespaces) GetUts() NamespaceMode {
+	if x != nil {
+		return x.Uts
+	}
+	return NamespaceMode_NAMESPACE_NEW
+}
+
+func (x *ContainerNamespaces) GetIpc() NamespaceMode {
+	if x != nil {
+		return x.Ipc
+	}
+	return NamespaceMode_NAMESPACE_NEW
+}
+
 // Resources are a container's limits, written to its cgroup (cgroup v2).
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -429,7 +569,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +581,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[4]
+	mi := &file_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +594,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{4}
+	return file_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Resources) GetMemoryMaxBytes() uint64 {
@@ -510,7 +650,7 @@ type Mount struct {
 
 func (x *Mount) Reset() {
 	*x = Mount{}
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +662,7 @@ func (x *Mount) String() string {
 func (*Mount) ProtoMessage() {}
 
 func (x *Mount) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[5]
+	mi := &file_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +675,7 @@ func (x *Mount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mount.ProtoReflect.Descriptor instead.
 func (*Mount) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{5}
+	return file_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Mount) GetDestination() string {
@@ -579,7 +719,7 @@ type Rlimit struct {
 
 func (x *Rlimit) Reset() {
 	*x = Rlimit{}
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +731,7 @@ func (x *Rlimit) String() string {
 func (*Rlimit) ProtoMessage() {}
 
 func (x *Rlimit) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[6]
+	mi := &file_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +744,7 @@ func (x *Rlimit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rlimit.ProtoReflect.Descriptor instead.
 func (*Rlimit) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{6}
+	return file_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Rlimit) GetResource() uint32 {
@@ -642,7 +782,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +794,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[7]
+	mi := &file_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +807,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{7}
+	return file_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Capabilities) GetBounding() []uint32 {
@@ -716,7 +856,7 @@ type PtySize struct {
 
 func (x *PtySize) Reset() {
 	*x = PtySize{}
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +868,7 @@ func (x *PtySize) String() string {
 func (*PtySize) ProtoMessage() {}
 
 func (x *PtySize) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[8]
+	mi := &file_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +881,7 @@ func (x *PtySize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PtySize.ProtoReflect.Descriptor instead.
 func (*PtySize) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{8}
+	return file_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PtySize) GetRows() uint32 {
@@ -767,7 +907,7 @@ type CloseStdin struct {
 
 func (x *CloseStdin) Reset() {
 	*x = CloseStdin{}
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +919,7 @@ func (x *CloseStdin) String() string {
 func (*CloseStdin) ProtoMessage() {}
 
 func (x *CloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[9]
+	mi := &file_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +932,7 @@ func (x *CloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CloseStdin.ProtoReflect.Descriptor instead.
 func (*CloseStdin) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{9}
+	return file_agent_proto_rawDescGZIP(), []int{10}
 }
 
 // ExecRequest is one client message of an Exec call.
@@ -812,7 +952,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +964,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[10]
+	mi := &file_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +977,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{10}
+	return file_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -948,7 +1088,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1100,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[11]
+	mi := &file_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1113,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{11}
+	return file_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExitStatus) GetCode() int32 {
@@ -1009,7 +1149,7 @@ type Started struct {
 
 func (x *Started) Reset() {
 	*x = Started{}
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1161,7 @@ func (x *Started) String() string {
 func (*Started) ProtoMessage() {}
 
 func (x *Started) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[12]
+	mi := &file_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1174,7 @@ func (x *Started) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Started.ProtoReflect.Descriptor instead.
 func (*Started) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{12}
+	return file_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Started) GetPid() uint32 {
@@ -1060,7 +1200,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1212,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[13]
+	mi := &file_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1225,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{13}
+	return file_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -1179,7 +1319,7 @@ type PutFileHeader struct {
 
 func (x *PutFileHeader) Reset() {
 	*x = PutFileHeader{}
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1331,7 @@ func (x *PutFileHeader) String() string {
 func (*PutFileHeader) ProtoMessage() {}
 
 func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[14]
+	mi := &file_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1344,7 @@ func (x *PutFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileHeader.ProtoReflect.Descriptor instead.
 func (*PutFileHeader) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{14}
+	return file_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutFileHeader) GetPath() string {
@@ -1242,7 +1382,7 @@ type PutFileRequest struct {
 
 func (x *PutFileRequest) Reset() {
 	*x = PutFileRequest{}
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1394,7 @@ func (x *PutFileRequest) String() string {
 func (*PutFileRequest) ProtoMessage() {}
 
 func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[15]
+	mi := &file_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1407,7 @@ func (x *PutFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileRequest.ProtoReflect.Descriptor instead.
 func (*PutFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{15}
+	return file_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutFileRequest) GetMsg() isPutFileRequest_Msg {
@@ -1322,7 +1462,7 @@ type PutFileResponse struct {
 
 func (x *PutFileResponse) Reset() {
 	*x = PutFileResponse{}
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1474,7 @@ func (x *PutFileResponse) String() string {
 func (*PutFileResponse) ProtoMessage() {}
 
 func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[16]
+	mi := &file_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1487,7 @@ func (x *PutFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutFileResponse.ProtoReflect.Descriptor instead.
 func (*PutFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{16}
+	return file_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutFileResponse) GetSize() uint64 {
@@ -1368,7 +1508,7 @@ type GetFileRequest struct {
 
 func (x *GetFileRequest) Reset() {
 	*x = GetFileRequest{}
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1520,7 @@ func (x *GetFileRequest) String() string {
 func (*GetFileRequest) ProtoMessage() {}
 
 func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[17]
+	mi := &file_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1533,7 @@ func (x *GetFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileRequest.ProtoReflect.Descriptor instead.
 func (*GetFileRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{17}
+	return file_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetFileRequest) GetPath() string {
@@ -1416,7 +1556,7 @@ type FileInfo struct {
 
 func (x *FileInfo) Reset() {
 	*x = FileInfo{}
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1568,7 @@ func (x *FileInfo) String() string {
 func (*FileInfo) ProtoMessage() {}
 
 func (x *FileInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[18]
+	mi := &file_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1581,7 @@ func (x *FileInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileInfo.ProtoReflect.Descriptor instead.
 func (*FileInfo) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{18}
+	return file_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FileInfo) GetMode() uint32 {
@@ -1472,7 +1612,7 @@ type GetFileResponse struct {
 
 func (x *GetFileResponse) Reset() {
 	*x = GetFileResponse{}
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1484,7 +1624,7 @@ func (x *GetFileResponse) String() string {
 func (*GetFileResponse) ProtoMessage() {}
 
 func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[19]
+	mi := &file_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1497,7 +1637,7 @@ func (x *GetFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetFileResponse.ProtoReflect.Descriptor instead.
 func (*GetFileResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{19}
+	return file_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetFileResponse) GetMsg() isGetFileResponse_Msg {
@@ -1557,7 +1697,7 @@ type PutTreeRequest struct {
 
 func (x *PutTreeRequest) Reset() {
 	*x = PutTreeRequest{}
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1709,7 @@ func (x *PutTreeRequest) String() string {
 func (*PutTreeRequest) ProtoMessage() {}
 
 func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[20]
+	mi := &file_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1722,7 @@ func (x *PutTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeRequest.ProtoReflect.Descriptor instead.
 func (*PutTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{20}
+	return file_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutTreeRequest) GetMsg() isPutTreeRequest_Msg {
@@ -1641,7 +1781,7 @@ type PutTreeResponse struct {
 
 func (x *PutTreeResponse) Reset() {
 	*x = PutTreeResponse{}
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1793,7 @@ func (x *PutTreeResponse) String() string {
 func (*PutTreeResponse) ProtoMessage() {}
 
 func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[21]
+	mi := &file_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1806,7 @@ func (x *PutTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTreeResponse.ProtoReflect.Descriptor instead.
 func (*PutTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{21}
+	return file_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PutTreeResponse) GetEntries() uint64 {
@@ -1701,7 +1841,7 @@ type GetTreeRequest struct {
 
 func (x *GetTreeRequest) Reset() {
 	*x = GetTreeRequest{}
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1853,7 @@ func (x *GetTreeRequest) String() string {
 func (*GetTreeRequest) ProtoMessage() {}
 
 func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[22]
+	mi := &file_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1866,7 @@ func (x *GetTreeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeRequest.ProtoReflect.Descriptor instead.
 func (*GetTreeRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{22}
+	return file_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetTreeRequest) GetPath() string {
@@ -1746,7 +1886,7 @@ type GetTreeResponse struct {
 
 func (x *GetTreeResponse) Reset() {
 	*x = GetTreeResponse{}
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +1898,7 @@ func (x *GetTreeResponse) String() string {
 func (*GetTreeResponse) ProtoMessage() {}
 
 func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[23]
+	mi := &file_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +1911,7 @@ func (x *GetTreeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTreeResponse.ProtoReflect.Descriptor instead.
 func (*GetTreeResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{23}
+	return file_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetTreeResponse) GetData() []byte {
@@ -1790,7 +1930,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1942,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[24]
+	mi := &file_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1955,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{24}
+	return file_agent_proto_rawDescGZIP(), []int{25}
 }
 
 // InfoResponse describes the guest. Fields the host cannot provide are zero.
@@ -1840,7 +1980,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1992,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[25]
+	mi := &file_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +2005,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{25}
+	return file_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *InfoResponse) GetKernelRelease() string {
@@ -1926,7 +2066,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2078,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[26]
+	mi := &file_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2091,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{26}
+	return file_agent_proto_rawDescGZIP(), []int{27}
 }
 
 // ShutdownResponse is empty.
@@ -1963,7 +2103,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2115,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2128,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{28}
 }
 
 // ContainerStatsRequest names the container.
@@ -2001,7 +2141,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2013,7 +2153,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2026,7 +2166,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ContainerStatsRequest) GetId() string {
@@ -2062,7 +2202,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2214,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2227,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
@@ -2171,7 +2311,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2183,7 +2323,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2196,7 +2336,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -2222,7 +2362,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2374,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2387,7 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2278,7 +2418,7 @@ const file_agent_proto_rawDesc = "" +
 	"\x05flags\x18\x02 \x01(\rR\x05flags\"T\n" +
 	"\tContainer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x127\n" +
-	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\x91\x02\n" +
+	"\x06create\x18\x02 \x01(\v2\x1f.microvm.agent.v1.ContainerRootR\x06create\"\xd8\x02\n" +
 	"\rContainerRoot\x12\x12\n" +
 	"\x04root\x18\x01 \x01(\tR\x04root\x12\x1a\n" +
 	"\breadonly\x18\x02 \x01(\bR\breadonly\x12\x1a\n" +
@@ -2286,7 +2426,15 @@ const file_agent_proto_rawDesc = "" +
 	"\x06mounts\x18\x04 \x03(\v2\x17.microvm.agent.v1.MountR\x06mounts\x129\n" +
 	"\tresources\x18\x05 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\x12!\n" +
 	"\fmasked_paths\x18\x06 \x03(\tR\vmaskedPaths\x12%\n" +
-	"\x0ereadonly_paths\x18\a \x03(\tR\rreadonlyPaths\"\xbd\x01\n" +
+	"\x0ereadonly_paths\x18\a \x03(\tR\rreadonlyPaths\x12E\n" +
+	"\n" +
+	"namespaces\x18\b \x01(\v2%.microvm.agent.v1.ContainerNamespacesR\n" +
+	"namespaces\"\xbe\x01\n" +
+	"\x13ContainerNamespaces\x12\x0e\n" +
+	"\x02of\x18\x01 \x01(\tR\x02of\x121\n" +
+	"\x03pid\x18\x02 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03pid\x121\n" +
+	"\x03uts\x18\x03 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03uts\x121\n" +
+	"\x03ipc\x18\x04 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03ipc\"\xbd\x01\n" +
 	"\tResources\x12(\n" +
 	"\x10memory_max_bytes\x18\x01 \x01(\x04R\x0ememoryMaxBytes\x12\x19\n" +
 	"\bpids_max\x18\x02 \x01(\x04R\apidsMax\x12$\n" +
@@ -2398,7 +2546,11 @@ const file_agent_proto_rawDesc = "" +
 	"\x16UpdateContainerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\tresources\x18\x02 \x01(\v2\x1b.microvm.agent.v1.ResourcesR\tresources\"\x19\n" +
-	"\x17UpdateContainerResponse2\x81\x06\n" +
+	"\x17UpdateContainerResponse*K\n" +
+	"\rNamespaceMode\x12\x11\n" +
+	"\rNAMESPACE_NEW\x10\x00\x12\x12\n" +
+	"\x0eNAMESPACE_JOIN\x10\x01\x12\x13\n" +
+	"\x0fNAMESPACE_GUEST\x10\x022\x81\x06\n" +
 	"\x05Agent\x12I\n" +
 	"\x04Exec\x12\x1d.microvm.agent.v1.ExecRequest\x1a\x1e.microvm.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\aPutFile\x12 .microvm.agent.v1.PutFileRequest\x1a!.microvm.agent.v1.PutFileResponse(\x01\x12P\n" +
@@ -2422,83 +2574,90 @@ func file_agent_proto_rawDescGZIP() []byte {
 	return file_agent_proto_rawDescData
 }
 
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_agent_proto_goTypes = []any{
-	(*ExecStart)(nil),               // 0: microvm.agent.v1.ExecStart
-	(*SeccompFilter)(nil),           // 1: microvm.agent.v1.SeccompFilter
-	(*Container)(nil),               // 2: microvm.agent.v1.Container
-	(*ContainerRoot)(nil),           // 3: microvm.agent.v1.ContainerRoot
-	(*Resources)(nil),               // 4: microvm.agent.v1.Resources
-	(*Mount)(nil),                   // 5: microvm.agent.v1.Mount
-	(*Rlimit)(nil),                  // 6: microvm.agent.v1.Rlimit
-	(*Capabilities)(nil),            // 7: microvm.agent.v1.Capabilities
-	(*PtySize)(nil),                 // 8: microvm.agent.v1.PtySize
-	(*CloseStdin)(nil),              // 9: microvm.agent.v1.CloseStdin
-	(*ExecRequest)(nil),             // 10: microvm.agent.v1.ExecRequest
-	(*ExitStatus)(nil),              // 11: microvm.agent.v1.ExitStatus
-	(*Started)(nil),                 // 12: microvm.agent.v1.Started
-	(*ExecResponse)(nil),            // 13: microvm.agent.v1.ExecResponse
-	(*PutFileHeader)(nil),           // 14: microvm.agent.v1.PutFileHeader
-	(*PutFileRequest)(nil),          // 15: microvm.agent.v1.PutFileRequest
-	(*PutFileResponse)(nil),         // 16: microvm.agent.v1.PutFileResponse
-	(*GetFileRequest)(nil),          // 17: microvm.agent.v1.GetFileRequest
-	(*FileInfo)(nil),                // 18: microvm.agent.v1.FileInfo
-	(*GetFileResponse)(nil),         // 19: microvm.agent.v1.GetFileResponse
-	(*PutTreeRequest)(nil),          // 20: microvm.agent.v1.PutTreeRequest
-	(*PutTreeResponse)(nil),         // 21: microvm.agent.v1.PutTreeResponse
-	(*GetTreeRequest)(nil),          // 22: microvm.agent.v1.GetTreeRequest
-	(*GetTreeResponse)(nil),         // 23: microvm.agent.v1.GetTreeResponse
-	(*InfoRequest)(nil),             // 24: microvm.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 25: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),         // 26: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 27: microvm.agent.v1.ShutdownResponse
-	(*ContainerStatsRequest)(nil),   // 28: microvm.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil),  // 29: microvm.agent.v1.ContainerStatsResponse
-	(*UpdateContainerRequest)(nil),  // 30: microvm.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil), // 31: microvm.agent.v1.UpdateContainerResponse
-	nil,                             // 32: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	(NamespaceMode)(0),              // 0: microvm.agent.v1.NamespaceMode
+	(*ExecStart)(nil),               // 1: microvm.agent.v1.ExecStart
+	(*SeccompFilter)(nil),           // 2: microvm.agent.v1.SeccompFilter
+	(*Container)(nil),               // 3: microvm.agent.v1.Container
+	(*ContainerRoot)(nil),           // 4: microvm.agent.v1.ContainerRoot
+	(*ContainerNamespaces)(nil),     // 5: microvm.agent.v1.ContainerNamespaces
+	(*Resources)(nil),               // 6: microvm.agent.v1.Resources
+	(*Mount)(nil),                   // 7: microvm.agent.v1.Mount
+	(*Rlimit)(nil),                  // 8: microvm.agent.v1.Rlimit
+	(*Capabilities)(nil),            // 9: microvm.agent.v1.Capabilities
+	(*PtySize)(nil),                 // 10: microvm.agent.v1.PtySize
+	(*CloseStdin)(nil),              // 11: microvm.agent.v1.CloseStdin
+	(*ExecRequest)(nil),             // 12: microvm.agent.v1.ExecRequest
+	(*ExitStatus)(nil),              // 13: microvm.agent.v1.ExitStatus
+	(*Started)(nil),                 // 14: microvm.agent.v1.Started
+	(*ExecResponse)(nil),            // 15: microvm.agent.v1.ExecResponse
+	(*PutFileHeader)(nil),           // 16: microvm.agent.v1.PutFileHeader
+	(*PutFileRequest)(nil),          // 17: microvm.agent.v1.PutFileRequest
+	(*PutFileResponse)(nil),         // 18: microvm.agent.v1.PutFileResponse
+	(*GetFileRequest)(nil),          // 19: microvm.agent.v1.GetFileRequest
+	(*FileInfo)(nil),                // 20: microvm.agent.v1.FileInfo
+	(*GetFileResponse)(nil),         // 21: microvm.agent.v1.GetFileResponse
+	(*PutTreeRequest)(nil),          // 22: microvm.agent.v1.PutTreeRequest
+	(*PutTreeResponse)(nil),         // 23: microvm.agent.v1.PutTreeResponse
+	(*GetTreeRequest)(nil),          // 24: microvm.agent.v1.GetTreeRequest
+	(*GetTreeResponse)(nil),         // 25: microvm.agent.v1.GetTreeResponse
+	(*InfoRequest)(nil),             // 26: microvm.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 27: microvm.agent.v1.InfoResponse
+	(*ShutdownRequest)(nil),         // 28: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 29: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),   // 30: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),  // 31: microvm.agent.v1.ContainerStatsResponse
+	(*UpdateContainerRequest)(nil),  // 32: microvm.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil), // 33: microvm.agent.v1.UpdateContainerResponse
+	nil,                             // 34: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
-	8,  // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
-	2,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
-	6,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
-	7,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
-	1,  // 4: microvm.agent.v1.ExecStart.seccomp:type_name -> microvm.agent.v1.SeccompFilter
-	3,  // 5: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
-	5,  // 6: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
-	4,  // 7: microvm.agent.v1.ContainerRoot.resources:type_name -> microvm.agent.v1.Resources
-	0,  // 8: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
-	9,  // 9: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
-	8,  // 10: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
-	12, // 11: microvm.agent.v1.ExecResponse.started:type_name -> microvm.agent.v1.Started
-	11, // 12: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
-	14, // 13: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
-	18, // 14: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	32, // 15: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
-	4,  // 16: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
-	10, // 17: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
-	15, // 18: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
-	17, // 19: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
-	20, // 20: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
-	22, // 21: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
-	24, // 22: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	28, // 23: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
-	30, // 24: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
-	26, // 25: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	13, // 26: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	16, // 27: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	19, // 28: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	21, // 29: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	23, // 30: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	25, // 31: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	29, // 32: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
-	31, // 33: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
-	27, // 34: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
+	3,  // 1: microvm.agent.v1.ExecStart.container:type_name -> microvm.agent.v1.Container
+	8,  // 2: microvm.agent.v1.ExecStart.rlimits:type_name -> microvm.agent.v1.Rlimit
+	9,  // 3: microvm.agent.v1.ExecStart.capabilities:type_name -> microvm.agent.v1.Capabilities
+	2,  // 4: microvm.agent.v1.ExecStart.seccomp:type_name -> microvm.agent.v1.SeccompFilter
+	4,  // 5: microvm.agent.v1.Container.create:type_name -> microvm.agent.v1.ContainerRoot
+	7,  // 6: microvm.agent.v1.ContainerRoot.mounts:type_name -> microvm.agent.v1.Mount
+	6,  // 7: microvm.agent.v1.ContainerRoot.resources:type_name -> microvm.agent.v1.Resources
+	5,  // 8: microvm.agent.v1.ContainerRoot.namespaces:type_name -> microvm.agent.v1.ContainerNamespaces
+	0,  // 9: microvm.agent.v1.ContainerNamespaces.pid:type_name -> microvm.agent.v1.NamespaceMode
+	0,  // 10: microvm.agent.v1.ContainerNamespaces.uts:type_name -> microvm.agent.v1.NamespaceMode
+	0,  // 11: microvm.agent.v1.ContainerNamespaces.ipc:type_name -> microvm.agent.v1.NamespaceMode
+	1,  // 12: microvm.agent.v1.ExecRequest.start:type_name -> microvm.agent.v1.ExecStart
+	11, // 13: microvm.agent.v1.ExecRequest.close_stdin:type_name -> microvm.agent.v1.CloseStdin
+	10, // 14: microvm.agent.v1.ExecRequest.resize:type_name -> microvm.agent.v1.PtySize
+	14, // 15: microvm.agent.v1.ExecResponse.started:type_name -> microvm.agent.v1.Started
+	13, // 16: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
+	16, // 17: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
+	20, // 18: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
+	34, // 19: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	6,  // 20: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
+	12, // 21: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
+	17, // 22: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
+	19, // 23: microvm.agent.v1.Agent.GetFile:input_type -> microvm.agent.v1.GetFileRequest
+	22, // 24: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
+	24, // 25: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
+	26, // 26: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
+	30, // 27: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	32, // 28: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
+	28, // 29: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	15, // 30: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	18, // 31: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	21, // 32: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	23, // 33: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	25, // 34: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	27, // 35: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	31, // 36: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	33, // 37: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
+	29, // 38: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	30, // [30:39] is the sub-list for method output_type
+	21, // [21:30] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_agent_proto_init() }
@@ -2507,28 +2666,28 @@ func file_agent_proto_init() {
 		return
 	}
 	file_agent_proto_msgTypes[0].OneofWrappers = []any{}
-	file_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_agent_proto_msgTypes[15].OneofWrappers = []any{
+	file_agent_proto_msgTypes[16].OneofWrappers = []any{
 		(*PutFileRequest_Header)(nil),
 		(*PutFileRequest_Data)(nil),
 	}
-	file_agent_proto_msgTypes[19].OneofWrappers = []any{
+	file_agent_proto_msgTypes[20].OneofWrappers = []any{
 		(*GetFileResponse_Info)(nil),
 		(*GetFileResponse_Data)(nil),
 	}
-	file_agent_proto_msgTypes[20].OneofWrappers = []any{
+	file_agent_proto_msgTypes[21].OneofWrappers = []any{
 		(*PutTreeRequest_Dir)(nil),
 		(*PutTreeRequest_Data)(nil),
 	}
@@ -2537,13 +2696,14 @@ func file_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   33,
+			NumEnums:      1,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_agent_proto_goTypes,
 		DependencyIndexes: file_agent_proto_depIdxs,
+		EnumInfos:         file_agent_proto_enumTypes,
 		MessageInfos:      file_agent_proto_msgTypes,
 	}.Build()
 	File_agent_proto = out.File

@@ -36,7 +36,8 @@ type Service struct {
 
 	mu         sync.Mutex
 	vm         *sandbox
-	booting    bool // a Create is booting the VM
+	sandboxID  string // the container whose Create booted vm: the pod's sandbox
+	booting    bool   // a Create is booting the VM
 	containers map[string]*container
 }
 
@@ -109,7 +110,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPC(err)
 	}
 	s.mu.Lock()
-	vm := s.vm
+	vm, sandboxID := s.vm, s.sandboxID
 	switch {
 	case s.booting:
 		s.mu.Unlock()
@@ -171,13 +172,17 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	phases.mark(&phases.volumes, &t0)
 	phases.log(log.G(s.ctx).WithField("id", r.ID))
-	st.Container = &agentapi.Container{Id: r.ID, Create: containerRoot(spec, guestRoot, binds)}
+	root := containerRoot(spec, guestRoot, binds)
+	if root.Namespaces, err = containerNamespaces(spec, sandboxID); err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	st.Container = &agentapi.Container{Id: r.ID, Create: root}
 	c := &container{id: r.ID, bundle: r.Bundle, rootfs: rfs, seccomp: st.Seccomp,
 		init:  newProcess("", stdio{r.Stdin, r.Stdout, r.Stderr, r.Terminal}, st),
 		execs: map[string]*process{}}
 	s.mu.Lock()
 	if first {
-		s.vm = vm
+		s.vm, s.sandboxID = vm, r.ID
 	}
 	s.containers[r.ID] = c
 	s.mu.Unlock()

@@ -235,3 +235,41 @@ func seccompFilter(s *specs.Spec, log logrus.FieldLogger) (*agentapi.SeccompFilt
 	}
 	return &agentapi.SeccompFilter{Program: f.Program, Flags: f.Flags}, nil
 }
+
+// containerNamespaces maps the spec's PID, UTS and IPC entries of
+// linux.namespaces to the guest: an entry without a path is a new
+// namespace; one with a path, in a pod's later container, names the
+// sandbox's (CRI gives every container the sandbox's IPC and UTS
+// namespaces, and its PID namespace with shareProcessNamespace), so the
+// container joins the sandbox container's; no entry (hostIPC, hostPID) is
+// the guest's own. The pod's first container (sandboxID "") cannot join a
+// path: it would name a namespace of the host.
+func containerNamespaces(s *specs.Spec, sandboxID string) (*agentapi.ContainerNamespaces, error) {
+	out := &agentapi.ContainerNamespaces{Of: sandboxID,
+		Pid: agentapi.NamespaceMode_NAMESPACE_GUEST, Uts: agentapi.NamespaceMode_NAMESPACE_GUEST, Ipc: agentapi.NamespaceMode_NAMESPACE_GUEST}
+	if s.Linux == nil {
+		return out, nil
+	}
+	for _, ns := range s.Linux.Namespaces {
+		var mode *agentapi.NamespaceMode
+		switch ns.Type {
+		case specs.PIDNamespace:
+			mode = &out.Pid
+		case specs.UTSNamespace:
+			mode = &out.Uts
+		case specs.IPCNamespace:
+			mode = &out.Ipc
+		default:
+			continue // mount: always new; network: the VM's; user, cgroup, time: not made
+		}
+		switch {
+		case ns.Path == "":
+			*mode = agentapi.NamespaceMode_NAMESPACE_NEW
+		case sandboxID == "":
+			return nil, fmt.Errorf("%w: linux.namespaces: %s namespace %s: the pod's first container cannot join a host namespace", errdefs.ErrNotImplemented, ns.Type, ns.Path)
+		default:
+			*mode = agentapi.NamespaceMode_NAMESPACE_JOIN
+		}
+	}
+	return out, nil
+}

@@ -9,6 +9,8 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm/guest/agentapi"
 )
 
 func TestExecStart(t *testing.T) {
@@ -181,5 +183,44 @@ func TestSeccompFilter(t *testing.T) {
 	_, err = seccompFilter(&specs.Spec{Linux: &specs.Linux{Seccomp: &specs.LinuxSeccomp{DefaultAction: specs.ActNotify}}}, log)
 	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "linux.seccomp") {
 		t.Errorf("a notify profile: %v, want an invalid argument naming linux.seccomp", err)
+	}
+}
+
+// CRI's namespace entries become the guest's: no path a new namespace, a
+// path (in a later container) the sandbox's, no entry the guest's own; a
+// path in the pod's first container is refused.
+func TestContainerNamespaces(t *testing.T) {
+	spec := func(ns ...specs.LinuxNamespace) *specs.Spec { return &specs.Spec{Linux: &specs.Linux{Namespaces: ns}} }
+	const (
+		n = agentapi.NamespaceMode_NAMESPACE_NEW
+		j = agentapi.NamespaceMode_NAMESPACE_JOIN
+		g = agentapi.NamespaceMode_NAMESPACE_GUEST
+	)
+	for _, tc := range []struct {
+		spec          *specs.Spec
+		sandbox       string
+		pid, uts, ipc agentapi.NamespaceMode
+	}{
+		// ctr run, a CRI sandbox: new ones.
+		{spec(specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.UTSNamespace},
+			specs.LinuxNamespace{Type: specs.IPCNamespace}, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: "/var/run/netns/x"}), "", n, n, n},
+		// A CRI container: the sandbox's IPC and UTS, its own PID.
+		{spec(specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.UTSNamespace, Path: "/proc/9/ns/uts"},
+			specs.LinuxNamespace{Type: specs.IPCNamespace, Path: "/proc/9/ns/ipc"}), "sb", n, j, j},
+		// shareProcessNamespace: the sandbox's PID namespace too.
+		{spec(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: "/proc/9/ns/pid"}, specs.LinuxNamespace{Type: specs.UTSNamespace, Path: "/proc/9/ns/uts"},
+			specs.LinuxNamespace{Type: specs.IPCNamespace, Path: "/proc/9/ns/ipc"}), "sb", j, j, j},
+		// hostPID and hostIPC: the guest's.
+		{spec(specs.LinuxNamespace{Type: specs.UTSNamespace}), "", g, n, g},
+		{&specs.Spec{}, "", g, g, g},
+	} {
+		got, err := containerNamespaces(tc.spec, tc.sandbox)
+		if err != nil || got.Pid != tc.pid || got.Uts != tc.uts || got.Ipc != tc.ipc || got.Of != tc.sandbox {
+			t.Errorf("containerNamespaces(%v, %q) = %v, %v; want pid %v uts %v ipc %v of %q", tc.spec.Linux, tc.sandbox, got, err, tc.pid, tc.uts, tc.ipc, tc.sandbox)
+		}
+	}
+	_, err := containerNamespaces(spec(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: "/proc/1/ns/ipc"}), "")
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "/proc/1/ns/ipc") {
+		t.Errorf("a path in the first container: %v, want not implemented naming it", err)
 	}
 }
