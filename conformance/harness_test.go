@@ -414,7 +414,7 @@ func (v *vm) next(t testing.TB, what string, timeout time.Duration, match func(s
 			}
 		}
 		if eof {
-			t.Fatalf("%s exited before %s", v.name, what)
+			t.Fatalf("%s exited before %s%s", v.name, what, v.lastWords())
 		}
 		select {
 		case <-changed:
@@ -422,6 +422,28 @@ func (v *vm) next(t testing.TB, what string, timeout time.Duration, match func(s
 			t.Fatalf("no %s within %v", what, timeout)
 		}
 	}
+}
+
+// lastWords is how the guest's machine ended, for a failure's one line:
+// the last line of its console and the last warning or error (or "guest
+// stopped") line of its log.
+func (v *vm) lastWords() string {
+	var out []string
+	if lines := strings.Split(strings.TrimSpace(v.con.transcript()), "\n"); len(lines) > 0 && lines[len(lines)-1] != "" {
+		out = append(out, "console: "+lines[len(lines)-1])
+	}
+	log := strings.Split(v.log.String(), "\n")
+	for i := len(log) - 1; i >= 0; i-- {
+		l := log[i]
+		if strings.Contains(l, "level=error") || strings.Contains(l, "level=warning") || strings.Contains(l, "guest stopped") {
+			out = append(out, v.name+": "+l)
+			break
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(out, "; ") + ")"
 }
 
 var resultRE = regexp.MustCompile(`^init: scenario (\S+) (ok|FAIL)( .*)?$`)

@@ -36,7 +36,7 @@ func TestParseLogAndJudge(t *testing.T) {
 			"=== RUN   TestC\n--- PASS: TestC (1.00s)\nFAIL\n",
 		status: 1,
 		want: Verdict{Passed: []string{"TestC"}, Rerun: map[string]Reason{"TestA": ReasonTripleFault},
-			Failed: map[string]string{"TestB": "failed"}},
+			Failed: map[string]string{"TestB": "failed: x_test.go:1: wrong answer"}},
 	}, {
 		// The triple fault of one test does not excuse another's failure.
 		name:  "triple fault output belongs to its test",

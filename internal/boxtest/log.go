@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"regexp"
+	"strings"
 )
 
 // State is what a package's log says of one top-level test.
@@ -130,6 +131,34 @@ type Verdict struct {
 	Failed map[string]string
 }
 
+// testError is a line t.Error or t.Fatal wrote: "    file_test.go:123: why".
+var testError = regexp.MustCompile(`^\s+\S+_test\.go:\d+: \S.*$`)
+
+// firstErrors are the first few failure messages of a test's output, for
+// the one-line why of a real failure: make test's summary (all CI shows of
+// a long log) then says what went wrong, not only that it did.
+func firstErrors(out []byte) string {
+	const maxLines, maxLen = 3, 240
+	var msgs []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if !testError.MatchString(l) {
+			continue
+		}
+		l = strings.TrimSpace(l)
+		if len(l) > maxLen {
+			l = l[:maxLen] + "..."
+		}
+		msgs = append(msgs, l)
+		if len(msgs) == maxLines {
+			break
+		}
+	}
+	if len(msgs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(msgs, " | ")
+}
+
 // Judge sorts tests after a package's run: status is the test binary's
 // exit status, boxFailed says the box itself failed (status is then
 // meaningless). Only the box's artefacts are rerun: a triple fault in a
@@ -150,7 +179,7 @@ func Judge(tests []string, l *Log, status int, boxFailed bool) Verdict {
 		case t.State == Failed && TripleFault.Match(t.Output):
 			v.Rerun[name] = ReasonTripleFault
 		case t.State == Failed:
-			v.Failed[name] = "failed"
+			v.Failed[name] = "failed" + firstErrors(t.Output)
 		case t.TimedOut || (t.State == Running && l.TimedOut):
 			v.Rerun[name] = ReasonTimedOut
 		case t.State == Running && boxFailed:
