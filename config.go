@@ -63,6 +63,9 @@ type Config struct {
 	// user-mode network, in order (eth0, eth1, ... in a Linux guest), after
 	// the vsock, rng and disk devices.
 	Nets []NetConfig
+	// Shares adds a virtio-9p device per host directory shared with the
+	// guest, after the network devices.
+	Shares []ShareConfig
 	// IRQChip selects the interrupt controller model (default IRQChipSplit).
 	IRQChip IRQChip
 	// NoACPI leaves out the ACPI tables and the power control registers

@@ -25,6 +25,7 @@ import (
 
 	"github.com/microvm/microvm/devices/blk"
 	"github.com/microvm/microvm/devices/rng"
+	"github.com/microvm/microvm/devices/virtio9p"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/internal/vmm"
@@ -168,10 +169,11 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 		},
 		PIOUnclaimed: 9, MMIOUnclaimed: 8, PVWaits: 7, PVWakeups: 6,
 		DeviceMetrics: DeviceMetrics{
-			Vsock: &VsockMetrics{Name: "vsock0", Dgram: true},
-			RNG:   &RNGMetrics{Name: "rng0"},
-			Disks: []DiskMetrics{{Name: "vda", Path: "/img/a"}, {Name: "vdb", Path: "/img/b"}},
-			Nets:  []NetMetrics{{Name: "eth0", TAP: "tap0"}},
+			Vsock:  &VsockMetrics{Name: "vsock0", Dgram: true},
+			RNG:    &RNGMetrics{Name: "rng0"},
+			Disks:  []DiskMetrics{{Name: "vda", Path: "/img/a"}, {Name: "vdb", Path: "/img/b"}},
+			Nets:   []NetMetrics{{Name: "eth0", TAP: "tap0"}},
+			Shares: []ShareMetrics{{Name: "work", Path: "/srv/work"}},
 		},
 	}
 	add(fill(&m.Vsock.Stats, &next), "vsock0/")
@@ -184,14 +186,17 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 	}
 	add(fill(&m.Nets[0].Stats, &next), "eth0/")
 	add(fill(&m.Nets[0].Transport, &next), "eth0/")
+	add(fill(&m.Shares[0].Stats, &next), "work/")
+	add(fill(&m.Shares[0].Transport, &next), "work/")
 	// A device counts only the guest-error kinds it reports.
 	reportedOnly(fields, "vsock0/Stats.GuestErrorsByKind", &m.Vsock.GuestErrorsByKind, vsock.GuestErrorKinds)
 	reportedOnly(fields, "rng0/Stats.GuestErrorsByKind", &m.RNG.GuestErrorsByKind, rng.GuestErrorKinds)
 	for i := range m.Disks {
 		reportedOnly(fields, m.Disks[i].Name+"/Stats.GuestErrorsByKind", &m.Disks[i].GuestErrorsByKind, blk.GuestErrorKinds)
 	}
+	reportedOnly(fields, "work/Stats.GuestErrorsByKind", &m.Shares[0].GuestErrorsByKind, virtio9p.GuestErrorKinds)
 	for name, t := range map[string]*virtio.TransportStats{"vsock0": &m.Vsock.Transport, "rng0": &m.RNG.Transport,
-		"vda": &m.Disks[0].Transport, "vdb": &m.Disks[1].Transport, "eth0": &m.Nets[0].Transport} {
+		"vda": &m.Disks[0].Transport, "vdb": &m.Disks[1].Transport, "eth0": &m.Nets[0].Transport, "work": &m.Shares[0].Transport} {
 		reportedOnly(fields, name+"/TransportStats.GuestErrors", &t.GuestErrors, virtio.TransportGuestErrorKinds)
 	}
 	// GuestErrors is the sum of the kinds in a real snapshot.
@@ -203,6 +208,8 @@ func sampleMetrics() (Metrics, map[string]uint64) {
 		m.Disks[i].GuestErrors = sum(m.Disks[i].GuestErrorsByKind[:])
 		delete(fields, m.Disks[i].Name+"/Stats.GuestErrors")
 	}
+	m.Shares[0].GuestErrors = sum(m.Shares[0].GuestErrorsByKind[:])
+	delete(fields, "work/Stats.GuestErrors")
 	return m, fields
 }
 

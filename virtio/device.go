@@ -10,6 +10,7 @@ const (
 	DeviceNet   = 1
 	DeviceBlock = 2
 	DeviceRNG   = 4
+	Device9P    = 9
 	DeviceVsock = 19
 )
 

@@ -588,6 +588,8 @@ func deviceName(id uint32) string {
 		return "block"
 	case DeviceRNG:
 		return "rng"
+	case Device9P:
+		return "9p"
 	case DeviceVsock:
 		return "vsock"
 	}

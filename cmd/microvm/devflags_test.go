@@ -14,6 +14,7 @@ func TestDeviceFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string
 		disks   int
+		shares  int
 		root    string
 		rng     *microvm.RNGConfig
 		metrics string
@@ -30,6 +31,10 @@ func TestDeviceFlags(t *testing.T) {
 		{args: []string{"--rng-rate", "fast"}, usage: true},
 		{args: []string{"--metrics-socket", "/run/m.sock"}, rng: &microvm.RNGConfig{}, metrics: "/run/m.sock"},
 		{args: []string{"--metrics-socket="}, usage: true},
+		{args: []string{"--share", "tag=a,path=/x", "--share", "tag=b,path=/y,readonly"}, shares: 2, rng: &microvm.RNGConfig{}},
+		{args: []string{"--share", "tag=a"}, usage: true},
+		{args: []string{"--share", "path=/x"}, usage: true},
+		{args: []string{"--share", "tag=a,path=/x,mode=rw"}, usage: true},
 	} {
 		var cfg microvm.Config
 		var got error
@@ -52,6 +57,9 @@ func TestDeviceFlags(t *testing.T) {
 		if got != nil {
 			t.Errorf("%v: %v", tc.args, got)
 			continue
+		}
+		if len(cfg.Shares) != tc.shares {
+			t.Errorf("%v: shares %+v; want %d", tc.args, cfg.Shares, tc.shares)
 		}
 		if len(cfg.Disks) != tc.disks || cfg.Root != tc.root || !cmp.Equal(cfg.RNG, tc.rng) || cfg.MetricsSocket != tc.metrics {
 			t.Errorf("%v: disks %v root %q rng %+v metrics %q; want %d disks, root %q, rng %+v, metrics %q",

@@ -149,6 +149,9 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if o.root, err = readChroot(c); err != nil {
 		return nil, err
 	}
+	if err := shareChroot(o.root, o.devices); err != nil {
+		return nil, err
+	}
 	if err := chrootPath(o.root, &o.devices.MetricsSocket, "--metrics-socket"); err != nil {
 		return nil, err
 	}
@@ -228,7 +231,7 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 		Console: console, Log: o.log,
 		Vsock: &microvm.VsockConfig{CID: execCID},
 		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
-		MetricsSocket: o.devices.MetricsSocket,
+		Shares: o.devices.Shares, MetricsSocket: o.devices.MetricsSocket,
 	}
 	if o.img != nil {
 		cfg.UseImage(o.img, o.overlay)

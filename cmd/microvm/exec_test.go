@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +77,33 @@ func TestExec(t *testing.T) {
 			t.Errorf("status %d stdout %q; want 127 and nothing", status, stdout)
 		}
 		oneLine(t, "stderr", stderr, "/no/such/command: not found")
+	})
+	t.Run("shared directory", func(t *testing.T) {
+		// --share: the guest mounts a host directory over virtio-9p,
+		// reads what the host put there, and what it writes is on the
+		// host at once; a symlink it makes is stored, never followed.
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		status, stdout, stderr, took := run(t, nil, "--share", "tag=work,path="+dir, "--", "sh", "-c",
+			"mkdir -p /mnt/w && mount -t 9p -o trans=virtio,version=9p2000.L work /mnt/w && "+
+				"cat /mnt/w/in.txt && echo from the guest >/mnt/w/out.txt && mkdir /mnt/w/d && "+
+				"dd if=/dev/zero of=/mnt/w/d/big bs=64k count=48 2>/dev/null && ln -s /etc /mnt/w/d/etc && "+
+				"mv /mnt/w/out.txt /mnt/w/d/out.txt && ls /mnt/w/d && umount /mnt/w")
+		if status != 0 || stdout != "from the host\nbig\netc\nout.txt\n" {
+			t.Fatalf("status %d stdout %q stderr %q", status, stdout, stderr)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "d", "out.txt")); err != nil || string(b) != "from the guest\n" {
+			t.Errorf("host reads %q, %v", b, err)
+		}
+		if fi, err := os.Stat(filepath.Join(dir, "d", "big")); err != nil || fi.Size() != 48*64<<10 {
+			t.Errorf("host sees big as %v, %v; want %d bytes", fi, err, 48*64<<10)
+		}
+		if l, err := os.Readlink(filepath.Join(dir, "d", "etc")); err != nil || l != "/etc" {
+			t.Errorf("symlink: %q, %v", l, err)
+		}
+		t.Logf("took %v", took.Round(time.Millisecond))
 	})
 	t.Run("VM ends mid-command", func(t *testing.T) {
 		// The guest restarts itself while the command runs: exec must

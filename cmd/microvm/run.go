@@ -86,6 +86,9 @@ func runPlain(c flagValues, stdin io.Reader, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := shareChroot(root, cfg); err != nil {
+		return err
+	}
 	if cfg.Vsock != nil {
 		if err := chrootPath(root, &cfg.Vsock.UDSPath, "--vsock-uds"); err != nil {
 			return err
@@ -130,10 +133,14 @@ func profiled(c flagValues, policy seccomp.Policy) seccomp.Policy {
 // vmmPolicy is the seccomp allow-list for a machine of cfg: on a
 // user-mode network microvm also reaps its microvm-net process.
 func vmmPolicy(cfg microvm.Config) seccomp.Policy {
+	p := seccomp.VMM()
 	if cfg.HasUserNet() {
-		return seccomp.VMMUserNet()
+		p = seccomp.VMMUserNet()
 	}
-	return seccomp.VMM()
+	if len(cfg.Shares) > 0 {
+		p = p.WithShares()
+	}
+	return p
 }
 
 func runConfig(c flagValues) (microvm.Config, error) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/jail"
 	"github.com/microvm/microvm/internal/seccomp"
 )
@@ -154,6 +155,16 @@ func chrootPath(dir string, p *string, flag string) error {
 // enterChroot makes dir the process's root, once the machine is set up
 // and before dropPrivileges and the filter (chroot needs CAP_SYS_CHROOT and
 // is not on the filter's list). Like them, only when Main owns the process.
+// shareChroot refuses --share with --chroot: the 9P server reopens a
+// shared file through /proc/self/fd (devices/virtio9p), which a jail
+// directory does not have.
+func shareChroot(root string, cfg microvm.Config) error {
+	if root != "" && len(cfg.Shares) > 0 {
+		return usagef("--share cannot be combined with --chroot: the shared directory's server needs /proc/self/fd")
+	}
+	return nil
+}
+
 func enterChroot(dir string, log logrus.FieldLogger) error {
 	if dir == "" {
 		return nil

@@ -23,3 +23,6 @@ func UserNet() Policy { return Policy{name: "microvm-net"} }
 func VhostUserVsock() Policy { return Policy{name: "microvm vhost-user-vsock"} }
 
 func installHandler(Options) error { return fmt.Errorf("%w: no SIGSYS handler", ErrUnsupported) }
+
+// WithShares has no rules off x86-64; Install refuses the policy anyway.
+func (p Policy) WithShares() Policy { return p }

@@ -325,3 +325,45 @@ func TestCompileErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestSharesPolicy: WithShares allows the 9P server's file calls (openat
+// too, which the plain policy fails with EACCES), and leaves the rest as
+// it was.
+func TestSharesPolicy(t *testing.T) {
+	p := VMM()
+	plain, err := compile(p, unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shares, err := compile(p.WithShares(), unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		d             seccompData
+		plain, shares string
+	}{
+		{"openat", call(unix.SYS_OPENAT), fmt.Sprintf("errno %d", unix.EACCES), "allow"},
+		{"mkdirat", call(unix.SYS_MKDIRAT), "deny", "allow"},
+		{"renameat", call(unix.SYS_RENAMEAT), "deny", "allow"},
+		{"fchownat", call(unix.SYS_FCHOWNAT), "deny", "allow"},
+		{"getdents64", call(unix.SYS_GETDENTS64), "deny", "allow"},
+		{"unlinkat", call(unix.SYS_UNLINKAT), "allow", "allow"},
+		{"futex", call(unix.SYS_FUTEX), "allow", "allow"},
+		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
+		{"mount", call(unix.SYS_MOUNT), "deny", "deny"},
+	} {
+		if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.plain)
+		}
+		if got := actionName(runFilter(t, shares, tc.d)); got != tc.shares {
+			t.Errorf("%s with shares: %s, want %s", tc.name, got, tc.shares)
+		}
+	}
+	for _, r := range p.WithShares().rules {
+		if r.why == "" || strings.HasPrefix(Name(r.nr), "syscall ") {
+			t.Errorf("rule for %s: unnamed or without a reason", Name(r.nr))
+		}
+	}
+}

@@ -2,6 +2,7 @@ package seccomp
 
 import (
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
@@ -236,6 +237,46 @@ func VhostUserVsock() Policy {
 		allow(unix.SYS_READLINKAT, "vhost-user: /proc/self/fd/N of a kick or call descriptor"),
 	)
 	return Policy{name: "microvm vhost-user-vsock", rules: rules}
+}
+
+// WithShares is p plus the file calls of a shared directory's 9P server
+// (devices/virtio9p, --share): walking and opening below the share's root
+// descriptor, making, renaming and removing entries, their attributes.
+// Seccomp cannot see paths: the server's own confinement (descriptor
+// walks, no symlink followed) keeps the guest inside the share, and the
+// filter only bounds which calls a subverted process could make.
+func (p Policy) WithShares() Policy {
+	rules := append([]rule(nil), p.rules...)
+	for _, r := range []rule{
+		allow(unix.SYS_OPENAT, "--share: walking (O_PATH|O_NOFOLLOW), opening and creating files"),
+		allow(unix.SYS_FSTAT, "--share: a file's attributes"),
+		allow(unix.SYS_NEWFSTATAT, "--share: an entry's attributes (AT_SYMLINK_NOFOLLOW)"),
+		allow(unix.SYS_FSTATFS, "--share: statfs"),
+		allow(unix.SYS_GETDENTS64, "--share: listing a directory"),
+		allow(unix.SYS_LSEEK, "--share: rewinding a directory"),
+		allow(unix.SYS_DUP, "--share: a walk starting from a file"),
+		allow(unix.SYS_MKDIRAT, "--share: mkdir"),
+		allow(unix.SYS_SYMLINKAT, "--share: symlink (stored, never followed)"),
+		allow(unix.SYS_LINKAT, "--share: hard links to regular files"),
+		allow(unix.SYS_RENAMEAT, "--share: rename"),
+		allow(unix.SYS_UNLINKAT, "--share: unlink and rmdir"),
+		allow(unix.SYS_FCHOWNAT, "--share: owners"),
+		allow(unix.SYS_FCHMODAT, "--share: permissions"),
+		allow(unix.SYS_TRUNCATE, "--share: sizes"),
+		allow(unix.SYS_UTIMENSAT, "--share: times"),
+		allow(unix.SYS_READLINKAT, "--share: reading a symlink"),
+		allow(unix.SYS_FSYNC, "--share: the guest's fsync"),
+		allow(unix.SYS_GETEUID, "--share: whether new files can take the guest's owner"),
+	} {
+		// A call p already allows outright stays as it is; one p fails
+		// with an errno (openat: the resolver's re-read of
+		// /etc/resolv.conf) is now allowed instead.
+		rules = slices.DeleteFunc(rules, func(old rule) bool { return old.nr == r.nr && old.errno != 0 })
+		if !hasRule(rules, r.nr) {
+			rules = append(rules, r)
+		}
+	}
+	return Policy{name: p.name + " (shares)", rules: rules}
 }
 
 // WithCPUProfiling is p plus what the Go runtime's CPU profiler calls

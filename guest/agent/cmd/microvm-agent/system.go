@@ -36,7 +36,8 @@ func haveCgroup2() bool {
 var initramfsTmp = pid1.Mount{Source: "tmpfs", Target: "/tmp", FSType: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=1777"}
 
 // setupSystem mounts the file systems, enters the image's root when the
-// kernel command line names one (microvm --image), and brings up lo.
+// kernel command line names one (microvm --image), mounts the shared
+// directories, and brings up lo.
 // Failures are logged, not fatal: an Exec that needs nothing missing still
 // works; but an image root that cannot be entered is fatal, since commands
 // would run in the wrong file system.
@@ -58,6 +59,9 @@ func setupSystem() error {
 		pid1.MountAll(append(mounts, initramfsTmp), log.Printf)
 		pid1.LinkResolvConf(log.Printf) // --net user: the DNS server DHCP named
 	}
+	// microvm --share: each shared directory at /run/microvm-shares/TAG
+	// (after /run is mounted, in the image's root when there is one).
+	pid1.MountShares(log.Printf)
 	// Programs open /dev/ptmx; with devpts mounted, point it at its ptmx.
 	if _, err := os.Lstat("/dev/ptmx"); err != nil {
 		os.Symlink("pts/ptmx", "/dev/ptmx")
