@@ -140,9 +140,11 @@ func (e *ctrEnv) writeJSON(name string, v any) string {
 // containers in one VM) on a CNI bridge network: the guest has the pod's
 // address, the node reaches the server at it and the client reaches the
 // node's gateway; the client has a read-only root, containerd's
-// RuntimeDefault seccomp profile, kubelet's read-only /proc/sys and a tmpfs
-// volume (a host tmpfs, as kubelet makes for a memory emptyDir) and talks
-// to the server over localhost; crictl logs shows each one's output and
+// RuntimeDefault seccomp profile, kubelet's read-only /proc/sys, a
+// read-only volume of its own and, with the server, a tmpfs volume (a host
+// tmpfs, as kubelet makes for a memory emptyDir): what the client writes
+// there the server reads and the host has at once; it talks to the server
+// over localhost; crictl logs shows each one's output and
 // crictl exec reaches them; they share the sandbox's IPC and UTS
 // namespaces, not its PID one; crictl stats reads the client's cgroup in the
 // guest, its memory and CPU limits are there and crictl update changes
@@ -167,6 +169,10 @@ func TestCrictlPod(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(scratch, "seed"), []byte("seeded\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	private := t.TempDir()
+	if err := os.WriteFile(filepath.Join(private, "config"), []byte("configured\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	logs := filepath.Join(e.dir, "pod-logs")
 	pod := e.writeJSON("pod.json", map[string]any{
 		"metadata":      map[string]any{"name": "pod1", "namespace": "default", "uid": "pod1-uid", "attempt": 1},
@@ -177,6 +183,7 @@ func TestCrictlPod(t *testing.T) {
 		"image":    map[string]any{"image": testImage},
 		"command":  []string{"sh", "-c", "echo server up; while true; do echo pong | nc -l -p 8080; done"},
 		"log_path": "server.log",
+		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
 		// Each container its own PID namespace, as kubelet asks without
 		// shareProcessNamespace (crictl's default is the pod's).
 		"linux": map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 1 /* CONTAINER */}}},
@@ -187,9 +194,11 @@ func TestCrictlPod(t *testing.T) {
 		"command": []string{"sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do nc 127.0.0.1 8080 && break; sleep 1; done; " +
 			"touch /x 2>/dev/null && echo root=rw || echo root=ro; cat /scratch/seed; " +
 			"echo t > /scratch/f && echo scratch=$(cat /scratch/f); echo pid=$$; grep ^Seccomp: /proc/self/status; " +
+			"cat /private/config; touch /private/y 2>/dev/null && echo private=rw || echo private=ro; " +
 			"grep -q ' /proc/sys ro,' /proc/self/mountinfo && echo procsys=ro; echo client done; sleep 1000000"},
 		"log_path": "client.log",
-		"mounts":   []map[string]any{{"container_path": "/scratch", "host_path": scratch}},
+		"mounts": []map[string]any{{"container_path": "/scratch", "host_path": scratch},
+			{"container_path": "/private", "host_path": private, "readonly": true}},
 		"linux": map[string]any{"security_context": map[string]any{"readonly_rootfs": true,
 			"namespace_options": map[string]any{"pid": 1 /* CONTAINER */},
 			"seccomp":           map[string]any{"profile_type": 0 /* RuntimeDefault */},
@@ -215,7 +224,7 @@ func TestCrictlPod(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("crictl logs client:\n%s", out)
-	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1\n", "Seccomp:\t2", "procsys=ro", "client done"} {
+	for _, want := range []string{"pong", "root=ro", "seeded", "scratch=t", "pid=1\n", "Seccomp:\t2", "configured", "private=ro", "procsys=ro", "client done"} {
 		if !strings.Contains(out, want) {
 			raw, _ := os.ReadFile(filepath.Join(logs, "client.log"))
 			t.Fatalf("client's log lacks %q; the log file:\n%s", want, raw)
@@ -244,7 +253,22 @@ func TestCrictlPod(t *testing.T) {
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/scratch/f"); got != "t" {
 		t.Errorf("crictl exec -s client cat /scratch/f: %q, want t", got)
 	}
-	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "sh", "-c", "ls /scratch 2>/dev/null || echo none"); got != "none" {
+	// The volume the two share is the host's directory itself (the pod's
+	// shared directory, virtio-9p): the client's write is on the host and
+	// the server reads it; a write on the host shows in the guest.
+	if b, err := os.ReadFile(filepath.Join(scratch, "f")); err != nil || string(b) != "t\n" {
+		t.Errorf("the host's copy of the client's /scratch/f: %q, %v; want t", b, err)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "cat", "/scratch/f"); got != "t" {
+		t.Errorf("crictl exec -s server cat /scratch/f: %q, want the client's t", got)
+	}
+	if err := os.WriteFile(filepath.Join(scratch, "from-host"), []byte("h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/scratch/from-host"); got != "h" {
+		t.Errorf("crictl exec -s client cat /scratch/from-host: %q, want h", got)
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", serverID, "sh", "-c", "ls /private 2>/dev/null || echo none"); got != "none" {
 		t.Errorf("the server sees the client's volume: %q", got)
 	}
 	// Stats come from the container's cgroup in the guest.

@@ -275,6 +275,9 @@ func (e *ctrEnv) leftovers() {
 	if e.mounted() {
 		t.Errorf("mounts left:\n%s", e.mounts())
 	}
+	if left, _ := filepath.Glob(filepath.Join(shimVolumes, "*")); len(left) > 0 {
+		t.Errorf("shared directories left: %v", left)
+	}
 	filepath.WalkDir(filepath.Join(e.dir, "state"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && strings.HasPrefix(d.Name(), "microvm-") {
 			t.Errorf("file left: %s", p)
@@ -283,7 +286,12 @@ func (e *ctrEnv) leftovers() {
 	})
 }
 
-// mounts are the mount table's lines under the test's directory.
+// shimVolumes is where the shim binds volumes for the VM's shared
+// directory (internal/containerdshim volumesRoot).
+const shimVolumes = "/run/microvm-shim"
+
+// mounts are the mount table's lines under the test's directory or the
+// shim's volumes.
 func (e *ctrEnv) mounts() string {
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -291,7 +299,7 @@ func (e *ctrEnv) mounts() string {
 	}
 	var b strings.Builder
 	for _, l := range strings.Split(string(mi), "\n") {
-		if strings.Contains(l, e.dir) {
+		if strings.Contains(l, e.dir) || strings.Contains(l, " "+shimVolumes+"/") {
 			b.WriteString(l + "\n")
 		}
 	}

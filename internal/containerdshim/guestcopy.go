@@ -37,29 +37,29 @@ func putTree(ctx context.Context, c *agentapi.Client, src, dst string) error {
 	return nil
 }
 
-// copyBinds copies the source of each bind mount of s (volumes, CRI's
-// /etc/hosts, /etc/resolv.conf, /etc/hostname and /dev/shm) into the
-// guest, below guestDir(id)/mounts, and returns the guest path to bind for
-// each, by the mount's index. The copy is taken once, at Create:
-// docs/containerd.md says what that means for volumes.
-func copyBinds(ctx context.Context, c *agentapi.Client, id string, s *specs.Spec) (map[int]string, error) {
-	binds := map[int]string{}
+// copyBinds copies into the guest the source of each bind mount of s that
+// binds has no guest path for yet (the shared directory's volumes have:
+// bindVolumes), that is CRI's /etc/hosts, /etc/resolv.conf, /etc/hostname
+// and /dev/shm and file volumes, below guestDir(id)/mounts, and adds the
+// guest path to bind for each to binds, by the mount's index. The copy is
+// taken once, at Create: docs/containerd.md says what that means.
+func copyBinds(ctx context.Context, c *agentapi.Client, id string, s *specs.Spec, binds map[int]string) error {
 	for i, m := range s.Mounts {
-		if !isBind(m) {
+		if _, done := binds[i]; done || !isBind(m) {
 			continue
 		}
 		fi, err := os.Stat(m.Source)
 		if err != nil {
-			return nil, fmt.Errorf("%w: mount %s: source: %w", errdefs.ErrInvalidArgument, m.Destination, err)
+			return fmt.Errorf("%w: mount %s: source: %w", errdefs.ErrInvalidArgument, m.Destination, err)
 		}
 		dst := path.Join(guestDir(id), "mounts", strconv.Itoa(i))
 		if err := putTree(ctx, c, m.Source, dst); err != nil {
-			return nil, fmt.Errorf("mount %s: %w", m.Destination, err)
+			return fmt.Errorf("mount %s: %w", m.Destination, err)
 		}
 		if !fi.IsDir() {
 			dst = path.Join(dst, filepath.Base(m.Source)) // dirtar names a file by its base name
 		}
 		binds[i] = dst
 	}
-	return binds, nil
+	return nil
 }

@@ -52,7 +52,7 @@ type sandbox struct {
 // network: its eth0 on a TAP in the namespace joined to the pod's
 // interface (package podnet), with that interface's MAC and IPv4 address.
 // On error the VM is gone.
-func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, netns string, log logrus.FieldLogger) (_ *sandbox, err error) {
+func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, share, netns string, log logrus.FieldLogger) (_ *sandbox, err error) {
 	initrd := filepath.Join(dir, initrdFile)
 	if err := writeInitrd(initrd, cfg.Agent); err != nil {
 		return nil, err
@@ -69,6 +69,9 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, netns string, log
 		Console: con, Log: log,
 		Vsock: &microvm.VsockConfig{CID: guestCID},
 		RNG:   &microvm.RNGConfig{},
+	}
+	if share != "" {
+		mc.Shares = []microvm.ShareConfig{{Tag: volumesTag, Path: share}}
 	}
 	mc.UseRootfs(rootfs, 0)
 	var ifc podnet.Interface

@@ -27,7 +27,7 @@ func TestBootSandboxGuestEnds(t *testing.T) {
 	cfg := Config{Kernel: guest, Agent: testenv.Agent(t), CPUs: 1, Memory: 64 << 20, BootTimeout: time.Minute}
 	log := logrus.New()
 	log.SetLevel(logrus.ErrorLevel)
-	_, err := bootSandbox(context.Background(), cfg, dir, disk, "", log)
+	_, err := bootSandbox(context.Background(), cfg, dir, disk, "", "", log)
 	if err == nil {
 		t.Fatal("boot of a guest without an agent succeeded")
 	}
@@ -46,7 +46,7 @@ func TestBootSandboxBadPodNetwork(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Kernel: "/nonexistent/bzImage", Agent: testenv.Agent(t), CPUs: 1, Memory: 64 << 20, BootTimeout: time.Minute}
 	netns := filepath.Join(dir, "cni-gone")
-	_, err := bootSandbox(context.Background(), cfg, dir, filepath.Join(dir, "root.ext4"), netns, logrus.New())
+	_, err := bootSandbox(context.Background(), cfg, dir, filepath.Join(dir, "root.ext4"), "", netns, logrus.New())
 	if err == nil || !strings.Contains(err.Error(), "pod network") || !strings.Contains(err.Error(), netns) {
 		t.Errorf("boot with a missing network namespace: %v, want a pod network error naming it", err)
 	}

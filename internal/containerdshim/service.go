@@ -149,8 +149,13 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			return nil, errdefs.ToGRPC(err)
 		}
 		phases.mark(&phases.ext4, &t0)
-		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
+		share, err := makeShareDir(r.ID)
 		if err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, share, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
+		if err != nil {
+			_ = removeShareDir(r.ID)
 			return nil, errdefs.ToGRPC(err)
 		}
 		defer func() {
@@ -166,8 +171,20 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 		phases.mark(&phases.copy, &t0)
 	}
-	binds, err := copyBinds(ctx, vm.files, r.ID, spec)
+	pod := sandboxID
+	if first {
+		pod = r.ID
+	}
+	binds, err := bindVolumes(pod, r.ID, spec)
 	if err != nil {
+		return nil, errdefs.ToGRPC(err)
+	}
+	defer func() {
+		if err != nil {
+			_ = unbindVolumes(r.ID)
+		}
+	}()
+	if err := copyBinds(ctx, vm.files, r.ID, spec, binds); err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
 	phases.mark(&phases.volumes, &t0)
@@ -295,12 +312,21 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.mu.Lock()
 	delete(s.containers, r.ID)
 	last := len(s.containers) == 0
+	pod := s.sandboxID
 	s.mu.Unlock()
 	if last {
 		s.stopVM() // the pod's last container: the VM goes
 	}
 	if err := c.rootfs.cleanup(); err != nil {
 		log.G(ctx).WithError(err).Warn("delete")
+	}
+	if err := unbindVolumes(c.id); err != nil {
+		log.G(ctx).WithError(err).Warn("delete")
+	}
+	if last {
+		if err := removeShareDir(pod); err != nil {
+			log.G(ctx).WithError(err).Warn("delete")
+		}
 	}
 	s.send(runtime.TaskDeleteEventTopic, &eventstypes.TaskDelete{
 		ContainerID: c.id, ID: c.id, Pid: shimPid, ExitStatus: code, ExitedAt: resp.ExitedAt})
