@@ -291,7 +291,19 @@ func TestCrictlPod(t *testing.T) {
 	}
 	// The memory limit reaches the client's cgroup in the guest, and
 	// crictl update changes it.
-	memMax := "cat /sys/fs/cgroup/" + clientID + "/memory.max"
+	// On a cgroup v2 node containerd gives each container a cgroup
+	// namespace: in the guest its cgroup is then its root, and CRI's
+	// /sys/fs/cgroup mount shows that cgroup alone (as under runc).
+	cg := "/sys/fs/cgroup/" + clientID
+	wantCgroup := "0::/" + clientID
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		cg, wantCgroup = "/sys/fs/cgroup", "0::/"
+	}
+	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "cat", "/proc/self/cgroup"); got != wantCgroup {
+		t.Errorf("/proc/self/cgroup of a process in the client: %q, want %q", got, wantCgroup)
+	}
+	memMax := "cat " + cg + "/memory.max"
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", memMax); got != strconv.Itoa(128<<20) {
 		t.Errorf("memory.max of the client: %q, want %d", got, 128<<20)
 	}
@@ -301,7 +313,7 @@ func TestCrictlPod(t *testing.T) {
 	}
 	// So do the CPU quota and shares (as cgroup v2's cpu.weight, mapped
 	// as runc maps them: 512 shares are weight 20).
-	cpuFiles := "cat /sys/fs/cgroup/" + clientID + "/cpu.max /sys/fs/cgroup/" + clientID + "/cpu.weight"
+	cpuFiles := "cat " + cg + "/cpu.max " + cg + "/cpu.weight"
 	if got := e.mustCrictl(crictl, "exec", "-s", clientID, "sh", "-c", cpuFiles); got != "50000 100000\n20" {
 		t.Errorf("cpu.max and cpu.weight of the client: %q, want 50000 100000 and 20", got)
 	}

@@ -53,8 +53,14 @@ type namespaceKind struct {
 	flag int
 }
 
-// namespaceKinds are the namespaces a joining process enters, in order.
+// namespaceKinds are the namespaces a container's PID, UTS and IPC modes
+// (ContainerNamespaces) place, in order.
 var namespaceKinds = []namespaceKind{{"pid", unix.CLONE_NEWPID}, {"uts", unix.CLONE_NEWUTS}, {"ipc", unix.CLONE_NEWIPC}}
+
+// joinKinds are the namespaces a process joining a container enters, in
+// order: those, and its cgroup namespace (the guest's own, unless the
+// container has one: ContainerNamespaces.cgroup).
+var joinKinds = append(namespaceKinds[:len(namespaceKinds):len(namespaceKinds)], namespaceKind{"cgroup", unix.CLONE_NEWCGROUP})
 
 // nsFile is an open namespace and the kind setns enters it as.
 type nsFile struct {
@@ -147,11 +153,11 @@ func (cs *containers) drop(id string, e *containerEntry) {
 }
 
 // joinFiles opens what a process joining container id needs: its init's
-// namespaces (namespaceKinds) and root.
+// namespaces (joinKinds) and root.
 func (cs *containers) joinFiles(id string) (ns []nsFile, root *os.File, err error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	ns, err = cs.namespaces(id, namespaceKinds)
+	ns, err = cs.namespaces(id, joinKinds)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -286,6 +287,9 @@ func (w *notifyWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// cgroupTests numbers the tests' cgroups.
+var cgroupTests atomic.Int32
+
 // cgroup2Base returns a cgroup v2 directory this test may make cgroups
 // in (the unified hierarchy, mounted on its own on hybrid hosts), or skips.
 func cgroup2Base(t *testing.T) string {
@@ -293,11 +297,17 @@ func cgroup2Base(t *testing.T) string {
 	for _, p := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
 		var st unix.Statfs_t
 		if unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			dir := filepath.Join(p, fmt.Sprintf("microvm-agent-test-%d", os.Getpid()))
+			dir := filepath.Join(p, fmt.Sprintf("microvm-agent-test-%d-%d", os.Getpid(), cgroupTests.Add(1)))
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				t.Skipf("cannot make a cgroup: %v", err)
 			}
-			t.Cleanup(func() { unix.Rmdir(dir) })
+			t.Cleanup(func() {
+				// The agent removes a container's cgroup once its
+				// processes are gone, which may be after the test.
+				for deadline := time.Now().Add(5 * time.Second); unix.Rmdir(dir) == unix.EBUSY && time.Now().Before(deadline); {
+					time.Sleep(20 * time.Millisecond)
+				}
+			})
 			return dir
 		}
 	}
@@ -606,5 +616,54 @@ func TestContainerSharedNamespaces(t *testing.T) {
 		if c := status.Code(r.err); c != codes.FailedPrecondition && c != codes.InvalidArgument {
 			t.Errorf("namespaces %v: %v, want FailedPrecondition or InvalidArgument", bad, r.err)
 		}
+	}
+}
+
+// TestContainerCgroupNamespace: a container with a cgroup namespace sees
+// its own cgroup as the root, in /proc/self/cgroup and in a cgroup2 mount,
+// and so does a process that joins it; one without sees the hierarchy.
+func TestContainerCgroupNamespace(t *testing.T) {
+	root := containerRoot(t)
+	base := cgroup2Base(t)
+	h := newHarness(t, Options{CgroupRoot: base}, false)
+	ctx := testCtx(t)
+	stdinR, stdinW := io.Pipe()
+	defer stdinW.Close()
+	ready := make(chan struct{})
+	out := &notifyWriter{want: "ready", ready: ready}
+	cgMount := &agentapi.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup2", Source: "cgroup2", Options: []string{"nosuid", "noexec", "nodev"}}
+	done := make(chan *result, 1)
+	go func() {
+		r := &result{}
+		r.exit, r.err = h.client.Exec(ctx, &agentapi.Cmd{
+			Argv: sh(`cat /proc/self/cgroup; cat /sys/fs/cgroup/cgroup.procs | wc -l; echo ready; read x || true`), Env: []string{"PATH=/bin"},
+			Container: &agentapi.Container{Id: "cgns", Create: &agentapi.ContainerRoot{Root: root, Mounts: append(ociMounts(), cgMount),
+				Namespaces: &agentapi.ContainerNamespaces{Cgroup: true}}},
+			Stdin: stdinR, Stdout: out, Stderr: &r.stderr,
+		})
+		done <- r
+	}()
+	select {
+	case <-ready:
+	case r := <-done:
+		t.Fatalf("container ended early: %v, %v; stderr %q", r.exit, r.err, r.stderr.String())
+	}
+	// Its init and the cat and wc of the pipeline are the cgroup's only
+	// processes: the mount shows the container's cgroup, not the guest's.
+	// (A hybrid host lists its v1 hierarchies first: the unified one is
+	// the "0::" line.)
+	if got := out.buf.String(); !strings.Contains("\n"+got, "\n0::/\n") || !strings.Contains(got, "\n3\n") {
+		t.Errorf("in the container: %q; want 0::/ and 3 processes in the mount's cgroup.procs", got)
+	}
+	r := run(ctx, h.client, &agentapi.Cmd{Argv: sh(`cat /proc/self/cgroup`), Env: []string{"PATH=/bin"}, Container: &agentapi.Container{Id: "cgns"}})
+	if r.err != nil || !strings.Contains("\n"+r.stdout.String(), "\n0::/\n") {
+		t.Errorf("a process joining it: %q, %v (stderr %q); want 0::/", r.stdout.String(), r.err, r.stderr.String())
+	}
+	stdinW.Close()
+	<-done
+	r = run(ctx, h.client, &agentapi.Cmd{Argv: sh(`cat /proc/self/cgroup`), Env: []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "plain", Create: &agentapi.ContainerRoot{Root: root, Mounts: ociMounts()}}})
+	if want := "0::/" + filepath.Base(base) + "/plain"; r.err != nil || !strings.Contains(r.stdout.String(), want) {
+		t.Errorf("a container without one: %q, %v; want %q", r.stdout.String(), r.err, want)
 	}
 }

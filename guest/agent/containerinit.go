@@ -108,10 +108,19 @@ func enterContainer(st *agentapi.ExecStart) error {
 }
 
 // createRoot builds the container's file system in this process's new
-// mount namespace: the root bound (alone, without the mounts below it) on a
+// mount namespace (and cgroup namespace, if asked): the root bound (alone,
+// without the mounts below it) on a
 // directory of its own, the spec's mounts below it, devices when /dev is a
 // tmpfs; then pivot_root into it, read-only if asked, and the hostname.
 func createRoot(id string, r *agentapi.ContainerRoot) error {
+	if r.GetNamespaces().GetCgroup() {
+		// Now that this process is in the container's cgroup (the agent
+		// cloned it into it), so that the new namespace's root is that
+		// cgroup; before the mounts, so a cgroup2 mount shows only it.
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			return fmt.Errorf("cgroup namespace: %w", err)
+		}
+	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}

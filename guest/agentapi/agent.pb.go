@@ -483,10 +483,16 @@ func (x *ContainerRoot) GetNamespaces() *ContainerNamespaces {
 type ContainerNamespaces struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// of names the running container whose namespaces JOIN takes.
-	Of            string        `protobuf:"bytes,1,opt,name=of,proto3" json:"of,omitempty"`
-	Pid           NamespaceMode `protobuf:"varint,2,opt,name=pid,proto3,enum=microvm.agent.v1.NamespaceMode" json:"pid,omitempty"`
-	Uts           NamespaceMode `protobuf:"varint,3,opt,name=uts,proto3,enum=microvm.agent.v1.NamespaceMode" json:"uts,omitempty"`
-	Ipc           NamespaceMode `protobuf:"varint,4,opt,name=ipc,proto3,enum=microvm.agent.v1.NamespaceMode" json:"ipc,omitempty"`
+	Of  string        `protobuf:"bytes,1,opt,name=of,proto3" json:"of,omitempty"`
+	Pid NamespaceMode `protobuf:"varint,2,opt,name=pid,proto3,enum=microvm.agent.v1.NamespaceMode" json:"pid,omitempty"`
+	Uts NamespaceMode `protobuf:"varint,3,opt,name=uts,proto3,enum=microvm.agent.v1.NamespaceMode" json:"uts,omitempty"`
+	Ipc NamespaceMode `protobuf:"varint,4,opt,name=ipc,proto3,enum=microvm.agent.v1.NamespaceMode" json:"ipc,omitempty"`
+	// cgroup gives the container a cgroup namespace of its own rooted at its
+	// cgroup (the OCI spec's cgroup namespace, which containerd asks for on
+	// cgroup v2): /proc/self/cgroup reads "0::/" and a cgroup2 mount in it
+	// shows its own subtree. Unset, the container sees the guest's
+	// hierarchy. Processes that join the container enter it too.
+	Cgroup        bool `protobuf:"varint,5,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,6 +553,13 @@ func (x *ContainerNamespaces) GetIpc() NamespaceMode {
 		return x.Ipc
 	}
 	return NamespaceMode_NAMESPACE_NEW
+}
+
+func (x *ContainerNamespaces) GetCgroup() bool {
+	if x != nil {
+		return x.Cgroup
+	}
+	return false
 }
 
 // Resources are a container's limits, written to its cgroup (cgroup v2).
@@ -2429,12 +2442,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x0ereadonly_paths\x18\a \x03(\tR\rreadonlyPaths\x12E\n" +
 	"\n" +
 	"namespaces\x18\b \x01(\v2%.microvm.agent.v1.ContainerNamespacesR\n" +
-	"namespaces\"\xbe\x01\n" +
+	"namespaces\"\xd6\x01\n" +
 	"\x13ContainerNamespaces\x12\x0e\n" +
 	"\x02of\x18\x01 \x01(\tR\x02of\x121\n" +
 	"\x03pid\x18\x02 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03pid\x121\n" +
 	"\x03uts\x18\x03 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03uts\x121\n" +
-	"\x03ipc\x18\x04 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03ipc\"\xbd\x01\n" +
+	"\x03ipc\x18\x04 \x01(\x0e2\x1f.microvm.agent.v1.NamespaceModeR\x03ipc\x12\x16\n" +
+	"\x06cgroup\x18\x05 \x01(\bR\x06cgroup\"\xbd\x01\n" +
 	"\tResources\x12(\n" +
 	"\x10memory_max_bytes\x18\x01 \x01(\x04R\x0ememoryMaxBytes\x12\x19\n" +
 	"\bpids_max\x18\x02 \x01(\x04R\apidsMax\x12$\n" +

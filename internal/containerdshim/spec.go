@@ -259,8 +259,17 @@ func containerNamespaces(s *specs.Spec, sandboxID string) (*agentapi.ContainerNa
 			mode = &out.Uts
 		case specs.IPCNamespace:
 			mode = &out.Ipc
+		case specs.CgroupNamespace:
+			// A new one, rooted at the container's cgroup in the guest
+			// (containerd asks for it on cgroup v2 hosts); joining one
+			// by path is nothing CRI asks for.
+			if ns.Path != "" {
+				return nil, fmt.Errorf("%w: linux.namespaces: cgroup namespace %s: joining one is not supported", errdefs.ErrNotImplemented, ns.Path)
+			}
+			out.Cgroup = true
+			continue
 		default:
-			continue // mount: always new; network: the VM's; user, cgroup, time: not made
+			continue // mount: always new; network: the VM's; user, time: not made
 		}
 		switch {
 		case ns.Path == "":

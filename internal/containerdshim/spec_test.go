@@ -223,4 +223,16 @@ func TestContainerNamespaces(t *testing.T) {
 	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "/proc/1/ns/ipc") {
 		t.Errorf("a path in the first container: %v, want not implemented naming it", err)
 	}
+	// containerd's cgroup namespace (cgroup v2): a new one; none asked,
+	// none made; one by path refused.
+	if got, err := containerNamespaces(spec(specs.LinuxNamespace{Type: specs.CgroupNamespace}), ""); err != nil || !got.Cgroup {
+		t.Errorf("a cgroup namespace: %v, %v; want a new one", got, err)
+	}
+	if got, err := containerNamespaces(spec(specs.LinuxNamespace{Type: specs.PIDNamespace}), ""); err != nil || got.Cgroup {
+		t.Errorf("no cgroup namespace: %v, %v; want none", got, err)
+	}
+	_, err = containerNamespaces(spec(specs.LinuxNamespace{Type: specs.CgroupNamespace, Path: "/proc/9/ns/cgroup"}), "sb")
+	if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), "/proc/9/ns/cgroup") {
+		t.Errorf("a cgroup namespace by path: %v, want not implemented naming it", err)
+	}
 }
