@@ -79,18 +79,19 @@ func TestExec(t *testing.T) {
 		oneLine(t, "stderr", stderr, "/no/such/command: not found")
 	})
 	t.Run("shared directory", func(t *testing.T) {
-		// --share: the guest mounts a host directory over virtio-9p,
-		// reads what the host put there, and what it writes is on the
-		// host at once; a symlink it makes is stored, never followed.
+		// --share: the agent mounts a host directory over virtio-9p at
+		// /run/microvm-shares/TAG; the guest reads what the host put
+		// there, and what it writes is on the host at once; a symlink
+		// it makes is stored, never followed.
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "in.txt"), []byte("from the host\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		status, stdout, stderr, took := run(t, nil, "--share", "tag=work,path="+dir, "--", "sh", "-c",
-			"mkdir -p /mnt/w && mount -t 9p -o trans=virtio,version=9p2000.L work /mnt/w && "+
-				"cat /mnt/w/in.txt && echo from the guest >/mnt/w/out.txt && mkdir /mnt/w/d && "+
-				"dd if=/dev/zero of=/mnt/w/d/big bs=64k count=48 2>/dev/null && ln -s /etc /mnt/w/d/etc && "+
-				"mv /mnt/w/out.txt /mnt/w/d/out.txt && ls /mnt/w/d && umount /mnt/w")
+			"cd /run/microvm-shares/work && grep -q ' /run/microvm-shares/work 9p ' /proc/mounts && "+
+				"cat in.txt && echo from the guest >out.txt && mkdir d && "+
+				"dd if=/dev/zero of=d/big bs=64k count=48 2>/dev/null && ln -s /etc d/etc && "+
+				"mv out.txt d/out.txt && ls d")
 		if status != 0 || stdout != "from the host\nbig\netc\nout.txt\n" {
 			t.Fatalf("status %d stdout %q stderr %q", status, stdout, stderr)
 		}
