@@ -260,13 +260,15 @@ func (e *ctrEnv) shimPids() []int {
 }
 
 // leftovers fails the test when a shim process, a mount under the test's
-// directory or a root file system image is left once every container is
-// gone.
+// directory, a root file system image or another file of the shim's is
+// left once every container is gone. containerd removes a bundle after the
+// delete action of a killed shim returns, in its own goroutine, so files
+// in the state directory get the same grace as the processes.
 func (e *ctrEnv) leftovers() {
 	t := e.t
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for len(e.shimPids()) > 0 && time.Now().Before(deadline) {
+	for (len(e.shimPids()) > 0 || len(e.stateFiles()) > 0) && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if p := e.shimPids(); len(p) > 0 {
@@ -278,12 +280,22 @@ func (e *ctrEnv) leftovers() {
 	if left, _ := filepath.Glob(filepath.Join(shimVolumes, "*")); len(left) > 0 {
 		t.Errorf("shared directories left: %v", left)
 	}
+	for _, p := range e.stateFiles() {
+		t.Errorf("file left: %s", p)
+	}
+}
+
+// stateFiles are the shim's files (microvm-*) under containerd's state
+// directory.
+func (e *ctrEnv) stateFiles() []string {
+	var left []string
 	filepath.WalkDir(filepath.Join(e.dir, "state"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && strings.HasPrefix(d.Name(), "microvm-") {
-			t.Errorf("file left: %s", p)
+			left = append(left, p)
 		}
 		return nil
 	})
+	return left
 }
 
 // shimVolumes is where the shim binds volumes for the VM's shared
