@@ -28,7 +28,7 @@ const ContainerInitArg0 = "microvm-container-init"
 const (
 	initSpecFd  = 3 // a memfd holding the marshalled ExecStart
 	initReadyFd = 4 // a pipe's write end, closed by the execve of the program
-	initRootFd  = 5 // joining only: an O_PATH descriptor of the container's root
+	initMntFd   = 5 // joining only: the container init's mount namespace
 )
 
 // setupTimeout bounds a container process's set-up step (mounts,
@@ -153,20 +153,21 @@ func (cs *containers) drop(id string, e *containerEntry) {
 }
 
 // joinFiles opens what a process joining container id needs: its init's
-// namespaces (joinKinds) and root.
-func (cs *containers) joinFiles(id string) (ns []nsFile, root *os.File, err error) {
+// namespaces that the agent enters for it (joinKinds), and its mount
+// namespace, which the process enters itself (enterContainer).
+func (cs *containers) joinFiles(id string) (ns []nsFile, mnt *os.File, err error) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	ns, err = cs.namespaces(id, joinKinds)
 	if err != nil {
 		return nil, nil, err
 	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/root", cs.ids[id].pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	mnt, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", cs.ids[id].pid))
 	if err != nil {
 		closeNS(ns)
-		return nil, nil, status.Errorf(codes.Internal, "agent: exec: container %q: root: %v", id, err)
+		return nil, nil, status.Errorf(codes.Internal, "agent: exec: container %q: mount namespace: %v", id, err)
 	}
-	return ns, os.NewFile(uintptr(fd), "container-root"), nil
+	return ns, mnt, nil
 }
 
 // namespaces opens the given namespaces of running container id's init.
@@ -377,12 +378,12 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		return c, nil
 	}
 
-	ns, root, err := s.ctrs.joinFiles(ct.Id)
+	ns, mnt, err := s.ctrs.joinFiles(ct.Id)
 	if err != nil {
 		return nil, err
 	}
 	defer closeNS(ns)
-	defer root.Close()
+	defer mnt.Close()
 	cg, err := s.containerCgroup(ct.Id, false)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "agent: exec: container %q: %v", ct.Id, err)
@@ -391,7 +392,7 @@ func (s *Server) startInContainer(st *agentapi.ExecStart, x *execIO, g *group, s
 		defer cg.Close()
 		sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
 	}
-	attr.Files = append(attr.Files, root.Fd())
+	attr.Files = append(attr.Files, mnt.Fd())
 	c, err := startIn(ns, func() (*child, error) { return s.starter.start(self, argv, attr, g.leaderExited) })
 	if err != nil {
 		return nil, startErr(st.Argv[0], err)

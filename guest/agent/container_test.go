@@ -164,7 +164,24 @@ func TestContainerJoin(t *testing.T) {
 		t.Errorf("second create of the same id: %v, want AlreadyExists", r.err)
 	}
 
-	// A joining process sees the init's tmpfs, hostname and PID namespace.
+	// A joining process sees the init's tmpfs, hostname and PID namespace,
+	// and is in its mount namespace: its mount table is the container's.
+	h.srv.ctrs.mu.Lock()
+	initPid := h.srv.ctrs.ids["pod"].pid
+	h.srv.ctrs.mu.Unlock()
+	initMnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", initPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = run(ctx, h.client, &agentapi.Cmd{
+		Argv:      sh(`readlink /proc/self/ns/mnt; grep -c ' /tmp tmpfs ' /proc/self/mounts`),
+		Env:       []string{"PATH=/bin"},
+		Container: &agentapi.Container{Id: "pod"},
+	})
+	if got := strings.Fields(r.stdout.String()); r.err != nil || len(got) != 2 || got[0] != initMnt || got[1] != "1" {
+		t.Errorf("join: mount namespace and its /tmp in /proc/self/mounts: %q (want %s and 1), %v; stderr %q",
+			r.stdout.String(), initMnt, r.err, r.stderr.String())
+	}
 	r = run(ctx, h.client, &agentapi.Cmd{
 		Argv:      sh(`cat /tmp/mark; hostname; echo pid=$$; ls /proc | grep -c '^[0-9]'`),
 		Env:       []string{"PATH=/bin"},

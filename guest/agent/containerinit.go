@@ -90,20 +90,26 @@ func readSpec() (*agentapi.ExecStart, error) {
 }
 
 // enterContainer creates the container (this process is its init, in new
-// namespaces) or joins it: the agent has entered its PID, UTS and IPC
-// namespaces; its mounts are reached by taking its root, passed on
-// initRootFd, as this process's root.
+// namespaces) or joins it: the agent has entered its PID, UTS, IPC and
+// cgroup namespaces; this process enters its mount namespace, passed on
+// initMntFd, so that it sees the container's mounts as its init does
+// (/proc/self/mounts, df, mount included) and mounts it makes are the
+// container's. The kernel refuses that setns to a thread that shares its
+// root and working directory with others, as every Go thread does: this
+// one (locked, the one that will execve) stops sharing them first. setns
+// then puts its root and working directory at the namespace's root: the
+// container's, where its init pivoted.
 func enterContainer(st *agentapi.ExecStart) error {
 	if r := st.Container.Create; r != nil {
 		return createRoot(st.Container.Id, r)
 	}
-	if err := unix.Fchdir(initRootFd); err != nil {
-		return fmt.Errorf("enter root: %w", err)
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("enter the mount namespace: unshare CLONE_FS: %w", err)
 	}
-	if err := unix.Chroot("."); err != nil {
-		return fmt.Errorf("enter root: %w", err)
+	if err := unix.Setns(initMntFd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("enter the mount namespace: %w", err)
 	}
-	unix.Close(initRootFd)
+	unix.Close(initMntFd)
 	return nil
 }
 
