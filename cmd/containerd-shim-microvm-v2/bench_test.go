@@ -1,8 +1,11 @@
 package main
 
 import (
+	"archive/tar"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -11,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/containerdshim"
 	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testimage"
 )
 
 // EnvBench turns TestContainerdBench on: its value is where the JSON goes
@@ -19,65 +24,119 @@ import (
 // fails only when a container does not run.
 const EnvBench = "MICROVM_BENCH_CONTAINERD"
 
-// benchRuntimes are compared in one run, interleaved: microvm's shim and
-// runc (Debian's containerd ships io.containerd.runc.v2 and runc).
-var benchRuntimes = []string{runtimeName, "io.containerd.runc.v2"}
+// benchVariant is one way of running a container, compared in one run,
+// interleaved: microvm's shim with each root file system method (the
+// pod's annotation picks it) and runc (Debian's containerd ships
+// io.containerd.runc.v2 and runc).
+type benchVariant struct {
+	Name    string
+	Runtime string
+	Args    []string // ctr run's extra flags
+}
 
-// benchResult is one runtime's figures.
+var benchVariants = []benchVariant{
+	{"microvm-ext4", runtimeName, []string{"--annotation", containerdshim.RootfsAnnotation + "=" + string(containerdshim.RootfsExt4)}},
+	{"microvm-9p", runtimeName, []string{"--annotation", containerdshim.RootfsAnnotation + "=" + string(containerdshim.Rootfs9p)}},
+	{"runc", "io.containerd.runc.v2", nil},
+}
+
+// benchImage is an image the bench starts containers from, with the
+// command that reads every byte of it (the read column: how fast the root
+// file system method reads an image the guest has not seen).
+type benchImage struct {
+	Name string
+	Ref  string
+	Read string
+}
+
+// benchResult is one variant's figures on one image.
 type benchResult struct {
+	Variant    string    `json:"variant"`
 	Runtime    string    `json:"runtime"`
+	Image      string    `json:"image"`
+	ImageMiB   float64   `json:"image_mib"`
 	StartMS    []float64 `json:"start_ms"`       // ctr run -d: create and start, until running
 	ExecMS     []float64 `json:"exec_ms"`        // ctr task exec of true, until its exit
+	ReadMS     []float64 `json:"read_ms"`        // ctr task exec that reads every file of the image once
 	StopMS     []float64 `json:"stop_ms"`        // kill, wait and delete
 	HostRSSKiB []int64   `json:"host_rss_kib"`   // the shim and its children while the container sleeps
 	StartP50   float64   `json:"start_p50_ms"`   //
 	StartP99   float64   `json:"start_p99_ms"`   //
 	ExecP50    float64   `json:"exec_p50_ms"`    //
 	ExecP99    float64   `json:"exec_p99_ms"`    //
+	ReadP50    float64   `json:"read_p50_ms"`    //
 	RSSMedian  int64     `json:"rss_median_kib"` //
 	// CreatePhasesP50 splits microvm's start (the shim's log, one line per
-	// Create): snapshot mount, ext4 build, boot to agent, volumes, in ms.
+	// Create): snapshot mount, ext4 build, boot to agent, root bound or
+	// copied, volumes, in ms.
 	CreatePhasesP50 map[string]float64 `json:"create_phases_p50_ms,omitempty"`
 }
 
 // TestContainerdBench: container start (ctr run -d, until the task runs),
-// exec latency and host memory per container, microvm against runc in
-// the same run, N rounds (MICROVM_BENCH_N, default 10); then microvm pods
-// started 4 at a time and kept running until the machine's memory is
-// spent (or MICROVM_BENCH_PODS run), none failing before. Prints a table and
-// writes JSON to $MICROVM_BENCH_CONTAINERD. Where this host's KVM cannot
-// run Linux, make bench-containerd runs it in the nested-KVM box, and
-// the table says so: those are TCG figures.
+// exec latency, the time to read the whole image from inside the
+// container, and host memory per container, for microvm with each root
+// file system method and runc, on the small busybox image and on one with
+// MICROVM_BENCH_BIG_MIB (default 64) MiB more in 64 files, in the same
+// run, N rounds (MICROVM_BENCH_N, default 10); then microvm pods started 4
+// at a time and kept running until the machine's memory is spent (or
+// MICROVM_BENCH_PODS run), none failing before. Prints a table and writes
+// JSON to $MICROVM_BENCH_CONTAINERD. Where this host's KVM cannot run
+// Linux, make bench-containerd runs it in the nested-KVM box, and the
+// table says so: those are TCG figures.
 func TestContainerdBench(t *testing.T) {
 	out := os.Getenv(EnvBench)
 	if out == "" {
 		t.Skipf("a benchmark: set $%s to a JSON path (make bench-containerd)", EnvBench)
 	}
 	n := envInt(t, "MICROVM_BENCH_N", 10)
+	bigMiB := envInt(t, "MICROVM_BENCH_BIG_MIB", 64)
 	e := startContainerd(t)
 	e.importBusybox()
-	res := map[string]*benchResult{}
-	for _, rt := range benchRuntimes {
-		res[rt] = &benchResult{Runtime: rt}
+	images := []benchImage{{"busybox", testImage, "cat /bin/busybox /etc/passwd > /dev/null"}}
+	if bigMiB > 0 {
+		const big = "microvm.test/busybox-big:1"
+		e.importImageWith(big, []string{"sh"}, padding(t, bigMiB, 64))
+		images = append(images, benchImage{fmt.Sprintf("busybox+%dMiB", bigMiB), big, "cat /bin/busybox /etc/passwd /pad/* > /dev/null"})
 	}
+	imageMiB := map[string]float64{}
+	for _, im := range images {
+		imageMiB[im.Name] = e.imageMiB(im.Ref)
+	}
+	var list []*benchResult
+	res := map[string]*benchResult{}
+	key := func(v benchVariant, im benchImage) string { return v.Name + "/" + im.Name }
+	for _, im := range images {
+		for _, v := range benchVariants {
+			r := &benchResult{Variant: v.Name, Runtime: v.Runtime, Image: im.Name, ImageMiB: imageMiB[im.Name]}
+			res[key(v, im)] = r
+			list = append(list, r)
+		}
+	}
+	ids := map[string]string{} // container id -> result key, for the shim's phase lines
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for i := 0; i < n; i++ {
-		for _, rt := range benchRuntimes {
-			r := res[rt]
-			id := fmt.Sprintf("b%d-%s", i, strings.Split(rt, ".")[2])
-			t0 := time.Now()
-			e.must("run", "-d", "--runtime", rt, testImage, id, "sleep", "600")
-			r.StartMS = append(r.StartMS, ms(time.Since(t0)))
-			t0 = time.Now()
-			e.must("task", "exec", "--exec-id", "x", id, "true")
-			r.ExecMS = append(r.ExecMS, ms(time.Since(t0)))
-			r.HostRSSKiB = append(r.HostRSSKiB, e.taskRSS(id))
-			t0 = time.Now()
-			e.must("task", "kill", "-s", "SIGKILL", id)
-			e.waitStopped(id)
-			e.must("task", "delete", id)
-			r.StopMS = append(r.StopMS, ms(time.Since(t0)))
-			e.must("containers", "delete", id)
+		for ii, im := range images {
+			for _, v := range benchVariants {
+				r := res[key(v, im)]
+				id := fmt.Sprintf("b%d-%s-%d", i, v.Name, ii)
+				ids[id] = key(v, im)
+				t0 := time.Now()
+				e.must(append(append([]string{"run", "-d", "--runtime", v.Runtime}, v.Args...), im.Ref, id, "sleep", "600")...)
+				r.StartMS = append(r.StartMS, ms(time.Since(t0)))
+				t0 = time.Now()
+				e.must("task", "exec", "--exec-id", "x", id, "true")
+				r.ExecMS = append(r.ExecMS, ms(time.Since(t0)))
+				t0 = time.Now()
+				e.must("task", "exec", "--exec-id", "r", id, "sh", "-c", im.Read)
+				r.ReadMS = append(r.ReadMS, ms(time.Since(t0)))
+				r.HostRSSKiB = append(r.HostRSSKiB, e.taskRSS(id))
+				t0 = time.Now()
+				e.must("task", "kill", "-s", "SIGKILL", id)
+				e.waitStopped(id)
+				e.must("task", "delete", id)
+				r.StopMS = append(r.StopMS, ms(time.Since(t0)))
+				e.must("containers", "delete", id)
+			}
 		}
 	}
 	where := "natively"
@@ -85,50 +144,100 @@ func TestContainerdBench(t *testing.T) {
 		where = "in the nested-KVM box (QEMU TCG: not hardware speed)"
 	}
 	fmt.Printf("containerd: %d rounds, %s\n", n, where)
-	fmt.Printf("%-24s %12s %12s %12s %12s %12s %14s\n", "runtime", "start p50", "start p99", "exec p50", "exec p99", "stop p50", "host RSS (MiB)")
-	list := []*benchResult{}
-	for _, rt := range benchRuntimes {
-		r := res[rt]
+	fmt.Printf("%-14s %-16s %10s %10s %10s %10s %10s %10s %10s\n", "variant", "image", "start p50", "start p99",
+		"exec p50", "exec p99", "read p50", "stop p50", "RSS (MiB)")
+	for _, r := range list {
 		r.StartP50, r.StartP99 = pct(r.StartMS, 50), pct(r.StartMS, 99)
 		r.ExecP50, r.ExecP99 = pct(r.ExecMS, 50), pct(r.ExecMS, 99)
+		r.ReadP50 = pct(r.ReadMS, 50)
 		r.RSSMedian = medianInt(r.HostRSSKiB)
-		fmt.Printf("%-24s %10.1fms %10.1fms %10.1fms %10.1fms %10.1fms %14.1f\n", rt, r.StartP50, r.StartP99,
-			r.ExecP50, r.ExecP99, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
-		list = append(list, r)
+		fmt.Printf("%-14s %-16s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %10.1f\n", r.Variant,
+			fmt.Sprintf("%s (%.1f MiB)", r.Image, r.ImageMiB), r.StartP50, r.StartP99,
+			r.ExecP50, r.ExecP99, r.ReadP50, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
 	}
-	phases := e.createPhases()
-	if len(phases) > 0 {
-		p50 := func(k string) float64 {
-			var v []float64
-			for _, p := range phases {
-				v = append(v, p[k])
-			}
-			return pct(v, 50)
+	phases := map[string][]map[string]float64{}
+	for _, p := range e.createPhases() {
+		if k, ok := ids[p.id]; ok {
+			phases[k] = append(phases[k], p.ms)
+		}
+	}
+	for _, r := range list {
+		ps := phases[r.Variant+"/"+r.Image]
+		if len(ps) == 0 {
+			continue
 		}
 		split := map[string]float64{}
-		for _, k := range []string{"mount_ms", "ext4_ms", "boot_ms", "volumes_ms"} {
-			split[k] = p50(k)
+		for _, k := range []string{"mount_ms", "ext4_ms", "boot_ms", "copy_ms", "volumes_ms"} {
+			var v []float64
+			for _, p := range ps {
+				v = append(v, p[k])
+			}
+			split[k] = pct(v, 50)
 		}
-		start := res[runtimeName].StartP50
-		fmt.Printf("%s start, p50 of %d creates: snapshot mount %.1f ms, ext4 built %.1f ms (%.0f%% of start p50), boot until the agent answers %.1f ms (%.0f%%), volumes %.1f ms; the rest (ctr, containerd, the shim's start, Start) %.1f ms\n",
-			runtimeName, len(phases), split["mount_ms"], split["ext4_ms"], 100*split["ext4_ms"]/start, split["boot_ms"], 100*split["boot_ms"]/start,
-			split["volumes_ms"], start-split["mount_ms"]-split["ext4_ms"]-split["boot_ms"]-split["volumes_ms"])
-		res[runtimeName].CreatePhasesP50 = split
+		r.CreatePhasesP50 = split
+		fmt.Printf("%s on %s: start p50 %.1f ms = snapshot mount %.1f + ext4 built %.1f + boot until the agent answers %.1f + root bound %.1f + volumes %.1f + the rest (ctr, containerd, the shim's start, Start) %.1f\n",
+			r.Variant, r.Image, r.StartP50, split["mount_ms"], split["ext4_ms"], split["boot_ms"], split["copy_ms"], split["volumes_ms"],
+			r.StartP50-split["mount_ms"]-split["ext4_ms"]-split["boot_ms"]-split["copy_ms"]-split["volumes_ms"])
 	}
 	d := e.density(envInt(t, "MICROVM_BENCH_PODS", 1000), 4)
-	fmt.Printf("density (%s): %d pods running at once, stopped by %s; %d failed; host RSS %.1f MiB per pod (%.1f MiB in all); MemAvailable %d -> %d MiB\n",
+	fmt.Printf("density (%s, ext4 roots): %d pods running at once, stopped by %s; %d failed; host RSS %.1f MiB per pod (%.1f MiB in all); MemAvailable %d -> %d MiB\n",
 		runtimeName, d.Pods, d.StoppedBy, d.Failed, float64(d.RSSPerPodKiB)/1024, float64(d.RSSTotalKiB)/1024,
 		d.MemAvailableBeforeKiB/1024, d.MemAvailableAfterKiB/1024)
 	if d.Failed > 0 && d.StoppedBy != "memory" {
 		t.Errorf("%d pods failed to start before memory ran out: %s", d.Failed, d.FirstError)
 	}
-	b, err := json.MarshalIndent(map[string]any{"where": where, "rounds": n, "runtimes": list, "density": d}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"where": where, "rounds": n, "results": list, "density": d}, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(out, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// padding is a layer of files MiB MiB in all, spread over files files
+// under /pad, of random bytes (nothing below can compress or share them).
+func padding(t *testing.T, mib, files int) []testimage.Entry {
+	t.Helper()
+	entries := []testimage.Entry{{Hdr: tar.Header{Typeflag: tar.TypeDir, Name: "pad/", Mode: 0o755}}}
+	size := mib << 20 / files
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < files; i++ {
+		body := make([]byte, size)
+		for j := 0; j+8 <= len(body); j += 8 {
+			binary.LittleEndian.PutUint64(body[j:], rng.Uint64())
+		}
+		entries = append(entries, testimage.Entry{
+			Hdr:  tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("pad/%03d", i), Mode: 0o644},
+			Body: body,
+		})
+	}
+	return entries
+}
+
+// imageMiB is an image's size as ctr images ls reports it: its content,
+// compressed (the padding is random, so about its size on disk).
+func (e *ctrEnv) imageMiB(ref string) float64 {
+	e.t.Helper()
+	var mib float64
+	for _, l := range strings.Split(e.must("images", "ls"), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && f[0] == ref {
+			// REF TYPE DIGEST SIZE UNIT PLATFORMS LABELS; SIZE is the content's (compressed)
+			v, err := strconv.ParseFloat(f[3], 64)
+			if err == nil {
+				switch f[4] {
+				case "KiB":
+					mib = v / 1024
+				case "MiB":
+					mib = v
+				case "GiB":
+					mib = v * 1024
+				}
+			}
+		}
+	}
+	return mib
 }
 
 // densityResult is how many microvm pods run at once on this machine.
@@ -376,30 +485,38 @@ func medianInt(v []int64) int64 {
 	return s[len(s)/2]
 }
 
+// createPhase is one Create's phases, from the shim's log line.
+type createPhase struct {
+	id string
+	ms map[string]float64
+}
+
 // createPhases reads the shim's "microvm create phases" lines from
-// containerd's log (containerd copies each shim's log into its own): one
-// map of phase to ms per Create, in order.
-func (e *ctrEnv) createPhases() []map[string]float64 {
+// containerd's log.
+func (e *ctrEnv) createPhases() []createPhase {
 	b, err := os.ReadFile(e.log)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	var out []map[string]float64
+	var out []createPhase
 	for _, l := range strings.Split(string(b), "\n") {
 		if !strings.Contains(l, `msg="microvm create phases"`) {
 			continue
 		}
-		m := map[string]float64{}
+		p := createPhase{ms: map[string]float64{}}
 		for _, f := range strings.Fields(l) {
 			k, v, ok := strings.Cut(f, "=")
-			if !ok || !strings.HasSuffix(k, "_ms") {
-				continue
-			}
-			if x, err := strconv.ParseFloat(v, 64); err == nil {
-				m[k] = x
+			switch {
+			case !ok:
+			case k == "id":
+				p.id = strings.Trim(v, `"`)
+			case strings.HasSuffix(k, "_ms"):
+				if x, err := strconv.ParseFloat(v, 64); err == nil {
+					p.ms[k] = x
+				}
 			}
 		}
-		out = append(out, m)
+		out = append(out, p)
 	}
 	return out
 }

@@ -20,6 +20,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/microvm/microvm/internal/containerdshim"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/internal/testimage"
 )
@@ -215,6 +216,12 @@ func (e *ctrEnv) importBusybox() {
 
 // importImage imports the busybox image as ref, with cmd as its command.
 func (e *ctrEnv) importImage(ref string, cmd []string) {
+	e.t.Helper()
+	e.importImageWith(ref, cmd, nil)
+}
+
+// importImageWith is importImage with more entries in the image's layer.
+func (e *ctrEnv) importImageWith(ref string, cmd []string, more []testimage.Entry) {
 	t := e.t
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
@@ -231,7 +238,7 @@ func (e *ctrEnv) importImage(ref string, cmd []string) {
 	for _, a := range []string{"sh", "echo", "cat", "uname", "sleep", "id", "hostname", "ls", "mount", "true", "nc", "grep", "touch", "wc"} {
 		entries = append(entries, testimage.Entry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777}})
 	}
-	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: cmd}, "amd64", testimage.Layer(t, entries))
+	img := testimage.Of(t, v1.Config{Env: []string{"PATH=/bin"}, Cmd: cmd}, "amd64", testimage.Layer(t, append(entries, more...)))
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		t.Fatal(err)
@@ -469,5 +476,68 @@ func TestCtrPod(t *testing.T) {
 	}
 	e.must("task", "delete", "pod1")
 	e.must("containers", "delete", "pod1")
+	e.leftovers()
+}
+
+// TestCtrRootfs9p: a pod whose roots reach its VM over virtio-9p (the
+// annotation io.microvm.shim.rootfs=9p): each container's / is a 9p mount,
+// nothing is copied, what a container writes lands in its snapshot on the
+// host and what the host writes there shows in the guest; a second
+// container takes the pod's method, its read-only root refusing writes;
+// deleting the pod leaves nothing mounted.
+func TestCtrRootfs9p(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	e := startContainerd(t)
+	e.importBusybox()
+	pod := []string{"--runtime", runtimeName, "--annotation", sandboxAnnotation + "=p9"}
+	e.must(append(append([]string{"run", "-d"}, pod...), "--annotation", containerdshim.RootfsAnnotation+"=9p",
+		testImage, "p9", "sh", "-c", "echo from the guest > /written-by-p9; sleep 600")...)
+
+	// The file the container wrote is in its snapshot on the host.
+	var hostFile string
+	for deadline := time.Now().Add(time.Minute); hostFile == "" && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		filepath.WalkDir(filepath.Join(e.dir, "root"), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.Name() == "written-by-p9" {
+				hostFile = p
+			}
+			return nil
+		})
+	}
+	if hostFile == "" {
+		t.Fatal("the container's write is not in any snapshot on the host")
+	}
+	if b, err := os.ReadFile(hostFile); err != nil || string(b) != "from the guest\n" {
+		t.Errorf("%s: %q, %v", hostFile, b, err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(hostFile), "written-by-host"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := e.must("task", "exec", "--exec-id", "e1", "p9", "sh", "-c", "cat /written-by-host; cat /proc/mounts")
+	t.Logf("exec in p9: %q", got)
+	root9p := regexp.MustCompile(`(?m)^\S+ / 9p (\S+)`)
+	if !strings.Contains(got, "from the host\n") {
+		t.Errorf("the host's write does not show in the container: %q", got)
+	}
+	if m := root9p.FindStringSubmatch(got); m == nil || !strings.HasPrefix(m[1], "rw") {
+		t.Errorf("p9's root is not a writable 9p mount: %v", m)
+	}
+
+	out, errOut, code := e.run(append(append([]string{"run", "--rm"}, pod...), "--read-only", testImage, "p9b", "sh", "-c",
+		"touch /x 2>/dev/null && echo root=rw || echo root=ro; cat /etc/passwd; cat /proc/mounts; ls /written-by-p9 2>&1; true")...)
+	t.Logf("p9b: status %d, stdout %q, stderr %q", code, out, errOut)
+	if code != 0 || !strings.Contains(out, "root=ro\n") || !strings.Contains(out, "root:x:0:0") {
+		t.Errorf("p9b: status %d, output %q", code, out)
+	}
+	if m := root9p.FindStringSubmatch(out); m == nil || !strings.HasPrefix(m[1], "ro") {
+		t.Errorf("p9b's root is not a read-only 9p mount: %v", m)
+	}
+	if !strings.Contains(out, "No such file") {
+		t.Errorf("p9b sees p9's file: its root is not its own snapshot")
+	}
+
+	e.must("task", "kill", "-s", "SIGKILL", "p9")
+	e.waitStopped("p9")
+	e.must("task", "delete", "p9")
+	e.must("containers", "delete", "p9")
 	e.leftovers()
 }

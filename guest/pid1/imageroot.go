@@ -15,16 +15,23 @@ import (
 // Kernel command-line parameters that ask PID 1 to run in an image root
 // (ImageRoot); microvm's --image adds them.
 const (
-	paramRoot     = "microvm.root="     // the block device holding the image's ext4, e.g. /dev/vda
+	paramRoot     = "microvm.root="     // the block device holding the image's ext4, e.g. /dev/vda; or RootTmpfs
 	paramRootSize = "microvm.rootsize=" // the tmpfs size= of the writable layer, e.g. 512m; absent: half of RAM
 )
+
+// RootTmpfs as microvm.root= asks for an empty tmpfs as the root, with no
+// image under it: a machine whose containers' roots all come from shared
+// directories (the containerd shim's 9p root file systems) still needs a
+// root that is a mount (pivot_root refuses the initramfs).
+const RootTmpfs = "tmpfs"
 
 // ImageRoot is an OCI image as the root file system: the image's ext4,
 // shared read-only by every VM that runs it, under an overlayfs whose
 // writable layer is a private tmpfs. Writes never reach the image, and
-// starting a VM does not read the image beyond what it runs.
+// starting a VM does not read the image beyond what it runs. With Device
+// RootTmpfs the root is the tmpfs alone.
 type ImageRoot struct {
-	Device    string // the read-only ext4 (microvm.root=)
+	Device    string // the read-only ext4 (microvm.root=), or RootTmpfs
 	TmpfsSize string // the writable layer's size= (microvm.rootsize=); "" is tmpfs's default
 }
 
@@ -69,12 +76,18 @@ func (r ImageRoot) Enter() error {
 			return fmt.Errorf("image root: %w", err)
 		}
 	}
-	if err := unix.Mount(r.Device, imageLower, "ext4", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("image root: mount %s read-only on %s: %w", r.Device, imageLower, err)
-	}
 	data := "mode=0755"
 	if r.TmpfsSize != "" {
 		data += ",size=" + r.TmpfsSize
+	}
+	if r.Device == RootTmpfs {
+		if err := unix.Mount("tmpfs", imageNew, "tmpfs", unix.MS_NODEV, data); err != nil {
+			return fmt.Errorf("image root: mount tmpfs (%s): %w", data, err)
+		}
+		return switchRoot()
+	}
+	if err := unix.Mount(r.Device, imageLower, "ext4", unix.MS_RDONLY|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("image root: mount %s read-only on %s: %w", r.Device, imageLower, err)
 	}
 	if err := unix.Mount("tmpfs", imageRW, "tmpfs", unix.MS_NODEV, data); err != nil {
 		return fmt.Errorf("image root: writable layer: mount tmpfs (%s): %w", data, err)
@@ -96,6 +109,12 @@ func (r ImageRoot) Enter() error {
 	if err := unix.Mount("overlay", imageNew, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("image root: mount overlay (%s): %w", opts, err)
 	}
+	return switchRoot()
+}
+
+// switchRoot moves /proc, /sys and /dev into imageNew, mounted, and makes
+// it the root of this process.
+func switchRoot() error {
 	for _, m := range movedMounts {
 		dst := imageNew + m
 		if err := os.MkdirAll(dst, 0o755); err != nil {

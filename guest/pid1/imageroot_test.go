@@ -18,6 +18,7 @@ func TestParseImageRoot(t *testing.T) {
 		{"console=ttyS0 microvm.root=/dev/vda quiet", ImageRoot{Device: "/dev/vda"}, true},
 		{"microvm.rootsize=512m microvm.root=/dev/vdb\n", ImageRoot{Device: "/dev/vdb", TmpfsSize: "512m"}, true},
 		{"microvm.root= microvm.rootsize=1g", ImageRoot{TmpfsSize: "1g"}, false},
+		{"microvm.root=tmpfs microvm.rootsize=64m", ImageRoot{Device: RootTmpfs, TmpfsSize: "64m"}, true},
 	} {
 		got, ok := ParseImageRoot(tc.cmdline)
 		if got != tc.want || ok != tc.ok {

@@ -19,6 +19,7 @@ type Config struct {
 	CPUs        int           // MICROVM_SHIM_CPUS; default 1
 	Memory      uint64        // MICROVM_SHIM_MEMORY (a SIZE); default 512M
 	BootTimeout time.Duration // MICROVM_SHIM_BOOT_TIMEOUT (a Go duration); default 2m
+	Rootfs      RootfsMethod  // MICROVM_SHIM_ROOTFS (ext4 or 9p); default ext4; a pod's RootfsAnnotation wins
 }
 
 // ConfigFromEnv reads Config from getenv, with defaults found from the
@@ -31,6 +32,7 @@ func ConfigFromEnv(getenv func(string) string, self string) (Config, error) {
 		CPUs:        1,
 		Memory:      512 << 20,
 		BootTimeout: 2 * time.Minute,
+		Rootfs:      RootfsExt4,
 	}
 	if v := getenv("MICROVM_KERNEL"); v != "" {
 		c.Kernel = v
@@ -58,6 +60,13 @@ func ConfigFromEnv(getenv func(string) string, self string) (Config, error) {
 			return c, fmt.Errorf("MICROVM_SHIM_BOOT_TIMEOUT=%q: want a positive duration such as 90s", v)
 		}
 		c.BootTimeout = d
+	}
+	if v := getenv("MICROVM_SHIM_ROOTFS"); v != "" {
+		m, err := parseRootfsMethod(v)
+		if err != nil {
+			return c, fmt.Errorf("MICROVM_SHIM_ROOTFS: %w", err)
+		}
+		c.Rootfs = m
 	}
 	for what, p := range map[string]string{"kernel (MICROVM_KERNEL)": c.Kernel, "guest agent (MICROVM_AGENT)": c.Agent} {
 		if _, err := os.Stat(p); err != nil {

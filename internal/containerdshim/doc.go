@@ -15,13 +15,18 @@
 //	containerd ── ttrpc Create ──▶ Service.Create (service.go)
 //	    readSpec/checkSpec/execStart (container.go, spec.go): OCI spec → agent ExecStart
 //	    mountRootfs (rootfs.go): snapshot mounts → BUNDLE/rootfs
-//	    the pod's first container: writeExt4 → ext4 (mkfs.ext4 -d), then
-//	        bootSandbox (sandbox.go): microvm.Machine in this process, the
-//	        agent's initramfs, the ext4 as the root under a tmpfs overlay;
-//	        waits for the agent over in-process vsock
-//	    later containers: putTree (guestcopy.go): the root as tar → agent
-//	        PutTree into the guest
-//	    copyBinds (guestcopy.go): each bind mount's source → agent PutTree
+//	    podRootfsMethod (rootfs.go): the pod's RootfsMethod, ext4 or 9p
+//	    the pod's first container: makeShareDir (volumes.go), and under ext4
+//	        writeExt4 → ext4 (mkfs.ext4 -d); then bootSandbox (sandbox.go):
+//	        microvm.Machine in this process, the agent's initramfs, the ext4
+//	        as the root under a tmpfs overlay (9p: an empty tmpfs root), the
+//	        pod's shared directory over virtio-9p; waits for the agent over
+//	        in-process vsock
+//	    9p: rootfs.share binds the snapshot into the shared directory
+//	    ext4, later containers: putTree (guestcopy.go): the root as tar →
+//	        agent PutTree into the guest
+//	    bindVolumes (volumes.go): directory volumes bound into the shared
+//	        directory; copyBinds (guestcopy.go): files → agent PutTree
 //	    containerRoot (spec.go): root, mounts, hostname, read-only → the
 //	        init's ExecStart.container (the agent creates the container's
 //	        namespaces when it starts; execs join them)
@@ -29,7 +34,8 @@
 //	    one agent Exec stream: stdin FIFO → stream; stream → stdout/stderr FIFOs
 //	    exit status → Wait, State, the TaskExit event (Service.publish)
 //	containerd ── Kill/ResizePty/CloseIO ──▶ the process's stream (signal, resize, close_stdin)
-//	containerd ── Delete ──▶ the rootfs unmounted and its ext4 removed; with
+//	containerd ── Delete ──▶ unbindVolumes (the 9p root too), the rootfs
+//	    unmounted and its ext4 removed; with
 //	    the pod's last container the agent powers the guest off and the VM
 //	    is closed
 //	containerd ── exec "shim delete" (after the daemon died) ──▶ Manager.Stop:

@@ -106,13 +106,14 @@ func (Manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ str
 // Stop is the delete action: containerd runs it in the bundle directory
 // after the shim daemon died (or to clean up a container that never
 // started). The VM lived inside the daemon and is gone with it; what is
-// left is the root file system's mount and image, and the container's
-// volume binds (and, for the pod's sandbox, its shared directory).
+// left is the container's binds in the pod's shared directory (its root
+// under Rootfs9p, its volumes; for the pod's sandbox, the directory
+// itself), and the root file system's mount and image.
 func (Manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
-	if err := cleanupBundle(".", true); err != nil {
+	if err := errors.Join(unbindVolumes(id), removeShareDir(id)); err != nil {
 		return shim.StopStatus{}, err
 	}
-	if err := errors.Join(unbindVolumes(id), removeShareDir(id)); err != nil {
+	if err := cleanupBundle(".", true); err != nil {
 		return shim.StopStatus{}, err
 	}
 	if a, err := shim.ReadAddress("address"); err == nil {

@@ -10,8 +10,10 @@ import (
 // (containerd copies the shim's log into its own), so an operator sees
 // what a pod start costs and make bench-containerd can split its start
 // figure: the snapshot mounted, the ext4 built from it (the pod's first
-// container), the VM booted until its agent answered (the same), the root
-// streamed into the running guest (later containers), the volumes copied.
+// container, ext4 method), the VM booted until its agent answered (the
+// pod's first container), the root streamed into the running guest (later
+// containers, ext4) or bound into the pod's shared directory (9p), the
+// volumes bound and copied.
 type createPhases struct {
 	mount, ext4, boot, copy, volumes time.Duration
 }

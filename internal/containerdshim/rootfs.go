@@ -8,10 +8,63 @@ import (
 	"path/filepath"
 
 	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/guest/pid1"
 	"github.com/microvm/microvm/internal/image"
 )
+
+// RootfsMethod is how a pod's root file systems reach its VM
+// (docs/containerd.md compares them).
+type RootfsMethod string
+
+const (
+	// RootfsExt4 copies: the pod's first container's root into an ext4
+	// image that is the VM's root disk, every later container's as a tar
+	// stream into guest memory. Writes stay in the guest.
+	RootfsExt4 RootfsMethod = "ext4"
+	// Rootfs9p shares: each container's root, as containerd's snapshotter
+	// mounted it, is bound into the pod's shared directory and the guest
+	// reads and writes it over virtio-9p. Nothing is copied, and writes
+	// land in the snapshot, as under runc. The VM boots with an empty
+	// tmpfs root (microvm.root=tmpfs).
+	Rootfs9p RootfsMethod = "9p"
+)
+
+// RootfsAnnotation on a pod's sandbox (or a lone container) picks its
+// method over Config.Rootfs; CRI passes it from the pod's annotations when
+// the runtime's pod_annotations lists it.
+const RootfsAnnotation = "io.microvm.shim.rootfs"
+
+// parseRootfsMethod checks a method's name.
+func parseRootfsMethod(v string) (RootfsMethod, error) {
+	switch m := RootfsMethod(v); m {
+	case RootfsExt4, Rootfs9p:
+		return m, nil
+	}
+	return "", fmt.Errorf("root file system method %q: want %q or %q", v, RootfsExt4, Rootfs9p)
+}
+
+// podRootfsMethod is the method of the pod whose first container has spec.
+func podRootfsMethod(def RootfsMethod, spec *specs.Spec) (RootfsMethod, error) {
+	v, ok := spec.Annotations[RootfsAnnotation]
+	if !ok {
+		return def, nil
+	}
+	m, err := parseRootfsMethod(v)
+	if err != nil {
+		return "", fmt.Errorf("%w: annotation %s: %w", errdefs.ErrInvalidArgument, RootfsAnnotation, err)
+	}
+	return m, nil
+}
+
+// rootShareName is the entry, in a container's directory of the pod's
+// shared directory, where Rootfs9p binds its root; unbindVolumes undoes it
+// with the volumes.
+const rootShareName = "root"
 
 // rootfsImage is the file, in the bundle, that holds a container's root
 // file system as ext4 for the VM's first disk.
@@ -71,6 +124,26 @@ func (r *rootfs) writeExt4(ctx context.Context) error {
 	}
 	r.ext4 = out
 	return nil
+}
+
+// share binds the root into the pod's shared directory (Rootfs9p) and
+// returns its path in the guest. The bind is writable even for a
+// read-only root: the agent creates the mount points it needs, then
+// remounts the root read-only, as runc does.
+func (r *rootfs) share(pod, id string) (string, error) {
+	dir := filepath.Join(shareDir(pod), id)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("rootfs: %w", err)
+	}
+	dst := filepath.Join(dir, rootShareName)
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return "", fmt.Errorf("rootfs: %w", err)
+	}
+	if err := unix.Mount(r.src, dst, "", unix.MS_BIND, ""); err != nil {
+		_ = unix.Rmdir(dst)
+		return "", fmt.Errorf("rootfs: bind %s: %w", r.src, err)
+	}
+	return filepath.Join(pid1.SharesDir, volumesTag, id, rootShareName), nil
 }
 
 // cleanup unmounts the snapshot and removes the ext4; it can run again.

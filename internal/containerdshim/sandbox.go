@@ -16,6 +16,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/guest/pid1"
 	"github.com/microvm/microvm/internal/podnet"
 )
 
@@ -46,7 +47,8 @@ type sandbox struct {
 	err  error
 }
 
-// bootSandbox boots a VM whose root file system is the ext4 at rootfs and
+// bootSandbox boots a VM whose root file system is the ext4 at rootfs (or,
+// with rootfs "", an empty tmpfs) and
 // waits until its agent answers, within cfg.BootTimeout. With netns (the
 // pod's network namespace, as CNI set it up) the VM is the pod on its
 // network: its eth0 on a TAP in the namespace joined to the pod's
@@ -73,7 +75,13 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, share, netns stri
 	if share != "" {
 		mc.Shares = []microvm.ShareConfig{{Tag: volumesTag, Path: share}}
 	}
-	mc.UseRootfs(rootfs, 0)
+	if rootfs != "" {
+		mc.UseRootfs(rootfs, 0)
+	} else {
+		// Every container's root is shared (Rootfs9p); the VM's own root
+		// is an empty tmpfs the agent switches to.
+		mc.Cmdline += " microvm.root=" + pid1.RootTmpfs
+	}
 	var ifc podnet.Interface
 	if netns != "" {
 		if ifc, err = podnet.Inspect(netns); err != nil {

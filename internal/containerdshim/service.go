@@ -36,8 +36,9 @@ type Service struct {
 
 	mu         sync.Mutex
 	vm         *sandbox
-	sandboxID  string // the container whose Create booted vm: the pod's sandbox
-	booting    bool   // a Create is booting the VM
+	sandboxID  string       // the container whose Create booted vm: the pod's sandbox
+	method     RootfsMethod // how the pod's roots reach vm
+	booting    bool         // a Create is booting the VM
 	containers map[string]*container
 }
 
@@ -110,7 +111,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, errdefs.ToGRPC(err)
 	}
 	s.mu.Lock()
-	vm, sandboxID := s.vm, s.sandboxID
+	vm, sandboxID, method := s.vm, s.sandboxID, s.method
 	switch {
 	case s.booting:
 		s.mu.Unlock()
@@ -123,12 +124,17 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	s.mu.Unlock()
 	first := vm == nil
+	pod := sandboxID
 	if first {
+		pod = r.ID
 		defer func() {
 			s.mu.Lock()
 			s.booting = false
 			s.mu.Unlock()
 		}()
+		if method, err = podRootfsMethod(s.cfg.Rootfs, spec); err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
 	}
 
 	var phases createPhases
@@ -145,15 +151,19 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	phases.mark(&phases.mount, &t0)
 	guestRoot := "/"
 	if first {
-		if err := rfs.writeExt4(ctx); err != nil {
+		rootImage := ""
+		if method == RootfsExt4 {
+			if err := rfs.writeExt4(ctx); err != nil {
+				return nil, errdefs.ToGRPC(err)
+			}
+			rootImage = rfs.ext4
+			phases.mark(&phases.ext4, &t0)
+		}
+		var share string // not :=, which would hide err from the deferred vm.stop
+		if share, err = makeShareDir(r.ID); err != nil {
 			return nil, errdefs.ToGRPC(err)
 		}
-		phases.mark(&phases.ext4, &t0)
-		share, err := makeShareDir(r.ID)
-		if err != nil {
-			return nil, errdefs.ToGRPC(err)
-		}
-		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rfs.ext4, share, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
+		vm, err = bootSandbox(ctx, s.cfg, r.Bundle, rootImage, share, podNetNS(spec), log.G(s.ctx).WithField("id", r.ID))
 		if err != nil {
 			_ = removeShareDir(r.ID)
 			return nil, errdefs.ToGRPC(err)
@@ -164,26 +174,31 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			}
 		}()
 		phases.mark(&phases.boot, &t0)
-	} else {
+	}
+	// From here an error unbinds what this container bound in the pod's
+	// shared directory: its root (Rootfs9p) and its volumes.
+	defer func() {
+		if err != nil {
+			_ = unbindVolumes(r.ID)
+		}
+	}()
+	switch {
+	case method == Rootfs9p:
+		if guestRoot, err = rfs.share(pod, r.ID); err != nil {
+			return nil, errdefs.ToGRPC(err)
+		}
+		phases.mark(&phases.copy, &t0)
+	case !first:
 		guestRoot = guestDir(r.ID) + "/rootfs"
 		if err := putTree(ctx, vm.files, rfs.src, guestRoot); err != nil {
 			return nil, errdefs.ToGRPC(fmt.Errorf("rootfs: %w", err))
 		}
 		phases.mark(&phases.copy, &t0)
 	}
-	pod := sandboxID
-	if first {
-		pod = r.ID
-	}
 	binds, err := bindVolumes(pod, r.ID, spec)
 	if err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
-	defer func() {
-		if err != nil {
-			_ = unbindVolumes(r.ID)
-		}
-	}()
 	if err := copyBinds(ctx, vm.files, r.ID, spec, binds); err != nil {
 		return nil, errdefs.ToGRPC(err)
 	}
@@ -199,7 +214,7 @@ func (s *Service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		execs: map[string]*process{}}
 	s.mu.Lock()
 	if first {
-		s.vm, s.sandboxID = vm, r.ID
+		s.vm, s.sandboxID, s.method = vm, r.ID, method
 	}
 	s.containers[r.ID] = c
 	s.mu.Unlock()
@@ -317,10 +332,12 @@ func (s *Service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if last {
 		s.stopVM() // the pod's last container: the VM goes
 	}
-	if err := c.rootfs.cleanup(); err != nil {
+	// The binds in the pod's shared directory (the root under Rootfs9p,
+	// the volumes) go before the snapshot they may show.
+	if err := unbindVolumes(c.id); err != nil {
 		log.G(ctx).WithError(err).Warn("delete")
 	}
-	if err := unbindVolumes(c.id); err != nil {
+	if err := c.rootfs.cleanup(); err != nil {
 		log.G(ctx).WithError(err).Warn("delete")
 	}
 	if last {

@@ -53,9 +53,12 @@ func setupSystem() error {
 		if err := root.Enter(); err != nil {
 			return err
 		}
+	}
+	if image && root.Device != pid1.RootTmpfs {
 		pid1.MountAll(mounts, log.Printf)
 		pid1.WriteNetworkFiles(log.Printf) // --net user: the DNS server DHCP named
 	} else {
+		// The initramfs, or an empty tmpfs root (microvm.root=tmpfs).
 		pid1.MountAll(append(mounts, initramfsTmp), log.Printf)
 		pid1.LinkResolvConf(log.Printf) // --net user: the DNS server DHCP named
 	}
