@@ -152,3 +152,29 @@ func (s *System) CreateVM() (*VM, error) {
 	}
 	return &VM{f: os.NewFile(fd, "kvm-vm"), mmapSize: s.mmapSize}, nil
 }
+
+// MSRIndexList returns KVM_GET_MSR_INDEX_LIST: the MSRs KVM supports and a
+// VMM should save and restore with a vCPU's state (VCPU.SaveState), the
+// architectural ones the host has and KVM's own (kvmclock, async PF, ...).
+// Some may still be unreadable on a given vCPU (VCPU.ReadMSRs skips those).
+func (s *System) MSRIndexList() ([]uint32, error) {
+	// Ask with no room first: KVM answers E2BIG and says how many there are.
+	n := uint32(0)
+	for range 8 {
+		// struct kvm_msr_list: nmsrs, then the indices.
+		buf := make([]uint32, 1+n)
+		buf[0] = n
+		_, err := ioctlPtr(s.fd(), kvmGetMSRIndexList, &buf[0])
+		switch {
+		case errors.Is(err, unix.E2BIG) && buf[0] > n:
+			n = buf[0] // KVM says how many there are: ask again with room for them
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("kvm: KVM_GET_MSR_INDEX_LIST: %w", err)
+		case buf[0] > n:
+			return nil, fmt.Errorf("kvm: KVM_GET_MSR_INDEX_LIST returned %d indices for room for %d", buf[0], n)
+		}
+		return append([]uint32(nil), buf[1:1+buf[0]]...), nil
+	}
+	return nil, fmt.Errorf("kvm: KVM_GET_MSR_INDEX_LIST: the list kept growing (last %d)", n)
+}

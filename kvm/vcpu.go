@@ -143,8 +143,9 @@ func (v *VCPU) SetupLINT() error {
 	return v.SetLAPIC(l)
 }
 
-// SetMSRs writes the given MSRs. KVM stops at the first one it refuses; the
-// error names it.
+// SetMSRs writes the given MSRs (KVM_SET_MSRS), in batches of maxMSRs. KVM
+// stops at the first one it refuses; the error names it, and the MSRs before
+// it have been written.
 func (v *VCPU) SetMSRs(ms []MSR) error {
 	for len(ms) > 0 {
 		n := min(len(ms), maxMSRs)
@@ -155,32 +156,59 @@ func (v *VCPU) SetMSRs(ms []MSR) error {
 		if err != nil {
 			return fmt.Errorf("kvm: vCPU %d KVM_SET_MSRS: %w", v.id, err)
 		}
+		if done > uintptr(n) {
+			return fmt.Errorf("kvm: vCPU %d KVM_SET_MSRS: %d of %d MSRs written", v.id, done, n)
+		}
 		if int(done) != n {
-			return fmt.Errorf("kvm: vCPU %d: KVM refused MSR %#x", v.id, ms[done].Index)
+			return fmt.Errorf("kvm: vCPU %d KVM_SET_MSRS: KVM refused MSR %#x (value %#x)", v.id, ms[done].Index, ms[done].Data)
 		}
 		ms = ms[n:]
 	}
 	return nil
 }
 
-// MSRs reads the MSRs with the given indices.
+// MSRs reads the MSRs with the given indices, any number of them. An MSR KVM
+// cannot read is an error; ReadMSRs skips those instead.
 func (v *VCPU) MSRs(indices ...uint32) ([]MSR, error) {
-	if len(indices) > maxMSRs {
-		return nil, fmt.Errorf("kvm: at most %d MSRs per read", maxMSRs)
-	}
-	var m msrs
-	m.NMSRs = uint32(len(indices))
-	for i, idx := range indices {
-		m.Entries[i].Index = idx
-	}
-	done, err := ioctlPtr(v.fd(), kvmGetMSRs, &m)
+	ms, skipped, err := v.ReadMSRs(indices)
 	if err != nil {
-		return nil, fmt.Errorf("kvm: vCPU %d KVM_GET_MSRS: %w", v.id, err)
+		return nil, err
 	}
-	if int(done) != len(indices) {
-		return nil, fmt.Errorf("kvm: vCPU %d: KVM cannot read MSR %#x", v.id, indices[done])
+	if len(skipped) > 0 {
+		return nil, fmt.Errorf("kvm: vCPU %d KVM_GET_MSRS: KVM cannot read MSRs %#x", v.id, skipped)
 	}
-	return append([]MSR(nil), m.Entries[:done]...), nil
+	return ms, nil
+}
+
+// ReadMSRs reads the MSRs with the given indices (KVM_GET_MSRS), in batches
+// of maxMSRs. KVM stops a batch at the first MSR it cannot read (one the host
+// or the vCPU's CPUID lacks); ReadMSRs leaves that one out, lists it in
+// skipped and goes on with the next. read is in the order of indices, less
+// the skipped ones.
+func (v *VCPU) ReadMSRs(indices []uint32) (read []MSR, skipped []uint32, err error) {
+	read = make([]MSR, 0, len(indices))
+	for len(indices) > 0 {
+		n := min(len(indices), maxMSRs)
+		var m msrs
+		m.NMSRs = uint32(n)
+		for i, idx := range indices[:n] {
+			m.Entries[i].Index = idx
+		}
+		done, err := ioctlPtr(v.fd(), kvmGetMSRs, &m)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kvm: vCPU %d KVM_GET_MSRS: %w", v.id, err)
+		}
+		if done > uintptr(n) {
+			return nil, nil, fmt.Errorf("kvm: vCPU %d KVM_GET_MSRS: %d of %d MSRs read", v.id, done, n)
+		}
+		read = append(read, m.Entries[:done]...)
+		if int(done) < n {
+			skipped = append(skipped, indices[done])
+			done++
+		}
+		indices = indices[done:]
+	}
+	return read, skipped, nil
 }
 
 // SetCPUID sets the vCPU's CPUID table (KVM_SET_CPUID2).
@@ -204,6 +232,156 @@ func (v *VCPU) MPState() (uint32, error) {
 		return 0, fmt.Errorf("kvm: vCPU %d KVM_GET_MP_STATE: %w", v.id, err)
 	}
 	return s.State, nil
+}
+
+// SetMPState sets the vCPU's multiprocessing state (KVM_SET_MP_STATE), one
+// of MPState*. KVM refuses INIT/SIPI-received states while the vCPU is in
+// SMM or has an INIT latched (set VCPUEvents first).
+func (v *VCPU) SetMPState(state uint32) error {
+	s := mpState{State: state}
+	if _, err := ioctlPtr(v.fd(), kvmSetMPState, &s); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_MP_STATE %d: %w", v.id, state, err)
+	}
+	return nil
+}
+
+// cpuidUnwritten marks the entries KVM_GET_CPUID2 did not fill: no entry
+// KVM holds has every flag bit set.
+const cpuidUnwritten = ^uint32(0)
+
+// CPUID reads back the vCPU's CPUID table (KVM_GET_CPUID2): what SetCPUID
+// set, with the bits KVM keeps up to date (OSXSAVE, the XSAVE area size, ...)
+// as they are now; empty before any SetCPUID.
+func (v *VCPU) CPUID() (CPUID, error) {
+	t := &cpuid2{Nent: maxCPUIDEntries}
+	// Older kernels (6.1 among them) copy the entries but leave nent as it
+	// was given: mark every entry, and count the ones KVM overwrote.
+	for i := range t.Entries {
+		t.Entries[i].Flags = cpuidUnwritten
+	}
+	if _, err := ioctlPtr(v.fd(), kvmGetCPUID2, t); err != nil {
+		return nil, fmt.Errorf("kvm: vCPU %d KVM_GET_CPUID2 (room for %d entries): %w", v.id, maxCPUIDEntries, err)
+	}
+	if t.Nent > maxCPUIDEntries {
+		return nil, fmt.Errorf("kvm: vCPU %d KVM_GET_CPUID2 returned %d entries", v.id, t.Nent)
+	}
+	n := int(t.Nent)
+	for n > 0 && t.Entries[n-1].Flags == cpuidUnwritten {
+		n--
+	}
+	return append(CPUID{}, t.Entries[:n]...), nil
+}
+
+// XSAVE reads the vCPU's XSAVE area (KVM_GET_XSAVE): x87, SSE, AVX and the
+// other XSAVE-managed state, a superset of FPU. KVM answers EINVAL when the
+// area is larger than 4096 bytes, which happens only when the process was
+// granted dynamic XSAVE features for guests (AMX, through arch_prctl
+// ARCH_REQ_XCOMP_GUEST_PERM, which microvm never asks for); such a VMM needs
+// KVM_GET_XSAVE2 and a larger buffer.
+func (v *VCPU) XSAVE() (XSAVE, error) {
+	var x XSAVE
+	if _, err := ioctlPtr(v.fd(), kvmGetXSAVE, &x); err != nil {
+		return x, fmt.Errorf("kvm: vCPU %d KVM_GET_XSAVE: %w", v.id, err)
+	}
+	return x, nil
+}
+
+// SetXSAVE writes the vCPU's XSAVE area (KVM_SET_XSAVE). KVM checks the
+// components in XSTATE_BV against what the host supports, not against the
+// vCPU's XCR0. (KVM reads as many bytes as the vCPU's XSAVE area has, 4096
+// unless dynamic features were granted: see XSAVE.)
+func (v *VCPU) SetXSAVE(x XSAVE) error {
+	if _, err := ioctlPtr(v.fd(), kvmSetXSAVE, &x); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_XSAVE: %w", v.id, err)
+	}
+	return nil
+}
+
+// XCRs reads the extended control registers (KVM_GET_XCRS): XCR0, on a host
+// with XSAVE (NrXCRs is 0 on one without).
+func (v *VCPU) XCRs() (XCRs, error) {
+	var x XCRs
+	if _, err := ioctlPtr(v.fd(), kvmGetXCRs, &x); err != nil {
+		return x, fmt.Errorf("kvm: vCPU %d KVM_GET_XCRS: %w", v.id, err)
+	}
+	if x.NrXCRs > maxXCRs {
+		return x, fmt.Errorf("kvm: vCPU %d KVM_GET_XCRS returned %d registers", v.id, x.NrXCRs)
+	}
+	return x, nil
+}
+
+// SetXCRs writes the extended control registers (KVM_SET_XCRS). KVM checks
+// XCR0 against the vCPU's CPUID, so set that first.
+func (v *VCPU) SetXCRs(x XCRs) error {
+	if _, err := ioctlPtr(v.fd(), kvmSetXCRs, &x); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_XCRS: %w", v.id, err)
+	}
+	return nil
+}
+
+// VCPUEvents reads the vCPU's pending and in-flight events
+// (KVM_GET_VCPU_EVENTS). Reading has a side effect on the rest of the
+// state: unless the VM enabled KVM_CAP_EXCEPTION_PAYLOAD (microvm does not),
+// KVM first delivers a pending exception's payload into CR2 (#PF) or DR6
+// (#DB), so read these events before Sregs and DebugRegs (SaveState does).
+func (v *VCPU) VCPUEvents() (VCPUEvents, error) {
+	var e VCPUEvents
+	if _, err := ioctlPtr(v.fd(), kvmGetVCPUEvents, &e); err != nil {
+		return e, fmt.Errorf("kvm: vCPU %d KVM_GET_VCPU_EVENTS: %w", v.id, err)
+	}
+	return e, nil
+}
+
+// SetVCPUEvents writes the vCPU's pending and in-flight events
+// (KVM_SET_VCPU_EVENTS); the optional members apply as e.Flags says.
+func (v *VCPU) SetVCPUEvents(e VCPUEvents) error {
+	if _, err := ioctlPtr(v.fd(), kvmSetVCPUEvents, &e); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_VCPU_EVENTS: %w", v.id, err)
+	}
+	return nil
+}
+
+// DebugRegs reads DR0-DR3, DR6 and DR7 (KVM_GET_DEBUGREGS).
+func (v *VCPU) DebugRegs() (DebugRegs, error) {
+	var d DebugRegs
+	if _, err := ioctlPtr(v.fd(), kvmGetDebugRegs, &d); err != nil {
+		return d, fmt.Errorf("kvm: vCPU %d KVM_GET_DEBUGREGS: %w", v.id, err)
+	}
+	return d, nil
+}
+
+// SetDebugRegs writes DR0-DR3, DR6 and DR7 (KVM_SET_DEBUGREGS). d.Flags must
+// be 0.
+func (v *VCPU) SetDebugRegs(d DebugRegs) error {
+	if _, err := ioctlPtr(v.fd(), kvmSetDebugRegs, &d); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_DEBUGREGS: %w", v.id, err)
+	}
+	return nil
+}
+
+// SetTSCKHz sets the guest TSC frequency in kHz (KVM_SET_TSC_KHZ). A
+// frequency other than the host's needs TSC scaling (CapTSCControl), except
+// within KVM's tolerance of 250 ppm; KVM refuses it otherwise.
+func (v *VCPU) SetTSCKHz(khz uint32) error {
+	if _, err := ioctl(v.fd(), kvmSetTSCKHz, uintptr(khz)); err != nil {
+		return fmt.Errorf("kvm: vCPU %d KVM_SET_TSC_KHZ %d: %w", v.id, khz, err)
+	}
+	return nil
+}
+
+// CompletePendingIO finishes the instruction behind the last I/O or MMIO
+// exit without running the guest further: KVM completes such an instruction
+// (advances RIP, stores what an IN or MMIO read returned) only on the next
+// KVM_RUN, and keeps that pending step in no state a VMM can read. Call it
+// after handling an exit and before SaveState, so the saved state is past the
+// instruction. It sets kvm_run.immediate_exit and enters KVM_RUN once:
+// ExitIntr means done. Any other reason is a new exit (a multi-part MMIO
+// access) to handle like one from Run before calling again.
+func (v *VCPU) CompletePendingIO() (ExitReason, error) {
+	v.setImmediateExit(true)
+	reason, err := v.Run()
+	v.setImmediateExit(false)
+	return reason, err
 }
 
 // TSCKHz returns the guest TSC frequency KVM uses, in kHz.

@@ -11,6 +11,54 @@ type VM struct {
 	f        *os.File
 	once     sync.Once
 	mmapSize int
+
+	// mu guards what the VM records of its own set-up, for SaveState and
+	// DirtyLog: its irqchip, whether it has a PIT, and its memory slots.
+	mu      sync.Mutex
+	irqchip IRQChipMode
+	pit     bool
+	slots   map[uint32]memSlot
+}
+
+// memSlot is what the VM records of a memory slot.
+type memSlot struct {
+	size  uint64
+	flags MemoryFlags
+}
+
+// IRQChipMode says which interrupt controllers KVM emulates for a VM.
+type IRQChipMode uint8
+
+// Irqchip models.
+const (
+	// IRQChipNone: no in-kernel irqchip (and no in-kernel LAPICs).
+	IRQChipNone IRQChipMode = iota
+	// IRQChipFull: KVM_CREATE_IRQCHIP, the PICs, the IOAPIC and the LAPICs
+	// in the kernel.
+	IRQChipFull
+	// IRQChipSplit: KVM_CAP_SPLIT_IRQCHIP, the LAPICs in the kernel, the
+	// IOAPIC (and any PIC) in userspace.
+	IRQChipSplit
+)
+
+func (m IRQChipMode) String() string {
+	switch m {
+	case IRQChipNone:
+		return "none"
+	case IRQChipFull:
+		return "full"
+	case IRQChipSplit:
+		return "split"
+	}
+	return fmt.Sprintf("IRQChipMode(%d)", uint8(m))
+}
+
+// IRQChipMode returns the irqchip model the VM was given (CreateIRQChip or
+// EnableSplitIRQChip).
+func (vm *VM) IRQChipMode() IRQChipMode {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return vm.irqchip
 }
 
 func (vm *VM) fd() uintptr { return vm.f.Fd() }
@@ -25,11 +73,60 @@ func (vm *VM) Close() error {
 // SetMemoryRegion maps host memory at hostAddr into the guest at gpa as memory
 // slot slot (KVM_SET_USER_MEMORY_REGION). A size of 0 deletes the slot.
 func (vm *VM) SetMemoryRegion(slot uint32, gpa, size uint64, hostAddr uintptr) error {
-	r := userspaceMemoryRegion{Slot: slot, GuestPhysAddr: gpa, MemorySize: size, UserspaceAddr: uint64(hostAddr)}
+	return vm.SetMemoryRegionFlags(slot, gpa, size, hostAddr, 0)
+}
+
+// SetMemoryRegionFlags is SetMemoryRegion with slot flags: MemLogDirtyPages
+// to track the guest's writes for DirtyLog. Calling it again for an existing
+// slot with the same gpa, size and hostAddr changes only its flags (turns
+// dirty logging on or off).
+func (vm *VM) SetMemoryRegionFlags(slot uint32, gpa, size uint64, hostAddr uintptr, flags MemoryFlags) error {
+	r := userspaceMemoryRegion{Slot: slot, Flags: uint32(flags), GuestPhysAddr: gpa, MemorySize: size, UserspaceAddr: uint64(hostAddr)}
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
 	if _, err := ioctlPtr(vm.fd(), kvmSetUserMemoryRegion, &r); err != nil {
-		return fmt.Errorf("kvm: set memory slot %d (%#x+%#x): %w", slot, gpa, size, err)
+		return fmt.Errorf("kvm: KVM_SET_USER_MEMORY_REGION slot %d (%#x+%#x, flags %#x): %w", slot, gpa, size, flags, err)
 	}
+	if size == 0 {
+		delete(vm.slots, slot)
+		return nil
+	}
+	if vm.slots == nil {
+		vm.slots = make(map[uint32]memSlot)
+	}
+	vm.slots[slot] = memSlot{size: size, flags: flags}
 	return nil
+}
+
+// PageSize is the granularity of the dirty log: one bit per 4 KiB page.
+const PageSize = 4096
+
+// DirtyLog returns the dirty bitmap of memory slot slot (KVM_GET_DIRTY_LOG):
+// bit i%64 of word i/64 is set when the guest wrote to page i of the slot (the
+// page at the slot's gpa + i*PageSize) since the slot was registered or the
+// previous DirtyLog. Reading clears the log and write-protects the pages
+// again. pages is the number of pages the bitmap covers; it must be at least
+// the slot's size in pages (KVM writes that many bits). The slot must have
+// been registered with MemLogDirtyPages. The bitmap is the caller's.
+func (vm *VM) DirtyLog(slot uint32, pages uint64) ([]uint64, error) {
+	// Held across the ioctl, so that the slot cannot grow under the bitmap.
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	s, ok := vm.slots[slot]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("kvm: KVM_GET_DIRTY_LOG slot %d: no such memory slot", slot)
+	case s.flags&MemLogDirtyPages == 0:
+		return nil, fmt.Errorf("kvm: KVM_GET_DIRTY_LOG slot %d: slot registered without MemLogDirtyPages", slot)
+	case pages < (s.size+PageSize-1)/PageSize:
+		return nil, fmt.Errorf("kvm: KVM_GET_DIRTY_LOG slot %d: %d pages, the slot has %d", slot, pages, (s.size+PageSize-1)/PageSize)
+	}
+	// The kernel writes ALIGN(npages, 64)/8 bytes: whole words.
+	bitmap := make([]uint64, (pages+63)/64)
+	if err := vm.getDirtyLog(slot, bitmap); err != nil {
+		return nil, fmt.Errorf("kvm: KVM_GET_DIRTY_LOG slot %d: %w", slot, err)
+	}
+	return bitmap, nil
 }
 
 // SetTSSAddr places the three pages KVM needs for real-mode emulation on
@@ -47,6 +144,9 @@ func (vm *VM) CreateIRQChip() error {
 	if _, err := ioctl(vm.fd(), kvmCreateIRQChip, 0); err != nil {
 		return fmt.Errorf("kvm: KVM_CREATE_IRQCHIP: %w", err)
 	}
+	vm.mu.Lock()
+	vm.irqchip = IRQChipFull
+	vm.mu.Unlock()
 	return nil
 }
 
@@ -57,6 +157,9 @@ func (vm *VM) CreatePIT2() error {
 	if _, err := ioctlPtr(vm.fd(), kvmCreatePIT2, &c); err != nil {
 		return fmt.Errorf("kvm: KVM_CREATE_PIT2: %w", err)
 	}
+	vm.mu.Lock()
+	vm.pit = true
+	vm.mu.Unlock()
 	return nil
 }
 
@@ -161,6 +264,9 @@ func (vm *VM) EnableSplitIRQChip(pins int) error {
 	if _, err := ioctlPtr(vm.fd(), kvmEnableCap, &c); err != nil {
 		return fmt.Errorf("kvm: enable KVM_CAP_SPLIT_IRQCHIP: %w", err)
 	}
+	vm.mu.Lock()
+	vm.irqchip = IRQChipSplit
+	vm.mu.Unlock()
 	return nil
 }
 
@@ -199,4 +305,62 @@ func (vm *VM) SignalMSI(addrLo, addrHi, data uint32) (bool, error) {
 		return false, fmt.Errorf("kvm: KVM_SIGNAL_MSI: %w", err)
 	}
 	return r > 0, nil
+}
+
+// Clock reads the VM's kvmclock (KVM_GET_CLOCK), in ns.
+func (vm *VM) Clock() (ClockData, error) {
+	var c ClockData
+	if _, err := ioctlPtr(vm.fd(), kvmGetClock, &c); err != nil {
+		return c, fmt.Errorf("kvm: KVM_GET_CLOCK: %w", err)
+	}
+	return c, nil
+}
+
+// SetClock sets the VM's kvmclock (KVM_SET_CLOCK). With ClockRealtime in
+// c.Flags KVM also adds the CLOCK_REALTIME time elapsed since c.Realtime;
+// without it the clock resumes at c.Clock. ClockTSCStable and ClockHostTSC
+// are ignored.
+func (vm *VM) SetClock(c ClockData) error {
+	if _, err := ioctlPtr(vm.fd(), kvmSetClock, &c); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_CLOCK: %w", err)
+	}
+	return nil
+}
+
+// IRQChip reads the state of in-kernel interrupt controller chip
+// (IRQChipPICMaster, IRQChipPICSlave or IRQChipIOAPIC) with KVM_GET_IRQCHIP.
+// Only a VM with the full in-kernel irqchip (CreateIRQChip) has them.
+func (vm *VM) IRQChip(chip uint32) (IRQChip, error) {
+	c := IRQChip{ChipID: chip}
+	if _, err := ioctlPtr(vm.fd(), kvmGetIRQChip, &c); err != nil {
+		return c, fmt.Errorf("kvm: KVM_GET_IRQCHIP chip %d: %w", chip, err)
+	}
+	return c, nil
+}
+
+// SetIRQChip writes the state of the in-kernel interrupt controller
+// c.ChipID (KVM_SET_IRQCHIP).
+func (vm *VM) SetIRQChip(c IRQChip) error {
+	if _, err := ioctlPtr(vm.fd(), kvmSetIRQChip, &c); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_IRQCHIP chip %d: %w", c.ChipID, err)
+	}
+	return nil
+}
+
+// PIT2 reads the in-kernel i8254 (KVM_GET_PIT2).
+func (vm *VM) PIT2() (PITState2, error) {
+	var p PITState2
+	if _, err := ioctlPtr(vm.fd(), kvmGetPIT2, &p); err != nil {
+		return p, fmt.Errorf("kvm: KVM_GET_PIT2: %w", err)
+	}
+	return p, nil
+}
+
+// SetPIT2 writes the in-kernel i8254 (KVM_SET_PIT2); each counter restarts
+// from its Count at the time of the call.
+func (vm *VM) SetPIT2(p PITState2) error {
+	if _, err := ioctlPtr(vm.fd(), kvmSetPIT2, &p); err != nil {
+		return fmt.Errorf("kvm: KVM_SET_PIT2: %w", err)
+	}
+	return nil
 }
