@@ -35,6 +35,7 @@ const (
 	statusB24h  = 0x02
 	statusDVRT  = 0x80 // valid RAM and time
 	statusADiv  = 0x26 // 32.768 kHz time base, 1024 Hz rate
+	statusAUIP  = 0x80 // update in progress (read-only)
 	cmosEntries = 128
 )
 
@@ -125,7 +126,7 @@ func (c *CMOS) Write(offset uint64, data []byte) {
 	case rtcStatusC, rtcStatusD:
 		// read-only
 	case rtcStatusA:
-		c.nvram[i] = data[0] & 0x7f // UIP is read-only
+		c.nvram[i] = data[0] &^ statusAUIP // UIP is read-only
 	default:
 		c.nvram[i] = data[0]
 	}
@@ -160,3 +161,27 @@ func (p *PortB) Read(_ uint64, data []byte) {
 // Write implements Device: the speaker and NMI-mask bits have nothing to
 // control.
 func (p *PortB) Write(uint64, []byte) {}
+
+// PortBState is the snapshot form of a PortB (see state.go): the refresh
+// bit's level as the guest last read it. Fields are matched by name when
+// decoded; a field added later must default (zero) to the behaviour of a
+// snapshot that lacks it.
+type PortBState struct {
+	Refresh bool // bit 4 was set in the last read
+}
+
+// SaveState returns the port's state.
+func (p *PortB) SaveState() PortBState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return PortBState{Refresh: p.refresh}
+}
+
+// RestoreState replaces the port's state with st. Every PortBState is
+// valid: the error is there to implement Stateful.
+func (p *PortB) RestoreState(st PortBState) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refresh = st.Refresh
+	return nil
+}

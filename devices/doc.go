@@ -17,17 +17,40 @@
 // with ACPI, PowerControl (the FADT's sleep control, sleep status and reset
 // registers: S5 powers off, the reset value restarts).
 //
+// Saved state (snapshots): each device whose registers the guest can see
+// has a plain state struct (SerialState, I8042State, CMOSState,
+// PortBState, IOAPICState, PVWaitState; state.go) with SaveState and
+// RestoreState, the Stateful interface. Saving: the machine stops the
+// vCPUs and the console input pump, then SaveState copies the registers
+// and queues under the device's mutex, and internal/snapshot encodes the
+// structs as JSON parts. Restoring into a new process: the machine builds
+// fresh devices as for a boot, restores KVM's state, then calls each
+// RestoreState with the decoded struct, which checks every field (a
+// corrupt or hostile file is refused with ErrBadState and the device left
+// untouched) before replacing the registers, and redoes what the saved
+// device had done to the host: IOAPIC calls Update with every pin's route
+// (the new VM's GSI routing table is empty), and Serial raises its
+// interrupt (an edge) once if the saved UART had one pending and OUT2 set,
+// since a pending edge the kernel state may or may not hold is safer
+// duplicated than lost. So devices are restored after KVM's interrupt
+// controllers, the IOAPIC before Serial, and before the vCPUs run. Derived
+// values (line status, routes) are recomputed, not saved; host-side things
+// (callbacks, the console writer and its buffered output, counters, CMOS's
+// clock, which reads the new host's wall clock) are not part of the state.
+// DebugExit and PowerControl hold no guest-visible state and have none.
+//
 // Concurrency: buses are built before the vCPUs start and are immutable
 // afterwards, so dispatch takes no lock. Several vCPUs can reach one device at
 // once, so every device guards its registers with its own mutex; a device
 // never calls back into a bus. Lock order: a device's mutex is a leaf, except
 // that Serial may take its output writer's lock while holding its own, and
 // that IOAPIC calls its Update callback (the machine's KVM_SET_GSI_ROUTING)
-// with its mutex held, so callbacks must take no device lock. Callbacks
-// given to devices (I8042's reset, DebugExit's exit, PowerControl's power-off
-// and reset, Serial's irq) run on
-// the goroutine that made the access (a vCPU; for Serial's irq also the
-// console input pump calling Input) and must not block. The only goroutine
-// a device starts is Serial's line-flush timer (time.AfterFunc), which just
-// writes buffered output; firing after Close, it finds nothing to write.
+// with its mutex held, on a guest write or a RestoreState, so callbacks must
+// take no device lock. Callbacks given to devices (I8042's reset, DebugExit's
+// exit, PowerControl's power-off and reset, Serial's irq) run on the goroutine
+// that made the access (a vCPU; for Serial's irq also the console input pump
+// calling Input, and the caller of RestoreState) and must not block. The only
+// goroutine a device starts is Serial's line-flush timer (time.AfterFunc),
+// which just writes buffered output; firing after Close, it finds nothing to
+// write.
 package devices

@@ -25,6 +25,9 @@ const (
 	i8042StatusCmd = 0x08 // last write was a command
 
 	i8042SelfTestOK = 0x55
+
+	// i8042QueueMax bounds the reply bytes queued for the guest.
+	i8042QueueMax = 16
 )
 
 // I8042 is the PC keyboard controller, reduced to what guests use to reset
@@ -132,7 +135,7 @@ func (p i8042Port) Write(_ uint64, data []byte) {
 
 // push queues a reply byte, keeping at most a few (a real controller has one).
 func (k *I8042) push(b byte) {
-	if len(k.out) < 16 {
+	if len(k.out) < i8042QueueMax {
 		k.out = append(k.out, b)
 	}
 }

@@ -26,6 +26,7 @@ const (
 	rteDeliveryMode = 0x700
 	rteDestLogical  = 1 << 11
 	rteMasked       = 1 << 16
+	rteReadOnly     = 1<<12 | 1<<14 // delivery status, remote IRR
 	rteDestShift    = 56
 
 	msiAddrBase = 0xfee0_0000
@@ -158,8 +159,7 @@ func (a *IOAPIC) writeReg(r, v uint32) {
 		old := a.rte[i]
 		if r%2 == 0 {
 			// Delivery status (12) and remote IRR (14) are read-only.
-			const ro = 1<<12 | 1<<14
-			a.rte[i] = old&^0xffffffff | old&ro | uint64(v)&^ro
+			a.rte[i] = old&^0xffffffff | old&rteReadOnly | uint64(v)&^rteReadOnly
 		} else {
 			a.rte[i] = old&0xffffffff | uint64(v)<<32
 		}

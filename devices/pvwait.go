@@ -101,3 +101,30 @@ func (w *PVWait) Write(_ uint64, data []byte) {
 	case <-w.stop:
 	}
 }
+
+// PVWaitState is the snapshot form of a PVWait (see state.go): whether a
+// notification is waiting for the guest's next wait. Fields are matched by
+// name when decoded; a field added later must default (zero) to the
+// behaviour of a snapshot that lacks it. The wait and wake-up counts
+// (Stats) are the host's, not the guest's, and start again at zero.
+type PVWaitState struct {
+	// Pending: a device interrupted the guest since its last wait
+	// returned, so the next wait returns at once.
+	Pending bool
+}
+
+// SaveState returns the wait device's state.
+func (w *PVWait) SaveState() PVWaitState { return PVWaitState{Pending: w.pending.Load()} }
+
+// RestoreState replaces the wait device's state with st: a pending
+// notification is restored as Notify records one (waking a waiter, were
+// there one). Every PVWaitState is valid: the error is there to implement
+// Stateful.
+func (w *PVWait) RestoreState(st PVWaitState) error {
+	if st.Pending {
+		w.Notify()
+	} else {
+		w.pending.Store(false)
+	}
+	return nil
+}

@@ -35,6 +35,8 @@ const (
 	ierRLSI = 0x04 // receiver line status
 	ierMSI  = 0x08 // modem status
 
+	ierMask = ierRDI | ierTHRI | ierRLSI | ierMSI // IER bits 4-7 are reserved
+
 	iirNone = 0x01
 	iirTHRI = 0x02
 	iirRDI  = 0x04
@@ -49,6 +51,8 @@ const (
 	mcrOUT1 = 0x04
 	mcrOUT2 = 0x08
 	mcrLoop = 0x10
+
+	mcrMask = mcrDTR | mcrRTS | mcrOUT1 | mcrOUT2 | mcrLoop // MCR bits 5-7 read 0
 
 	lsrDR   = 0x01
 	lsrTHRE = 0x20
@@ -191,7 +195,7 @@ func (s *Serial) Write(offset uint64, data []byte) {
 			return
 		}
 		old := s.ier
-		s.ier = v & (ierRDI | ierTHRI | ierRLSI | ierMSI)
+		s.ier = v & ierMask
 		if old&ierTHRI == 0 && s.ier&ierTHRI != 0 {
 			s.thrPending = true // enabling THRI with THR empty interrupts at once
 		}
@@ -206,7 +210,7 @@ func (s *Serial) Write(offset uint64, data []byte) {
 	case uartLCR:
 		s.lcr = v
 	case uartMCR:
-		s.mcr = v & 0x1f
+		s.mcr = v & mcrMask
 		s.update()
 	case uartSCR:
 		s.scr = v
