@@ -136,6 +136,9 @@ func TestContainerdBench(t *testing.T) {
 				e.must("task", "delete", id)
 				r.StopMS = append(r.StopMS, ms(time.Since(t0)))
 				e.must("containers", "delete", id)
+				// Progress on stderr, as it happens: a run is long in the box.
+				fmt.Fprintf(os.Stderr, "bench-containerd: round %d/%d %s on %s: start %.0f ms, exec %.0f ms, read %.0f ms, stop %.0f ms\n",
+					i+1, n, v.Name, im.Name, r.StartMS[i], r.ExecMS[i], r.ReadMS[i], r.StopMS[i])
 			}
 		}
 	}
@@ -144,14 +147,14 @@ func TestContainerdBench(t *testing.T) {
 		where = "in the nested-KVM box (QEMU TCG: not hardware speed)"
 	}
 	fmt.Printf("containerd: %d rounds, %s\n", n, where)
-	fmt.Printf("%-14s %-16s %10s %10s %10s %10s %10s %10s %10s\n", "variant", "image", "start p50", "start p99",
+	fmt.Printf("%-14s %-26s %10s %10s %10s %10s %10s %10s %10s\n", "variant", "image", "start p50", "start p99",
 		"exec p50", "exec p99", "read p50", "stop p50", "RSS (MiB)")
 	for _, r := range list {
 		r.StartP50, r.StartP99 = pct(r.StartMS, 50), pct(r.StartMS, 99)
 		r.ExecP50, r.ExecP99 = pct(r.ExecMS, 50), pct(r.ExecMS, 99)
 		r.ReadP50 = pct(r.ReadMS, 50)
 		r.RSSMedian = medianInt(r.HostRSSKiB)
-		fmt.Printf("%-14s %-16s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %10.1f\n", r.Variant,
+		fmt.Printf("%-14s %-26s %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %8.1fms %10.1f\n", r.Variant,
 			fmt.Sprintf("%s (%.1f MiB)", r.Image, r.ImageMiB), r.StartP50, r.StartP99,
 			r.ExecP50, r.ExecP99, r.ReadP50, pct(r.StopMS, 50), float64(r.RSSMedian)/1024)
 	}

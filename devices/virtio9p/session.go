@@ -80,7 +80,7 @@ func startSession(d *Device, q *virtio.ActiveQueue, fail func(error)) (*session,
 	s := &session{d: d, q: q, fail: fail, stop: stop, inflight: map[uint16]pending{},
 		toServer: reqW, fromServer: repR,
 		requestsDone: make(chan struct{}), repliesDone: make(chan struct{}), served: make(chan struct{})}
-	srv := p9.NewServer(d.fs, p9.WithServerLogger(debugLog{d}))
+	srv := p9.NewServer(d.fs, p9.WithServerLogger(traceLog{d}))
 	go func() {
 		defer close(s.served)
 		// Handle returns once the request pipe ends and every handler
@@ -115,11 +115,17 @@ func serve(srv *p9.Server, reqR *io.PipeReader, repW *io.PipeWriter, d *Device) 
 	_ = srv.Handle(reqR, repW)
 }
 
-// debugLog passes the server's own messages to the device's log at debug
-// level (they are about guest requests).
-type debugLog struct{ d *Device }
+// traceLog passes the server's own messages, about two lines per guest
+// request, to the device's log at trace level: at debug they drowned every
+// other line of a VM that reads files (containerd copies its shims' logs
+// into its own). A logger without a trace level gets none of them.
+type traceLog struct{ d *Device }
 
-func (l debugLog) Printf(format string, v ...any) { l.d.log.Debugf("9p server: "+format, v...) }
+func (l traceLog) Printf(format string, v ...any) {
+	if t, ok := l.d.log.(interface{ Tracef(string, ...any) }); ok {
+		t.Tracef("9p server: "+format, v...)
+	}
+}
 
 // Stop implements virtio.Session: it ends both loops and the server and
 // waits for them.

@@ -238,9 +238,14 @@ func (s *Service) watchVM(vm *sandbox) {
 		ps = append(ps, c.all()...)
 	}
 	s.mu.Unlock()
+	warned := false
 	for _, p := range ps {
-		if st, _, _ := p.status(); st == running {
-			log.G(s.ctx).Warnf("the VM ended (%s) while a process ran", vm.why())
+		if st, _, _ := p.status(); st == running && !warned {
+			// Once, with the guest console's end: a guest that panicked or
+			// reset says why there, and the bundle holding the console
+			// log goes with the container.
+			log.G(s.ctx).Warnf("the VM ended (%s) while a process ran; console:\n%s", vm.why(), vm.consoleTail())
+			warned = true
 		}
 		p.end()
 	}
