@@ -252,16 +252,19 @@ fuzz-smoke:
 bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images bench-ci bench-containerd
 
 # Containers through containerd (docs/containerd.md): start until running,
-# exec latency, stop, and host memory per container, microvm's shim against
-# runc in the same run, BENCH_CONTAINERD_N rounds (p50/p99). In the
+# exec latency, reading the whole image, stop, and host memory per
+# container, microvm's shim with each root file system method (ext4, 9p)
+# against runc in the same run, on the busybox image and one
+# BENCH_CONTAINERD_BIG_MIB bigger, BENCH_CONTAINERD_N rounds (p50/p99). In the
 # nested-KVM box where this host's KVM cannot boot Linux (TCG figures, and
 # the table says so); build/bench/containerd.json for machines.
 BENCH_CONTAINERD_N ?= 20
+BENCH_CONTAINERD_BIG_MIB ?= 64
 # In the box the density run stops at this many pods: the box's L1 (QEMU
 # TCG emulating SVM) was seen to reset at 36 nested VMs with memory left.
 BENCH_CONTAINERD_BOX_PODS ?= 32
 BENCH_CONTAINERD_ENV = MICROVM_BENCH_CONTAINERD=$(CURDIR)/build/bench/containerd.json \
-	MICROVM_BENCH_N=$(BENCH_CONTAINERD_N) MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 \
+	MICROVM_BENCH_N=$(BENCH_CONTAINERD_N) MICROVM_BENCH_BIG_MIB=$(BENCH_CONTAINERD_BIG_MIB) MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 \
 	MICROVM_BZIMAGE=$(CURDIR)/build/kernel/bzImage MICROVM_AGENT=$(CURDIR)/bin/microvm-agent
 bench-containerd: deps-test bin/containerd-shim-microvm-v2 bin/microvm-agent kernel
 	@mkdir -p build/bench
