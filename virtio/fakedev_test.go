@@ -30,6 +30,7 @@ type fakeDevice struct {
 	config      []byte
 	activations []virtio.Activation
 	resets      int
+	quiesces    int
 	live        int // successful activations since the last Reset
 	cfgReads    []cfgAccess
 	cfgWrites   []cfgAccess
@@ -83,6 +84,16 @@ func (d *fakeDevice) Reset() {
 	}
 	d.mu.Lock()
 	d.resets++
+	d.live = 0
+	d.mu.Unlock()
+}
+
+// Quiesce implements virtio.Quiescer: the fake has no workers (tests
+// pop and push on its activations' queues themselves), so it only records
+// the call and that no session runs.
+func (d *fakeDevice) Quiesce() {
+	d.mu.Lock()
+	d.quiesces++
 	d.live = 0
 	d.mu.Unlock()
 }

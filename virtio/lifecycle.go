@@ -86,7 +86,11 @@ func (l *Lifecycle[S]) Activate(start func() (S, error)) error {
 }
 
 // Reset stops the session, if one runs, and returns once its workers have.
-func (l *Lifecycle[S]) Reset() {
+func (l *Lifecycle[S]) Reset() { l.stop(false) }
+
+// stop ends the session, if one runs, outside the lock: with Drain when
+// drain is set and the session is a Drainer, else with Stop.
+func (l *Lifecycle[S]) stop(drain bool) {
 	l.mu.Lock()
 	l.initLocked()
 	s, active := l.cur, l.active
@@ -96,10 +100,36 @@ func (l *Lifecycle[S]) Reset() {
 		l.ready = make(chan struct{})
 	}
 	l.mu.Unlock()
-	if active {
-		s.Stop()
+	if !active {
+		return
 	}
+	if d, ok := any(s).(Drainer); ok && drain {
+		d.Drain()
+		return
+	}
+	s.Stop()
 }
+
+// Drainer is a Session that can stop without dropping work, for a pause
+// (Quiescer): Drain stops its workers as Stop does, but first has them
+// return every chain they popped (pushed, published and notified, as
+// after normal completion) or put it back with Queue.Undo, so that the
+// queues' positions are final and a later activation can take over at
+// them. A session whose Stop already leaves no chain popped (its workers
+// pop, serve and push without looking for the stop signal in between)
+// need not implement it.
+type Drainer interface {
+	Session
+	Drain()
+}
+
+// Quiesce stops the session, if one runs, for a pause rather than a
+// driver reset: with Drain when the session is a Drainer, else with Stop.
+// Like Reset it stops the session outside the lock and returns once its
+// workers have; a later Activate starts a new session (MMIO.Resume, or a
+// restore, hands it queues positioned where this one left them). A
+// device's Quiescer.Quiesce is usually just this.
+func (l *Lifecycle[S]) Quiesce() { l.stop(true) }
 
 // Close refuses later activations, releases waiters and stops the session.
 // It reports whether this call closed the device (false: closed before).

@@ -87,8 +87,16 @@ type MMIO struct {
 	drvFeat    uint64
 	queueSel   uint32
 	queues     []queueRegs
-	active     bool
+	active     bool // the device's session runs
 	configGen  uint32
+	// quiesced says the driver set DRIVER_OK but no session runs:
+	// Quiesce stopped it, or RestoreState found DEVICE_NEEDS_RESET and
+	// started none (state.go). DRIVER_OK is set exactly when active or
+	// quiesced is. live are the queues the last activation handed the
+	// device (nil where a queue was not ready), from which Resume and
+	// SaveState take the positions.
+	live     []*Queue
+	quiesced bool
 
 	needsReset  atomic.Bool
 	activations atomic.Uint64 // bumped on each activation and reset
@@ -175,9 +183,9 @@ func (t *MMIO) BindKicks(bind func(queue int, kick *eventfd.EventFD) error) {
 // Close resets the device and closes the kick eventfds.
 func (t *MMIO) Close() error {
 	t.mu.Lock()
-	if t.active {
+	if t.active || t.quiesced {
 		t.dev.Reset()
-		t.active = false
+		t.active, t.quiesced = false, false
 	}
 	t.mu.Unlock()
 	var errs []error
@@ -501,7 +509,7 @@ func (t *MMIO) writeStatus(v uint32) {
 			return
 		}
 	case actActivate:
-		if err := t.activate(); err != nil {
+		if err := t.activate(nil); err != nil {
 			t.Fail(err)
 			return
 		}
@@ -509,8 +517,12 @@ func (t *MMIO) writeStatus(v uint32) {
 	t.status = v
 }
 
-// activate hands the ready queues to the device.
-func (t *MMIO) activate() error {
+// activate hands the ready queues to the device: fresh ones (at nil), or,
+// after Quiesce or for RestoreState, each positioned at at[i] (its next
+// available entry; the used index is the ring's) and kicked once, since
+// the driver may have posted buffers while the previous session had
+// notifications suppressed.
+func (t *MMIO) activate(at []uint16) error {
 	sizes := t.dev.QueueSizes()
 	// A Fail that arrives after this activation was reset (from a device
 	// goroutine the reset did not wait for) must not flag the next one.
@@ -521,13 +533,21 @@ func (t *MMIO) activate() error {
 		}
 	}
 	a := Activation{Mem: t.mem, Features: t.drvFeat, Fail: fail, Queues: make([]*ActiveQueue, len(sizes)), SharedInterrupt: true}
+	live := make([]*Queue, len(sizes))
 	for i, r := range t.queues {
 		if !r.ready {
 			continue
 		}
 		cfg := QueueConfig{Size: r.size, Desc: r.desc, Avail: r.avail, Used: r.used}
+		q := NewQueue(t.mem, cfg, t.drvFeat&FeatureEventIdx != 0, t.drvFeat&FeatureIndirectDesc != 0)
+		if at != nil {
+			if err := q.SetIndices(at[i]); err != nil {
+				return fmt.Errorf("queue %d: %w", i, err)
+			}
+		}
+		live[i] = q
 		a.Queues[i] = &ActiveQueue{
-			Queue:     NewQueue(t.mem, cfg, t.drvFeat&FeatureEventIdx != 0, t.drvFeat&FeatureIndirectDesc != 0),
+			Queue:     q,
 			Kick:      t.kicks[i],
 			Interrupt: func() { t.interrupt(IntUsedBuffer) },
 		}
@@ -536,7 +556,14 @@ func (t *MMIO) activate() error {
 		return fmt.Errorf("activate %s device: %w", deviceName(t.dev.Type()), err)
 	}
 	t.bindReadyQueues()
-	t.active = true
+	t.active, t.quiesced, t.live = true, false, live
+	if at != nil {
+		for i, q := range live {
+			if q != nil {
+				_ = t.kicks[i].Signal()
+			}
+		}
+	}
 	t.activated.Add(1)
 	t.log.WithField("features", fmt.Sprintf("%#x", t.drvFeat)).Debug("virtio-mmio: device activated")
 	return nil
@@ -564,10 +591,11 @@ func (t *MMIO) bindReadyQueues() {
 // reset returns the transport to its initial state (4.2.3.1), resetting an
 // active device first.
 func (t *MMIO) reset() {
-	if t.active {
+	if t.active || t.quiesced {
 		t.dev.Reset()
 		t.active = false
 	}
+	t.live, t.quiesced = nil, false
 	t.activations.Add(1)
 	t.status, t.devFeatSel, t.drvFeatSel, t.drvFeat, t.queueSel = 0, 0, 0, 0, 0
 	clear(t.queues)
