@@ -41,6 +41,29 @@
 // driver (vsock's host connects). Every device holds one, so the rules are
 // written once.
 //
+// Snapshots (issue 22; state.go): with the vCPUs stopped, MMIO.Quiesce
+// stops the device's session without a reset: the device (a Quiescer,
+// usually Lifecycle.Quiesce over a Drainer session) finishes or puts back
+// every chain it popped, so each queue's next available entry equals the
+// used index it published, and that index is in guest memory. Status,
+// features and queue registers stay. MMIO.SaveState then returns an
+// MMIOState: the registers the driver set, the pending interrupt bits,
+// each live queue's position (refused while anything is in flight) and,
+// for a StatefulDevice, the device's own state as raw JSON, which only
+// the device can decode and check. Either MMIO.Resume restarts the session
+// in place, or a new process maps the same guest memory, makes a fresh
+// transport (NewMMIO, BindKicks) and calls RestoreState: it checks every
+// field against the device (type, features offered, queue maxima) and
+// guest memory (ring addresses through the bounds-checked guestmem, each
+// used index against the ring's), refusing with ErrBadState and changing
+// nothing; restores the device's state; and, at DRIVER_OK without
+// DEVICE_NEEDS_RESET, activates the device with queues positioned by
+// Queue.SetIndices, binds the kicks as the first DRIVER_OK did, kicks each
+// queue once (the driver may have posted buffers with notifications
+// suppressed), and raises the interrupt again if one was pending. A device
+// saved under DEVICE_NEEDS_RESET comes back marked so, with no session,
+// until the driver resets it.
+//
 // Counters: MMIO.Stats counts guest errors by kind (register, features,
 // queue, status, device), the interrupts raised
 // (used-buffer and configuration-change), activations and driver resets.
@@ -53,7 +76,8 @@
 // Concurrency: a Queue has one owner goroutine at a time (the device worker,
 // or whoever holds the lock the device documents for it). The MMIO transport
 // is called from vCPU goroutines and serialises register accesses with its
-// mutex; it calls Device.Activate and Device.Reset with that mutex held, so a
+// mutex; it calls Device.Activate and Device.Reset (and Quiescer.Quiesce and
+// the StatefulDevice methods) with that mutex held, so a
 // device must not call back into the transport from those methods except
 // through Activation.Fail, which only takes the transport's separate
 // interrupt lock. Lock order: MMIO.mu, then a device's Lifecycle.mu, then
