@@ -182,12 +182,15 @@ func (s *session) requests() {
 				if !ok {
 					break
 				}
+				// Counted before the write: the write returns only once the
+				// server read the request, which it may have answered (and
+				// the reply been counted) by then.
+				s.d.requests.Add(1)
+				s.d.requestBytes.Add(uint64(len(msg)))
 				if _, err := s.toServer.Write(msg); err != nil {
 					return // the server ended
 				}
 				s.toServerN.Add(1)
-				s.d.requests.Add(1)
-				s.d.requestBytes.Add(uint64(len(msg)))
 			}
 		}
 		stopped, err := eventfd.PollStop(fds, -1)
