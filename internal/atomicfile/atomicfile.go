@@ -43,10 +43,11 @@ func Write(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	ok = true
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-func syncDir(dir string) error {
+// SyncDir makes a directory's entries (a rename, a new file) durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

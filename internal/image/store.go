@@ -413,7 +413,7 @@ func (s *Store) commit(id, dir string, names []string) (*Image, error) {
 		if err := os.Rename(dir, dst); err != nil {
 			return nil, fmt.Errorf("store image %s: %w", id, err)
 		}
-		if err := syncDir(s.path(imagesDir)); err != nil {
+		if err := atomicfile.SyncDir(s.path(imagesDir)); err != nil {
 			return nil, fmt.Errorf("store image %s: %w", id, err)
 		}
 	}
@@ -446,13 +446,4 @@ func (s *Store) setNames(id string, names []string) (*Image, error) {
 		}
 	}
 	return s.load(id, refs)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

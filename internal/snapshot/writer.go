@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/microvm/microvm/internal/atomicfile"
 )
 
 // Writer builds a snapshot in a temporary directory beside its target and
@@ -266,7 +268,7 @@ func (w *Writer) Commit() error {
 	if err := writeSynced(filepath.Join(w.tmp, ManifestFile), data); err != nil {
 		return w.fail(fmt.Errorf("snapshot %s: manifest: %w", w.dir, err))
 	}
-	if err := syncDir(w.tmp); err != nil {
+	if err := atomicfile.SyncDir(w.tmp); err != nil {
 		return w.fail(fmt.Errorf("snapshot %s: sync: %w", w.dir, err))
 	}
 	if err := w.install(); err != nil {
@@ -275,7 +277,7 @@ func (w *Writer) Commit() error {
 	sum := sha256.Sum256(data)
 	w.digest = hex.EncodeToString(sum[:])
 	w.committed, w.done = true, true
-	if err := syncDir(filepath.Dir(w.dir)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(w.dir)); err != nil {
 		return fmt.Errorf("snapshot %s: in place but not yet durable: sync parent: %w", w.dir, err)
 	}
 	return nil
@@ -344,14 +346,4 @@ func writeSynced(path string, data []byte) error {
 		err = cerr
 	}
 	return err
-}
-
-// syncDir makes a directory's entries durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
