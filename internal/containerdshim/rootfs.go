@@ -11,9 +11,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/mount"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/guest/pid1"
 	"github.com/microvm/microvm/internal/image"
 )
 
@@ -127,23 +125,15 @@ func (r *rootfs) writeExt4(ctx context.Context) error {
 }
 
 // share binds the root into the pod's shared directory (Rootfs9p) and
-// returns its path in the guest. The bind is writable even for a
-// read-only root: the agent creates the mount points it needs, then
-// remounts the root read-only, as runc does.
+// returns its path in the guest; unbindVolumes(id) undoes it. The bind is
+// writable even for a read-only root: the agent creates the mount points
+// it needs, then remounts the root read-only, as runc does.
 func (r *rootfs) share(pod, id string) (string, error) {
-	dir := filepath.Join(shareDir(pod), id)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	p, err := bindShared(pod, id, rootShareName, r.src, 0)
+	if err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
-	dst := filepath.Join(dir, rootShareName)
-	if err := os.Mkdir(dst, 0o700); err != nil {
-		return "", fmt.Errorf("rootfs: %w", err)
-	}
-	if err := unix.Mount(r.src, dst, "", unix.MS_BIND, ""); err != nil {
-		_ = unix.Rmdir(dst)
-		return "", fmt.Errorf("rootfs: bind %s: %w", r.src, err)
-	}
-	return filepath.Join(pid1.SharesDir, volumesTag, id, rootShareName), nil
+	return p, nil
 }
 
 // cleanup unmounts the snapshot and removes the ext4; it can run again.

@@ -60,7 +60,6 @@ func sharedVolume(m specs.Mount) bool {
 // each by the mount's index. On error what it bound is undone.
 func bindVolumes(sandbox, id string, s *specs.Spec) (_ map[int]string, err error) {
 	paths := map[int]string{}
-	host := filepath.Join(shareDir(sandbox), id)
 	defer func() {
 		if err != nil {
 			_ = unbindVolumes(id)
@@ -70,24 +69,45 @@ func bindVolumes(sandbox, id string, s *specs.Spec) (_ map[int]string, err error
 		if !sharedVolume(m) {
 			continue
 		}
-		if err := os.MkdirAll(host, 0o700); err != nil {
+		p, err := bindShared(sandbox, id, strconv.Itoa(i), m.Source, unix.MS_REC)
+		switch {
+		case errors.Is(err, errBind): // the volume's source cannot be bound
+			return nil, fmt.Errorf("%w: mount %s: %w", errdefs.ErrInvalidArgument, m.Destination, err)
+		case err != nil:
 			return nil, fmt.Errorf("volumes: %w", err)
-		}
-		dst := filepath.Join(host, strconv.Itoa(i))
-		if err := os.Mkdir(dst, 0o700); err != nil {
-			return nil, fmt.Errorf("volumes: %w", err)
-		}
-		if err := unix.Mount(m.Source, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			return nil, fmt.Errorf("%w: mount %s: bind %s: %w", errdefs.ErrInvalidArgument, m.Destination, m.Source, err)
 		}
 		if hasOption(m.Options, "ro") {
+			dst := filepath.Join(shareDir(sandbox), id, strconv.Itoa(i))
 			if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 				return nil, fmt.Errorf("mount %s: read-only: %w", m.Destination, err)
 			}
 		}
-		paths[i] = path.Join(pid1.SharesDir, volumesTag, id, strconv.Itoa(i))
+		paths[i] = p
 	}
 	return paths, nil
+}
+
+// errBind marks bindShared's failure to bind src itself (as opposed to
+// making the mount point).
+var errBind = errors.New("bind")
+
+// bindShared binds the host path src at SANDBOX/ID/NAME in the sandbox's
+// shared directory (a bind, with MS_REC in flags for a recursive one) and
+// returns where the guest sees it. unbindVolumes(id) undoes it, whatever
+// the name: the caller calls it when a later step fails.
+func bindShared(sandbox, id, name, src string, flags uintptr) (string, error) {
+	host := filepath.Join(shareDir(sandbox), id)
+	if err := os.MkdirAll(host, 0o700); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(host, name)
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		return "", err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND|flags, ""); err != nil {
+		return "", fmt.Errorf("%w %s: %w", errBind, src, err)
+	}
+	return path.Join(pid1.SharesDir, volumesTag, id, name), nil
 }
 
 // unbindVolumes undoes bindVolumes for container id, whichever pod it was
