@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -236,4 +237,54 @@ func writeGuestErrorSamples(w *promtext.Writer, device string, kinds []virtio.Gu
 	for _, k := range kinds {
 		w.Uint(c[k], "device", device, "kind", k.String())
 	}
+}
+
+// Inspect describes the machine's virtio devices as they stand: each
+// transport's status, unacknowledged interrupt bits and ring indices
+// (virtio.TransportState), and each vsock connection's state and credit
+// counters (vsock.ConnInfo). It is for an operator asking why a device or a
+// connection stalled (the CLI logs it on SIGUSR1, docs/debugging.md): it
+// never stops the guest or a device. Safe from any goroutine while the
+// machine runs.
+func (m *Machine) Inspect() string {
+	var b strings.Builder
+	for _, t := range m.namedTransports() {
+		fmt.Fprintf(&b, "%s: %s\n", t.name, t.mmio.Inspect())
+	}
+	if m.vsock != nil {
+		conns := m.vsock.Connections()
+		fmt.Fprintf(&b, "vsock: %d connections\n", len(conns))
+		for _, c := range conns {
+			fmt.Fprintf(&b, "  %s\n", c)
+		}
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// namedTransport is one virtio device's transport and the name Inspect
+// gives it ("vsock", "rng", "disk0", "net1", "share0").
+type namedTransport struct {
+	name string
+	mmio *virtio.MMIO
+}
+
+// namedTransports lists the machine's transports in slot order.
+func (d *deviceSet) namedTransports() []namedTransport {
+	var out []namedTransport
+	if d.vsockMMIO != nil {
+		out = append(out, namedTransport{"vsock", d.vsockMMIO})
+	}
+	if d.rngMMIO != nil {
+		out = append(out, namedTransport{"rng", d.rngMMIO})
+	}
+	for i, t := range d.diskMMIO {
+		out = append(out, namedTransport{fmt.Sprintf("disk%d", i), t})
+	}
+	for i, t := range d.netMMIO {
+		out = append(out, namedTransport{fmt.Sprintf("net%d", i), t})
+	}
+	for i, t := range d.shareMMIO {
+		out = append(out, namedTransport{fmt.Sprintf("share%d", i), t})
+	}
+	return out
 }

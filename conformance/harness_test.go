@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -37,7 +38,29 @@ var (
 	ioTimeout      = scaled(60 * time.Second)          // one host-side exchange
 	backendTimeout = scaled(10 * time.Second)          // backend start, and its reaction to a front-end leaving
 	guestTimeout   = scaled(45 * time.Second).String() // microvm.timeout: each scenario in the guest
+	// stallAfter is how long one host-side exchange may take before the
+	// harness asks microvm to log its devices' and connections' state
+	// (SIGUSR1, inspectStall): every scenario takes seconds, and the
+	// guest gives up on one after guestTimeout, by when its connection
+	// and the evidence of why it stalled are gone.
+	stallAfter = scaled(15 * time.Second)
 )
+
+// inspectStall, when set, asks the machine under test to log its state
+// (microvm run: SIGUSR1). startVM sets it for a microvm process; tests do
+// not run in parallel, so there is at most one.
+var inspectStall atomic.Pointer[func()]
+
+// watchStall calls inspectStall once if the exchange it guards is still
+// going after stallAfter; the caller stops the timer it returns when the
+// exchange ends.
+func watchStall() *time.Timer {
+	return time.AfterFunc(stallAfter, func() {
+		if f := inspectStall.Load(); f != nil {
+			(*f)()
+		}
+	})
+}
 
 const (
 	guestCID = 3
@@ -372,6 +395,11 @@ func startVM(t *testing.T, name string, cmd *exec.Cmd) *vm {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	v.con = newConsole()
+	if name == "microvm" {
+		inspect := func() { _ = v.cmd.Process.Signal(syscall.SIGUSR1) }
+		inspectStall.Store(&inspect)
+		t.Cleanup(func() { inspectStall.CompareAndSwap(&inspect, nil) })
+	}
 	go func() {
 		v.con.read(out) // Wait closes the pipe: read to EOF first
 		v.waitErr = v.cmd.Wait()
@@ -570,6 +598,7 @@ type exchangeResult struct {
 // reading c to EOF.
 func exchange(c *net.UnixConn, src io.Reader, n int64) (exchangeResult, error) {
 	res := exchangeResult{sent: newDigest(), got: newDigest()}
+	defer watchStall().Stop()
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	werr := make(chan error, 1)
 	go func() {
@@ -632,6 +661,7 @@ func listenGuestNet(t *testing.T, network, uds string, port uint32, conns int, s
 			}
 			go func() {
 				defer c.Close()
+				defer watchStall().Stop()
 				_ = c.SetDeadline(time.Now().Add(ioTimeout))
 				g.results <- serve(c)
 			}()

@@ -64,6 +64,12 @@
 // saved under DEVICE_NEEDS_RESET comes back marked so, with no session,
 // until the driver resets it.
 //
+// Inspection (inspect.go): MMIO.Inspect reads, from any goroutine and
+// without stopping anything, the status, the interrupt bits the driver has
+// not acknowledged and each ready ring's indices and EVENT_IDX fields from
+// guest memory, with the workers' own atomic loads: what an operator needs
+// to tell a lost kick from a lost interrupt (microvm: SIGUSR1).
+//
 // Counters: MMIO.Stats counts guest errors by kind (register, features,
 // queue, status, device), the interrupts raised
 // (used-buffer and configuration-change), activations and driver resets.

@@ -52,6 +52,8 @@
 //   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
 //   - event.go: the event queue; dgram.go: datagrams; uds.go: the host's
 //     Unix sockets (one back-end, below).
+//   - inspect.go: each connection's state and counters for an operator
+//     (Device.Connections; microvm logs them on SIGUSR1).
 //
 // One guest packet, for example RW: txLoop pops the chain (tx.go) ->
 // handlePacket decodes and checks the header, finds the connection in the

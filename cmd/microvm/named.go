@@ -330,6 +330,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 
 	sigCtx, stopSignals := interruptible(context.Background())
 	defer stopSignals()
+	inspectOnSIGUSR1(sigCtx, log, m)
 	runCtx, cancelRun := context.WithCancelCause(sigCtx)
 	defer cancelRun(nil)
 	be := &vmBackend{m: m, lease: lease, cancel: cancelRun, started: time.Now(), log: log}

@@ -316,6 +316,7 @@ func runMachine(cfg microvm.Config, log *logrus.Logger, confine func() error) er
 
 	ctx, stop := interruptible(context.Background())
 	defer stop()
+	inspectOnSIGUSR1(ctx, log, m)
 	if err := confine(); err != nil {
 		return err
 	}

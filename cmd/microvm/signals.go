@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -45,4 +46,26 @@ func signalStatus(ctx context.Context, log logrus.FieldLogger) error {
 	}
 	log.Warnf("stopped by %v", cs.sig)
 	return statusError{128 + int(cs.sig)}
+}
+
+// inspectOnSIGUSR1 logs what m.Inspect says, one warning per line, each
+// time the process gets SIGUSR1, until ctx ends: how an operator asks a
+// running machine why a device or a vsock connection stalled
+// (docs/debugging.md). The goroutine it starts ends with ctx.
+func inspectOnSIGUSR1(ctx context.Context, log logrus.FieldLogger, m interface{ Inspect() string }) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGUSR1)
+	go func() {
+		defer signal.Stop(sigs)
+		for {
+			select {
+			case <-sigs:
+				for _, l := range strings.Split(m.Inspect(), "\n") {
+					log.Warn("inspect: " + l)
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 }
