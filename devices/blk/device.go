@@ -281,8 +281,9 @@ func (d *Device) Activate(a virtio.Activation) error {
 }
 
 // Reset implements virtio.Device: it stops taking requests, waits for those
-// in flight to finish (their I/O completes and they are returned to the
-// ring, as QEMU drains on reset), and forgets the queue.
+// in flight to finish (their I/O completes, as QEMU drains on reset, but
+// they are not returned: the driver is tearing its rings down), and
+// forgets the queue. Quiesce (quiesce.go) is the pause that returns them.
 func (d *Device) Reset() { d.life.Reset() }
 
 // Close resets the device, then unlocks and closes the image.

@@ -63,13 +63,30 @@
 // interrupt; nothing else is taken under it except the transport's
 // interrupt lock inside ActiveQueue.Interrupt, which is called after
 // qmu is released. The device's virtio.Lifecycle guards the active session;
-// its lock is taken only by Activate, Reset and Close, and not while a
-// session stops (the MMIO transport calls the first two with its mu held:
-// MMIO.mu -> Lifecycle.mu -> nothing). Reset closes the
-// quit channel and signals the stop eventfd: the dispatcher stops popping
-// and closes the work channel, the workers finish the I/O of the requests
-// they hold (as QEMU drains in-flight requests on reset) but publish
-// nothing, since the driver is tearing its rings down, and return; Reset waits for all of
-// them, so no goroutine touches guest memory after it returns. Counters
-// are atomics.
+// its lock is taken only by Activate, Reset, Quiesce and Close, and not
+// while a session stops (the MMIO transport calls the first three with its
+// mu held: MMIO.mu -> Lifecycle.mu -> nothing). Reset sets the session's
+// abandon flag, closes the quit channel and signals the stop eventfd: the
+// dispatcher stops popping and closes the work channel, the workers finish
+// the I/O of the requests they hold (as QEMU drains in-flight requests on
+// reset) but publish nothing, since the driver is tearing its rings down,
+// and return; Reset waits for all of them, so no goroutine touches guest
+// memory after it returns. Counters are atomics.
+//
+// # Pause (snapshots)
+//
+// Device.Quiesce (quiesce.go; virtio.Quiescer) stops the session the same
+// way but through session.Drain (virtio.Drainer), which leaves the abandon
+// flag clear: the workers finish the I/O of every request the dispatcher
+// popped and complete each as usual, status byte, Queue.Push (published)
+// and the interrupt if the driver's suppression asks for one. Since only
+// the dispatcher pops, and it hands each chain it popped to a worker
+// before it looks at quit again, nothing is popped and not returned when
+// Drain returns, and the used index in guest memory is the queue's; a
+// failed session, which returns nothing more, has set DEVICE_NEEDS_RESET
+// first. No lock is held across the I/O (qmu only around each push), and
+// Drain takes none. The image, the flock and the counters stay; the next
+// Activate (MMIO.Resume, or a restore) starts a session at the saved
+// positions whose dispatcher pops what is in the ring before it waits for
+// a kick.
 package blk

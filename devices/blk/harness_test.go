@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +37,9 @@ type env struct {
 	q    *virtiotest.Queue
 	kick *eventfd.EventFD
 	irq  chan struct{}
+	// vq is the device side of the queue the last activate handed over:
+	// the test may read its positions only while no session runs.
+	vq *virtio.Queue
 
 	mu    sync.Mutex
 	fails []error
@@ -68,8 +72,25 @@ func image(t *testing.T, size int) string {
 
 func pattern(off int) byte { return byte(off*7 + off>>9) }
 
-// features are what the driver accepts: all the device offers.
+// newEnv opens a block device over a temporary image (a 1 MiB one unless
+// cfg.Path names one) and activates it on a virtiotest driver queue, with
+// all the features it offers accepted.
 func newEnv(t *testing.T, cfg blk.Config) *env {
+	t.Helper()
+	kick, err := eventfd.NewNonblocking()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { kick.Close() }) // after the device's Close, below
+	e := openEnv(t, cfg)
+	e.kick = kick
+	e.activate(nil)
+	return e
+}
+
+// openEnv opens the device and lays out the driver's queue, without
+// activating anything; the device is closed when the test ends.
+func openEnv(t *testing.T, cfg blk.Config) *env {
 	t.Helper()
 	if cfg.Path == "" {
 		cfg.Path = image(t, 1<<20)
@@ -79,13 +100,30 @@ func newEnv(t *testing.T, cfg blk.Config) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if err := dev.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	e := &env{t: t, path: cfg.Path, dev: dev, mem: virtiotest.NewMemory(t, 8<<20), irq: make(chan struct{}, 1)}
 	e.q = virtiotest.NewQueue(e.mem, dev.QueueSizes()[0], true)
-	if e.kick, err = eventfd.NewNonblocking(); err != nil {
-		t.Fatal(err)
+	return e
+}
+
+// activate starts a session on the driver's queue: a fresh one when prev
+// is nil, else one that takes over where the session that used prev
+// stopped, as MMIO.Resume positions it (Queue.SetIndices at its
+// LastAvail). It does not kick.
+func (e *env) activate(prev *virtio.Queue) {
+	e.t.Helper()
+	vq := virtio.NewQueue(e.mem.Memory, e.q.Cfg, true, true)
+	if prev != nil {
+		if err := vq.SetIndices(prev.LastAvail()); err != nil {
+			e.t.Fatal(err)
+		}
 	}
 	aq := &virtio.ActiveQueue{
-		Queue: virtio.NewQueue(e.mem.Memory, e.q.Cfg, true, true),
+		Queue: vq,
 		Kick:  e.kick,
 		Interrupt: func() {
 			select {
@@ -94,22 +132,16 @@ func newEnv(t *testing.T, cfg blk.Config) *env {
 			}
 		},
 	}
-	err = dev.Activate(virtio.Activation{Mem: e.mem.Memory, Features: dev.Features() | virtio.QueueFeatures,
+	err := e.dev.Activate(virtio.Activation{Mem: e.mem.Memory, Features: e.dev.Features() | virtio.QueueFeatures,
 		Queues: []*virtio.ActiveQueue{aq}, Fail: func(err error) {
 			e.mu.Lock()
 			e.fails = append(e.fails, err)
 			e.mu.Unlock()
 		}})
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := dev.Close(); err != nil {
-			t.Error(err)
-		}
-		e.kick.Close()
-	})
-	return e
+	e.vq = vq
 }
 
 func (e *env) failures() []error {
@@ -233,4 +265,19 @@ func (e *env) file() []byte {
 		e.t.Fatal(err)
 	}
 	return b
+}
+
+// checkGoroutines fails the test unless, shortly, no more goroutines run
+// than base (the count before the device was activated): a session's
+// goroutines are gone once Quiesce or Reset returns, bar their exit.
+func checkGoroutines(t *testing.T, base int) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines run, %d before the device started:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

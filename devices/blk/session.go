@@ -40,6 +40,11 @@ type session struct {
 	failed   atomic.Bool
 	inFlight atomic.Int64
 	wg       sync.WaitGroup
+
+	// abandon is set by Stop (a driver reset) before it closes quit: the
+	// workers then finish the I/O they hold but push nothing. Drain (a
+	// pause) leaves it clear, so they return every request they hold.
+	abandon atomic.Bool
 }
 
 func newSession(d *Device, a virtio.Activation) (*session, error) {
@@ -67,11 +72,16 @@ func (s *session) start() {
 	}
 }
 
-// shutdown stops the dispatcher, lets the workers finish what is in flight,
-// and waits for all of them.
-// Stop implements virtio.Session: it stops taking requests and waits for
-// those in flight.
-func (s *session) Stop() {
+// Stop implements virtio.Session, for a driver reset: it stops taking
+// requests and waits for those in flight, whose I/O completes but which
+// are not returned (the driver is tearing its rings down).
+func (s *session) Stop() { s.shutdown(true) }
+
+// shutdown stops the dispatcher, lets the workers finish what is in flight
+// (returning it to the guest unless abandon is set), and waits for all of
+// them. Called once, by Stop or Drain.
+func (s *session) shutdown(abandon bool) {
+	s.abandon.Store(abandon)
 	close(s.quit)
 	_ = s.stop.Signal()
 	s.wg.Wait()
@@ -102,7 +112,7 @@ func (s *session) dispatch() {
 		{Fd: int32(s.stop.FD()), Events: unix.POLLIN},
 	}
 	for {
-		if !s.failed.Load() && !s.drain() {
+		if !s.failed.Load() && !s.popAvailable() {
 			return
 		}
 		stopped, err := eventfd.PollStop(fds, -1)
@@ -119,11 +129,19 @@ func (s *session) dispatch() {
 	}
 }
 
-// drain pops every available chain, waiting for a free slot before each
-// (that bounds the requests in flight), and re-enables kicks once the ring
-// is empty. It returns false when the session is stopping.
-func (s *session) drain() bool {
+// popAvailable pops every available chain, waiting for a free slot before
+// each (that bounds the requests in flight), and re-enables kicks once the
+// ring is empty. It returns false when the session is stopping.
+func (s *session) popAvailable() bool {
 	for {
+		// A stopping session pops nothing more, even when a slot is
+		// free too (select would pick either): each chain popped now
+		// would hold the stop up for its I/O.
+		select {
+		case <-s.quit:
+			return false
+		default:
+		}
 		var sl *slot
 		select {
 		case sl = <-s.free:
@@ -178,10 +196,18 @@ func (s *session) parse(sl *slot) error {
 	return nil
 }
 
+// testHookIO, set only by tests (export_test.go), runs in a worker before
+// the I/O of each request, with the request's sector. It lets a test hold
+// requests in flight (a slow disk) while it quiesces or resets the device.
+var testHookIO atomic.Pointer[func(sector uint64)]
+
 // serve is a worker goroutine: it runs requests and returns them to the
 // guest until the dispatcher closes the work channel.
 func (s *session) serve() {
 	for sl := range s.work {
+		if f := testHookIO.Load(); f != nil {
+			(*f)(sl.req.sector)
+		}
 		written := s.run(sl)
 		clear(sl.views) // drop references to guest memory
 		sl.views = sl.views[:0]
@@ -193,14 +219,14 @@ func (s *session) serve() {
 
 // complete writes nothing but the used entry: the status byte is already in
 // place. It interrupts the guest when the queue's suppression asks for it.
+// A session being drained (quit closed, abandon clear) still completes
+// this way: that is how Drain returns what is in flight.
 func (s *session) complete(sl *slot, written uint32) {
 	if s.failed.Load() {
 		return // the driver must reset the device; the ring is not trusted
 	}
-	select {
-	case <-s.quit:
+	if s.abandon.Load() {
 		return // the driver reset the device: its rings are being torn down
-	default:
 	}
 	s.qmu.Lock()
 	err := s.q.Push(sl.chain.Head, written)

@@ -141,6 +141,17 @@ func (d *Device) Activate(a virtio.Activation) error {
 // Reset implements virtio.Device: it stops the worker and forgets the queue.
 func (d *Device) Reset() { d.life.Reset() }
 
+// Quiesce implements virtio.Quiescer, for a pause or a snapshot: it stops
+// the worker, leaving the queue's positions final (the worker's Stop
+// already leaves no chain popped, so it needs no Drain). The next Activate
+// (MMIO.Resume, or a restore) starts a worker at those positions, which
+// serves the ring before it waits for a kick. That worker starts with a
+// full bucket, as after a pause of Burst/Rate seconds or more: the bucket
+// belongs to the session.
+func (d *Device) Quiesce() { d.life.Quiesce() }
+
+var _ virtio.Quiescer = (*Device)(nil)
+
 // Close resets the device and refuses later activations.
 func (d *Device) Close() { d.life.Close() }
 
@@ -158,6 +169,15 @@ type worker struct {
 }
 
 // Stop implements virtio.Session: it ends the worker and waits for it.
+//
+// It is also what Quiesce uses: the worker is not a virtio.Drainer because
+// it never stops with a chain popped and not returned. It looks at the
+// stop eventfd only between calls to serve, and serve pushes (Queue.Push
+// publishes the used index) every chain it popped and filled, puts back
+// (Queue.Undo) the one the rate limit makes it wait for, and notifies
+// before it returns. Only a failed worker (a malformed chain, a broken
+// ring) leaves one popped, and it has called Fail first, so the transport
+// has DEVICE_NEEDS_RESET set and the positions do not matter.
 func (w *worker) Stop() {
 	_ = w.stop.Signal()
 	<-w.done

@@ -26,6 +26,9 @@ type env struct {
 	q    *virtiotest.Queue
 	kick *eventfd.EventFD
 	irq  chan struct{}
+	// vq is the device side of the queue the last activate handed over:
+	// the test may read its positions only while no session runs.
+	vq *virtio.Queue
 
 	mu    sync.Mutex
 	fails []error
@@ -49,8 +52,25 @@ func newEnv(t *testing.T, cfg rng.Config) *env {
 	if e.kick, err = eventfd.NewNonblocking(); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { dev.Close(); e.kick.Close() })
+	e.activate(nil)
+	return e
+}
+
+// activate starts a session on the driver's queue: a fresh one when prev
+// is nil, else one that takes over where the session that used prev
+// stopped, as MMIO.Resume positions it (Queue.SetIndices at its
+// LastAvail). It does not kick.
+func (e *env) activate(prev *virtio.Queue) {
+	e.t.Helper()
+	vq := virtio.NewQueue(e.mem.Memory, e.q.Cfg, true, true)
+	if prev != nil {
+		if err := vq.SetIndices(prev.LastAvail()); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	aq := &virtio.ActiveQueue{
-		Queue: virtio.NewQueue(e.mem.Memory, e.q.Cfg, true, true),
+		Queue: vq,
 		Kick:  e.kick,
 		Interrupt: func() {
 			select {
@@ -59,17 +79,16 @@ func newEnv(t *testing.T, cfg rng.Config) *env {
 			}
 		},
 	}
-	err = dev.Activate(virtio.Activation{Mem: e.mem.Memory, Features: virtio.QueueFeatures,
+	err := e.dev.Activate(virtio.Activation{Mem: e.mem.Memory, Features: virtio.QueueFeatures,
 		Queues: []*virtio.ActiveQueue{aq}, Fail: func(err error) {
 			e.mu.Lock()
 			e.fails = append(e.fails, err)
 			e.mu.Unlock()
 		}})
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() { dev.Close(); e.kick.Close() })
-	return e
+	e.vq = vq
 }
 
 func (e *env) failures() []error {

@@ -39,6 +39,20 @@
 // One worker per activation owns the request queue; Activate starts it,
 // Reset signals its stop eventfd and waits for it. The device's
 // virtio.Lifecycle guards the active worker; its lock is taken by Activate,
-// Reset and Close only (the MMIO transport calls the first two with its own
-// mu held: MMIO.mu -> Lifecycle.mu). Stats are atomics, readable from any goroutine.
+// Reset, Quiesce and Close only (the MMIO transport calls the first three
+// with its own mu held: MMIO.mu -> Lifecycle.mu). Stats are atomics,
+// readable from any goroutine.
+//
+// # Pause (snapshots)
+//
+// Device.Quiesce (virtio.Quiescer) stops the worker as Reset does, and
+// that already leaves the queue's positions final, so the worker needs no
+// Drain: it looks at its stop eventfd only between passes over the ring,
+// and a pass pushes (and so publishes) every chain it filled, notifies
+// before it ends, and puts back with Queue.Undo the chain the rate limit
+// makes it wait for. A failed worker is the exception (it leaves the
+// malformed chain popped), but it has set DEVICE_NEEDS_RESET first, and
+// then the positions do not matter. The next Activate (MMIO.Resume, or a
+// restore) starts a worker at the saved positions that serves the ring
+// before it waits for a kick, with a full bucket.
 package rng
