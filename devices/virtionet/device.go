@@ -89,12 +89,18 @@ type counters struct {
 // Device is a virtio-net device (virtio 1.2, 5.1) on a TAP.
 type Device struct {
 	cfg Config
-	mac [6]byte
 	be  backend
 	log logrus.FieldLogger
 	ctr counters
 
 	life virtio.Lifecycle[*session] // the current activation
+
+	// mu guards mac (which RestoreDeviceState may change) and paused
+	// (quiesce.go). It is held to copy a field, never across a system
+	// call; it nests inside Lifecycle.mu (Activate takes paused there).
+	mu     sync.Mutex
+	mac    [6]byte
+	paused *paused // what a drained session left the next one; nil after a Reset
 }
 
 // New opens the TAP cfg.TAP (in cfg.NetNS) and returns a device on it. The
@@ -183,7 +189,11 @@ func ParseMAC(s string) (net.HardwareAddr, error) {
 }
 
 // MAC is the guest's address.
-func (d *Device) MAC() net.HardwareAddr { return append(net.HardwareAddr(nil), d.mac[:]...) }
+func (d *Device) MAC() net.HardwareAddr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append(net.HardwareAddr(nil), d.mac[:]...)
+}
 
 // Type implements virtio.Device.
 func (d *Device) Type() uint32 { return virtio.DeviceNet }
@@ -204,7 +214,9 @@ func (d *Device) QueueSizes() []uint16 { return []uint16{d.cfg.QueueSize, d.cfg.
 // max_virtqueue_pairs (1) (5.1.4).
 func (d *Device) ReadConfig(offset uint64, p []byte) {
 	var cfg [10]byte
+	d.mu.Lock()
 	copy(cfg[:], d.mac[:])
+	d.mu.Unlock()
 	cfg[6] = statusLinkUp
 	cfg[8] = 1
 	clear(p)
@@ -236,18 +248,23 @@ func (d *Device) Activate(a virtio.Activation) error {
 		return fmt.Errorf("%w: virtio-net needs its receive and transmit queues", virtio.ErrGuest)
 	}
 	return d.life.Activate(func() (*session, error) {
+		p := d.takePaused(a.Features)
 		if err := d.be.SetOffload(offloadFlags(a.Features)); err != nil {
 			return nil, err
 		}
-		// Frames queued before this activation were offloaded for the
-		// previous driver's features: drop them. Bounded, as the TAP's queue.
-		var scratch [HeaderSize + MaxFrame]byte
-		for i := 0; i < 4096; i++ {
-			if _, err := unix.Read(d.be.FD(), scratch[:]); err != nil && err != unix.EINTR {
-				break
+		if p == nil {
+			// Frames queued before this activation were offloaded for the
+			// previous driver's features: drop them. Bounded, as the TAP's
+			// queue. A resumed session keeps them: they are the same
+			// driver's next frames (quiesce.go).
+			var scratch [HeaderSize + MaxFrame]byte
+			for i := 0; i < 4096; i++ {
+				if _, err := unix.Read(d.be.FD(), scratch[:]); err != nil && err != unix.EINTR {
+					break
+				}
 			}
 		}
-		s, err := newSession(d, a)
+		s, err := newSession(d, a, p)
 		if err != nil {
 			return nil, err
 		}
@@ -257,8 +274,14 @@ func (d *Device) Activate(a virtio.Activation) error {
 }
 
 // Reset implements virtio.Device: it stops the workers; a frame read from
-// the TAP but not yet delivered is dropped with the queues.
-func (d *Device) Reset() { d.life.Reset() }
+// the TAP but not yet delivered is dropped with the queues, also one a
+// quiesced session left for the next (the next driver starts afresh).
+func (d *Device) Reset() {
+	d.life.Reset()
+	d.mu.Lock()
+	d.paused = nil
+	d.mu.Unlock()
+}
 
 // Close resets the device, refuses later activations and closes the TAP.
 func (d *Device) Close() error {
@@ -278,10 +301,18 @@ type session struct {
 	// stopRX and stopTX end the workers; each is read only by its worker.
 	stopRX, stopTX *eventfd.EventFD
 	wg             sync.WaitGroup
+	// rxst and txst are the workers' state, each owned by its worker
+	// while it runs and by Drain once wg.Wait has returned.
+	rxst *rxState
+	txst *txState
 }
 
-func newSession(d *Device, a virtio.Activation) (*session, error) {
+// newSession makes the session of activation a; p, when not nil, is what
+// a drained session of the same driver left (a resume).
+func newSession(d *Device, a virtio.Activation, p *paused) (*session, error) {
 	s := &session{d: d, features: a.Features, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail}
+	s.rxst = newRXState(s.rx.Size(), p)
+	s.txst = &txState{}
 	var err error
 	if s.stopRX, err = eventfd.NewNonblocking(); err != nil {
 		return nil, err
@@ -299,8 +330,8 @@ func (s *session) start() {
 	go func() { defer s.wg.Done(); s.txLoop() }()
 }
 
-// stop signals both workers, waits for them and closes their eventfds.
-// Stop implements virtio.Session: it ends both workers and waits for them.
+// Stop implements virtio.Session: it signals both workers, waits for them
+// and closes their eventfds.
 func (s *session) Stop() {
 	_ = s.stopRX.Signal()
 	_ = s.stopTX.Signal()

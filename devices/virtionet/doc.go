@@ -43,7 +43,25 @@
 // flag; its lock is held by Activate, Reset and Close only (the MMIO
 // transport calls the first two with its own mu held: MMIO.mu ->
 // Lifecycle.mu). Reset signals each
-// worker's stop eventfd and waits for both. There is no other lock.
+// worker's stop eventfd and waits for both. Device.mu, innermost, guards
+// the MAC (which a restore may set) and what a quiesced session leaves
+// the next; it is held to copy a field, never across a system call.
+//
+// # Pause and snapshot
+//
+// The device is a virtio.Quiescer and its session a virtio.Drainer
+// (quiesce.go). Drain stops both workers as Reset does, then puts back
+// with Queue.Undo every chain they popped and did not return: the RX
+// chains held for a frame or for the next one (pushing them empty would
+// hand the driver empty frames) and the TX chain whose frame the TAP
+// refused (EAGAIN: nothing of it was sent). Every other chain was served
+// and published before the workers slept, so each queue's next available
+// entry equals its published used index. A frame read from the TAP and
+// waiting for guest buffers stays in the Device, with the frames still
+// queued in the TAP, for the next session of the same driver (Resume),
+// which delivers it first; a Reset drops both. The MAC is the device's
+// saved state (state.go): a random one must survive a restore in a new
+// process, where the guest's driver still uses it.
 //
 // # A frame's path
 //

@@ -1,6 +1,7 @@
 package virtionet
 
 import (
+	"encoding/binary"
 	"io"
 	"os"
 	"runtime"
@@ -63,6 +64,13 @@ type env struct {
 	rxKick   *eventfd.EventFD
 	txKick   *eventfd.EventFD
 	irq      chan struct{}
+	// rxq and txq are the device's side of the queues of the last
+	// activation made by activate (nil behind a transport).
+	rxq, txq *virtio.ActiveQueue
+	// m is the transport when envOpts.mmio put the device behind one.
+	m *virtio.MMIO
+	// queueSize is the size of both queues (envOpts.queueSize).
+	queueSize uint16
 	// backlog holds used entries reaped beyond what a reap call asked for.
 	backlog map[*virtiotest.Queue][]virtiotest.Used
 
@@ -81,6 +89,9 @@ type envOpts struct {
 	// plain puts the device on its socket back-end (NewSocket): frames
 	// without a virtio-net header. e.tap is nil then.
 	plain bool
+	// mmio puts the device behind a virtio-mmio transport (e.m), which
+	// the test drives through its registers (startMMIO).
+	mmio bool
 }
 
 func quietLog() logrus.FieldLogger {
@@ -94,6 +105,23 @@ func quietLog() logrus.FieldLogger {
 }
 
 func newEnv(tb testing.TB, o envOpts) *env {
+	tb.Helper()
+	e := newDeviceEnv(tb, o)
+	if o.mmio {
+		e.mem = virtiotest.NewMemory(tb, 64<<20)
+		e.rx = virtiotest.NewQueue(e.mem, e.queueSize, o.eventIdx)
+		e.tx = virtiotest.NewQueue(e.mem, e.queueSize, o.eventIdx)
+		e.attachMMIO()
+		e.startMMIO()
+	} else {
+		e.activate(e.queueSize)
+	}
+	return e
+}
+
+// newDeviceEnv is newEnv up to the device, which it leaves inactive, with
+// no guest memory or queues.
+func newDeviceEnv(tb testing.TB, o envOpts) *env {
 	tb.Helper()
 	base := runtime.NumGoroutine()
 	tb.Cleanup(func() { checkGoroutines(tb, base) })
@@ -128,7 +156,7 @@ func newEnv(tb testing.TB, o envOpts) *env {
 	if o.eventIdx {
 		e.features |= virtio.FeatureEventIdx
 	}
-	e.activate(o.queueSize)
+	e.queueSize = o.queueSize
 	return e
 }
 
@@ -149,30 +177,130 @@ func (e *env) activate(n uint16) {
 	if e.txKick, err = eventfd.NewNonblocking(); err != nil {
 		tb.Fatal(err)
 	}
-	aq := func(q *virtiotest.Queue, kick *eventfd.EventFD) *virtio.ActiveQueue {
-		if err := q.Cfg.Validate(e.mem.Memory, n); err != nil {
-			tb.Fatal(err)
-		}
-		return &virtio.ActiveQueue{
-			Queue: virtio.NewQueue(e.mem.Memory, q.Cfg, ev, false),
-			Kick:  kick,
-			Interrupt: func() {
-				select {
-				case e.irq <- struct{}{}:
-				default:
-				}
-			},
-		}
+	e.rxq, e.txq = e.activeQueue(e.rx, e.rxKick), e.activeQueue(e.tx, e.txKick)
+	e.activateQueues()
+	tb.Cleanup(e.reset)
+}
+
+// activeQueue is the device's side of the driver's queue q.
+func (e *env) activeQueue(q *virtiotest.Queue, kick *eventfd.EventFD) *virtio.ActiveQueue {
+	tb := e.tb
+	tb.Helper()
+	if err := q.Cfg.Validate(e.mem.Memory, q.Cfg.Size); err != nil {
+		tb.Fatal(err)
 	}
+	return &virtio.ActiveQueue{
+		Queue:     virtio.NewQueue(e.mem.Memory, q.Cfg, q.EventIdx, false),
+		Kick:      kick,
+		Interrupt: e.interrupt,
+	}
+}
+
+// activateQueues activates the device on e.rxq and e.txq.
+func (e *env) activateQueues() {
+	e.tb.Helper()
 	a := virtio.Activation{
 		Mem: e.mem.Memory, Features: e.features,
-		Queues: []*virtio.ActiveQueue{aq(e.rx, e.rxKick), aq(e.tx, e.txKick)},
+		Queues: []*virtio.ActiveQueue{e.rxq, e.txq},
 		Fail:   e.fail,
 	}
 	if err := e.dev.Activate(a); err != nil {
+		e.tb.Fatal(err)
+	}
+}
+
+// resume activates the device again on the same rings, each queue at the
+// position the last activation left it, and kicks both queues once: what
+// MMIO.Resume does after MMIO.Quiesce.
+func (e *env) resume() {
+	tb := e.tb
+	tb.Helper()
+	rxAt, txAt := e.rxq.LastAvail(), e.txq.LastAvail()
+	e.rxq, e.txq = e.activeQueue(e.rx, e.rxKick), e.activeQueue(e.tx, e.txKick)
+	if err := e.rxq.SetIndices(rxAt); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(e.reset)
+	if err := e.txq.SetIndices(txAt); err != nil {
+		tb.Fatal(err)
+	}
+	e.activateQueues()
+	_ = e.rxKick.Signal()
+	_ = e.txKick.Signal()
+}
+
+// attachMMIO puts the device behind a new virtio-mmio transport over
+// e.mem (as a VMM does, also to restore); the kicks are the transport's
+// eventfds, which the test signals as KVM's ioeventfd would. Its
+// interrupt wakes reap. Closing it (cleanup) resets the device.
+func (e *env) attachMMIO() {
+	tb := e.tb
+	tb.Helper()
+	m, err := virtio.NewMMIO(e.dev, e.mem.Memory, e.interrupt, quietLog())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	e.m = m
+	e.rxKick, e.txKick = m.KickFDs()[QueueRX], m.KickFDs()[QueueTX]
+}
+
+// reg reads a transport register.
+func (e *env) reg(off uint64) uint32 {
+	var b [4]byte
+	e.m.Read(off, b[:])
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// setReg writes a transport register.
+func (e *env) setReg(off uint64, v uint32) {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], v)
+	e.m.Write(off, b[:])
+}
+
+// startMMIO runs the driver's initialisation through the registers, as
+// Linux's virtio_mmio does: status bits one at a time, features high word
+// first, both queues, DRIVER_OK.
+func (e *env) startMMIO() {
+	tb := e.tb
+	tb.Helper()
+	addStatus := func(bits uint32) { e.setReg(virtio.RegStatus, e.reg(virtio.RegStatus)|bits) }
+	e.setReg(virtio.RegStatus, 0)
+	addStatus(virtio.StatusAcknowledge)
+	addStatus(virtio.StatusDriver)
+	e.setReg(virtio.RegDriverFeaturesSel, 1)
+	e.setReg(virtio.RegDriverFeatures, uint32(e.features>>32))
+	e.setReg(virtio.RegDriverFeaturesSel, 0)
+	e.setReg(virtio.RegDriverFeatures, uint32(e.features))
+	addStatus(virtio.StatusFeaturesOK)
+	for i, q := range []*virtiotest.Queue{QueueRX: e.rx, QueueTX: e.tx} {
+		c := q.Cfg
+		e.setReg(virtio.RegQueueSel, uint32(i))
+		e.setReg(virtio.RegQueueNum, uint32(c.Size))
+		e.setReg(virtio.RegQueueDescLow, uint32(c.Desc))
+		e.setReg(virtio.RegQueueDescHigh, uint32(c.Desc>>32))
+		e.setReg(virtio.RegQueueDriverLow, uint32(c.Avail))
+		e.setReg(virtio.RegQueueDriverHigh, uint32(c.Avail>>32))
+		e.setReg(virtio.RegQueueDeviceLow, uint32(c.Used))
+		e.setReg(virtio.RegQueueDeviceHigh, uint32(c.Used>>32))
+		e.setReg(virtio.RegQueueReady, 1)
+	}
+	addStatus(virtio.StatusDriverOK)
+	if got := e.reg(virtio.RegStatus); got != 15 {
+		tb.Fatalf("status after DRIVER_OK = %s", virtio.StatusString(got))
+	}
+}
+
+// interrupt is the transport's interrupt line: it wakes reap.
+func (e *env) interrupt() {
+	select {
+	case e.irq <- struct{}{}:
+	default:
+	}
 }
 
 // reset resets the device and closes the kick eventfds after its workers

@@ -13,7 +13,9 @@ import (
 // index.
 const rxBatch = 64
 
-// rxState is the RX worker's scratch, allocated per activation.
+// rxState is the RX worker's scratch, allocated per activation; its frame
+// buffer, with a frame waiting in it, passes from a drained session to the
+// next (quiesce.go).
 type rxState struct {
 	// buf holds one frame read from the TAP, header first; n is its
 	// length, 0 when no frame is waiting for guest buffers.
@@ -29,12 +31,24 @@ type rxState struct {
 	pushed int    // used entries pushed, not yet published
 }
 
+// newRXState returns the RX worker's state for a queue of size chains,
+// with the frame a drained session left waiting, if p has one.
+func newRXState(size uint16, p *paused) *rxState {
+	st := &rxState{held: make([]virtio.Chain, size)}
+	if p != nil && p.buf != nil {
+		st.buf, st.n = p.buf, p.n
+	} else {
+		st.buf = make([]byte, HeaderSize+MaxFrame)
+	}
+	return st
+}
+
 // rxLoop is the RX worker. It owns the RX queue and reads the TAP. It
 // reads the TAP only while the guest has buffers; without them it sleeps on
 // the RX kick instead, leaving frames in the TAP's queue (the kernel's
 // bound on it applies).
 func (s *session) rxLoop() {
-	st := &rxState{buf: make([]byte, HeaderSize+MaxFrame), held: make([]virtio.Chain, s.rx.Size())}
+	st := s.rxst
 	in := unix.PollFd{Fd: int32(s.d.be.FD()), Events: unix.POLLIN}
 	kick := unix.PollFd{Fd: int32(s.rx.Kick.FD()), Events: unix.POLLIN}
 	stop := unix.PollFd{Fd: int32(s.stopRX.FD()), Events: unix.POLLIN}

@@ -24,7 +24,7 @@ type txState struct {
 // While the TAP is full it waits for POLLOUT and leaves kicks pending in
 // the eventfd; otherwise it sleeps on the kick eventfd.
 func (s *session) txLoop() {
-	st := &txState{}
+	st := s.txst
 	kick := unix.PollFd{Fd: int32(s.tx.Kick.FD()), Events: unix.POLLIN}
 	out := unix.PollFd{Fd: int32(s.d.be.FD()), Events: unix.POLLOUT}
 	stop := unix.PollFd{Fd: int32(s.stopTX.FD()), Events: unix.POLLIN}
