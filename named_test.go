@@ -5,6 +5,7 @@ package microvm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -29,6 +30,9 @@ func (r *recordingVM) SetState(_ context.Context, req vmctl.StateRequest) error 
 	defer r.mu.Unlock()
 	r.asked = append(r.asked, req)
 	return nil
+}
+func (r *recordingVM) Snapshot(context.Context, vmctl.SnapshotRequest) error {
+	return fmt.Errorf("not in this test: %w", vmctl.ErrConflict)
 }
 func (r *recordingVM) WriteMetrics(w io.Writer) error {
 	_, err := io.WriteString(w, "m 1\n")

@@ -25,6 +25,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/vsock"
@@ -75,13 +77,7 @@ func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*Config)) *vs
 	t.Helper()
 	testenv.RequireKVM(t)
 	kernel := testenv.TestGuest(t)
-	dir, err := os.MkdirTemp("", "mvsock")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	log, logged := logBuffer()
-	g := &vsockGuest{t: t, uds: filepath.Join(dir, "v.sock"), console: consoletest.New(), log: logged, done: make(chan struct{})}
+	g, log := newGuestHost(t)
 	cfg := Config{
 		Kernel: kernel, Cmdline: cmdline, MemoryBytes: 64 << 20,
 		Console: g.console, Log: log,
@@ -90,20 +86,38 @@ func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*Config)) *vs
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	g.m, err = New(cfg)
-	if err != nil {
+	var err error
+	if g.m, err = New(cfg); err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	// Registered before the run's cleanup, so it runs after it.
-	t.Cleanup(func() {
+	g.closeOnCleanup()
+	return g
+}
+
+// newGuestHost makes a vsockGuest's host side, before its machine: a
+// fresh, short directory for the host socket, the console and the log.
+func newGuestHost(t *testing.T) (*vsockGuest, *logrus.Logger) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mvsock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	log, logged := logBuffer()
+	return &vsockGuest{t: t, uds: filepath.Join(dir, "v.sock"), console: consoletest.New(), log: logged, done: make(chan struct{})}, log
+}
+
+// closeOnCleanup closes the machine when the test ends. Registered before
+// the run's cleanup (start), it runs after it.
+func (g *vsockGuest) closeOnCleanup() {
+	g.t.Cleanup(func() {
 		if g.stuck {
 			return
 		}
 		if err := g.m.Close(); err != nil {
-			t.Errorf("Close: %v", err)
+			g.t.Errorf("Close: %v", err)
 		}
 	})
-	return g
 }
 
 // start runs the machine in the background; cleanup cancels and waits.

@@ -267,3 +267,12 @@ const pitSpeakerDummy = 1
 func RuntimeIoctls() []uint32 {
 	return []uint32{kvmRun, kvmSetGSIRouting, kvmGetRegs, kvmGetSregs, kvmIRQFD, kvmIOEventFD}
 }
+
+// SnapshotIoctls are the KVM requests a running machine adds when it is
+// snapshotted (VCPU.SaveState, VM.SaveState; the MSR index list is read
+// at setup): a machine that may be snapshotted after setup (a named VM)
+// needs them allowed too.
+func SnapshotIoctls() []uint32 {
+	return []uint32{kvmGetMPState, kvmGetVCPUEvents, kvmGetXSAVE, kvmGetXCRs, kvmGetDebugRegs, kvmGetLAPIC,
+		kvmGetMSRs, kvmGetTSCKHz, kvmGetCPUID2, kvmGetClock, kvmGetIRQChip, kvmGetPIT2, kvmGetDirtyLog}
+}

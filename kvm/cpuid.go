@@ -100,6 +100,9 @@ func (c CPUID) Find(leaf, subleaf uint32) *CPUIDEntry {
 
 const cpuidFlagSignificantIndex = 1 // KVM_CPUID_FLAG_SIGNIFCANT_INDEX
 
+// Get returns register r of the entry.
+func (e *CPUIDEntry) Get(r Reg) uint32 { return *e.reg(r) }
+
 func (e *CPUIDEntry) reg(r Reg) *uint32 {
 	switch r {
 	case EAX:

@@ -114,6 +114,10 @@ func TestUsageErrors(t *testing.T) {
 		{"vhost-user-vsock without --socket", []string{"vhost-user-vsock", "--uds-path", "/tmp/x.sock"}, "--socket and --uds-path are required"},
 		{"vhost-user-vsock --guest-cid 1", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/b", "--guest-cid", "1"}, "--guest-cid 1: must be at least 3"},
 		{"vhost-user-vsock uds path too long", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/" + strings.Repeat("x", 100)}, "over the 107 that sun_path holds"},
+		{"restore without a directory", []string{"restore"}, "restore: want one snapshot directory"},
+		{"restore with two", []string{"restore", "a", "b"}, "restore: want one snapshot directory"},
+		{"snapshot without --out", []string{"snapshot", "vm1"}, "snapshot: --out DIR is required"},
+		{"snapshot without a name", []string{"snapshot", "--out", "/tmp/s"}, "snapshot: want one VM name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusUsage, tc.args, tc.want) })
@@ -137,6 +141,8 @@ func TestFileErrors(t *testing.T) {
 		{"missing kernel file", []string{"run", "--kernel", missing}, "kernel " + missing + ": no such file or directory"},
 		{"garbage kernel file", []string{"run", "--kernel", garbage}, "kernel " + garbage + ": not a bzImage or ELF kernel"},
 		{"missing initrd file", []string{"run", "--kernel", garbage, "--initrd", missing}, "initrd " + missing + ": no such file or directory"},
+		{"restore of no snapshot", []string{"restore", missing}, missing},
+		{"restore of a directory that is no snapshot", []string{"restore", dir}, "manifest.json"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusError, tc.args, tc.want) })

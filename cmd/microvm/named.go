@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,7 +340,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		return err
 	}
 	defer srv.Close()
-	if err := confine(c, vmmPolicy(cfg), log); err != nil {
+	if err := confine(c, vmmPolicy(cfg).WithSnapshots(), log); err != nil {
 		return err
 	}
 
@@ -495,6 +496,35 @@ func (b *vmBackend) SetState(ctx context.Context, req vmctl.StateRequest) error 
 	return nil
 }
 
+// Snapshot implements vmctl.Backend. The machine pauses for the save and
+// goes on after it, unless req.Stop: then the VM ends as it does when
+// stopped through the API.
+func (b *vmBackend) Snapshot(ctx context.Context, req vmctl.SnapshotRequest) error {
+	if b.stopRequested() {
+		return fmt.Errorf("the VM is stopping: %w", vmctl.ErrConflict)
+	}
+	if req.Stop {
+		b.mu.Lock()
+		b.stopping = true
+		b.mu.Unlock()
+	}
+	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite})
+	switch {
+	case err != nil && req.Stop:
+		b.mu.Lock()
+		b.stopping = false
+		b.mu.Unlock()
+	case err == nil && req.Stop:
+		_ = b.lease.Update(func(r *vms.Record) { r.State = vms.StateStopping })
+	}
+	if err != nil {
+		b.log.WithError(err).Warn("snapshot failed")
+		return conflictIfNotRunning(err)
+	}
+	b.log.WithField("path", req.Path).Info("snapshot written")
+	return nil
+}
+
 // errStopRequested is the run's cancel cause for a stop through the API.
 var errStopRequested = errors.New("stopped through the control API")
 
@@ -614,6 +644,29 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				return stopVM(name, false, c.Duration("timeout"))
 			},
 		},
+		restoreCommand(stdin, stdout, stderr),
+		{
+			Name: "snapshot", Usage: usage["snapshot"], UsageText: "microvm snapshot [--stop] [--overwrite] --out DIR NAME", OnUsageError: onUsageError,
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "out", Usage: "the snapshot's directory (must not exist, or hold a snapshot with --overwrite)"},
+				&cli.BoolFlag{Name: "stop", Usage: "end the VM once the snapshot is written"},
+				&cli.BoolFlag{Name: "overwrite", Usage: "replace the snapshot at --out"},
+			},
+			Action: func(c *cli.Context) error {
+				name, err := one(c, "snapshot")
+				if err != nil {
+					return err
+				}
+				if c.String("out") == "" {
+					return usagef("snapshot: --out DIR is required")
+				}
+				out, err := filepath.Abs(c.String("out"))
+				if err != nil {
+					return usagef("snapshot: --out %s: %v", c.String("out"), err)
+				}
+				return snapshotVM(name, vmctl.SnapshotRequest{Path: out, Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite")})
+			},
+		},
 		{
 			Name: "kill", Usage: usage["kill"], UsageText: "microvm kill NAME", OnUsageError: onUsageError,
 			Action: func(c *cli.Context) error {
@@ -726,6 +779,22 @@ func setVMState(name string, req vmctl.StateRequest) error {
 	defer cancel()
 	if err := c.SetState(ctx, req); err != nil {
 		return fmt.Errorf("VM %s: %w", name, err)
+	}
+	return nil
+}
+
+// snapshotVM is `microvm snapshot`: the VM's own process writes the
+// snapshot (it holds the VM), so the wait is bounded by the time that
+// takes, not by a fixed timeout.
+func snapshotVM(name string, req vmctl.SnapshotRequest) error {
+	e, err := liveVM(name)
+	if err != nil {
+		return err
+	}
+	c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
+	defer c.Close()
+	if err := c.Snapshot(context.Background(), req); err != nil {
+		return fmt.Errorf("VM %s: snapshot: %w", name, err)
 	}
 	return nil
 }

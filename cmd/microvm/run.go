@@ -312,6 +312,12 @@ func runMachine(cfg microvm.Config, log *logrus.Logger, confine func() error) er
 	if err != nil {
 		return err
 	}
+	return runBuilt(m, log, confine)
+}
+
+// runBuilt is runMachine for a machine already built (New, or Restore),
+// which it closes.
+func runBuilt(m *microvm.Machine, log *logrus.Logger, confine func() error) error {
 	defer m.Close()
 
 	ctx, stop := interruptible(context.Background())

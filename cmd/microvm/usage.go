@@ -24,6 +24,7 @@ const (
 // usage lines.
 var namedCommandNames = []struct{ name, usage string }{
 	{"ls", "list the named VMs"},
+	{"snapshot", "save a named VM's complete state into a directory (it goes on, or ends with --stop); microvm restore starts it again"},
 	{"stop", "stop a named VM: its agent powers the guest off, or it is stopped after --timeout"},
 	{"kill", "stop a named VM at once"},
 	{"rm", "remove stopped named VMs (-f: stop them first)"},

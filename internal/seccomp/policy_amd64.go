@@ -239,6 +239,40 @@ func VhostUserVsock() Policy {
 	return Policy{name: "microvm vhost-user-vsock", rules: rules}
 }
 
+// WithSnapshots is p plus what saving a snapshot of the running machine
+// takes (internal/snapshot, internal/vmm's SaveSnapshot): KVM's state
+// reads (kvm.SnapshotIoctls, added to p's ioctl requests), and making the
+// snapshot's directory and files beside the target, syncing them and
+// renaming the directory into place (or exchanging it with the snapshot it
+// replaces, which is then removed). A named VM, which its control API may
+// ask for a snapshot, runs under it: the price is that a subverted
+// process may create and remove files where the VMM's user can.
+func (p Policy) WithSnapshots() Policy {
+	rules := append([]rule(nil), p.rules...)
+	for i, r := range rules {
+		if r.nr == unix.SYS_IOCTL && len(r.args) == 1 {
+			c := r.args[0]
+			c.values = append(append([]uint32(nil), c.values...), kvm.SnapshotIoctls()...)
+			rules[i].args = []cond{c}
+			rules[i].why += "; snapshots: KVM's state reads"
+		}
+	}
+	rules = withRules(rules,
+		allow(unix.SYS_OPENAT, "snapshots: the directory and its files"),
+		allow(unix.SYS_MKDIRAT, "snapshots: the temporary directory"),
+		allow(unix.SYS_FSYNC, "snapshots: each file, the directory and its parent"),
+		allow(unix.SYS_RENAMEAT, "snapshots: the directory into place"),
+		allow(unix.SYS_RENAMEAT2, "snapshots: exchanged with the snapshot it replaces"),
+		allow(unix.SYS_UNLINKAT, "snapshots: removing a failed or replaced one"),
+		allow(unix.SYS_GETDENTS64, "snapshots: removing a failed or replaced one"),
+		allow(unix.SYS_FSTAT, "snapshots: os.File"),
+		allow(unix.SYS_NEWFSTATAT, "snapshots: the target's checks"),
+		allow(unix.SYS_LSEEK, "snapshots: os.File"),
+		allow(unix.SYS_FCHMODAT, "snapshots: 0700 directory"),
+	)
+	return Policy{name: p.name + " (snapshots)", rules: rules}
+}
+
 // WithShares is p plus the file calls of a shared directory's 9P server
 // (devices/virtio9p, --share): walking and opening below the share's root
 // descriptor, making, renaming and removing entries, their attributes.
@@ -246,8 +280,7 @@ func VhostUserVsock() Policy {
 // walks, no symlink followed) keeps the guest inside the share, and the
 // filter only bounds which calls a subverted process could make.
 func (p Policy) WithShares() Policy {
-	rules := append([]rule(nil), p.rules...)
-	for _, r := range []rule{
+	rules := withRules(append([]rule(nil), p.rules...),
 		allow(unix.SYS_OPENAT, "--share: walking (O_PATH|O_NOFOLLOW), opening and creating files"),
 		allow(unix.SYS_FSTAT, "--share: a file's attributes"),
 		allow(unix.SYS_NEWFSTATAT, "--share: an entry's attributes (AT_SYMLINK_NOFOLLOW)"),
@@ -267,16 +300,21 @@ func (p Policy) WithShares() Policy {
 		allow(unix.SYS_READLINKAT, "--share: reading a symlink"),
 		allow(unix.SYS_FSYNC, "--share: the guest's fsync"),
 		allow(unix.SYS_GETEUID, "--share: whether new files can take the guest's owner"),
-	} {
-		// A call p already allows outright stays as it is; one p fails
-		// with an errno (openat: the resolver's re-read of
-		// /etc/resolv.conf) is now allowed instead.
+	)
+	return Policy{name: p.name + " (shares)", rules: rules}
+}
+
+// withRules adds extra to rules: a call rules already allows outright
+// stays as it is; one rules fails with an errno (openat: the resolver's
+// re-read of /etc/resolv.conf) is now allowed instead.
+func withRules(rules []rule, extra ...rule) []rule {
+	for _, r := range extra {
 		rules = slices.DeleteFunc(rules, func(old rule) bool { return old.nr == r.nr && old.errno != 0 })
 		if !hasRule(rules, r.nr) {
 			rules = append(rules, r)
 		}
 	}
-	return Policy{name: p.name + " (shares)", rules: rules}
+	return rules
 }
 
 // WithCPUProfiling is p plus what the Go runtime's CPU profiler calls

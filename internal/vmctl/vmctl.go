@@ -5,6 +5,7 @@
 //
 //	GET  /vm          the VM: state, configuration, counters (VMInfo)
 //	PUT  /vm/state    {"state": "paused" | "running" | "stopped"} (StateRequest)
+//	PUT  /vm/snapshot {"path": DIR, "stop": bool, "overwrite": bool} (SnapshotRequest)
 //	GET  /metrics     the Prometheus text exposition (docs/metrics.md)
 //
 // Errors are JSON too: {"error": "..."} with 400 for a request the API
@@ -26,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -77,6 +79,15 @@ type StateRequest struct {
 	TimeoutMS int64  `json:"timeout_ms,omitempty"`
 }
 
+// SnapshotRequest is PUT /vm/snapshot's body: save the VM into Path, an
+// absolute path that must not exist (or hold a snapshot, with Overwrite),
+// then go on, or end the VM with Stop.
+type SnapshotRequest struct {
+	Path      string `json:"path"`
+	Stop      bool   `json:"stop,omitempty"`
+	Overwrite bool   `json:"overwrite,omitempty"`
+}
+
 // The states a StateRequest may ask for.
 const (
 	Paused  = "paused"
@@ -100,6 +111,8 @@ type Backend interface {
 	// SetState carries out req; for "stopped" it returns once the stop
 	// has begun, not when the VM has ended.
 	SetState(ctx context.Context, req StateRequest) error
+	// Snapshot carries out req and returns once the snapshot is written.
+	Snapshot(ctx context.Context, req SnapshotRequest) error
 	WriteMetrics(w io.Writer) error
 }
 
@@ -152,14 +165,29 @@ func Serve(path string, b Backend, log logrus.FieldLogger) (*Server, error) {
 			return
 		}
 		if err := b.SetState(r.Context(), req); err != nil {
-			code := http.StatusInternalServerError
-			switch {
-			case errors.Is(err, ErrConflict):
-				code = http.StatusConflict
-			case errors.Is(err, ErrBadRequest):
-				code = http.StatusBadRequest
-			}
-			fail(w, code, err.Error(), "")
+			failBackend(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("/vm/snapshot", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPut {
+			fail(w, http.StatusMethodNotAllowed, "PUT /vm/snapshot only", "PUT")
+			return
+		}
+		var req SnapshotRequest
+		dec := json.NewDecoder(io.LimitReader(r.Body, 8192))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			fail(w, http.StatusBadRequest, "body: "+err.Error(), "")
+			return
+		}
+		if !filepath.IsAbs(req.Path) || filepath.Clean(req.Path) != req.Path || req.Path == "/" {
+			fail(w, http.StatusBadRequest, fmt.Sprintf("path %q: want a clean absolute path", req.Path), "")
+			return
+		}
+		if err := b.Snapshot(r.Context(), req); err != nil {
+			failBackend(w, err)
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
@@ -173,7 +201,7 @@ func Serve(path string, b Backend, log logrus.FieldLogger) (*Server, error) {
 		_ = b.WriteMetrics(w)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fail(w, http.StatusNotFound, "not found: the API has /vm, /vm/state and /metrics", "")
+		fail(w, http.StatusNotFound, "not found: the API has /vm, /vm/state, /vm/snapshot and /metrics", "")
 	})
 	s := &Server{path: path, served: make(chan struct{}),
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
@@ -211,6 +239,19 @@ func reply(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// failBackend answers a Backend's refusal: 409 for ErrConflict, 400 for
+// ErrBadRequest, 500 otherwise.
+func failBackend(w http.ResponseWriter, err error) {
+	code := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrConflict):
+		code = http.StatusConflict
+	case errors.Is(err, ErrBadRequest):
+		code = http.StatusBadRequest
+	}
+	fail(w, code, err.Error(), "")
 }
 
 func fail(w http.ResponseWriter, code int, msg, allow string) {
@@ -310,6 +351,11 @@ func (c *Client) Info(ctx context.Context) (VMInfo, error) {
 // SetState is PUT /vm/state.
 func (c *Client) SetState(ctx context.Context, req StateRequest) error {
 	return c.do(ctx, http.MethodPut, "/vm/state", req, nil)
+}
+
+// Snapshot is PUT /vm/snapshot.
+func (c *Client) Snapshot(ctx context.Context, req SnapshotRequest) error {
+	return c.do(ctx, http.MethodPut, "/vm/snapshot", req, nil)
 }
 
 // Metrics is GET /metrics, written to w.

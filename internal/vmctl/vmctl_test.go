@@ -22,6 +22,7 @@ type fakeVM struct {
 	mu    sync.Mutex
 	state string
 	asked []StateRequest
+	snaps []SnapshotRequest
 }
 
 func (f *fakeVM) Info() VMInfo {
@@ -39,6 +40,16 @@ func (f *fakeVM) SetState(_ context.Context, req StateRequest) error {
 		return fmt.Errorf("the VM is stopping: %w", ErrConflict)
 	}
 	f.state = req.State
+	return nil
+}
+
+func (f *fakeVM) Snapshot(_ context.Context, req SnapshotRequest) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state == "stopping" {
+		return fmt.Errorf("the VM is stopping: %w", ErrConflict)
+	}
+	f.snaps = append(f.snaps, req)
 	return nil
 }
 
@@ -107,12 +118,27 @@ func TestAPI(t *testing.T) {
 			t.Errorf("SetState(%+v): %v, want %d %q", tc.req, err, tc.code, tc.msg)
 		}
 	}
+	if err := c.Snapshot(ctx, SnapshotRequest{Path: "/var/snap/a", Stop: true}); err != nil {
+		t.Errorf("Snapshot: %v", err)
+	}
+	for _, p := range []string{"", "rel/dir", "/var/../snap", "/"} {
+		var se *StatusError
+		if err := c.Snapshot(ctx, SnapshotRequest{Path: p}); !errors.As(err, &se) || se.Code != 400 || !strings.Contains(se.Msg, "want a clean absolute path") {
+			t.Errorf("Snapshot to %q: %v, want 400", p, err)
+		}
+	}
+	if want := []SnapshotRequest{{Path: "/var/snap/a", Stop: true}}; !reflect.DeepEqual(vm.snaps, want) {
+		t.Errorf("snapshots asked: %+v, want %+v", vm.snaps, want)
+	}
 	vm.mu.Lock()
 	vm.state = "stopping"
 	vm.mu.Unlock()
 	var se *StatusError
 	if err := c.SetState(ctx, StateRequest{State: Paused}); !errors.As(err, &se) || se.Code != 409 {
 		t.Errorf("pausing a stopping VM: %v, want 409", err)
+	}
+	if err := c.Snapshot(ctx, SnapshotRequest{Path: "/var/snap/b"}); !errors.As(err, &se) || se.Code != 409 {
+		t.Errorf("snapshot of a stopping VM: %v, want 409", err)
 	}
 }
 

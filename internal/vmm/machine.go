@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm/devices"
+	"github.com/microvm/microvm/internal/snapshot"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/kvm/guestmem"
@@ -53,6 +54,11 @@ type Config struct {
 	IRQChip                 IRQChip
 	NoACPI                  bool
 	Log                     logrus.FieldLogger
+	// Restore, when set, builds the machine from this snapshot instead of
+	// a kernel (snapshot.go): Kernel and Initrd are ignored, guest memory
+	// is the snapshot's, mapped copy-on-write, and Restore takes Boot's
+	// place. The caller keeps the snapshot open until Close.
+	Restore *snapshot.Snapshot
 }
 
 // ExitKind says why a machine stopped.
@@ -66,14 +72,15 @@ const (
 	ExitTripleFault                     // KVM_EXIT_SHUTDOWN
 	ExitCanceled                        // the Run context was canceled (a signal in the CLI)
 	ExitError                           // the VMM failed
+	ExitSnapshot                        // a snapshot was taken with the machine to stop after it (StopSnapshotted)
 )
 
 // String names the exit kind as logs and test failures show it.
 func (k ExitKind) String() string {
-	if k < ExitDebugPort || k > ExitError {
+	if k < ExitDebugPort || k > ExitSnapshot {
 		return "?"
 	}
-	return [...]string{"?", "debug-exit", "reset", "power-off", "triple-fault", "canceled", "error"}[k]
+	return [...]string{"?", "debug-exit", "reset", "power-off", "triple-fault", "canceled", "error", "snapshot"}[k]
 }
 
 // Exit statuses the CLI uses (README: exit codes).
@@ -107,6 +114,7 @@ type Machine struct {
 	vcpus []*kvm.VCPU
 
 	hide []kvm.Feature // CPUID features hidden from the guest
+	msrs []uint32      // the host's MSR index list (msrIndices), read at Boot or Restore
 
 	// The kernel and initrd, open from New until Boot loads them.
 	kernel, initrd *os.File
@@ -116,8 +124,14 @@ type Machine struct {
 	pio, mmio *devices.Bus
 	serial    *devices.Serial
 	pvwait    *devices.PVWait
-	slots     []virtioSlot
-	closers   []func() error // device teardown, run in reverse
+	// The platform devices a snapshot saves besides serial and pvwait
+	// (snapshot.go); portB and ioapic only with the split irqchip.
+	kbd     *devices.I8042
+	cmos    *devices.CMOS
+	portB   *devices.PortB
+	ioapic  *devices.IOAPIC
+	slots   []virtioSlot
+	closers []func() error // device teardown, run in reverse
 
 	// One set of counters per vCPU (counters.go). Set by Boot and never
 	// changed, so Metrics may read them from any goroutine, even after
@@ -156,31 +170,10 @@ func (m *Machine) build() error {
 		}
 		m.hide = append(m.hide, fs...)
 	}
-	// Open the kernel first: a missing file is the most common mistake and
-	// deserves its own message, before KVM is even looked at.
-	var err error
-	if m.kernel, err = os.Open(m.cfg.Kernel); err != nil {
-		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, unwrapPath(err))
-	}
-	if m.kimg, err = loader.FileImage(m.kernel); err != nil {
-		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, err)
-	}
-	if m.cfg.Initrd != "" {
-		if m.initrd, err = os.Open(m.cfg.Initrd); err != nil {
-			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, unwrapPath(err))
-		}
-		img, err := loader.FileImage(m.initrd)
-		if err != nil {
-			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, err)
-		}
-		m.iimg = &img
-	}
-	// The kernel's headers are checked before KVM is opened, so a bad file
-	// is reported as such on any host (missing files are reported first).
-	if _, err := loader.Check(m.kimg); err != nil {
+	if err := m.openImages(); err != nil {
 		return err
 	}
-
+	var err error
 	if m.sys, err = kvm.Open(); err != nil {
 		return err
 	}
@@ -203,6 +196,37 @@ func (m *Machine) build() error {
 		return err
 	}
 	return m.setupDevices()
+}
+
+// openImages opens and checks the kernel and initrd (none for a machine
+// built from a snapshot). The kernel first: a missing file is the most
+// common mistake and deserves its own message, before KVM is even looked
+// at.
+func (m *Machine) openImages() error {
+	if m.cfg.Restore != nil {
+		return nil
+	}
+	var err error
+	if m.kernel, err = os.Open(m.cfg.Kernel); err != nil {
+		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, unwrapPath(err))
+	}
+	if m.kimg, err = loader.FileImage(m.kernel); err != nil {
+		return fmt.Errorf("kernel %s: %w", m.cfg.Kernel, err)
+	}
+	if m.cfg.Initrd != "" {
+		if m.initrd, err = os.Open(m.cfg.Initrd); err != nil {
+			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, unwrapPath(err))
+		}
+		img, err := loader.FileImage(m.initrd)
+		if err != nil {
+			return fmt.Errorf("initrd %s: %w", m.cfg.Initrd, err)
+		}
+		m.iimg = &img
+	}
+	// The kernel's headers are checked before KVM is opened, so a bad file
+	// is reported as such on any host (missing files are reported first).
+	_, err = loader.Check(m.kimg)
+	return err
 }
 
 // Boot finishes the machine once its virtio devices are in their slots:
@@ -230,6 +254,9 @@ func (m *Machine) Boot(extra []string) error {
 
 	cpuid, err := m.sys.SupportedCPUID()
 	if err != nil {
+		return err
+	}
+	if _, err := m.msrIndices(); err != nil {
 		return err
 	}
 	if m.sys.CheckExtension(kvm.CapTSCDeadlineTimer) > 0 {
@@ -318,7 +345,13 @@ func (m *Machine) setupMemory() error {
 	if size > mmioGapStart {
 		ranges = append(ranges, guestmem.Range{GPA: highRAMStart, Size: size - mmioGapStart})
 	}
-	mem, err := guestmem.NewAnonymous(ranges...)
+	var mem *guestmem.Memory
+	var err error
+	if m.cfg.Restore != nil {
+		mem, err = m.restoreMemory(ranges)
+	} else {
+		mem, err = guestmem.NewAnonymous(ranges...)
+	}
 	if err != nil {
 		return err
 	}
@@ -360,7 +393,8 @@ func (m *Machine) setupDevices() error {
 		}
 	}
 	m.pvwait = devices.NewPVWait()
-	kbd := devices.NewI8042(func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) })
+	m.kbd = devices.NewI8042(func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) })
+	m.cmos = devices.NewCMOS(low, high)
 	type reg struct {
 		base, size uint64
 		name       string
@@ -368,18 +402,19 @@ func (m *Machine) setupDevices() error {
 	}
 	regs := []reg{
 		{devices.COM1Port, devices.SerialPorts, "serial", m.serial},
-		{devices.I8042DataPort, 1, "i8042-data", kbd.DataPort()},
-		{devices.I8042CommandPort, 1, "i8042-cmd", kbd.CommandPort()},
-		{devices.CMOSPort, devices.CMOSPorts, "cmos", devices.NewCMOS(low, high)},
+		{devices.I8042DataPort, 1, "i8042-data", m.kbd.DataPort()},
+		{devices.I8042CommandPort, 1, "i8042-cmd", m.kbd.CommandPort()},
+		{devices.CMOSPort, devices.CMOSPorts, "cmos", m.cmos},
 		{devices.DebugExitPort, 1, "debug-exit", &devices.DebugExit{Exit: func(s int) {
 			m.stop(Result{Kind: ExitDebugPort, Status: s})
 		}}},
 		{devices.PVWaitPort, 4, "pv-wait", m.pvwait},
 	}
 	if m.cfg.IRQChip != IRQChipKernel {
-		regs = append(regs, reg{devices.PortBPort, 1, "port-b", &devices.PortB{}})
-		ioapic := devices.NewIOAPIC(uint8(m.cfg.CPUs), m.updateRoutes)
-		if err := m.mmio.Register(devices.IOAPICAddr, devices.IOAPICSize, "ioapic", ioapic); err != nil {
+		m.portB = &devices.PortB{}
+		regs = append(regs, reg{devices.PortBPort, 1, "port-b", m.portB})
+		m.ioapic = devices.NewIOAPIC(uint8(m.cfg.CPUs), m.updateRoutes)
+		if err := m.mmio.Register(devices.IOAPICAddr, devices.IOAPICSize, "ioapic", m.ioapic); err != nil {
 			return err
 		}
 	}
@@ -510,7 +545,7 @@ func (m *Machine) runVCPU(v *kvm.VCPU, ctr *vcpuCounters) {
 			return
 		default:
 		}
-		if m.park() {
+		if m.park(v) {
 			return
 		}
 		reason, err := v.Run()

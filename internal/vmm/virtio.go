@@ -23,6 +23,7 @@ const (
 type virtioSlot struct {
 	base uint64
 	irq  uint32
+	t    *virtio.MMIO // its transport (snapshots quiesce, save and restore it)
 }
 
 // AddVirtio puts dev in the next virtio-mmio slot: register window on the
@@ -63,6 +64,7 @@ func (m *Machine) AddVirtio(dev virtio.Device) (*virtio.MMIO, error) {
 	if err := m.mmio.Register(slot.base, virtio.MMIOSize, "virtio-mmio", t); err != nil {
 		return nil, err
 	}
+	slot.t = t
 	m.slots = append(m.slots, slot)
 	return t, nil
 }
