@@ -252,6 +252,12 @@ type Device struct {
 	// dgram is the host datagram socket (Config.Dgram), nil without; its
 	// descriptor is used only by the active session's datagram worker.
 	dgram *dgramHost
+	// resetOwed: the guest driver may hold connections no session has,
+	// and the next session must tell it so with a TRANSPORT_RESET first
+	// (quiesce.go). Set by Drain and RestoreDeviceState, taken by the
+	// activation that starts the next session, cleared by Reset (the
+	// driver's connections go with it).
+	resetOwed atomic.Bool
 
 	life virtio.Lifecycle[*session] // the current activation
 }
@@ -416,6 +422,9 @@ func (d *Device) Activate(a virtio.Activation) error {
 		if err != nil {
 			return nil, err
 		}
+		if d.resetOwed.Swap(false) {
+			s.resetAfterQuiesce()
+		}
 		s.start()
 		return s, nil
 	})
@@ -423,8 +432,12 @@ func (d *Device) Activate(a virtio.Activation) error {
 
 // Reset implements virtio.Device: it stops the workers, closes every host
 // connection and forgets the queues. The guest's queues are gone, so nothing
-// is sent to it.
-func (d *Device) Reset() { d.life.Reset() }
+// is sent to it, and a TRANSPORT_RESET a quiesce or a restore left owed is
+// dropped: the driver's sockets go with the reset.
+func (d *Device) Reset() {
+	d.resetOwed.Store(false)
+	d.life.Reset()
+}
 
 // Close resets the device and refuses later activations; host clients
 // waiting for the guest are released.
@@ -441,17 +454,12 @@ func (d *Device) session(deadline time.Time) (*session, error) { return d.life.W
 // ConnectFromHost starts a host-initiated connection to guest port port over
 // the connected host socket fd (the device takes ownership of fd, closing it
 // on failure). prefix holds host bytes already read past the CONNECT line.
-// It waits (until deadline) for the guest driver to be ready, then sends the
-// guest a REQUEST; the reply "OK <host port>\n" is written to fd when the
+// It waits (until deadline) for the guest driver to be ready (through a
+// pause too: a quiesce leaves it waiting for the next session), then sends
+// the guest a REQUEST; the reply "OK <host port>\n" is written to fd when the
 // guest accepts, and fd is closed if it refuses or does not answer in time.
 func (d *Device) ConnectFromHost(fd int, port uint32, prefix []byte, deadline time.Time) error {
-	s, err := d.session(deadline)
-	if err != nil {
-		closeFD(fd)
-		d.ctr.connsRefused.Add(1)
-		return err
-	}
-	return s.connectFromHost(fd, TypeStream, port, prefix, deadline)
+	return d.connectFromHost(fd, TypeStream, port, prefix, deadline)
 }
 
 // ConnectSeqpacketFromHost is ConnectFromHost for a SEQPACKET connection:
@@ -462,11 +470,25 @@ func (d *Device) ConnectFromHost(fd int, port uint32, prefix []byte, deadline ti
 // FeatureSeqpacket is not asked (fd is closed). The reply "OK <host
 // port>\n" is one record.
 func (d *Device) ConnectSeqpacketFromHost(fd int, port uint32, deadline time.Time) error {
-	s, err := d.session(deadline)
-	if err != nil {
-		closeFD(fd)
-		d.ctr.connsRefused.Add(1)
-		return err
+	return d.connectFromHost(fd, TypeSeqpacket, port, nil, deadline)
+}
+
+// connectFromHost implements ConnectFromHost and ConnectSeqpacketFromHost:
+// it waits for a session and starts the connection on it. A session
+// quiesced under it (a pause: errQuiesced) hands fd back, and the
+// connection waits for the next session, within deadline, as one that
+// came during the pause does.
+func (d *Device) connectFromHost(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
+	for {
+		s, err := d.session(deadline)
+		if err != nil {
+			closeFD(fd)
+			d.ctr.connsRefused.Add(1)
+			return err
+		}
+		err = s.connectFromHost(fd, typ, port, prefix, deadline)
+		if !errors.Is(err, errQuiesced) {
+			return err
+		}
 	}
-	return s.connectFromHost(fd, TypeSeqpacket, port, nil, deadline)
 }

@@ -48,10 +48,14 @@
 //     packets to the guest. They ask the state machine at each event and
 //     have the connection act; they never set a connection's state
 //     themselves.
-//   - rxspare.go: RX buffers a host read popped and left empty.
+//   - rxspare.go: RX buffers a host read popped and left empty, oldest
+//     first.
 //   - txirq.go: the RX interrupt the TX worker holds to the end of a batch.
 //   - event.go: the event queue; dgram.go: datagrams; uds.go: the host's
 //     Unix sockets (one back-end, below).
+//   - quiesce.go: stopping a session for a pause or a snapshot
+//     (virtio.Quiescer) without leaving a chain popped; state.go: the
+//     saved state (virtio.StatefulDevice).
 //   - inspect.go: each connection's state and counters for an operator
 //     (Device.Connections; microvm logs them on SIGUSR1).
 //
@@ -84,7 +88,8 @@
 //     the host socket straight from guest memory with writev (one writev
 //     per run of packets for a connection), SHUTDOWN/RST close. It returns
 //     the chains and interrupts once per batch. While a transport reset
-//     waits for the guest it holds REQUESTs, and resumeTX wakes it after.
+//     waits for the guest it holds REQUESTs, and resumeTX wakes it after;
+//     stopping, it puts the chains it holds back in the ring (quiesce.go).
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
 //     sockets, the RX and event queues' kick eventfds, a wake eventfd, a
 //     stop eventfd). It writes a pending TRANSPORT_RESET into the event
@@ -110,29 +115,33 @@
 //     negotiated FeatureDgram): owns both datagram queues and, for the
 //     session, the device's host datagram socket (see Datagrams below).
 //
-// session.shutdown (Reset, Close) signals the workers' stop eventfds and
-// waits for them; dial goroutines and timers that fire later find their
-// connection closed and only close what they hold.
+// session.shutdown (Stop: Reset, Close; Drain: Quiesce) signals the
+// workers' stop eventfds and waits for them, then closes every connection;
+// dial goroutines and timers that fire later find their connection closed
+// and only close what they hold. Drain then puts back the RX buffers the
+// session popped and left empty (# Quiesce below).
 //
 // # Locks
 //
-// The device's virtio.Lifecycle (Device.life) guards the active session;
-// its lock is never held while a session lock is taken, nor while the
-// session stops (the MMIO transport calls Activate and Reset with its mu
-// held: MMIO.mu -> Lifecycle.mu). In a session: connMu guards the connection
-// table; conn.mu guards one connection (its state, credit counters, SEQPACKET messages and records,
-// buffered data and host descriptor); rxMu guards the RX queue, the ready
-// list, the RST queue and the event queue. Lock order: conn.mu -> connMu
-// and conn.mu -> rxMu. connMu and rxMu are leaves, never held together
-// (ResetTransport, on the embedder's goroutine, takes each conn.mu in
-// turn, then rxMu, then connMu, one at a time) (budget.mu, the
-// starved list's lock, is a leaf below conn.mu and rxMu): code that finds a
-// connection under connMu (lookup, hostEvent, shutdown) or pops it from the
-// ready list under rxMu releases that lock before taking conn.mu. Nobody
-// holds two conn.mu at once (the TX worker ends its run before touching
-// another connection). rxMu holders may call Activation.Fail and the
-// queue's Interrupt, which take only the transport's signalling lock
-// (virtio's MMIO.irqMu, or a vhost-user ring's sigMu).
+// The device's virtio.Lifecycle (Device.life) guards the active session
+// (beside it, Device.resetOwed, the event a quiesce or restore leaves owed
+// to the next session, is an atomic); its lock is never held while a session
+// lock is taken, nor while the session stops (the MMIO transport calls
+// Activate and Reset with its mu held: MMIO.mu -> Lifecycle.mu). In a
+// session: connMu guards the connection table; conn.mu guards one connection
+// (its state, credit counters, SEQPACKET messages and records, buffered data
+// and host descriptor); rxMu guards the RX queue, the ready list, the RST
+// queue and the event queue. Lock order: conn.mu -> connMu and conn.mu ->
+// rxMu. connMu and rxMu are leaves, never held together (ResetTransport, on
+// the embedder's goroutine, takes each conn.mu in turn, then rxMu, then
+// connMu, one at a time) (budget.mu, the starved list's lock, is a leaf
+// below conn.mu and rxMu): code that finds a connection under connMu
+// (lookup, hostEvent, shutdown) or pops it from the ready list under rxMu
+// releases that lock before taking conn.mu. Nobody holds two conn.mu at once
+// (the TX worker ends its run before touching another connection). rxMu
+// holders may call Activation.Fail and the queue's Interrupt, which take
+// only the transport's signalling lock (virtio's MMIO.irqMu, or a vhost-user
+// ring's sigMu).
 //
 // A goroutine that hands a connection to the RX worker (the ready list)
 // wakes the worker only after unlocking that connection (emitOrQueueLocked
@@ -196,28 +205,78 @@
 //
 // # Transport reset (the event queue, 5.10.6.7)
 //
-// Device.ResetTransport is the host side of the transport restarting under
-// a live guest driver (microvm: Machine.ResetVsockTransport; there is no
-// snapshot or migration to trigger it). It raises a fence (session.fence,
-// under connMu: no connection may be added), drops every connection,
-// closing the host sockets, queues an RST for each (for guest sockets the
-// event does not reach: Linux resets only connected ones, and may read a
-// RESPONSE after the event), and marks a VIRTIO_VSOCK_EVENT_TRANSPORT_RESET
-// pending. The RX worker writes it (le32 id 0, used length 4, which is what
-// a Linux driver checks) into the next event buffer, noting the driver's
-// available index first and asking for a kick past it, and interrupts the
-// guest, which resets every connected socket (ECONNRESET), re-reads the CID
-// and posts the buffer again. That repost lifts the fence (checkFence; or
-// the connect timeout, which also drops an event still undelivered); the
-// TX worker holds REQUESTs (and the packets behind them) while the fence is
-// up and resumes on resumeTX, and host connects wait for it. So no
-// connection is set up that the guest's handling of the event would reset
-// behind the device's back. The queues keep running. Without an event
-// queue (vhost-user: QEMU keeps it and sends the event itself after a
-// migration) the RSTs are all the guest gets, and there is no fence. A
-// device reset (the driver writing status 0) needs none of it: the
-// driver's queues and sockets go with it. An event buffer too small for
-// the event stops the device like a broken RX buffer.
+// Device.ResetTransport is the host side of the transport restarting under a
+// live guest driver (microvm: Machine.ResetVsockTransport; the first session
+// after a quiesce or a restore starts with the same event and fence, with no
+// connection left to drop: # Quiesce below). It raises a fence
+// (session.fence, under connMu: no connection may be added), drops every
+// connection, closing the host sockets, queues an RST for each (for guest
+// sockets the event does not reach: Linux resets only connected ones, and
+// may read a RESPONSE after the event), and marks a
+// VIRTIO_VSOCK_EVENT_TRANSPORT_RESET pending. The RX worker writes it (le32
+// id 0, used length 4, which is what a Linux driver checks) into the next
+// event buffer, noting the driver's available index first and asking for a
+// kick past it, and interrupts the guest, which resets every connected
+// socket (ECONNRESET), re-reads the CID and posts the buffer again. That
+// repost lifts the fence (checkFence; or the connect timeout, which also
+// drops an event still undelivered); the TX worker holds REQUESTs (and the
+// packets behind them) while the fence is up and resumes on resumeTX, and
+// host connects wait for it. So no connection is set up that the guest's
+// handling of the event would reset behind the device's back. The queues
+// keep running. Without an event queue (vhost-user: QEMU keeps it and sends
+// the event itself after a migration) the RSTs are all the guest gets, and
+// there is no fence. A device reset (the driver writing status 0) needs none
+// of it: the driver's queues and sockets go with it. An event buffer too
+// small for the event stops the device like a broken RX buffer.
+//
+// # Quiesce and snapshots (quiesce.go, state.go)
+//
+// Device.Quiesce (virtio.Quiescer; MMIO.Quiesce calls it with the vCPUs
+// stopped) stops the session for a pause without leaving a chain popped:
+// when it returns no goroutine of the device touches a queue or guest
+// memory, and each queue's next available entry is its published used
+// index, so the transport can save the positions and the next activation
+// (MMIO.Resume, or MMIO.RestoreState in a new process) continue there.
+// Connections do not survive it (as in Firecracker): their host sockets
+// are closed as a device reset closes them, with no RST to the guest, and
+// the session's budget goes back to zero. The next session tells the
+// guest with a TRANSPORT_RESET before anything else, under the fence
+// ResetTransport raises (event.go), so nothing connects before the guest
+// has reset its old sockets and re-read the CID (a restored clone may have
+// another). Who returns what (Drain, after the workers have stopped, each
+// between passes):
+//
+//   - the TX worker: everything it popped is handled and pushed, but the
+//     chains a fence holds behind a REQUEST, which it puts back with Undo
+//     (newest first) as it stops; the next session handles them, so a
+//     guest connection attempt the device had not taken survives.
+//   - RX: every buffer popped and not pushed is on the spare list once the
+//     workers have stopped and every connection is closed under its lock
+//     (so no dial goroutine or host connect can emit). Pops take the
+//     oldest spare buffer first, so the list is the ring's most recent
+//     pops, put back with Undo, newest first; one that a producer's pop
+//     and push made older than a returned buffer (while another's read was
+//     out) cannot be, and is returned empty (used length 0, which Linux
+//     drops and replaces). Control packets, SEQPACKET records and events
+//     are popped and pushed in one go under rxMu: rxChain and evChain never
+//     stay popped.
+//   - the datagram worker returns every chain it pops before it looks at
+//     the stop signal.
+//
+// Device.resetOwed carries the event from the drained session to the next
+// one (a device reset drops it). Host connects waiting on a drained
+// session keep their socket and wait for the next one within their
+// deadline (errQuiesced), as connects that come during the pause do. A
+// guest connection being dialled is dropped with the rest without an RST:
+// the guest's socket, not yet connected, is not reset by the event and
+// fails on its own connect timeout. A driver without an event queue is not
+// told at all.
+//
+// Saved state (state.go, virtio.StatefulDevice): {"TransportReset": bool},
+// whether the saved device owed the event. Neither connections nor the
+// CID (Config) are saved. RestoreDeviceState checks it strictly
+// (virtio.ErrBadState) and arms the event for the first session whatever
+// it says: a restored device has none of the saved one's connections.
 //
 // # Optimisations (Options, each measurable on and off)
 //

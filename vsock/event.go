@@ -27,8 +27,9 @@ var ErrNotActive = errors.New("vsock: the guest driver is not using the device")
 // sockets fail with ECONNRESET instead of waiting for a peer that is gone.
 // It is what a VMM does when the host end of the transport restarts under a
 // running guest (Linux's vhost-vsock and QEMU send the same event after a
-// migration or snapshot restore; microvm has neither, so the embedder calls
-// it, through Machine.ResetVsockTransport, when it drops its host services).
+// migration or snapshot restore, and so does this device in the first
+// session after a quiesce or a restore: quiesce.go). The embedder calls
+// it, through Machine.ResetVsockTransport, when it drops its host services.
 //
 // In order:
 //
@@ -98,14 +99,9 @@ var errFenced = errors.New("vsock: transport reset in progress")
 func (s *session) resetTransport() {
 	s.d.ctr.transportResets.Add(1)
 	s.connMu.Lock()
-	if s.ev != nil && !s.closed {
-		// Raised before the table is emptied, so that no connection
-		// starts in between.
-		if s.fence == nil {
-			s.fence = make(chan struct{})
-		}
-		s.fenceEnd = time.Now().Add(s.d.cfg.ConnectTimeout)
-	}
+	// Raised before the table is emptied, so that no connection starts
+	// in between.
+	s.raiseFenceLocked()
 	conns := make([]*conn, 0, len(s.conns))
 	for _, c := range s.conns {
 		conns = append(conns, c)
@@ -121,6 +117,26 @@ func (s *session) resetTransport() {
 		c.unlock()
 	}
 	s.d.log.WithField("connections", dropped).Info("vsock: transport reset")
+	s.announceReset()
+}
+
+// raiseFenceLocked puts up the fence of a transport reset (or extends it:
+// its deadline is the connect timeout from now), unless the session has no
+// event queue or is closed. Called with connMu held.
+func (s *session) raiseFenceLocked() {
+	if s.ev == nil || s.closed {
+		return
+	}
+	if s.fence == nil {
+		s.fence = make(chan struct{})
+	}
+	s.fenceEnd = time.Now().Add(s.d.cfg.ConnectTimeout)
+}
+
+// announceReset marks a TRANSPORT_RESET pending for the RX worker to write
+// into the next event buffer, and wakes it. Without an event queue it does
+// nothing. Takes rxMu, then connMu (never together).
+func (s *session) announceReset() {
 	if s.ev == nil {
 		return
 	}

@@ -188,3 +188,15 @@ func (d *Device) ProbeRX() (out, spare int, asleep bool) {
 	defer s.rxMu.Unlock()
 	return int(s.rx.LastAvail() - s.rx.NextUsed()), s.rxSpare.n, s.rxSleeping.Load()
 }
+
+// SessionBudget returns a function that reads the budget in use
+// (Stats.BufferGranted) of the session running now, and goes on reading
+// that session's after it stops: for checking what a stopped session gave
+// back. Nil when no session runs.
+func (d *Device) SessionBudget() func() uint64 {
+	s, ok := d.life.Current()
+	if !ok {
+		return nil
+	}
+	return s.budget.used.Load
+}

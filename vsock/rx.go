@@ -19,6 +19,7 @@ type rxState struct {
 	views  [][]byte
 	rooms  [rxReadBatch]uint64       // payload room of each popped buffer
 	chains [rxReadBatch]virtio.Chain // the buffers one host read fills
+	pos    [rxReadBatch]uint16       // the available-ring index each was popped from
 	// irq is the TX worker's held interrupt when this is its scratch
 	// (the RX interrupts of its direct enqueues may join it: txirq.go);
 	// nil for every other producer.
@@ -436,7 +437,7 @@ func (s *session) popForRead(st *rxState, c *conn, credit uint64) int {
 	var total uint64
 	for popped < rxReadBatch && total < credit && (popped == 0 || len(c.prefix) == 0) {
 		ch := &st.chains[popped]
-		ok, err := s.popRXLocked(ch)
+		pos, ok, err := s.popRXLocked(ch)
 		if err != nil {
 			s.failDevice(err)
 			break
@@ -444,6 +445,7 @@ func (s *session) popForRead(st *rxState, c *conn, credit uint64) int {
 		if !ok {
 			break
 		}
+		st.pos[popped] = pos
 		if ch.WritableLen() <= HeaderSize {
 			// A buffer without room after the header can never carry
 			// data: left at the head of the ring it would be retried
@@ -480,7 +482,8 @@ func (s *session) giveBack(st *rxState, n int) {
 	}
 }
 
-// spareLocked puts st.chains[from:to] on the spare list. It reports whether
+// spareLocked puts st.chains[from:to] on the spare list, newest first (each
+// then goes straight to the top: rxspare.go). It reports whether
 // the RX worker must be woken: other RX work waits (a ready connection, an
 // RST), and while these buffers were out of the ring the worker may have
 // found none for it and gone to sleep waiting for a guest kick that will
@@ -489,8 +492,8 @@ func (s *session) giveBack(st *rxState, n int) {
 // agent exec never finished.) Called with rxMu held; the caller wakes the
 // worker after unlocking.
 func (s *session) spareLocked(st *rxState, from, to int) bool {
-	for k := from; k < to; k++ {
-		s.rxSpare.put(&st.chains[k])
+	for k := to - 1; k >= from; k-- {
+		s.rxSpare.put(&st.chains[k], st.pos[k])
 	}
 	return to > from && (len(s.ready) > 0 || len(s.rsts) > 0)
 }
@@ -516,7 +519,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 	var hb [HeaderSize]byte
 	ch := &s.rxChain
 	for c.recOff < len(c.rec) {
-		ok, err := s.popRXLocked(ch)
+		pos, ok, err := s.popRXLocked(ch)
 		if err != nil {
 			s.failDevice(err)
 			return emitNoBuffers
@@ -525,7 +528,7 @@ func (s *session) emitSeqData(st *rxState, c *conn) emitResult {
 			return emitNoBuffers
 		}
 		if ch.WritableLen() <= HeaderSize {
-			s.rxSpare.put(ch)
+			s.rxSpare.put(ch, pos)
 			s.failDevice(virtioGuestErr("RX buffer of %d bytes has no room for data", ch.WritableLen()))
 			return emitNoBuffers
 		}
@@ -566,7 +569,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	ch := &s.rxChain
-	ok, err := s.popRXLocked(ch)
+	pos, ok, err := s.popRXLocked(ch)
 	if err != nil {
 		s.failDevice(err)
 		return false
@@ -575,7 +578,7 @@ func (s *session) emitLocked(h *Header) bool {
 		return false
 	}
 	if ch.WritableLen() < HeaderSize {
-		s.rxSpare.put(ch)
+		s.rxSpare.put(ch, pos)
 		s.failDevice(virtioGuestErr("RX buffer of %d bytes cannot hold a packet header", ch.WritableLen()))
 		return false
 	}

@@ -14,8 +14,8 @@ import (
 )
 
 // session is one activation of the device: the queues, the two workers and
-// the connections. A device reset ends the session (Stop) and a new
-// activation starts a fresh one.
+// the connections. A device reset ends the session (Stop), a quiesce too
+// (Drain, quiesce.go), and a new activation starts a fresh one.
 //
 // Goroutines: the TX worker (txLoop) owns the TX queue; the RX worker
 // (rxLoop) owns the epoll set and, under rxMu, shares the RX queue with
@@ -44,11 +44,15 @@ type session struct {
 	// the RX worker, which also watches its kicks.
 	ev *virtio.ActiveQueue
 
-	connMu   sync.Mutex // guards conns, byFD, nextPort, closed, fence, fenceEnd
+	connMu   sync.Mutex // guards conns, byFD, nextPort, closed, drained, fence, fenceEnd
 	conns    map[connKey]*conn
 	byFD     map[int]*conn
 	nextPort uint32
 	closed   bool
+	// drained: the session was closed by Drain (a quiesce), not a reset:
+	// host connects that find it closed try the next session
+	// (errQuiesced).
+	drained bool
 	// fence is non-nil from a transport reset until the guest has handled
 	// its event (or fenceEnd passes): no connection is set up meanwhile
 	// (event.go). It is closed when lifted, waking host connects that wait.
@@ -172,7 +176,15 @@ func (s *session) start() {
 
 // Stop implements virtio.Session: it stops both workers, then closes every
 // connection's host socket.
-func (s *session) Stop() {
+func (s *session) Stop() { s.shutdown(false) }
+
+// shutdown ends the session: it stops the workers (each returns between
+// passes, having returned what it popped but the TX chains a fence holds,
+// which the TX worker puts back on its way out), closes the session to new
+// connections and closes every connection's host socket. For a drain
+// (Drain, quiesce.go) it then puts back the RX buffers left popped, once
+// nobody else can pop any. Last, it closes the session's descriptors.
+func (s *session) shutdown(drain bool) {
 	_ = s.stopRX.Signal()
 	_ = s.stopTX.Signal()
 	if s.stopDgram != nil {
@@ -180,7 +192,7 @@ func (s *session) Stop() {
 	}
 	s.wg.Wait()
 	s.connMu.Lock()
-	s.closed = true
+	s.closed, s.drained = true, drain
 	conns := s.conns
 	s.conns, s.byFD = map[connKey]*conn{}, map[int]*conn{}
 	if s.fence != nil {
@@ -195,6 +207,12 @@ func (s *session) Stop() {
 			c.releaseLocked()
 		}
 		c.unlock()
+	}
+	if drain {
+		// Every goroutine that could pop an RX buffer has stopped (the
+		// workers) or found its connection closed under the lock taken
+		// above.
+		s.putBackRX()
 	}
 	unix.Close(s.epfd)
 	s.wake.Close()
@@ -235,6 +253,8 @@ func (s *session) addConn(c *conn) error {
 	s.connMu.Lock()
 	defer s.connMu.Unlock()
 	switch {
+	case s.closed && s.drained:
+		return errQuiesced
 	case s.closed:
 		return fmt.Errorf("vsock: device reset")
 	case s.fence != nil:
@@ -388,7 +408,8 @@ func (s *session) connectFromHost(fd int, typ uint16, port uint32, prefix []byte
 }
 
 // startHostConn adds a host-initiated connection over fd and sends the
-// guest its REQUEST. It closes fd on any error but errFenced.
+// guest its REQUEST. It closes fd on any error but errFenced and
+// errQuiesced (the caller keeps it for the next session).
 func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, deadline time.Time) error {
 	s.connMu.Lock()
 	hostPort, ok := s.allocHostPortLocked(port)
@@ -411,7 +432,7 @@ func (s *session) startHostConn(fd int, typ uint16, port uint32, prefix []byte, 
 	c.mu.Lock()
 	defer c.unlock()
 	if err := s.addConn(c); err != nil {
-		if !errors.Is(err, errFenced) {
+		if !errors.Is(err, errFenced) && !errors.Is(err, errQuiesced) {
 			closeFD(fd)
 			s.d.ctr.connsRefused.Add(1)
 		}

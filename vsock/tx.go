@@ -53,6 +53,7 @@ type txState struct {
 func (s *session) txLoop() {
 	st := &txState{}
 	st.rx.irq = &st.irq
+	defer s.putBackHeld(st) // quiesce.go
 	fds := []unix.PollFd{{Fd: int32(s.tx.Kick.FD()), Events: unix.POLLIN}, {Fd: int32(s.resumeTX.FD()), Events: unix.POLLIN},
 		{Fd: int32(s.stopTX.FD()), Events: unix.POLLIN}}
 	if s.opts.KickSuppress {
