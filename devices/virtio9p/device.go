@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hugelgupf/p9/p9"
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm/virtio"
@@ -75,8 +76,20 @@ type Device struct {
 	requests, replies, requestBytes, replyBytes, kicks atomic.Uint64
 	guestErrors                                        virtio.GuestErrors
 
+	// attacher serves the share: fs, or what a test wraps around it
+	// (export_test.go), set before the first activation.
+	attacher p9.Attacher
+
 	life      virtio.Lifecycle[*session]
 	closeOnce sync.Once
+
+	// connMu guards conn, the 9P connection sessions feed (conn.go): made
+	// by the first activation, kept across Quiesce, ended by Reset and
+	// Close. Lock order: Lifecycle.mu (Activate's start takes connMu
+	// under it), then connMu, then session.mu; connMu is never held
+	// while a connection ends.
+	connMu sync.Mutex
+	conn   *conn
 }
 
 // CheckTag says whether tag can name a share.
@@ -113,7 +126,7 @@ func New(cfg Config) (*Device, error) {
 	conf := make([]byte, 2+len(cfg.Tag))
 	binary.LittleEndian.PutUint16(conf, uint16(len(cfg.Tag)))
 	copy(conf[2:], cfg.Tag)
-	return &Device{cfg: cfg, log: cfg.Log, fs: fs,
+	return &Device{cfg: cfg, log: cfg.Log, fs: fs, attacher: fs,
 		config: conf, life: virtio.Lifecycle[*session]{Name: "9p"}}, nil
 }
 
@@ -146,22 +159,62 @@ func (d *Device) Stats() Stats {
 	return s
 }
 
-// Activate implements virtio.Device: a 9P server session on the request
-// queue.
+// Activate implements virtio.Device: a session on the request queue,
+// feeding the device's 9P connection (a new one after a reset; the one a
+// Quiesce left, with the guest's fids, after MMIO.Resume).
 func (d *Device) Activate(a virtio.Activation) error {
 	if len(a.Queues) < 1 || a.Queues[0] == nil {
 		return fmt.Errorf("%w: virtio-9p needs its request queue", virtio.ErrGuest)
 	}
-	return d.life.Activate(func() (*session, error) { return startSession(d, a.Queues[0], a.Fail) })
+	return d.life.Activate(func() (*session, error) { return startSession(d, d.connection(), a.Queues[0], a.Fail) })
 }
 
-// Reset implements virtio.Device: it ends the session (the server closes
-// every file the guest had) and forgets the queue.
-func (d *Device) Reset() { d.life.Reset() }
+// connection returns the 9P connection for a new session: the current one
+// unless there is none, or the server ended it, or a session failed on it
+// (a reply may be owed to a request that session dropped, and would reach
+// the new session under a tag it may reuse). The transport resets the
+// device after a failure before it activates it again, so replacing one
+// here happens only to a device driven without a transport.
+func (d *Device) connection() *conn {
+	d.connMu.Lock()
+	old := d.conn
+	if old != nil && !old.ended() && !old.broken.Load() {
+		d.connMu.Unlock()
+		return old
+	}
+	c := newConn(d)
+	d.conn = c
+	d.connMu.Unlock()
+	if old != nil {
+		old.end()
+	}
+	return c
+}
+
+// endConn ends the device's 9P connection, if it has one: the server
+// closes every file the guest had open. Call with no session running.
+func (d *Device) endConn() {
+	d.connMu.Lock()
+	c := d.conn
+	d.conn = nil
+	d.connMu.Unlock()
+	if c != nil {
+		c.end()
+	}
+}
+
+// Reset implements virtio.Device: it ends the session, dropping what is
+// in flight, and the 9P connection, whose server closes every file the
+// guest had (also after a Quiesce: the driver is starting over).
+func (d *Device) Reset() {
+	d.life.Reset()
+	d.endConn()
+}
 
 // Close resets the device, refuses later activations and closes the
 // share's root.
 func (d *Device) Close() {
 	d.life.Close()
+	d.endConn()
 	d.closeOnce.Do(d.fs.close)
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,13 +35,13 @@ const (
 // reply buffer writable), and each used chain's reply is what the client
 // reads. It is the client's io.ReadWriteCloser.
 type driver struct {
-	t    testing.TB
-	dev  *virtio9p.Device
-	mem  *virtiotest.Memory
-	kick *eventfd.EventFD
-	irq  chan struct{}
+	t   testing.TB
+	dev *virtio9p.Device
+	mem *virtiotest.Memory
+	irq chan struct{}
 
 	mu      sync.Mutex
+	kick    func() // notifies the device of a new chain (under mu)
 	q       *virtiotest.Queue
 	pending []byte         // bytes of a message the client is still writing
 	free    []int          // free slots
@@ -47,6 +49,8 @@ type driver struct {
 	slotReq []uint64       // each slot's request buffer
 	slotRep []uint64       // and reply buffer
 	fails   []error
+	strays  []uint16 // used heads of no chain in flight: pushed twice, or never posted
+	closed  bool     // shut: Write fails
 	room    *sync.Cond
 
 	replies *io.PipeReader
@@ -60,7 +64,9 @@ func quietLog() logrus.FieldLogger {
 	return l
 }
 
-func newDriver(t testing.TB, cfg virtio9p.Config) *driver {
+// newDevice makes a device for cfg (the tag defaults to "share"), closed
+// when the test ends.
+func newDevice(t testing.TB, cfg virtio9p.Config) *virtio9p.Device {
 	t.Helper()
 	cfg.Log = quietLog()
 	if cfg.Tag == "" {
@@ -70,27 +76,30 @@ func newDriver(t testing.TB, cfg virtio9p.Config) *driver {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &driver{t: t, dev: dev, mem: virtiotest.NewMemory(t, 4<<20), irq: make(chan struct{}, 1),
-		byHead: map[uint16]int{}, done: make(chan struct{})}
-	d.room = sync.NewCond(&d.mu)
-	d.q = virtiotest.NewQueue(d.mem, dev.QueueSizes()[0], true)
-	for i := range slots {
-		d.free = append(d.free, i)
-		d.slotReq = append(d.slotReq, d.mem.Alloc(slotSize, 8))
-		d.slotRep = append(d.slotRep, d.mem.Alloc(slotSize, 8))
-	}
-	if d.kick, err = eventfd.NewNonblocking(); err != nil {
+	t.Cleanup(dev.Close)
+	return dev
+}
+
+// newDriver is a driver for a device of cfg, activated directly (no
+// transport) with a kick eventfd of its own.
+func newDriver(t testing.TB, cfg virtio9p.Config) *driver {
+	t.Helper()
+	kick, err := eventfd.NewNonblocking()
+	if err != nil {
 		t.Fatal(err)
 	}
+	var d *driver
+	t.Cleanup(func() { // made first, so closed after the device
+		d.shut()
+		kick.Close()
+	})
+	dev := newDevice(t, cfg)
+	d = attachDriver(t, dev)
+	d.kick = func() { _ = kick.Signal() }
 	aq := &virtio.ActiveQueue{
-		Queue: virtio.NewQueue(d.mem.Memory, d.q.Cfg, true, true),
-		Kick:  d.kick,
-		Interrupt: func() {
-			select {
-			case d.irq <- struct{}{}:
-			default:
-			}
-		},
+		Queue:     virtio.NewQueue(d.mem.Memory, d.q.Cfg, true, true),
+		Kick:      kick,
+		Interrupt: d.interrupt,
 	}
 	err = dev.Activate(virtio.Activation{Mem: d.mem.Memory, Features: virtio.QueueFeatures | 1,
 		Queues: []*virtio.ActiveQueue{aq}, Fail: func(err error) {
@@ -101,21 +110,64 @@ func newDriver(t testing.TB, cfg virtio9p.Config) *driver {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+// attachDriver is the guest's side for dev: memory, the request queue
+// (with EVENT_IDX), the slots and the reaper. The caller activates the
+// device and sets kick.
+func attachDriver(t testing.TB, dev *virtio9p.Device) *driver {
+	t.Helper()
+	d := &driver{t: t, dev: dev, mem: virtiotest.NewMemory(t, 4<<20), irq: make(chan struct{}, 1),
+		byHead: map[uint16]int{}, done: make(chan struct{})}
+	d.room = sync.NewCond(&d.mu)
+	d.q = virtiotest.NewQueue(d.mem, dev.QueueSizes()[0], true)
+	for i := range slots {
+		d.free = append(d.free, i)
+		d.slotReq = append(d.slotReq, d.mem.Alloc(slotSize, 8))
+		d.slotRep = append(d.slotRep, d.mem.Alloc(slotSize, 8))
+	}
 	d.replies, d.feed = io.Pipe()
 	go d.reap()
 	t.Cleanup(func() {
-		dev.Close()
+		d.shut()
 		close(d.done)
 		d.feed.Close()
-		d.kick.Close()
 	})
 	return d
+}
+
+// shut makes the driver post nothing more: the client's later messages
+// (its finalizers clunk the files a test dropped) fail instead of kicking
+// a closed eventfd, whose number may be another test's by then, or
+// waiting for a slot for ever. Called before what kick uses is closed.
+func (d *driver) shut() {
+	d.mu.Lock()
+	d.closed = true
+	d.kick = func() {}
+	d.mu.Unlock()
+	d.room.Broadcast()
+}
+
+// interrupt is the device's interrupt: it wakes the reaper.
+func (d *driver) interrupt() {
+	select {
+	case d.irq <- struct{}{}:
+	default:
+	}
 }
 
 func (d *driver) failures() []error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]error(nil), d.fails...)
+}
+
+// strayHeads returns the used heads that answered no chain in flight.
+func (d *driver) strayHeads() []uint16 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]uint16(nil), d.strays...)
 }
 
 // post makes one chain available and kicks: readable parts, then a
@@ -125,7 +177,7 @@ func (d *driver) post(bufs ...virtiotest.Buf) uint16 {
 	if !ok {
 		d.t.Error("virtqueue full")
 	}
-	_ = d.kick.Signal()
+	d.kick()
 	return head
 }
 
@@ -142,8 +194,11 @@ func (d *driver) Write(p []byte) (int, error) {
 		if len(d.pending) < size {
 			break
 		}
-		for len(d.free) == 0 {
+		for len(d.free) == 0 && !d.closed {
 			d.room.Wait()
+		}
+		if d.closed {
+			return 0, io.ErrClosedPipe
 		}
 		s := d.free[len(d.free)-1]
 		d.free = d.free[:len(d.free)-1]
@@ -173,6 +228,7 @@ func (d *driver) reap() {
 		for _, u := range used {
 			s, ok := d.byHead[u.ID]
 			if !ok {
+				d.strays = append(d.strays, u.ID)
 				continue
 			}
 			delete(d.byHead, u.ID)
@@ -548,4 +604,40 @@ func FuzzRequests(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestReaddirCountBounded: a Treaddir asking for more than MaxMessage
+// bytes of a large directory is answered (the device lowers the count);
+// the server would otherwise write a longer reply than the device takes,
+// a host panic. The reply fills the chain's room, a slot here (the rest
+// is cut, as for any guest that asks for more than its msize), so it is
+// checked by the device's counters.
+func TestReaddirCountBounded(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("n", 240)
+	for i := range 1200 { // about 264 bytes of entry each: over MaxMessage in all
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s%05d", long, i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := newDriver(t, virtio9p.Config{Root: dir})
+	c := newRawConn(t, d)
+	c.call(tversion(slotSize, 0xffff), 101)
+	c.call(tmsg(tAttach, 1, uint32(1), noFid, "", "", noFid), rAttach)
+	c.call(tmsg(tLopen, 1, uint32(1), uint32(0)), rLopen)
+	before := d.dev.Stats()
+	c.send(tmsg(tReaddir, 2, uint32(1), uint64(0), uint32(4<<20)))
+	deadline := time.Now().Add(waitTimeout)
+	for d.dev.Stats().Replies == before.Replies {
+		if time.Now().After(deadline) {
+			t.Fatal("no reply to the Treaddir")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := d.dev.Stats().ReplyBytes - before.ReplyBytes; n != slotSize {
+		t.Errorf("Rreaddir: %d bytes written; want the slot's %d", n, slotSize)
+	}
+	if f := d.failures(); len(f) != 0 {
+		t.Errorf("guest errors: %v", f)
+	}
 }

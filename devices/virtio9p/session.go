@@ -3,64 +3,65 @@ package virtio9p
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/hugelgupf/p9/p9"
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 )
 
-// drainTimeout bounds how long Stop waits for the server to answer the
-// requests in flight.
-const drainTimeout = 2 * time.Second
-
 const (
 	hdrLen       = 7      // size[4] type[1] tag[2]
 	noTag        = 0xffff // NOTAG: Tversion's, and the server's reply to a request it cannot decode
 	typeTversion = 100    // Tversion: size tag msize[4] version[s]
 	typeTflush   = 108    // Tflush: size tag oldtag[2]
+	typeTreaddir = 40     // Treaddir: size tag fid[4] offset[8] count[4]
+
+	// maxReaddirCount is the largest count a Treaddir reaches the server
+	// with: an Rreaddir (size tag count[4] data) then fits MaxMessage.
+	maxReaddirCount = MaxMessage - hdrLen - 4
 )
 
-// session is one activation: a 9P connection between the guest's request
-// queue and a p9 server.
+// session is one activation: the guest's request queue feeding the
+// device's 9P connection (conn).
 //
 // The request loop (its goroutine) pops chains, copies each request out
 // of guest memory, notes the chain under the request's tag and writes the
 // request into the server's pipe. The server answers each request on a
-// goroutine of its own, in any order, writing replies into the reply
-// pipe; the reply loop (its goroutine) reads them one by one, finds the
+// goroutine of its own, in any order; the connection's reader hands the
+// replies one by one to the reply loop (its goroutine), which finds the
 // chain by tag, copies the reply into the chain's writable buffers,
 // returns it to the used ring and interrupts the guest after unlocking.
 //
+// Stop (a driver reset, Close) ends both loops and drops what is in
+// flight; the device then ends the connection. Drain (Quiesce, quiesce.go)
+// ends the request loop, lets the reply loop return every chain still in
+// flight, then ends it; the connection stays.
+//
 // Locks: mu guards the queue (popped by the request loop, pushed by the
-// reply loop) and inflight; it is never held across a pipe read or write
-// or the interrupt.
+// reply loop), inflight and the flags; it is never held across a pipe
+// read or write, a channel operation or the interrupt.
 type session struct {
 	d    *Device
+	c    *conn
 	q    *virtio.ActiveQueue
 	fail func(error)
-	stop *eventfd.EventFD
+	stop *eventfd.EventFD // wakes the request loop to end: Stop or Drain
+
+	// quit is closed by Stop: the reply loop ends at once. drain is
+	// closed by Drain once the request loop has ended: the reply loop
+	// ends when nothing is in flight.
+	quit, drain chan struct{}
 
 	mu       sync.Mutex
 	inflight map[uint16]pending
 	failed   bool  // a guest error stopped the session
-	stopping bool  // Stop has begun
+	stopping bool  // Stop has begun: replies are dropped
+	draining bool  // Drain has begun: nothing more is popped
 	failErr  error // the error to report, once mu is released
 
-	toServer   *io.PipeWriter // requests, written by the request loop
-	fromServer *io.PipeReader // replies, read by the reply loop
-
-	// Requests the server took and replies it gave: the server answers
-	// every request it decodes or not (a reply per request), so the
-	// difference is what its handlers still hold.
-	toServerN, fromServerN atomic.Uint64
-
-	requestsDone, repliesDone, served chan struct{}
+	requestsDone, repliesDone chan struct{}
 }
 
 // pending is a request in flight: its chain's head and writable buffers.
@@ -70,91 +71,35 @@ type pending struct {
 	flush    bool // a Tflush
 }
 
-func startSession(d *Device, q *virtio.ActiveQueue, fail func(error)) (*session, error) {
+func startSession(d *Device, c *conn, q *virtio.ActiveQueue, fail func(error)) (*session, error) {
 	stop, err := eventfd.NewNonblocking()
 	if err != nil {
 		return nil, err
 	}
-	reqR, reqW := io.Pipe()
-	repR, repW := io.Pipe()
-	s := &session{d: d, q: q, fail: fail, stop: stop, inflight: map[uint16]pending{},
-		toServer: reqW, fromServer: repR,
-		requestsDone: make(chan struct{}), repliesDone: make(chan struct{}), served: make(chan struct{})}
-	srv := p9.NewServer(d.fs, p9.WithServerLogger(traceLog{d}))
-	go func() {
-		defer close(s.served)
-		// Handle returns once the request pipe ends and every handler
-		// has answered; it closes both pipes' server ends and every file
-		// the guest had open. It also returns when a request breaks the
-		// connection (longer than the msize the guest negotiated, or not
-		// a message): a guest error, unless Stop ended the pipe.
-		serve(srv, reqR, repW, d)
-		s.mu.Lock()
-		if !s.stopping {
-			s.failLocked(virtio.GuestErrLayout, fmt.Errorf("%w: 9p: the server ended the session on a request it could not take (longer than the negotiated msize, or malformed)", virtio.ErrGuest))
-		}
-		s.mu.Unlock()
-		s.reportFail()
-	}()
+	s := &session{d: d, c: c, q: q, fail: fail, stop: stop, inflight: map[uint16]pending{},
+		quit: make(chan struct{}), drain: make(chan struct{}),
+		requestsDone: make(chan struct{}), repliesDone: make(chan struct{})}
 	go s.replies()
 	go s.requests()
 	return s, nil
 }
 
-// serve runs the server's session. A panic from it (the WaitGroup race
-// Stop works around) is logged, not fatal: the session is ending anyway,
-// and its pipes are closed so the reply loop ends too.
-func serve(srv *p9.Server, reqR *io.PipeReader, repW *io.PipeWriter, d *Device) {
-	defer func() {
-		if r := recover(); r != nil {
-			d.log.WithField("panic", r).Error("9p: the server's session ended in a panic; its open files may leak")
-			reqR.Close()
-			repW.Close()
-		}
-	}()
-	_ = srv.Handle(reqR, repW)
-}
-
-// traceLog passes the server's own messages, about two lines per guest
-// request, to the device's log at trace level: at debug they drowned every
-// other line of a VM that reads files (containerd copies its shims' logs
-// into its own). A logger without a trace level gets none of them.
-type traceLog struct{ d *Device }
-
-func (l traceLog) Printf(format string, v ...any) {
-	if t, ok := l.d.log.(interface{ Tracef(string, ...any) }); ok {
-		t.Tracef("9p server: "+format, v...)
-	}
-}
-
-// Stop implements virtio.Session: it ends both loops and the server and
-// waits for them.
+// Stop implements virtio.Session: it ends both loops, dropping the
+// requests in flight (the driver is resetting the rings), and waits for
+// them. The caller ends the connection (Device.Reset).
 func (s *session) Stop() {
 	s.mu.Lock()
 	s.stopping = true // replies from now on are dropped, not pushed
 	s.mu.Unlock()
 	_ = s.stop.Signal()
 	<-s.requestsDone
-	// Let the server answer what it holds before its request pipe ends:
-	// hugelgupf/p9 v0.3.0's Handle waits for its handlers with a
-	// WaitGroup that a receiver goroutine it spawned may still Add to,
-	// a data race (and, rarely, a "WaitGroup is reused" panic) when
-	// that Wait has to block. Ending the pipe once the handlers are done
-	// keeps the Wait from blocking; the bound keeps a reset from
-	// waiting long on a slow host file.
-	deadline := time.Now().Add(drainTimeout)
-drain:
-	for s.toServerN.Load() > s.fromServerN.Load() && time.Now().Before(deadline) {
-		select {
-		case <-s.served: // the server is gone: nothing more will come
-			break drain
-		case <-time.After(time.Millisecond):
-		}
-	}
-	time.Sleep(2 * time.Millisecond) // the handlers return after their replies
-	s.toServer.CloseWithError(io.EOF)
-	<-s.served
+	close(s.quit)
 	<-s.repliesDone
+	s.release()
+}
+
+// release frees what the session holds once its loops have ended.
+func (s *session) release() {
 	s.stop.Close()
 	s.mu.Lock()
 	clear(s.inflight) // drop the references to guest memory
@@ -167,6 +112,11 @@ func (s *session) isFailed() bool {
 	return s.failed
 }
 
+// requests is the request loop. It looks at the ring before it first
+// waits for a kick: a resumed or restored session's ring may hold requests
+// the driver posted while notifications were suppressed. Every request it
+// pops is in flight and written to the server before it looks for the
+// stop signal, so once it has ended nothing popped is left unsent.
 func (s *session) requests() {
 	defer close(s.requestsDone)
 	fds := []unix.PollFd{
@@ -187,10 +137,11 @@ func (s *session) requests() {
 				// the reply been counted) by then.
 				s.d.requests.Add(1)
 				s.d.requestBytes.Add(uint64(len(msg)))
-				if _, err := s.toServer.Write(msg); err != nil {
-					return // the server ended
+				if err := s.c.write(msg); err != nil {
+					// The server ended: the reply loop sees it (its
+					// replies end) and reports the guest error.
+					return
 				}
-				s.toServerN.Add(1)
 			}
 		}
 		stopped, err := eventfd.PollStop(fds, -1)
@@ -209,11 +160,12 @@ func (s *session) requests() {
 
 // pop takes the next request off the ring, checks it is one whole 9P
 // message with room for a reply, notes it in flight and returns a copy of
-// it (false: the ring is empty, or the guest erred).
+// it (false: the ring is empty, the guest erred, or the session is
+// stopping or draining and takes nothing more).
 func (s *session) pop(chain *virtio.Chain) ([]byte, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failed {
+	if s.failed || s.draining || s.stopping {
 		return nil, false
 	}
 	for {
@@ -269,6 +221,14 @@ func (s *session) pop(chain *virtio.Chain) ([]byte, bool) {
 			binary.LittleEndian.PutUint32(msg[hdrLen:], MaxMessage)
 		}
 	}
+	if msg[4] == typeTreaddir && len(msg) >= hdrLen+16 {
+		// The server sizes an Rreaddir by the count asked, not by the
+		// msize: a larger count would have it write a reply longer
+		// than any the connection takes (conn.read).
+		if binary.LittleEndian.Uint32(msg[hdrLen+12:]) > maxReaddirCount {
+			binary.LittleEndian.PutUint32(msg[hdrLen+12:], maxReaddirCount)
+		}
+	}
 	s.inflight[tag] = pending{head: chain.Head, writable: append([][]byte(nil), chain.Writable()...), flush: msg[4] == typeTflush}
 	return msg, true
 }
@@ -283,6 +243,7 @@ func (s *session) failLocked(kind virtio.GuestErrorKind, err error) {
 	s.failed = true
 	s.failErr = err
 	s.d.guestErrors.Add(kind)
+	s.c.broken.Store(true)
 }
 
 // reportFail hands a recorded guest error to the transport (which logs it,
@@ -297,26 +258,51 @@ func (s *session) reportFail() {
 	}
 }
 
+// replies is the reply loop: it returns each reply the connection hands
+// over to its request's chain. It ends when Stop says so, when the server
+// has ended (a guest error unless Stop began), or, once Drain has seen the
+// request loop end, when nothing is in flight any more (or the session
+// failed, which leaves the rest to the driver's reset).
 func (s *session) replies() {
 	defer close(s.repliesDone)
-	var hdr [4]byte
+	drain := s.drain
 	for {
-		if _, err := io.ReadFull(s.fromServer, hdr[:]); err != nil {
-			return // the server ended
-		}
-		size := binary.LittleEndian.Uint32(hdr[:])
-		if size < hdrLen || size > MaxMessage+hdrLen {
-			// The server wrote what it must not: a host invariant broke.
-			panic(fmt.Sprintf("virtio9p: server reply of %d bytes", size))
-		}
-		msg := make([]byte, size)
-		copy(msg, hdr[:])
-		if _, err := io.ReadFull(s.fromServer, msg[4:]); err != nil {
+		select {
+		case msg, ok := <-s.c.replies:
+			if !ok {
+				s.serverEnded()
+				return
+			}
+			s.deliver(msg)
+		case <-drain:
+			drain = nil // from now on only replies or quit wake the loop
+		case <-s.quit:
 			return
 		}
-		s.fromServerN.Add(1)
-		s.deliver(msg)
+		if drain == nil && s.idle() {
+			return
+		}
 	}
+}
+
+// idle says whether nothing the session popped still waits for its
+// reply, or the session failed and owes no more replies.
+func (s *session) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inflight) == 0 || s.failed
+}
+
+// serverEnded reports a server that ended the connection by itself: it
+// does so only on a request it cannot take (longer than the msize the
+// guest negotiated, or not a message), whose chain it never answers.
+func (s *session) serverEnded() {
+	s.mu.Lock()
+	if !s.stopping {
+		s.failLocked(virtio.GuestErrLayout, fmt.Errorf("%w: 9p: the server ended the session on a request it could not take (longer than the negotiated msize, or malformed)", virtio.ErrGuest))
+	}
+	s.mu.Unlock()
+	s.reportFail()
 }
 
 // deliver writes a reply into its request's chain and returns the chain.

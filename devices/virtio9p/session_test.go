@@ -36,7 +36,7 @@ func popEnv(t *testing.T) (*session, func(typ byte, tag, arg uint16), *[]error) 
 	mem := virtiotest.NewMemory(t, 1<<20)
 	dq := virtiotest.NewQueue(mem, 8, true)
 	failed := &[]error{}
-	s := &session{d: &Device{}, q: &virtio.ActiveQueue{Queue: virtio.NewQueue(mem.Memory, dq.Cfg, true, true)},
+	s := &session{d: &Device{}, c: &conn{}, q: &virtio.ActiveQueue{Queue: virtio.NewQueue(mem.Memory, dq.Cfg, true, true)},
 		fail: func(err error) { *failed = append(*failed, err) }, inflight: map[uint16]pending{}}
 	post := func(typ byte, tag, arg uint16) {
 		m := make([]byte, 11)
