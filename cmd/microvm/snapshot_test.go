@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// TestNamedSnapshotRestore: a named VM (the echo test guest, under its
+// seccomp filter) is snapshotted through its control API and goes on
+// serving; microvm restore runs the snapshot with its own vsock socket and
+// CID, serves an echo and exits 0 when the guest does; snapshot --stop
+// ends the VM; a second snapshot into the same directory is refused
+// without --overwrite.
+func TestNamedSnapshotRestore(t *testing.T) {
+	testenv.RequireKVM(t)
+	guest := testenv.TestGuest(t)
+	n := newNamedCLI(t)
+	n.mustRun("run", "--name", "t1", "--detach", "--kernel", guest, "--memory", "64M",
+		"--cmdline", fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", namedTestPort))
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(n.mustRun("logs", "t1"), fmt.Sprintf("testguest: listening %d", namedTestPort)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest never listened; logs:\n%s", n.mustRun("logs", "t1"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	snap := filepath.Join(n.state, "snap")
+	n.mustRun("snapshot", "--out", snap, "t1")
+	if r, _ := n.record("t1"); r.State != vms.StateRunning {
+		t.Errorf("state %q after a snapshot; want running", r.State)
+	}
+	status, _, stderr := n.run("snapshot", "--out", snap, "t1")
+	if status == 0 || !strings.Contains(stderr, "exists") {
+		t.Errorf("a second snapshot into %s: status %d, stderr %q; want a refusal", snap, status, stderr)
+	}
+	n.mustRun("snapshot", "--overwrite", "--stop", "--out", snap, "t1")
+	deadline = time.Now().Add(20 * time.Second)
+	for r, _ := n.record("t1"); r.State != vms.StateExited; r, _ = n.record("t1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("t1 still %s after snapshot --stop", r.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// The restore in the foreground, as a user runs it.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uds := filepath.Join(n.state, "r.sock")
+	cmd := exec.Command(exe, "restore", "--vsock-uds", uds, "--vsock-cid", "9", snap)
+	cmd.Env = append(os.Environ(), envAsCLI+"=1", "MICROVM_STATE_DIR="+n.state)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	c, _, err := testenv.VsockConnect(uds, namedTestPort, 30*time.Second)
+	if err != nil {
+		t.Fatalf("connect to the restored VM: %v; stderr:\n%s", err, errOut.String())
+	}
+	msg := []byte("through the restored VM\n")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Read(got); err != nil || !bytes.Equal(got, msg) {
+		t.Errorf("echo: %q, %v", got, err)
+	}
+	c.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("restore ended with %v; stderr:\n%s", err, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the restored guest did not end after its one connection; stderr:\n%s", errOut.String())
+	}
+}
