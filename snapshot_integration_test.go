@@ -110,7 +110,7 @@ func TestSnapshotLinux(t *testing.T) {
 		c.Kernel, c.Initrd, c.Cmdline, c.CPUs, c.MemoryBytes = kernel, initrd, cmdline, 2, 256<<20
 	})
 	g.start()
-	listening := fmt.Sprintf("init: scenario echo listening port=%d\n", port)
+	listening := fmt.Sprintf("init: scenario echo listening port=%d", port)
 	if !g.console.WaitFor(listening, 3*time.Minute, g.done) {
 		t.Fatalf("Linux not listening; console:\n%s\nlog:\n%s", g.console, g.log)
 	}

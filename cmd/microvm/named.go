@@ -794,7 +794,7 @@ func snapshotVM(name string, req vmctl.SnapshotRequest) error {
 	c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
 	defer c.Close()
 	if err := c.Snapshot(context.Background(), req); err != nil {
-		return fmt.Errorf("VM %s: snapshot: %w", name, err)
+		return fmt.Errorf("VM %s: %w", name, err)
 	}
 	return nil
 }

@@ -64,15 +64,30 @@ func TestNamedSnapshotRestore(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	var waitErr error
+	done := make(chan struct{}) // closed once waitErr is set
+	go func() {
+		waitErr = cmd.Wait()
+		close(done)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-done
 	})
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(uds); err == nil {
+			break
+		}
+	}
 	c, _, err := testenv.VsockConnect(uds, namedTestPort, 30*time.Second)
 	if err != nil {
-		t.Fatalf("connect to the restored VM: %v; stderr:\n%s", err, errOut.String())
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+			t.Fatalf("connect to the restored VM: %v; restore ended (%v); stderr:\n%s", err, waitErr, errOut.String())
+		case <-time.After(10 * time.Second):
+			t.Fatalf("connect to the restored VM: %v; restore does not end on SIGINT", err)
+		}
 	}
 	msg := []byte("through the restored VM\n")
 	if _, err := c.Write(msg); err != nil {
@@ -85,9 +100,9 @@ func TestNamedSnapshotRestore(t *testing.T) {
 	}
 	c.Close()
 	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("restore ended with %v; stderr:\n%s", err, errOut.String())
+	case <-done:
+		if waitErr != nil {
+			t.Errorf("restore ended with %v; stderr:\n%s", waitErr, errOut.String())
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the restored guest did not end after its one connection; stderr:\n%s", errOut.String())

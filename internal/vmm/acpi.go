@@ -9,6 +9,20 @@ import (
 	"github.com/microvm/microvm/virtio"
 )
 
+// addPowerControl puts the ACPI power control registers on the port bus
+// (with ACPI: at Boot, or at Restore, where the tables are in the
+// snapshot's memory already).
+func (m *Machine) addPowerControl() error {
+	if m.cfg.NoACPI {
+		return nil
+	}
+	pc := &devices.PowerControl{
+		PowerOff: func() { m.stop(Result{Kind: ExitPowerOff, Status: StatusOK}) },
+		Reset:    func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) },
+	}
+	return m.pio.Register(devices.PowerControlPort, devices.PowerControlPorts, "acpi-power", pc)
+}
+
 // setupACPI adds the power control registers to the port bus, writes the
 // ACPI tables describing the machine (docs/machine.md, "ACPI") at
 // acpi.TablesAddr and returns the RSDP's address for the loader. With
@@ -18,11 +32,7 @@ func (m *Machine) setupACPI() (uint64, error) {
 	if m.cfg.NoACPI {
 		return 0, nil
 	}
-	pc := &devices.PowerControl{
-		PowerOff: func() { m.stop(Result{Kind: ExitPowerOff, Status: StatusOK}) },
-		Reset:    func() { m.stop(Result{Kind: ExitReset, Status: StatusOK}) },
-	}
-	if err := m.pio.Register(devices.PowerControlPort, devices.PowerControlPorts, "acpi-power", pc); err != nil {
+	if err := m.addPowerControl(); err != nil {
 		return 0, err
 	}
 	d := acpi.Machine{

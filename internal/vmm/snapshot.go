@@ -249,6 +249,9 @@ func (m *Machine) Restore() error {
 	if err := m.checkShape(&st); err != nil {
 		return fmt.Errorf("%w: snapshot %s: %w", ErrConfig, s.Dir(), err)
 	}
+	if err := m.addPowerControl(); err != nil {
+		return err
+	}
 	host, err := m.sys.SupportedCPUID()
 	if err != nil {
 		return err
@@ -314,6 +317,8 @@ func (m *Machine) checkShape(st *MachineState) error {
 		return fmt.Errorf("it has %d MiB of memory; the machine has %d MiB", st.MemoryBytes>>20, m.cfg.MemoryBytes>>20)
 	case st.IRQChip != m.irqChip():
 		return fmt.Errorf("it has the %s irqchip; the machine has the %s one", st.IRQChip, m.irqChip())
+	case st.NoACPI != m.cfg.NoACPI:
+		return fmt.Errorf("its ACPI setting (off: %v) differs from the machine's (off: %v)", st.NoACPI, m.cfg.NoACPI)
 	case st.VM == nil:
 		return errors.New("it has no VM state")
 	case (st.IOAPIC != nil) != (m.ioapic != nil) || (st.PortB != nil) != (m.portB != nil):
@@ -343,13 +348,14 @@ var cpuidFeatureRegs = []struct {
 }
 
 // cpuidGranted are bits a guest's CPUID may hold although KVM does not
-// report them as supported: TSC deadline (leaf 1 ECX bit 24), which KVM
-// emulates and Boot shows; the hypervisor bit (leaf 1 ECX bit 31); and the
-// bits KVM itself keeps in step with the guest's own settings, OSXSAVE
-// (leaf 1 ECX bit 27, from CR4), MONITOR (bit 3, from IA32_MISC_ENABLE)
-// and OSPKE (leaf 7 ECX bit 4, from CR4), which the restored registers set
-// again.
-var cpuidGranted = map[string]uint32{"1.ECX": 1<<24 | 1<<31 | 1<<27 | 1<<3, "7.0.ECX": 1 << 4}
+// report them as supported: those Boot sets itself, TSC deadline (leaf 1
+// ECX bit 24, which KVM emulates), the hypervisor bit (ECX bit 31) and HTT
+// (EDX bit 28, which says the logical processor count is valid; kvm's
+// CPUID.ForVCPU); and the bits KVM keeps in step with the guest's own
+// settings, OSXSAVE (leaf 1 ECX bit 27, from CR4), MONITOR (ECX bit 3, from
+// IA32_MISC_ENABLE) and OSPKE (leaf 7 ECX bit 4, from CR4), which the
+// restored registers set again.
+var cpuidGranted = map[string]uint32{"1.ECX": 1<<24 | 1<<31 | 1<<27 | 1<<3, "1.EDX": 1 << 28, "7.0.ECX": 1 << 4}
 
 // checkCPUID refuses saved CPUID that lists a feature this host's KVM
 // cannot give the guest: the guest checked its CPUID at boot and uses the
