@@ -129,6 +129,26 @@ func (v NamedVM) Stop(ctx context.Context, force bool, timeout time.Duration) er
 	return v.setState(ctx, vmctl.StateRequest{State: vmctl.Stopped, Force: force, TimeoutMS: timeout.Milliseconds()})
 }
 
+// Snapshot saves the VM into dir, a path that must not exist (or hold a
+// snapshot, with o.Overwrite), through its control API (PUT /vm/snapshot):
+// the VM's own process writes it, and it goes on afterwards, or ends with
+// o.Stop. Restore runs the snapshot (docs/snapshot.md).
+func (v NamedVM) Snapshot(ctx context.Context, dir string, o SnapshotOptions) error {
+	if !v.Alive {
+		return fmt.Errorf("VM %s: %w", v.Name, ErrNotRunning)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("VM %s: snapshot %s: %w", v.Name, dir, err)
+	}
+	c := v.client()
+	defer c.Close()
+	if err := c.Snapshot(ctx, vmctl.SnapshotRequest{Path: abs, Stop: o.Stop, Overwrite: o.Overwrite}); err != nil {
+		return fmt.Errorf("VM %s: %w", v.Name, err)
+	}
+	return nil
+}
+
 // WriteMetrics writes the VM's counters in the Prometheus text format
 // (GET /metrics).
 func (v NamedVM) WriteMetrics(ctx context.Context, w io.Writer) error {

@@ -5,9 +5,9 @@ package microvm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +20,7 @@ import (
 
 // recordingVM is a control API backend that records the states asked.
 type recordingVM struct {
+	snaps []vmctl.SnapshotRequest
 	mu    sync.Mutex
 	asked []vmctl.StateRequest
 }
@@ -31,8 +32,11 @@ func (r *recordingVM) SetState(_ context.Context, req vmctl.StateRequest) error 
 	r.asked = append(r.asked, req)
 	return nil
 }
-func (r *recordingVM) Snapshot(context.Context, vmctl.SnapshotRequest) error {
-	return fmt.Errorf("not in this test: %w", vmctl.ErrConflict)
+func (r *recordingVM) Snapshot(_ context.Context, req vmctl.SnapshotRequest) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.snaps = append(r.snaps, req)
+	return nil
 }
 func (r *recordingVM) WriteMetrics(w io.Writer) error {
 	_, err := io.WriteString(w, "m 1\n")
@@ -75,6 +79,15 @@ func TestNamedVMClient(t *testing.T) {
 	if err := v.Stop(ctx, false, 0); err != nil {
 		t.Fatal(err)
 	}
+	if err := v.Snapshot(ctx, "rel/snap", SnapshotOptions{Stop: true}); err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := os.Getwd()
+	be.mu.Lock()
+	if want := filepath.Join(wd, "rel/snap"); len(be.snaps) != 1 || be.snaps[0].Path != want || !be.snaps[0].Stop {
+		t.Errorf("snapshots asked: %+v; want one to %s with stop", be.snaps, want)
+	}
+	be.mu.Unlock()
 	var m strings.Builder
 	if err := v.WriteMetrics(ctx, &m); err != nil || m.String() != "m 1\n" {
 		t.Errorf("WriteMetrics: %q, %v", m.String(), err)
@@ -92,5 +105,8 @@ func TestNamedVMClient(t *testing.T) {
 	}
 	if err := list[0].Pause(ctx); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("Pause of an exited VM: %v, want ErrNotRunning", err)
+	}
+	if err := list[0].Snapshot(ctx, "/tmp/s", SnapshotOptions{}); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Snapshot of an exited VM: %v, want ErrNotRunning", err)
 	}
 }
