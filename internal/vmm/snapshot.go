@@ -269,6 +269,11 @@ func (m *Machine) Restore() error {
 		}
 		m.vcpus = append(m.vcpus, v)
 		m.vcpuCtrs = append(m.vcpuCtrs, &vcpuCounters{})
+		if i == 0 {
+			if err := unsyncTSC(v, st.VCPUs[0]); err != nil {
+				return err
+			}
+		}
 		if err := v.RestoreState(st.VCPUs[i]); err != nil {
 			return fmt.Errorf("snapshot %s: %w", s.Dir(), err)
 		}
@@ -302,6 +307,28 @@ func (m *Machine) Restore() error {
 	for i, slot := range m.slots {
 		if err := slot.t.RestoreState(st.Virtio[i]); err != nil {
 			return fmt.Errorf("snapshot %s: virtio slot %d: %w", s.Dir(), i, err)
+		}
+	}
+	return nil
+}
+
+// msrTSC is IA32_TSC.
+const msrTSC = 0x10
+
+// unsyncTSC keeps KVM from taking the boot vCPU's saved TSC for an attempt
+// to synchronise with the VM's start. Linux before 6.5 treats a TSC write
+// within one second's worth of cycles of what it expects (for a new vCPU:
+// about 0) as a sync and keeps the old offset, so a guest saved less than
+// a second after it started came back with its TSC near 0: behind the
+// values it had read, which a guest that subtracts TSC readings (the test
+// guest's timeouts) sees as a huge interval. Writing a value far from the
+// saved one first makes the saved one's write exact; the other vCPUs'
+// writes, within a second of it, are then synced to it, as KVM intends,
+// which keeps the TSCs matched.
+func unsyncTSC(v *kvm.VCPU, st *kvm.VCPUState) error {
+	for _, msr := range st.MSRs {
+		if msr.Index == msrTSC {
+			return v.SetMSRs([]kvm.MSR{{Index: msrTSC, Data: msr.Data + 1<<40}})
 		}
 	}
 	return nil
