@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,6 +62,34 @@ func (n *namedCLI) run(args ...string) (int, string, string) {
 	return status, stdout.String(), stderr.String()
 }
 
+// waitListening waits until the echo test guest of VM name says it
+// listens on namedTestPort.
+func (n *namedCLI) waitListening(name string) {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(n.mustRun("logs", name), fmt.Sprintf("testguest: listening %d", namedTestPort)) {
+		if time.Now().After(deadline) {
+			n.t.Fatalf("the guest never listened; logs:\n%s", n.mustRun("logs", name))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// echoLine sends msg on c, checks the echo test guest sends it back, and
+// closes c.
+func echoLine(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := c.Read(got); err != nil || string(got) != msg {
+		t.Errorf("echo: %q, %v", got, err)
+	}
+	c.Close()
+}
+
 // mustRun runs args and fails the test unless they exit 0.
 func (n *namedCLI) mustRun(args ...string) string {
 	n.t.Helper()
@@ -116,27 +145,12 @@ func TestNamedVM(t *testing.T) {
 	}
 
 	dir := filepath.Join(n.state, "vms", "t1")
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(n.mustRun("logs", "t1"), fmt.Sprintf("testguest: listening %d", namedTestPort)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest never listened; logs:\n%s", n.mustRun("logs", "t1"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	n.waitListening("t1")
 	c, _, err := testenv.VsockConnect(filepath.Join(dir, vms.VsockSocket), namedTestPort, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := []byte("through the named VM's socket\n")
-	if _, err := c.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	if _, err := c.Read(got); err != nil || !bytes.Equal(got, msg) {
-		t.Errorf("echo: %q, %v", got, err)
-	}
-	c.Close()
+	echoLine(t, c, "through the named VM's socket\n")
 
 	status, _, stderr := n.run("run", "--name", "t1", "--kernel", guest)
 	if status == 0 || !strings.Contains(stderr, "VM t1: a running VM has that name") {

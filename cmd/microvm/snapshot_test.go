@@ -26,13 +26,7 @@ func TestNamedSnapshotRestore(t *testing.T) {
 	n := newNamedCLI(t)
 	n.mustRun("run", "--name", "t1", "--detach", "--kernel", guest, "--memory", "64M",
 		"--cmdline", fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", namedTestPort))
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(n.mustRun("logs", "t1"), fmt.Sprintf("testguest: listening %d", namedTestPort)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the guest never listened; logs:\n%s", n.mustRun("logs", "t1"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	n.waitListening("t1")
 	snap := filepath.Join(n.state, "snap")
 	n.mustRun("snapshot", "--out", snap, "t1")
 	if r, _ := n.record("t1"); r.State != vms.StateRunning {
@@ -43,7 +37,7 @@ func TestNamedSnapshotRestore(t *testing.T) {
 		t.Errorf("a second snapshot into %s: status %d, stderr %q; want a refusal", snap, status, stderr)
 	}
 	n.mustRun("snapshot", "--overwrite", "--stop", "--out", snap, "t1")
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for r, _ := n.record("t1"); r.State != vms.StateExited; r, _ = n.record("t1") {
 		if time.Now().After(deadline) {
 			t.Fatalf("t1 still %s after snapshot --stop", r.State)
@@ -89,16 +83,7 @@ func TestNamedSnapshotRestore(t *testing.T) {
 			t.Fatalf("connect to the restored VM: %v; restore does not end on SIGINT", err)
 		}
 	}
-	msg := []byte("through the restored VM\n")
-	if _, err := c.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	if _, err := c.Read(got); err != nil || !bytes.Equal(got, msg) {
-		t.Errorf("echo: %q, %v", got, err)
-	}
-	c.Close()
+	echoLine(t, c, "through the restored VM\n")
 	select {
 	case <-done:
 		if waitErr != nil {
