@@ -213,9 +213,9 @@ func TestTSCDeadlineShow(t *testing.T) {
 // openKVM opens /dev/kvm. Without one, testenv.RequireKVM decides: under
 // make test the test is queued for the nested-KVM box, which runs it later
 // in the same run; elsewhere it is skipped, or fails under CI=true.
-func openKVM(t *testing.T) *System {
+func openKVM(t *testing.T, need ...testenv.Need) *System {
 	t.Helper()
-	testenv.RequireKVM(t)
+	testenv.RequireKVM(t, need...)
 	s, err := Open()
 	if err != nil {
 		t.Fatalf("KVM: %v", err)

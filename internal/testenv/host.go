@@ -94,7 +94,19 @@ const (
 	NeedInterrupts
 	// NeedLinux: a Linux guest under microvm (PVM hosts cannot).
 	NeedLinux
+	// NeedKernelFPU: a guest that runs x87 or SSE instructions in kernel
+	// mode (CPL0), which a PVM host emulates and fails
+	// (KVM_EXIT_INTERNAL_ERROR). Its layer is still "kvm".
+	NeedKernelFPU
 )
+
+// String names what the Need asks of the host, for skip messages.
+func (n Need) String() string {
+	if n == NeedKernelFPU {
+		return "FPU instructions at guest CPL0"
+	}
+	return n.Layer()
+}
 
 // Layer names the test layer a Need belongs to, as the summary prints it.
 func (n Need) Layer() string {
@@ -152,7 +164,7 @@ func requireKVM(tb testing.TB, n Need, alone bool) {
 		Record(tb, n.Layer(), where)
 		return
 	}
-	why := fmt.Sprintf("needs %s; this host's KVM is %q", n.Layer(), h)
+	why := fmt.Sprintf("needs %s; this host's KVM is %q", n, h)
 	if InBox() {
 		Missing(tb, "%s even inside the nested-KVM box", why)
 		return

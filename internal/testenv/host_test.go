@@ -16,6 +16,7 @@ func TestNeedCanRunOn(t *testing.T) {
 		{NeedKVM, KVMNone, false}, {NeedKVM, KVMPVM, true}, {NeedKVM, KVMHardware, true},
 		{NeedInterrupts, KVMNone, false}, {NeedInterrupts, KVMPVM, false}, {NeedInterrupts, KVMHardware, true},
 		{NeedLinux, KVMNone, false}, {NeedLinux, KVMPVM, false}, {NeedLinux, KVMHardware, true},
+		{NeedKernelFPU, KVMNone, false}, {NeedKernelFPU, KVMPVM, false}, {NeedKernelFPU, KVMHardware, true},
 	}
 	for _, tc := range tests {
 		if got := tc.need.canRunOn(tc.host); got != tc.want {

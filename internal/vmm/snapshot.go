@@ -260,12 +260,23 @@ func (m *Machine) Restore() error {
 		return err
 	}
 	for i := range m.cfg.CPUs {
-		if err := checkCPUID(st.VCPUs[i].CPUID, host); err != nil {
-			return fmt.Errorf("%w: snapshot %s: vCPU %d: %w", ErrConfig, s.Dir(), i, err)
-		}
 		v, err := m.vm.CreateVCPU(i)
 		if err != nil {
 			return err
+		}
+		// What the vCPU reports once given KVM's table is offered too: a
+		// PVM host reports the host CPU's own bits there (its guests see
+		// them), as it did when the snapshot was saved.
+		if err := v.SetCPUID(host); err != nil {
+			return err
+		}
+		reported, err := v.CPUID()
+		if err != nil {
+			return err
+		}
+		if err := checkCPUID(st.VCPUs[i].CPUID, host, reported); err != nil {
+			v.Close()
+			return fmt.Errorf("%w: snapshot %s: vCPU %d: %w", ErrConfig, s.Dir(), i, err)
 		}
 		m.vcpus = append(m.vcpus, v)
 		m.vcpuCtrs = append(m.vcpuCtrs, &vcpuCounters{})
@@ -387,15 +398,19 @@ var cpuidGranted = map[string]uint32{"1.ECX": 1<<24 | 1<<31 | 1<<27 | 1<<3, "1.E
 // checkCPUID refuses saved CPUID that lists a feature this host's KVM
 // cannot give the guest: the guest checked its CPUID at boot and uses the
 // feature without asking again, so it would fault (or worse) on this host.
-func checkCPUID(saved, host kvm.CPUID) error {
+// offered is the union of the tables given: what KVM reports it supports,
+// and what a vCPU reports once given that.
+func checkCPUID(saved kvm.CPUID, offered ...kvm.CPUID) error {
 	for _, r := range cpuidFeatureRegs {
 		s := saved.Find(r.leaf, r.sub)
 		if s == nil {
 			continue
 		}
 		var have uint32
-		if h := host.Find(r.leaf, r.sub); h != nil {
-			have = h.Get(r.reg)
+		for _, host := range offered {
+			if h := host.Find(r.leaf, r.sub); h != nil {
+				have |= h.Get(r.reg)
+			}
 		}
 		if missing := s.Get(r.reg) &^ have &^ cpuidGranted[r.name]; missing != 0 {
 			return fmt.Errorf("the guest uses CPUID %s bits %#x that this host's KVM does not offer", r.name, missing)

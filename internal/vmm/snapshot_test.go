@@ -26,6 +26,11 @@ func TestCheckCPUID(t *testing.T) {
 	if err := checkCPUID(ok, host); err != nil {
 		t.Errorf("a guest of this host: %v", err)
 	}
+	// A PVM host's vCPUs report the host CPU's bits, beyond KVM's table.
+	reported := kvm.CPUID{{Function: 7, EBX: 1<<5 | 1<<16}}
+	if err := checkCPUID(kvm.CPUID{{Function: 7, EBX: 1<<5 | 1<<16}}, host, reported); err != nil {
+		t.Errorf("bits a vCPU of this host reports: %v", err)
+	}
 	for _, tc := range []struct {
 		name  string
 		saved kvm.CPUID
