@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -245,6 +246,52 @@ type SnapshotOptions struct {
 	// ExitSnapshot. Otherwise the machine goes on as it was (paused if it
 	// was paused).
 	Stop bool
+	// Labels are the caller's notes on the snapshot (at most 64; keys of
+	// 1 to 122 bytes, values of at most 4096), kept in its manifest and
+	// read back by ReadSnapshot: a named VM keeps there whether its
+	// guest runs the agent.
+	Labels map[string]string
+}
+
+// labelPrefix marks SnapshotOptions.Labels among the manifest's metadata.
+const labelPrefix = "label/"
+
+// maxLabels bounds SnapshotOptions.Labels.
+const maxLabels = 64
+
+// SnapshotInfo is what a snapshot says of itself, read without restoring
+// it: the saved machine's Config (with no console, input or log), when
+// it was written, and the labels its maker gave.
+type SnapshotInfo struct {
+	Config  Config
+	Created time.Time
+	Labels  map[string]string
+}
+
+// ReadSnapshot checks the snapshot in dir as Restore does (its manifest
+// and every state part; not guest memory) and returns what it says of
+// itself.
+func ReadSnapshot(dir string) (SnapshotInfo, error) {
+	s, err := snapshot.Open(dir)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer s.Close()
+	var saved savedConfig
+	if err := s.State(snapshotConfigPart, &saved); err != nil {
+		return SnapshotInfo{}, err
+	}
+	man := s.Manifest()
+	info := SnapshotInfo{Config: saved.Config, Created: man.Created}
+	for k, v := range man.Metadata {
+		if name, ok := strings.CutPrefix(k, labelPrefix); ok {
+			if info.Labels == nil {
+				info.Labels = map[string]string{}
+			}
+			info.Labels[name] = v
+		}
+	}
+	return info, nil
 }
 
 // Snapshot saves the running machine into dir, which must not exist (or
@@ -274,7 +321,18 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, o SnapshotOptions) (
 			_ = w.Abort()
 		}
 	}()
-	saved, err := m.savedConfig()
+	if len(o.Labels) > maxLabels {
+		err = fmt.Errorf("snapshot: %d labels, more than %d", len(o.Labels), maxLabels)
+	}
+	for k, v := range o.Labels {
+		if err == nil {
+			err = w.SetMetadata(labelPrefix+k, v)
+		}
+	}
+	var saved *savedConfig
+	if err == nil {
+		saved, err = m.savedConfig()
+	}
 	if err == nil {
 		err = w.AddState(snapshotConfigPart, saved)
 	}

@@ -43,8 +43,12 @@ func TestSnapshotRestore(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "snap")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Labels: map[string]string{"job": "echo"}}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
+	}
+	if info, err := ReadSnapshot(dir); err != nil || info.Labels["job"] != "echo" || len(info.Labels) != 1 ||
+		info.Config.MemoryBytes != g.m.Config().MemoryBytes || info.Created.IsZero() {
+		t.Errorf("ReadSnapshot: %+v, %v; want the label job=echo, the machine's memory size and a creation time", info, err)
 	}
 	if g.m.Paused() {
 		t.Error("the machine is still paused after Snapshot")

@@ -114,7 +114,55 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if detach && !child {
 		return startDetached(name, c.Duration("boot-timeout"), withAgent)
 	}
-	return runNamedVM(c, name, cfg, img, withAgent, child, stdin, stdout, log)
+	return runNamedVM(c, bootLaunch(name, cfg, img, withAgent), child, stdin, stdout, log)
+}
+
+// namedLaunch is what a named VM's process starts: its record, and how
+// its machine is made once the process holds the name.
+type namedLaunch struct {
+	rec vms.Record
+	// build makes the machine, given what the VM's process owns: the
+	// vsock socket in the state directory, the console, its input and
+	// the log (host's other fields zero).
+	build func(host microvm.Config) (*microvm.Machine, error)
+	// main, for an image VM, is its main process.
+	main *imageProcess
+}
+
+// bootLaunch is the launch of `run --name`: cfg booted, from exec's
+// agent image when img says so.
+func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) namedLaunch {
+	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
+		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
+	if img.root != nil {
+		cfg.UseImage(img.root, img.overlay)
+		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
+	}
+	if img.build {
+		rec.Initrd = "(the agent image)"
+	}
+	for _, d := range cfg.Disks {
+		rec.Disks = append(rec.Disks, d.Path)
+	}
+	build := func(host microvm.Config) (*microvm.Machine, error) {
+		cfg.Vsock.UDSPath = host.Vsock.UDSPath
+		cfg.Log, cfg.Console, cfg.ConsoleInput = host.Log, host.Console, host.ConsoleInput
+		if !img.build {
+			return microvm.New(cfg)
+		}
+		f, err := os.CreateTemp("", "microvm-run-*.cpio")
+		if err != nil {
+			return nil, err
+		}
+		f.Close()
+		defer os.Remove(f.Name()) // in guest memory once New returns
+		if err := writeImage(f.Name(), img.exec.image); err != nil {
+			return nil, failure{fmt.Errorf("run: guest image: %w", err)}
+		}
+		cfg.Initrd = f.Name()
+		return microvm.New(cfg)
+	}
+	return namedLaunch{rec: rec, build: build, main: img.main}
 }
 
 // imageOpts is the agent image a named VM boots, when it boots one.
@@ -245,8 +293,9 @@ func logHint(name string) string {
 
 // runNamedVM is the process of a named VM: it takes the name, builds the
 // machine, serves the control API and runs the VM until it ends.
-func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, withAgent, detached bool,
+func runNamedVM(c *cli.Context, l namedLaunch, detached bool,
 	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) (err error) {
+	name, withAgent := l.rec.Name, l.rec.Agent
 	var ready *os.File
 	if detached {
 		fd, _ := strconv.Atoi(os.Getenv(detachFD))
@@ -265,16 +314,7 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	if err != nil {
 		return err
 	}
-	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
-		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
-	if img.root != nil {
-		cfg.UseImage(img.root, img.overlay)
-		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
-	}
-	for _, d := range cfg.Disks {
-		rec.Disks = append(rec.Disks, d.Path)
-	}
-	lease, err := store.Create(rec)
+	lease, err := store.Create(l.rec)
 	if err != nil {
 		return failure{err}
 	}
@@ -293,41 +333,24 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 			r.State, r.Ended, r.ExitStatus, r.ExitReason = vms.StateExited, time.Now().UTC(), exitStatus, exitReason
 		})
 	}()
-	cfg.Vsock.UDSPath = lease.Path(vms.VsockSocket)
 	clog, err := vms.OpenConsoleLog(lease.Dir(), vms.ConsoleMax)
 	if err != nil {
 		return err
 	}
 	defer clog.Close()
-	cfg.Log = log
-	cfg.Console = clog
+	host := microvm.Config{Log: log, Console: clog, Vsock: &microvm.VsockConfig{UDSPath: lease.Path(vms.VsockSocket)}}
 	if !detached {
-		cfg.Console = io.MultiWriter(stdout, clog)
-		if img.main == nil { // else stdin is the main process's
-			cfg.ConsoleInput = stdin
+		host.Console = io.MultiWriter(stdout, clog)
+		if l.main == nil { // else stdin is the main process's
+			host.ConsoleInput = stdin
 		}
 	}
-	if img.build {
-		f, err := os.CreateTemp("", "microvm-run-*.cpio")
-		if err != nil {
-			return err
-		}
-		f.Close()
-		defer os.Remove(f.Name())
-		if err := writeImage(f.Name(), img.exec.image); err != nil {
-			return failure{fmt.Errorf("run: guest image: %w", err)}
-		}
-		cfg.Initrd = f.Name()
-		_ = lease.Update(func(r *vms.Record) { r.Initrd = "(the agent image)" })
-	}
-	m, err := microvm.New(cfg)
+	m, err := l.build(host)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	if img.build {
-		os.Remove(cfg.Initrd) // in guest memory now
-	}
+	cfg := m.Config()
 
 	sigCtx, stopSignals := interruptible(context.Background())
 	defer stopSignals()
@@ -353,14 +376,14 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 	}()
 	_ = lease.Update(func(r *vms.Record) { r.State = vms.StateRunning })
 	var mainDone chan mainEnd
-	if img.main != nil {
+	if l.main != nil {
 		mainDone = make(chan mainEnd, 1)
 		var in io.Reader
 		if !detached {
 			in = stdin
 		}
 		go func() {
-			mainDone <- be.runMain(runCtx, *img.main, c.Duration("boot-timeout"), vmDone, in, cfg.Console)
+			mainDone <- be.runMain(runCtx, *l.main, c.Duration("boot-timeout"), vmDone, in, host.Console)
 		}()
 	}
 	if ready != nil {
@@ -382,10 +405,10 @@ func runNamedVM(c *cli.Context, name string, cfg microvm.Config, img imageOpts, 
 		switch {
 		case runErr != nil:
 		case me.failed:
-			exitStatus, exitReason = statusFailure, fmt.Sprintf("its main process %s could not run: %v", img.main.argv[0], me.err)
-			return failure{fmt.Errorf("VM %s: main process %s: %w", name, img.main.argv[0], me.err)}
+			exitStatus, exitReason = statusFailure, fmt.Sprintf("its main process %s could not run: %v", l.main.argv[0], me.err)
+			return failure{fmt.Errorf("VM %s: main process %s: %w", name, l.main.argv[0], me.err)}
 		case me.err == nil:
-			exitStatus, exitReason = me.status, fmt.Sprintf("its main process %s ended with status %d", img.main.argv[0], me.status)
+			exitStatus, exitReason = me.status, fmt.Sprintf("its main process %s ended with status %d", l.main.argv[0], me.status)
 		}
 	default:
 	}
@@ -508,7 +531,12 @@ func (b *vmBackend) Snapshot(ctx context.Context, req vmctl.SnapshotRequest) err
 		b.stopping = true
 		b.mu.Unlock()
 	}
-	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite})
+	rec := b.lease.Record()
+	labels := map[string]string{labelAgent: strconv.FormatBool(rec.Agent)}
+	if rec.Agent {
+		labels[labelAgentPort] = strconv.FormatUint(uint64(rec.AgentPort), 10)
+	}
+	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite, Labels: labels})
 	switch {
 	case err != nil && req.Stop:
 		b.mu.Lock()
@@ -524,6 +552,13 @@ func (b *vmBackend) Snapshot(ctx context.Context, req vmctl.SnapshotRequest) err
 	b.log.WithField("path", req.Path).Info("snapshot written")
 	return nil
 }
+
+// The labels a named VM's snapshot carries (microvm.SnapshotOptions.Labels),
+// for restore --name: whether its guest runs the agent, and on which port.
+const (
+	labelAgent     = "microvm.agent"
+	labelAgentPort = "microvm.agent-port"
+)
 
 // errStopRequested is the run's cancel cause for a stop through the API.
 var errStopRequested = errors.New("stopped through the control API")

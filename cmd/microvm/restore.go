@@ -3,17 +3,24 @@
 package main
 
 import (
+	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"time"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/vms"
 )
 
 // `microvm restore DIR`: the machine a snapshot holds (microvm snapshot,
-// docs/snapshot.md), run in the foreground from where it was saved, as
-// `microvm run` runs a booted one: the console on stdin and stdout, the
-// exit status the guest's end. The flags name the host resources the new
+// docs/snapshot.md), run from where it was saved, as `microvm run` runs a
+// booted one: in the foreground, the console on stdin and stdout and the
+// exit status the guest's end; or, with --name, as a named VM (with
+// --detach, in the background). The flags name the host resources the new
 // process owns; the machine itself (CPUs, memory, devices and their
 // settings) is the snapshot's.
 
@@ -21,13 +28,17 @@ import (
 func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	opts := []opt{
 		uint64Opt("vsock-cid", "the restored guest's vsock CID (default: the snapshot's); a clone beside its original needs its own"),
-		stringOpt("vsock-uds", "", "host Unix socket of the vsock device (default: the snapshot's)"),
+		stringOpt("vsock-uds", "", "host Unix socket of the vsock device (default: the snapshot's; a named VM's is in its state directory)"),
 		stringOpt("metrics-socket", "", "serve Prometheus metrics on this Unix socket"),
+		stringOpt("name", "", "run it as the named VM NAME (microvm ls, stop, exec --vm); default: in the foreground, unnamed"),
+		boolOpt("detach", "with --name: return once the VM runs (and its agent answers, when the snapshot's VM ran one); the VM goes on in the background", "d"),
+		durationOpt("boot-timeout", 30*time.Second, "with --detach: how long to wait for the restored agent to answer"),
 	}
 	return &cli.Command{
-		Name:         "restore",
-		Usage:        "run a VM from a snapshot (microvm snapshot): it goes on where it was saved",
-		UsageText:    "microvm restore [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... [--metrics-socket PATH] [--seccomp=off] [--log-level LEVEL] DIR",
+		Name:  "restore",
+		Usage: "run a VM from a snapshot (microvm snapshot): it goes on where it was saved",
+		UsageText: "microvm restore [--name NAME [--detach]] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... " +
+			"[--metrics-socket PATH] [--seccomp=off] [--log-level LEVEL] DIR",
 		OnUsageError: onUsageError,
 		Flags: append(cliFlags(opts, []opt{seccompFlag()}, logFlags()), &cli.StringSliceFlag{Name: "disk",
 			Usage: "disk image path in place of the snapshot's, one per disk in order (each checked against the size and modification time the snapshot saw)"}),
@@ -35,22 +46,88 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if c.NArg() != 1 {
 				return usagef("restore: want one snapshot directory")
 			}
+			name := c.String("name")
+			switch {
+			case c.Bool("detach") && name == "":
+				return usagef("--detach needs --name (the detached VM is reached by its name)")
+			case name != "" && isSet(c, "vsock-uds"):
+				return usagef("--vsock-uds: a named VM's vsock socket is in its state directory (%s)", vms.VsockSocket)
+			}
+			if name != "" {
+				if err := vms.CheckName(name); err != nil {
+					return usageError{err}
+				}
+			}
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err
 			}
-			host := microvm.Config{Log: log, Console: stdout, ConsoleInput: stdin, MetricsSocket: c.String("metrics-socket")}
+			dir := c.Args().First()
+			host := microvm.Config{MetricsSocket: c.String("metrics-socket")}
 			if c.IsSet("vsock-cid") || c.IsSet("vsock-uds") {
 				host.Vsock = &microvm.VsockConfig{CID: c.Uint64("vsock-cid"), UDSPath: c.String("vsock-uds")}
 			}
 			for _, p := range c.StringSlice("disk") {
 				host.Disks = append(host.Disks, microvm.DiskConfig{Path: p})
 			}
-			m, err := microvm.Restore(c.Args().First(), host)
+			if name != "" {
+				return restoreNamed(c, name, dir, host, stdin, stdout, log)
+			}
+			host.Log, host.Console, host.ConsoleInput = log, stdout, stdin
+			m, err := microvm.Restore(dir, host)
 			if err != nil {
 				return err
 			}
 			return runBuilt(m, log, func() error { return confine(c, vmmPolicy(m.Config()), log) })
 		},
 	}
+}
+
+// restoreNamed is `microvm restore --name NAME DIR`: the snapshot's
+// machine as a named VM, which has an agent when the snapshot's named VM
+// had one (its labels say so).
+func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin io.Reader, stdout io.Writer, log *logrus.Logger) error {
+	info, err := microvm.ReadSnapshot(dir)
+	if err != nil {
+		return err
+	}
+	cfg := info.Config
+	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
+		Initrd: cfg.Initrd, Restored: dir}
+	rec.Agent, _ = strconv.ParseBool(info.Labels[labelAgent])
+	if rec.Agent {
+		port, err := strconv.ParseUint(info.Labels[labelAgentPort], 10, 32)
+		if err != nil {
+			return failure{fmt.Errorf("snapshot %s: its agent port label %q: %w", dir, info.Labels[labelAgentPort], err)}
+		}
+		rec.AgentPort = uint32(port)
+	}
+	if cfg.Vsock != nil {
+		rec.VsockCID = cfg.Vsock.CID
+	}
+	if host.Vsock != nil && host.Vsock.CID != 0 {
+		rec.VsockCID = host.Vsock.CID
+	}
+	for i, d := range cfg.Disks {
+		if i < len(host.Disks) {
+			d = host.Disks[i]
+		}
+		rec.Disks = append(rec.Disks, d.Path)
+	}
+	if c.Bool("detach") && os.Getenv(detachFD) == "" {
+		return startDetached(name, c.Duration("boot-timeout"), rec.Agent)
+	}
+	build := func(own microvm.Config) (*microvm.Machine, error) {
+		h := host
+		h.Log, h.Console, h.ConsoleInput = own.Log, own.Console, own.ConsoleInput
+		if cfg.Vsock != nil { // else the VM has no vsock socket to own
+			v := microvm.VsockConfig{UDSPath: own.Vsock.UDSPath}
+			if host.Vsock != nil {
+				v.CID = host.Vsock.CID
+			}
+			h.Vsock = &v
+		}
+		return microvm.Restore(dir, h)
+	}
+	return runNamedVM(c, namedLaunch{rec: rec, build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
 }

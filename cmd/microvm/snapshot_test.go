@@ -45,6 +45,35 @@ func TestNamedSnapshotRestore(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	// A named, detached restore: listed with its snapshot, reached
+	// through its own state directory's socket, stopped by name. The
+	// test guest's echo mode serves one connection and then exits.
+	n.mustRun("restore", "--name", "t2", "--detach", "--vsock-cid", "10", snap)
+	if r, ok := n.record("t2"); !ok || r.State != vms.StateRunning || r.Restored != snap || r.VsockCID != 10 {
+		t.Errorf("the restored named VM's record: %+v (listed: %v); want running, restored from %s, CID 10", r, ok, snap)
+	}
+	status, _, stderr = n.run("restore", "--name", "t2", snap)
+	if status == 0 || !strings.Contains(stderr, "t2") {
+		t.Errorf("a second VM named t2: status %d, stderr %q; want a refusal naming it", status, stderr)
+	}
+	c, _, err := testenv.VsockConnect(filepath.Join(n.state, "vms", "t2", vms.VsockSocket), namedTestPort, 30*time.Second)
+	if err != nil {
+		t.Fatalf("connect to the restored named VM: %v; its log:\n%s", err, n.mustRun("logs", "t2"))
+	}
+	echoLine(t, c, "through the restored named VM\n")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r, _ := n.record("t2")
+		if r.State == vms.StateExited {
+			if r.ExitStatus != 0 {
+				t.Errorf("the restored named VM exited with %d (%s)", r.ExitStatus, r.ExitReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restored named VM still %s after its one connection", r.State)
+		}
+	}
+
 	// The restore in the foreground, as a user runs it.
 	exe, err := os.Executable()
 	if err != nil {
@@ -73,7 +102,7 @@ func TestNamedSnapshotRestore(t *testing.T) {
 			break
 		}
 	}
-	c, _, err := testenv.VsockConnect(uds, namedTestPort, 30*time.Second)
+	c, _, err = testenv.VsockConnect(uds, namedTestPort, 30*time.Second)
 	if err != nil {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {

@@ -125,6 +125,9 @@ type Record struct {
 	// exec --vm applies as docker exec applies a container's.
 	Image   string   `json:"image,omitempty"`
 	Process *Process `json:"process,omitempty"`
+	// Restored is the snapshot the VM was restored from (restore
+	// --name), or "" for a VM that booted.
+	Restored string `json:"restored_from,omitempty"`
 }
 
 // Process is what an image says a command runs with: exec --vm's defaults.
