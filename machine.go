@@ -253,6 +253,10 @@ type SnapshotOptions struct {
 	Labels map[string]string
 }
 
+// ErrSnapshotExists: Snapshot's directory holds something already, and
+// Overwrite was not given (or it is not a snapshot, never replaced).
+var ErrSnapshotExists = snapshot.ErrExists
+
 // labelPrefix marks SnapshotOptions.Labels among the manifest's metadata.
 const labelPrefix = "label/"
 

@@ -54,6 +54,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			[]cli.Flag{
 				&cli.StringFlag{Name: "vm", Usage: "run CMD in the running named VM NAME (microvm run --name NAME --with-agent) instead of a fresh one"},
 				&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
+				&cli.StringFlag{Name: "snapshot", Usage: "warm start: run CMD in a clone of the snapshot in DIR, made by the first exec with DIR once its agent answered (docs/snapshot.md)"},
 			},
 			cliFlags(rootImageFlags(), imageFlags()),
 			[]cli.Flag{
@@ -88,11 +89,18 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 					return asFailure(err)
 				}
 			}
+			policy := vmmPolicy(o.devices)
+			if dir := c.String("snapshot"); dir != "" {
+				if o.warm, err = o.checkWarmStart(dir); err != nil {
+					return asFailure(err)
+				}
+				policy = policy.WithSnapshots()
+			}
 			o.confine = func() error {
 				if err := enterChroot(o.root, log); err != nil {
 					return err
 				}
-				return confine(c, vmmPolicy(o.devices), log)
+				return confine(c, policy, log)
 			}
 			return asFailure(runExec(o))
 		},
@@ -120,6 +128,8 @@ type execOpts struct {
 	// confine enters --chroot and installs the seccomp filter, between
 	// New and Run.
 	confine func() error
+	// warm is --snapshot's warm start, or nil.
+	warm *warmStart
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
@@ -259,6 +269,9 @@ func runExec(o *execOpts) error {
 	// the agent; otherwise from the agent's initramfs, written to a
 	// temporary file that is removed once New has loaded it.
 	initrd := ""
+	if o.warm != nil && o.warm.snap != nil {
+		return runInClone(o)
+	}
 	if o.devices.Root == "" {
 		f, err := os.CreateTemp("", "microvm-exec-*.cpio")
 		if err != nil {
@@ -283,7 +296,24 @@ func runExec(o *execOpts) error {
 			return fmt.Errorf("exec: %w", err)
 		}
 	}
+	return runExecIn(o, m, console)
+}
 
+// runInClone is runExec in a clone of --snapshot's snapshot.
+func runInClone(o *execOpts) error {
+	console := &tailBuffer{max: consoleKeep}
+	m, err := o.warm.restore(o, console)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return runExecIn(o, m, console)
+}
+
+// runExecIn runs m, waits for its agent (then, for exec --snapshot's
+// first run, snapshots it), runs the command and returns its exit status
+// as runInGuest does.
+func runExecIn(o *execOpts, m *microvm.Machine, console *tailBuffer) error {
 	sigCtx, stop := interruptible(context.Background())
 	defer stop()
 	if err := o.confine(); err != nil {
@@ -300,8 +330,15 @@ func runExec(o *execOpts) error {
 	}()
 	defer func() { cancel(); <-vmDone }()
 
-	stopProgress := startProgress(o.cmd.stderr, o.quiet, "exec: booting the VM and waiting for its agent")
+	what := "exec: booting the VM and waiting for its agent"
+	if o.warm != nil && o.warm.snap != nil {
+		what = "exec: waiting for the restored VM's agent"
+	}
+	stopProgress := startProgress(o.cmd.stderr, o.quiet, what)
 	cc, err := waitAgent(ctx, m, o.bootTimeout, vmDone)
+	if err == nil && o.warm != nil && o.warm.snap == nil {
+		cc, err = o.warm.save(ctx, o, m, cc, vmDone)
+	}
 	stopProgress()
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {
