@@ -150,4 +150,3 @@ func (w *warmStart) save(ctx context.Context, o *execOpts, m *microvm.Machine, c
 	}
 	return waitAgent(ctx, m, o.bootTimeout, vmDone)
 }
-
