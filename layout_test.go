@@ -24,8 +24,9 @@ var otherRoots = []string{"docs", "scripts", "testdata", "build", "bin"}
 
 // maxRootFiles bounds the root package's product files: the embedding API,
 // kept to a handful, one concept a file (config, devices, doc, images,
-// machine, metrics, named VMs, usernet, vsock).
-const maxRootFiles = 9
+// machine, metrics, named VMs, pool of snapshot clones, snapshots, usernet,
+// vsock).
+const maxRootFiles = 11
 
 // layoutRules says which top-level folders a package under each may not
 // import: lower layers never import higher ones. "." is the root package.
