@@ -131,33 +131,14 @@ func writeSparse(f *os.File, mem []byte) (int64, string, error) {
 func digestSparse(f *os.File, size int64) (string, error) {
 	d := newMemDigest(size)
 	buf := make([]byte, chunk)
-	var next int64 // the first page not yet hashed
-	for next < size {
-		data, err := f.Seek(next, unix.SEEK_DATA)
-		hole := size
-		switch {
-		case errors.Is(err, syscall.ENXIO): // holes to the end
-			data = size
-		case err != nil: // SEEK_DATA unsupported: read it all
-			data = next
-		default:
-			if h, err := f.Seek(data, unix.SEEK_HOLE); err == nil {
-				hole = h
-			}
-		}
-		// Whole pages: a file system may keep holes smaller than a page.
-		start := max(next, data&^(PageSize-1))
-		end := min(size, (hole+PageSize-1)&^(PageSize-1))
-		if end <= start { // a file system reporting an empty data run
-			end = min(size, start+PageSize)
-		}
+	err := forEachDataRun(f, size, func(start, end int64) error {
 		for off := start; off < end; {
 			b := buf[:min(int64(len(buf)), end-off)]
 			if _, err := f.ReadAt(b, off); err != nil {
 				if errors.Is(err, io.EOF) {
-					return "", fmt.Errorf("%w: file ends before byte %d", ErrTruncated, size)
+					return fmt.Errorf("%w: file ends before byte %d", ErrTruncated, size)
 				}
-				return "", err
+				return err
 			}
 			for i := 0; i < len(b); i += PageSize {
 				if page := b[i : i+PageSize]; !isZero(page) {
@@ -166,7 +147,46 @@ func digestSparse(f *os.File, size int64) (string, error) {
 			}
 			off += int64(len(b))
 		}
-		next = max(end, start)
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
 	return d.sum(), nil
+}
+
+// forEachDataRun calls fn for each run of whole pages of the first size
+// bytes of f that hold data, in order (SEEK_DATA/SEEK_HOLE; all of it
+// where the file system cannot tell). It uses the offsets lseek returns,
+// never the file's position, so it may run beside other readers of f.
+func forEachDataRun(f *os.File, size int64, fn func(start, end int64) error) error {
+	var next int64 // the first page not yet visited
+	for next < size {
+		data, err := f.Seek(next, unix.SEEK_DATA)
+		hole := size
+		switch {
+		case errors.Is(err, syscall.ENXIO): // holes to the end
+			data = size
+		case err != nil: // SEEK_DATA unsupported: all of it
+			data = next
+		default:
+			if h, err := f.Seek(data, unix.SEEK_HOLE); err == nil {
+				hole = h
+			}
+		}
+		if data >= size {
+			return nil
+		}
+		// Whole pages: a file system may keep holes smaller than a page.
+		start := max(next, data&^(PageSize-1))
+		end := min(size, (hole+PageSize-1)&^(PageSize-1))
+		if end <= start { // a file system reporting an empty data run
+			end = min(size, start+PageSize)
+		}
+		if err := fn(start, end); err != nil {
+			return err
+		}
+		next = max(end, start)
+	}
+	return nil
 }

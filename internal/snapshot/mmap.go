@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"errors"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -37,6 +38,42 @@ func (s *Snapshot) MapMemory(name string) ([]byte, error) {
 		return nil, partErrorf(s.dir, &op.Part, "mmap %d MiB: %w", op.Size>>20, err)
 	}
 	return mem, nil
+}
+
+// Prefault reads the data of memory part name in now, into mem (its
+// MapMemory mapping, or a chain's starting from it), rather than at the
+// guest's first touch of each page: each run of data the file holds is
+// populated (MADV_POPULATE_READ: read from disk into the page cache and
+// mapped, still shared and copy-on-write); holes are left alone, they read
+// as zero without a page. Linux before 5.14 lacks MADV_POPULATE_READ:
+// there MADV_WILLNEED starts the reads and Prefault returns without
+// waiting for them.
+func (s *Snapshot) Prefault(mem []byte, name string) error {
+	op, err := s.lookup(name, KindMemory)
+	if err != nil {
+		return err
+	}
+	if int64(len(mem)) != op.Size {
+		return partErrorf(s.dir, &op.Part, "prefault of %d bytes of memory, the part has %d", len(mem), op.Size)
+	}
+	// No readahead while populating: it would read the holes beside
+	// each run into the page cache too.
+	if err := unix.Madvise(mem, unix.MADV_RANDOM); err != nil {
+		return partErrorf(s.dir, &op.Part, "prefault: %w", err)
+	}
+	defer unix.Madvise(mem, unix.MADV_NORMAL)
+	err = forEachDataRun(op.f, op.Size, func(start, end int64) error {
+		b := mem[start:end]
+		err := unix.Madvise(b, unix.MADV_POPULATE_READ)
+		if errors.Is(err, unix.EINVAL) {
+			err = unix.Madvise(b, unix.MADV_WILLNEED)
+		}
+		return err
+	})
+	if err != nil {
+		return partErrorf(s.dir, &op.Part, "prefault: %w", err)
+	}
+	return nil
 }
 
 // Unmap releases memory from MapMemory or MapMemoryChain: the whole slice

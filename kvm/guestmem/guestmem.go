@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sort"
+	"sync/atomic"
 )
 
 // ErrOutOfBounds is returned (wrapped) for any access that is not entirely
@@ -37,6 +38,8 @@ type region struct {
 	data  []byte
 	uaddr uint64 // frontend user address of data[0] (vhost-user); 0 when unknown
 	unmap func() error
+	// dirty marks the pages the VMM wrote (dirty.go); nil unless tracked.
+	dirty []atomic.Uint64
 }
 
 func (r *region) end() uint64 { return r.gpa + uint64(len(r.data)) }
@@ -124,6 +127,18 @@ func (m *Memory) find(gpa uint64) *region {
 // Slice returns a view of n bytes of guest memory at gpa. The range must lie in
 // a single region. A zero-length slice is valid at any address inside memory.
 func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
+	v, err := m.ReadView(gpa, n)
+	if err == nil {
+		r := m.find(gpa)
+		r.markDirty(gpa-r.gpa, n)
+	}
+	return v, err
+}
+
+// ReadView is Slice for a caller that only reads the view: the pages are
+// not marked dirty (TrackDirty). Writing through it would hide the write
+// from a diff snapshot.
+func (m *Memory) ReadView(gpa, n uint64) ([]byte, error) {
 	r := m.find(gpa)
 	if r == nil {
 		return nil, fmt.Errorf("%w: %#x", ErrOutOfBounds, gpa)
@@ -138,29 +153,29 @@ func (m *Memory) Slice(gpa, n uint64) ([]byte, error) {
 // Read copies len(p) bytes of guest memory at gpa into p. The range may span
 // adjacent regions but not a hole.
 func (m *Memory) Read(gpa uint64, p []byte) error {
-	return m.span(gpa, uint64(len(p)), func(view []byte, done uint64) { copy(p[done:], view) })
+	return m.span(gpa, uint64(len(p)), false, func(view []byte, done uint64) { copy(p[done:], view) })
 }
 
 // Write copies p into guest memory at gpa. The range may span adjacent
 // regions but not a hole.
 func (m *Memory) Write(gpa uint64, p []byte) error {
-	return m.span(gpa, uint64(len(p)), func(view []byte, done uint64) { copy(view, p[done:]) })
+	return m.span(gpa, uint64(len(p)), true, func(view []byte, done uint64) { copy(view, p[done:]) })
 }
 
 // Check reports whether [gpa, gpa+n) lies entirely in guest memory, without
 // touching it.
 func (m *Memory) Check(gpa, n uint64) error {
-	return m.span(gpa, n, func([]byte, uint64) {})
+	return m.span(gpa, n, false, func([]byte, uint64) {})
 }
 
 // Zero clears n bytes of guest memory at gpa.
 func (m *Memory) Zero(gpa, n uint64) error {
-	return m.span(gpa, n, func(view []byte, _ uint64) { clear(view) })
+	return m.span(gpa, n, true, func(view []byte, _ uint64) { clear(view) })
 }
 
-// span visits [gpa, gpa+n) region by region. Nothing is visited unless the
-// whole range is inside guest memory.
-func (m *Memory) span(gpa, n uint64, visit func(view []byte, done uint64)) error {
+// span visits [gpa, gpa+n) region by region, marking the pages dirty when
+// write. Nothing is visited unless the whole range is inside guest memory.
+func (m *Memory) span(gpa, n uint64, write bool, visit func(view []byte, done uint64)) error {
 	if _, carry := bits.Add64(gpa, n, 0); carry != 0 {
 		return fmt.Errorf("%w: %#x+%d wraps", ErrOutOfBounds, gpa, n)
 	}
@@ -182,6 +197,9 @@ func (m *Memory) span(gpa, n uint64, visit func(view []byte, done uint64)) error
 		r := m.find(gpa + done)
 		off := gpa + done - r.gpa
 		step := min(n-done, uint64(len(r.data))-off)
+		if write {
+			r.markDirty(off, step)
+		}
 		visit(r.data[off:off+step], done)
 		done += step
 	}
