@@ -52,6 +52,19 @@ type Config struct {
 	// InFlight is how many requests the device serves at once (default
 	// DefaultInFlight, at most MaxInFlight).
 	InFlight int
+	// CopyOnWrite opens the image read-only (and takes a shared lock on
+	// it, so that many devices may share one base) and keeps the guest's
+	// writes in a private overlay that goes away with the device: the
+	// image is never written. The guest sees a writable disk (DISCARD
+	// and WRITE_ZEROES included). It cannot be combined with ReadOnly.
+	// A device with written blocks in its overlay refuses to save its
+	// state for a snapshot (ErrCopyOnWriteNotSaved). See overlay.go.
+	CopyOnWrite bool
+	// OverlayDir is the directory in which a CopyOnWrite device creates
+	// its overlay, an unlinked sparse file of the image's size that holds
+	// the blocks the guest wrote (default os.TempDir(); on a tmpfs those
+	// take memory).
+	OverlayDir string
 	// Log receives guest and host errors (nil: logrus.StandardLogger()).
 	Log logrus.FieldLogger
 }
@@ -104,6 +117,7 @@ type Device struct {
 	file    *os.File
 	fd      int
 	sectors uint64
+	cow     *overlay // Config.CopyOnWrite's overlay, else nil
 	config  [configSize]byte
 	id      [idLen]byte
 	ctr     counters
@@ -128,7 +142,8 @@ const (
 // Open opens and locks the image and returns a device for it. The image is
 // locked (flock: exclusive, or shared when read-only) until Close, so a
 // second microvm, or anything else that honours flock, cannot write it at
-// the same time.
+// the same time. With Config.CopyOnWrite the image is opened read-only
+// under a shared lock, as for ReadOnly, and the overlay is created.
 func Open(cfg Config) (*Device, error) {
 	if cfg.QueueSize == 0 {
 		cfg.QueueSize = DefaultQueueSize
@@ -148,12 +163,21 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.Log == nil {
 		cfg.Log = logrus.StandardLogger()
 	}
-	f, sectors, err := openImage(cfg.Path, cfg.ReadOnly)
+	if cfg.CopyOnWrite && cfg.ReadOnly {
+		return nil, fmt.Errorf("disk %s: read-only and copy-on-write together: a read-only disk has no writes to keep", cfg.Path)
+	}
+	f, sectors, err := openImage(cfg.Path, cfg.ReadOnly || cfg.CopyOnWrite)
 	if err != nil {
 		return nil, err
 	}
 	d := &Device{cfg: cfg, log: cfg.Log, file: f, fd: int(f.Fd()), sectors: sectors,
 		life: virtio.Lifecycle[*session]{Name: "blk"}}
+	if cfg.CopyOnWrite {
+		if d.cow, err = newOverlay(d.fd, sectors*SectorSize, cfg.OverlayDir); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("disk %s: %w", cfg.Path, err)
+		}
+	}
 	copy(d.id[:], cfg.Serial)
 	c := d.config[:]
 	binary.LittleEndian.PutUint64(c[cfgCapacity:], sectors)
@@ -286,10 +310,15 @@ func (d *Device) Activate(a virtio.Activation) error {
 // forgets the queue. Quiesce (quiesce.go) is the pause that returns them.
 func (d *Device) Reset() { d.life.Reset() }
 
-// Close resets the device, then unlocks and closes the image.
+// Close resets the device, then unlocks and closes the image, and closes a
+// CopyOnWrite device's overlay (which frees it: it has no name).
 func (d *Device) Close() error {
 	if !d.life.Close() {
 		return nil
 	}
-	return d.file.Close() // releases the flock
+	var cowErr error
+	if d.cow != nil {
+		cowErr = d.cow.close()
+	}
+	return errors.Join(d.file.Close(), cowErr) // releases the flock
 }

@@ -53,6 +53,30 @@
 // instead of corrupting it, and refuses images that are empty or whose
 // size is not a multiple of 512. The lock goes with Close.
 //
+// # Copy-on-write
+//
+// With Config.CopyOnWrite (overlay.go) the image is a base opened
+// read-only under LOCK_SH, so many devices (clones of one snapshot, warm
+// jobs) share it, and is never written; the guest sees a writable disk.
+// Its writes go to an overlay: an unlinked sparse file of the image's size
+// (O_TMPFILE in Config.OverlayDir, or created and unlinked at once where
+// the file system lacks it), thrown away with the device, and a bitmap of
+// the 4 KiB blocks (CopyOnWriteBlockSize) the overlay holds, 1 bit per
+// block, sized at Open and never grown. A read is split into runs of
+// blocks from one layer, one preadv each into the guest's buffers. A
+// write first makes the overlay hold each block it touches: one it covers
+// in part is copied up from the base whole (read-modify-write, so the
+// overlay only ever holds whole blocks), one it covers whole is claimed;
+// then one pwritev puts the data into the overlay. Write-zeroes does the
+// same and zeroes the range in the overlay; discard claims the blocks its
+// range covers whole and punches them out of the overlay (they read as
+// zeros), leaving blocks it covers in part alone (discard is a hint).
+// Flush does nothing: the base is not written and the overlay is not
+// kept. Every range was bounded by parseRequest; the overlay checks it
+// again and answers IOERR rather than index its bitmap out of range. A
+// disk whose overlay holds blocks refuses to save its state for a
+// snapshot (state.go, ErrCopyOnWriteNotSaved).
+//
 // # Goroutines and locks
 //
 // Per activation: one dispatcher (owns popping and the kick eventfd) and
@@ -72,6 +96,19 @@
 // reset) but publish nothing, since the driver is tearing its rings down,
 // and return; Reset waits for all of them, so no goroutine touches guest
 // memory after it returns. Counters are atomics.
+//
+// A CopyOnWrite disk's overlay adds its stripe locks (overlay.stripes):
+// stripe b%64 guards setting block b's bit in the bitmap, and is held
+// across a block's copy-up (a 4 KiB pread from the base and pwrite into
+// the overlay: the one lock held across I/O, so that two requests writing
+// parts of one block cannot both copy it and undo each other's bytes;
+// overlay's comment says why claims take it too). A worker holds at most
+// one stripe, never with qmu, and takes nothing under it. Bits are read
+// with atomic loads and never cleared.
+//
+// Lock order: MMIO.mu -> Lifecycle.mu -> nothing; qmu -> nothing (the
+// interrupt lock is taken after qmu is released); overlay stripe ->
+// nothing.
 //
 // # Pause (snapshots)
 //

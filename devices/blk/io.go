@@ -45,7 +45,13 @@ func (s *session) execute(sl *slot) (status byte, data uint64, err error) {
 	case typeIn:
 		w := sl.chain.Writer()
 		sl.views = w.Views(sl.views[:0], req.dataLen)
-		if err := fullIO(unix.Preadv, s.d.fd, sl.views, off); err != nil {
+		var err error
+		if s.d.cow != nil {
+			sl.sub, err = s.d.cow.read(sl.views, uint64(off), req.dataLen, sl.sub)
+		} else {
+			err = fullIO(unix.Preadv, s.d.fd, sl.views, off)
+		}
+		if err != nil {
 			return statusIOErr, 0, fmt.Errorf("read %d bytes at %d: %w", req.dataLen, off, err)
 		}
 		c.reads.Add(1)
@@ -56,13 +62,26 @@ func (s *session) execute(sl *slot) (status byte, data uint64, err error) {
 		var hdr [headerSize]byte
 		r.Read(hdr[:]) // skip the header: parsed already
 		sl.views = r.Views(sl.views[:0], req.dataLen)
-		if err := fullIO(unix.Pwritev, s.d.fd, sl.views, off); err != nil {
+		var err error
+		if s.d.cow != nil {
+			err = s.d.cow.write(sl.views, uint64(off), req.dataLen, sl.cowBlock())
+		} else {
+			err = fullIO(unix.Pwritev, s.d.fd, sl.views, off)
+		}
+		if err != nil {
 			return statusIOErr, 0, fmt.Errorf("write %d bytes at %d: %w", req.dataLen, off, err)
 		}
 		c.writes.Add(1)
 		c.bytesWritten.Add(req.dataLen)
 		return statusOK, 0, nil
 	case typeFlush:
+		if s.d.cow != nil {
+			// Nothing to make durable: the base is never written, and
+			// the overlay is thrown away with the device, so syncing
+			// it would cost the guest time and keep nothing.
+			c.flushes.Add(1)
+			return statusOK, 0, nil
+		}
 		if err := retryEINTR(func() error { return unix.Fdatasync(s.d.fd) }); err != nil {
 			return statusIOErr, 0, fmt.Errorf("fdatasync: %w", err)
 		}
@@ -103,11 +122,17 @@ func (s *session) segments(sl *slot) (byte, uint64, error) {
 		if length == 0 {
 			continue
 		}
+		unmap := seg.flags&flagUnmap != 0
 		var err error
-		if req.typ == typeDiscard {
-			err = s.discard(off, length)
-		} else {
-			err = s.writeZeroes(off, length, seg.flags&flagUnmap != 0)
+		switch {
+		case s.d.cow != nil && req.typ == typeDiscard:
+			err = s.d.cow.discard(uint64(off), uint64(length))
+		case s.d.cow != nil:
+			err = s.d.cow.writeZeroes(uint64(off), uint64(length), unmap, sl.cowBlock())
+		case req.typ == typeDiscard:
+			err = discardRange(s.d.fd, off, length)
+		default:
+			err = zeroRange(s.d.fd, off, length, unmap)
 		}
 		if err != nil {
 			return statusIOErr, 0, err
@@ -121,10 +146,10 @@ func (s *session) segments(sl *slot) (byte, uint64, error) {
 	return statusOK, 0, nil
 }
 
-// discard punches a hole. Discard is a hint (5.2.6.2): where the file
-// system cannot punch holes the request still succeeds.
-func (s *session) discard(off, length int64) error {
-	err := fallocate(s.d.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+// discardRange punches a hole in fd. Discard is a hint (5.2.6.2): where
+// the file system cannot punch holes the request still succeeds.
+func discardRange(fd int, off, length int64) error {
+	err := fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, length)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		return nil
 	}
@@ -134,20 +159,20 @@ func (s *session) discard(off, length int64) error {
 	return nil
 }
 
-// writeZeroes zeroes a range: a hole when the guest allows unmapping, else
-// an allocated zero range; where the file system has neither, it writes
-// zeroes.
-func (s *session) writeZeroes(off, length int64, unmap bool) error {
+// zeroRange zeroes a range of fd: a hole when the guest allows unmapping,
+// else an allocated zero range; where the file system has neither, it
+// writes zeroes.
+func zeroRange(fd int, off, length int64, unmap bool) error {
 	mode := uint32(unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE)
 	if unmap {
 		mode = unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE
 	}
-	err := fallocate(s.d.fd, mode, off, length)
+	err := fallocate(fd, mode, off, length)
 	if errors.Is(err, unix.EOPNOTSUPP) && unmap {
-		err = fallocate(s.d.fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, length)
+		err = fallocate(fd, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, off, length)
 	}
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		err = writeZeroBytes(s.d.fd, off, length)
+		err = writeZeroBytes(fd, off, length)
 	}
 	if err != nil {
 		return fmt.Errorf("write zeroes %d bytes at %d: %w", length, off, err)

@@ -16,11 +16,24 @@ import (
 const iovMax = 1024
 
 // slot is the storage of one request in flight: its chain (the views stay
-// valid until the slot's next Pop) and the parsed header.
+// valid until the slot's next Pop) and the parsed header. sub and block
+// are scratch space of a copy-on-write disk's requests (overlay.read, a
+// block's copy-up), kept with the slot so that I/O allocates nothing.
 type slot struct {
 	chain virtio.Chain
 	req   request
 	views [][]byte
+	sub   [][]byte
+	block []byte
+}
+
+// cowBlock returns the slot's copy-up buffer, allocated on first use: at
+// most InFlight blocks per session.
+func (sl *slot) cowBlock() []byte {
+	if sl.block == nil {
+		sl.block = make([]byte, CopyOnWriteBlockSize)
+	}
+	return sl.block
 }
 
 // session is one activation: the dispatcher, the workers, and the slots
