@@ -74,6 +74,18 @@ type Config struct {
 	// ending the machine. By default (false) the machine has ACPI
 	// (docs/machine.md): poweroff ends Run with ExitPowerOff.
 	NoACPI bool
+	// TrackDirtyPages logs the guest memory pages written, by the guest
+	// and by the devices, so that Machine.Snapshot can write a diff
+	// snapshot (SnapshotOptions.Diff): only the pages written since the
+	// machine's previous snapshot, or since its restore. The guest pays a
+	// write-protection fault on its first write to each page after each
+	// snapshot.
+	TrackDirtyPages bool
+	// PrefaultMemory, for Restore, reads the snapshot's guest memory in
+	// at restore (the data it holds, not its holes) rather than page by
+	// page as the guest first touches it: a longer restore for fewer
+	// faults afterwards. Ignored by New.
+	PrefaultMemory bool
 	// MetricsSocket, when set, is a Unix socket path on which New starts
 	// an HTTP server of the machine's metrics: GET /metrics returns
 	// Machine.Metrics in the Prometheus text format (docs/metrics.md).
@@ -161,7 +173,8 @@ func (c *Config) withDefaults() (Config, error) {
 func (c *Config) vmmConfig() vmm.Config {
 	return vmm.Config{Kernel: c.Kernel, Initrd: c.Initrd, Cmdline: c.Cmdline, CPUs: c.CPUs,
 		MemoryBytes: c.MemoryBytes, HideCPUFeatures: c.HideCPUFeatures, Console: c.Console,
-		ConsoleInput: c.ConsoleInput, IRQChip: c.IRQChip, NoACPI: c.NoACPI, Log: c.Log}
+		ConsoleInput: c.ConsoleInput, IRQChip: c.IRQChip, NoACPI: c.NoACPI, Log: c.Log,
+		TrackDirty: c.TrackDirtyPages}
 }
 
 // maxSunPath is the longest path a Unix socket address holds (sun_path,

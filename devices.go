@@ -492,6 +492,12 @@ type DiskConfig struct {
 	// Serial is what the guest reads as the disk's id (at most 20 bytes;
 	// /sys/block/vdX/serial).
 	Serial string
+	// CopyOnWrite opens the image read-only (shared with other readers)
+	// and keeps the guest's writes in a private overlay, a temporary file
+	// removed with the machine: the image never changes, so many machines
+	// can share it and throw their writes away (docs/blk.md). A snapshot
+	// of a machine whose copy-on-write disk holds writes is refused.
+	CopyOnWrite bool
 }
 
 // DiskMetrics are one disk's counters.
@@ -533,7 +539,7 @@ func (c *Config) rootCmdline() string {
 	return "root=" + c.Root + " " + mode
 }
 
-// ParseDisk parses a --disk value: path=F[,readonly][,serial=S].
+// ParseDisk parses a --disk value: path=F[,readonly|,cow][,serial=S].
 func ParseDisk(s string) (DiskConfig, error) {
 	var d DiskConfig
 	for _, kv := range strings.Split(s, ",") {
@@ -543,14 +549,19 @@ func ParseDisk(s string) (DiskConfig, error) {
 			d.Path = v
 		case k == "readonly" && !hasV:
 			d.ReadOnly = true
+		case k == "cow" && !hasV:
+			d.CopyOnWrite = true
 		case k == "serial" && hasV:
 			d.Serial = v
 		default:
-			return d, fmt.Errorf("%w: --disk %q: unknown or malformed %q; want path=FILE[,readonly][,serial=S]", ErrConfig, s, kv)
+			return d, fmt.Errorf("%w: --disk %q: unknown or malformed %q; want path=FILE[,readonly|,cow][,serial=S]", ErrConfig, s, kv)
 		}
 	}
 	if d.Path == "" {
 		return d, fmt.Errorf("%w: --disk %q: no path=FILE", ErrConfig, s)
+	}
+	if d.ReadOnly && d.CopyOnWrite {
+		return d, fmt.Errorf("%w: --disk %q: readonly or cow, not both (a copy-on-write disk takes writes)", ErrConfig, s)
 	}
 	return d, nil
 }
@@ -580,7 +591,7 @@ var diskKind = deviceKind{
 	add: func(m *Machine) error {
 		for i, dc := range m.cfg.Disks {
 			dev, err := blk.Open(blk.Config{Path: dc.Path, ReadOnly: dc.ReadOnly, Serial: dc.Serial,
-				Log: m.log.WithField("device", diskName(i))})
+				CopyOnWrite: dc.CopyOnWrite, Log: m.log.WithField("device", diskName(i))})
 			if err != nil {
 				return err
 			}
@@ -644,8 +655,8 @@ var diskKind = deviceKind{
 		}
 	},
 	flags: []Flag{
-		{Name: "disk", Synopsis: "[--disk path=F[,readonly][,serial=S]]...",
-			Usage: "add a virtio-blk disk over a raw image: path=FILE[,readonly][,serial=S] (repeatable: /dev/vda, /dev/vdb, ... in order)",
+		{Name: "disk", Synopsis: "[--disk path=F[,readonly|,cow][,serial=S]]...",
+			Usage: "add a virtio-blk disk over a raw image: path=FILE[,readonly|,cow][,serial=S]; cow keeps the writes in a throw-away overlay (repeatable: /dev/vda, /dev/vdb, ... in order)",
 			Set: func(c *Config, v string) error {
 				d, err := ParseDisk(v)
 				if err != nil {

@@ -82,6 +82,9 @@ func TestParseDisk(t *testing.T) {
 		{in: "readonly", bad: true},
 		{in: "path=a,readonly=yes", bad: true},
 		{in: "path=a,cache=none", bad: true},
+		{in: "path=a,cow", want: DiskConfig{Path: "a", CopyOnWrite: true}},
+		{in: "path=a,cow,readonly", bad: true},
+		{in: "path=a,cow=1", bad: true},
 	} {
 		got, err := ParseDisk(tc.in)
 		if tc.bad {

@@ -57,6 +57,14 @@ type Machine struct {
 	metricsSrv *metricsrv.Server // Config.MetricsSocket; nil without
 
 	snap *snapshot.Snapshot // what Restore built the machine from; nil for New
+	// bases are the snapshots snap's memory diffs apply onto, oldest
+	// first (snapshot.go); nil unless snap is a diff snapshot.
+	bases []*snapshot.Snapshot
+	// diffBase is what a diff snapshot (SnapshotOptions.Diff) is taken
+	// against: the machine's last snapshot, or the one it was restored
+	// from; nil when there is none, or the dirty logs restarted without
+	// one (a failed snapshot). Snapshot's caller owns it (one at a time).
+	diffBase *snapshotRef
 }
 
 // New creates the machine described by cfg: KVM VM, memory, devices, kernel.
@@ -81,7 +89,7 @@ func New(cfg Config) (*Machine, error) {
 func (m *Machine) build() error {
 	var err error
 	vc := m.cfg.vmmConfig()
-	vc.Restore = m.snap
+	vc.Restore, vc.RestoreBases, vc.Prefault = m.snap, m.bases, m.cfg.PrefaultMemory
 	if m.vm, err = vmm.New(vc); err != nil {
 		return err
 	}
@@ -164,6 +172,10 @@ func (m *Machine) Close() error {
 		errs = append(errs, m.snap.Close())
 		m.snap = nil
 	}
+	for _, b := range m.bases {
+		errs = append(errs, b.Close())
+	}
+	m.bases = nil
 	return errors.Join(errs...)
 }
 

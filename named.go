@@ -143,7 +143,7 @@ func (v NamedVM) Snapshot(ctx context.Context, dir string, o SnapshotOptions) er
 	}
 	c := v.client()
 	defer c.Close()
-	if err := c.Snapshot(ctx, vmctl.SnapshotRequest{Path: abs, Stop: o.Stop, Overwrite: o.Overwrite}); err != nil {
+	if err := c.Snapshot(ctx, vmctl.SnapshotRequest{Path: abs, Stop: o.Stop, Overwrite: o.Overwrite, Diff: o.Diff}); err != nil {
 		return fmt.Errorf("VM %s: %w", v.Name, err)
 	}
 	return nil

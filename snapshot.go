@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,6 +46,12 @@ type SnapshotOptions struct {
 	// ExitSnapshot. Otherwise the machine goes on as it was (paused if it
 	// was paused).
 	Stop bool
+	// Diff writes guest memory as a diff: only the pages written since
+	// the machine's last snapshot (or its restore), which becomes the
+	// diff's base. It needs Config.TrackDirtyPages. Restoring a diff
+	// opens its base from where the base was written (recorded in the
+	// diff), and that base's, down to a full snapshot: keep them there.
+	Diff bool
 	// Labels are the caller's notes on the snapshot (at most 64; keys of
 	// 1 to 122 bytes, values of at most 4096), kept in its manifest and
 	// read back by ReadSnapshot: a named VM keeps there whether its
@@ -58,6 +66,20 @@ var ErrSnapshotExists = snapshot.ErrExists
 // labelPrefix marks SnapshotOptions.Labels among the manifest's metadata.
 const labelPrefix = "label/"
 
+// metaBase is the manifest metadata naming a diff snapshot's base
+// directory (absolute).
+const metaBase = "microvm/base"
+
+// maxDiffChain bounds how many diffs a restore follows down to a full
+// snapshot.
+const maxDiffChain = 64
+
+// snapshotRef names a snapshot a diff can be taken against.
+type snapshotRef struct {
+	dir    string // absolute
+	digest string // snapshot.Snapshot.Digest
+}
+
 // maxLabels bounds SnapshotOptions.Labels.
 const maxLabels = 64
 
@@ -68,6 +90,8 @@ type SnapshotInfo struct {
 	Config  Config
 	Created time.Time
 	Labels  map[string]string
+	// Base is a diff snapshot's base directory; "" for a full snapshot.
+	Base string
 }
 
 // ReadSnapshot checks the snapshot in dir as Restore does (its manifest
@@ -84,7 +108,7 @@ func ReadSnapshot(dir string) (SnapshotInfo, error) {
 		return SnapshotInfo{}, err
 	}
 	man := s.Manifest()
-	info := SnapshotInfo{Config: saved.Config, Created: man.Created}
+	info := SnapshotInfo{Config: saved.Config, Created: man.Created, Base: man.Metadata[metaBase]}
 	for k, v := range man.Metadata {
 		if name, ok := strings.CutPrefix(k, labelPrefix); ok {
 			if info.Labels == nil {
@@ -113,6 +137,27 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, o SnapshotOptions) (
 	if o.Overwrite {
 		opts = append(opts, snapshot.Overwrite())
 	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		m.resumeAfterSnapshot(wasPaused)
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	base := ""
+	if o.Diff {
+		switch b := m.diffBase; {
+		case !m.cfg.TrackDirtyPages:
+			err = fmt.Errorf("%w: a diff snapshot needs Config.TrackDirtyPages (--track-dirty-pages)", ErrConfig)
+		case b == nil:
+			err = fmt.Errorf("%w: a diff snapshot needs a base: this machine has taken no snapshot since it started (or its last one failed)", ErrConfig)
+		case b.dir == abs:
+			err = fmt.Errorf("%w: a diff snapshot cannot replace its own base %s", ErrConfig, abs)
+		}
+		if err != nil {
+			m.resumeAfterSnapshot(wasPaused)
+			return fmt.Errorf("snapshot %s: %w", dir, err)
+		}
+		base = m.diffBase.digest
+	}
 	w, err := snapshot.Create(dir, opts...)
 	if err != nil {
 		m.resumeAfterSnapshot(wasPaused)
@@ -138,11 +183,20 @@ func (m *Machine) Snapshot(ctx context.Context, dir string, o SnapshotOptions) (
 	if err == nil {
 		err = w.AddState(snapshotConfigPart, saved)
 	}
+	if err == nil && o.Diff {
+		err = w.SetMetadata(metaBase, m.diffBase.dir)
+	}
 	if err == nil {
-		err = m.vm.SaveSnapshot(w)
+		err = m.vm.SaveSnapshot(w, base)
+		// The dirty logs restarted: the next diff is against this
+		// snapshot, or, if it fails, against none.
+		m.diffBase = nil
 	}
 	if err == nil {
 		err = w.Commit()
+	}
+	if err == nil && m.cfg.TrackDirtyPages {
+		m.diffBase = &snapshotRef{dir: abs, digest: w.Digest()}
 	}
 	if o.Stop && err == nil {
 		m.vm.StopSnapshotted()
@@ -210,11 +264,48 @@ func Restore(dir string, host Config) (*Machine, error) {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	m := &Machine{cfg: cfg, log: cfg.Log, snap: s}
+	if m.bases, err = openBases(s); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
+	}
 	if err := m.build(); err != nil {
 		m.Close()
 		return nil, err
 	}
+	if cfg.TrackDirtyPages {
+		if abs, err := filepath.Abs(dir); err == nil {
+			m.diffBase = &snapshotRef{dir: abs, digest: s.Digest()}
+		}
+	}
 	return m, nil
+}
+
+// openBases opens the snapshots a diff snapshot's memory applies onto,
+// following each one's base down to a full snapshot, and returns them
+// oldest first (nil for a full snapshot). Whether each diff was taken
+// against the base found (its digest) is checked as it is applied.
+func openBases(s *snapshot.Snapshot) ([]*snapshot.Snapshot, error) {
+	var chain []*snapshot.Snapshot
+	fail := func(err error) ([]*snapshot.Snapshot, error) {
+		for _, b := range chain {
+			b.Close()
+		}
+		return nil, err
+	}
+	for cur := s; cur.Manifest().Metadata[metaBase] != ""; {
+		if len(chain) == maxDiffChain {
+			return fail(fmt.Errorf("%w: more than %d diffs down to a full snapshot", ErrConfig, maxDiffChain))
+		}
+		dir := cur.Manifest().Metadata[metaBase]
+		b, err := snapshot.Open(dir)
+		if err != nil {
+			return fail(fmt.Errorf("the base of diff snapshot %s: %w", cur.Dir(), err))
+		}
+		chain = append(chain, b)
+		cur = b
+	}
+	slices.Reverse(chain)
+	return chain, nil
 }
 
 // restoreConfig is the saved Config with host's resources in it, after
@@ -222,6 +313,7 @@ func Restore(dir string, host Config) (*Machine, error) {
 func (s *savedConfig) restoreConfig(host Config) (Config, error) {
 	c := s.Config
 	c.Console, c.ConsoleInput, c.Log, c.MetricsSocket = host.Console, host.ConsoleInput, host.Log, host.MetricsSocket
+	c.PrefaultMemory = host.PrefaultMemory
 	if host.Vsock != nil {
 		if c.Vsock == nil {
 			return c, fmt.Errorf("%w: a vsock device given, but the snapshot's machine has none", ErrConfig)

@@ -19,12 +19,17 @@ import (
 // the same point with their own vsock sockets and CIDs.
 
 // restoreVsockGuest restores the snapshot in dir as a vsockGuest with its
-// own host socket and CID. Cleanup stops and closes it.
-func restoreVsockGuest(t *testing.T, dir string, cid uint64) *vsockGuest {
+// own host socket and CID (and the host settings adjust makes). Cleanup
+// stops and closes it.
+func restoreVsockGuest(t *testing.T, dir string, cid uint64, adjust ...func(*Config)) *vsockGuest {
 	t.Helper()
 	g, log := newGuestHost(t)
+	host := Config{Console: g.console, Log: log, Vsock: &VsockConfig{CID: cid, UDSPath: g.uds}}
+	for _, f := range adjust {
+		f(&host)
+	}
 	var err error
-	if g.m, err = Restore(dir, Config{Console: g.console, Log: log, Vsock: &VsockConfig{CID: cid, UDSPath: g.uds}}); err != nil {
+	if g.m, err = Restore(dir, host); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
 	g.closeOnCleanup()
@@ -82,7 +87,8 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 	echoOnce(g, "original")
 	for i, cid := range []uint64{4, 5} {
-		r := restoreVsockGuest(t, dir, cid)
+		// The second reads guest memory in at restore (PrefaultMemory).
+		r := restoreVsockGuest(t, dir, cid, func(c *Config) { c.PrefaultMemory = i == 1 })
 		r.start()
 		echoOnce(r, fmt.Sprintf("restore %d", i+1))
 		if got := r.m.cfg.Vsock.CID; got != cid {

@@ -23,8 +23,11 @@ import (
 // with DIR boots the VM, waits for its agent, snapshots it into DIR and
 // runs the command; every later one restores a clone of DIR instead of
 // booting, runs the command in it and throws the clone away. Guest memory
-// is mapped copy-on-write from DIR, so the clones' writes (the initramfs
-// is their root file system) never reach it.
+// is mapped copy-on-write from DIR, so the clones' writes (to the
+// initramfs, or an --image's tmpfs overlay) never reach it; disks must be
+// readonly or cow (an --image's root is readonly), and a cow disk written
+// before the agent answered makes the snapshot fail (blk cannot save its
+// overlay yet).
 //
 // DIR's label labelExecKey is a digest of what shapes the machine (the
 // kernel file, CPUs, memory, devices, the agent image's sources): an exec
@@ -45,9 +48,12 @@ type warmStart struct {
 // checkWarmStart refuses what --snapshot cannot do yet, computes the key
 // and looks at DIR.
 func (o *execOpts) checkWarmStart(dir string) (*warmStart, error) {
+	for _, d := range o.devices.Disks {
+		if !d.ReadOnly && !d.CopyOnWrite {
+			return nil, usagef("--snapshot: disk %s takes writes, which would reach the image every clone starts from: give it readonly or cow", d.Path)
+		}
+	}
 	switch d := o.devices; {
-	case len(d.Disks) > 0 || d.Root != "" || o.img != nil:
-		return nil, usagef("--snapshot: not with disks (--disk, --root, --image) yet: a clone's writes would reach the disk the snapshot saw")
 	case len(d.Nets) > 0:
 		return nil, usagef("--snapshot: not with network devices (--net) yet: clones would share one MAC address")
 	case len(d.Shares) > 0:
@@ -78,8 +84,9 @@ func (o *execOpts) checkWarmStart(dir string) (*warmStart, error) {
 }
 
 // machineKey digests what shapes exec's machine: its Config (no host
-// streams), the kernel's and the agent image sources' sizes and
-// modification times (a directory's walked).
+// streams), the kernel's, the disks' (an --image's root among them) and
+// the agent image sources' sizes and modification times (a directory's
+// walked).
 func (o *execOpts) machineKey() (string, error) {
 	type stamp struct {
 		Path    string
@@ -100,7 +107,12 @@ func (o *execOpts) machineKey() (string, error) {
 			return nil
 		})
 	}
+	cfg := o.machineConfig("", nil)
+	cfg.Log = nil
 	srcs := []string{o.kernel}
+	for _, d := range cfg.Disks {
+		srcs = append(srcs, d.Path)
+	}
 	if o.image.Agent != "" {
 		srcs = append(srcs, o.image.Agent)
 	}
@@ -115,8 +127,6 @@ func (o *execOpts) machineKey() (string, error) {
 			return "", fmt.Errorf("exec --snapshot: %w", err)
 		}
 	}
-	cfg := o.machineConfig("", nil)
-	cfg.Log = nil
 	h := sha256.New()
 	err := json.NewEncoder(h).Encode(struct {
 		Config microvm.Config

@@ -21,7 +21,7 @@ func TestExecSnapshotUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--disk", "path=/etc/hostname"}, "not with disks"},
+		{[]string{"--disk", "path=/etc/hostname"}, "give it readonly or cow"},
 		{[]string{"--net", "user"}, "not with network devices"},
 		{[]string{"--share", "tag=t,path=/tmp"}, "not with shared directories"},
 	} {

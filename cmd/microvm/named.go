@@ -536,7 +536,7 @@ func (b *vmBackend) Snapshot(ctx context.Context, req vmctl.SnapshotRequest) err
 	if rec.Agent {
 		labels[labelAgentPort] = strconv.FormatUint(uint64(rec.AgentPort), 10)
 	}
-	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite, Labels: labels})
+	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite, Diff: req.Diff, Labels: labels})
 	switch {
 	case err != nil && req.Stop:
 		b.mu.Lock()
@@ -681,11 +681,12 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 		},
 		restoreCommand(stdin, stdout, stderr),
 		{
-			Name: "snapshot", Usage: usage["snapshot"], UsageText: "microvm snapshot [--stop] [--overwrite] --out DIR NAME", OnUsageError: onUsageError,
+			Name: "snapshot", Usage: usage["snapshot"], UsageText: "microvm snapshot [--stop] [--overwrite] [--diff] --out DIR NAME", OnUsageError: onUsageError,
 			Flags: []cli.Flag{
 				&cli.StringFlag{Name: "out", Usage: "the snapshot's directory (must not exist, or hold a snapshot with --overwrite)"},
 				&cli.BoolFlag{Name: "stop", Usage: "end the VM once the snapshot is written"},
 				&cli.BoolFlag{Name: "overwrite", Usage: "replace the snapshot at --out"},
+				&cli.BoolFlag{Name: "diff", Usage: "save only the memory pages written since the VM's previous snapshot (run --track-dirty-pages), against it"},
 			},
 			Action: func(c *cli.Context) error {
 				name, err := one(c, "snapshot")
@@ -699,7 +700,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return usagef("snapshot: --out %s: %v", c.String("out"), err)
 				}
-				return snapshotVM(name, vmctl.SnapshotRequest{Path: out, Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite")})
+				return snapshotVM(name, vmctl.SnapshotRequest{Path: out, Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite"), Diff: c.Bool("diff")})
 			},
 		},
 		{

@@ -33,11 +33,12 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		stringOpt("name", "", "run it as the named VM NAME (microvm ls, stop, exec --vm); default: in the foreground, unnamed"),
 		boolOpt("detach", "with --name: return once the VM runs (and its agent answers, when the snapshot's VM ran one); the VM goes on in the background", "d"),
 		durationOpt("boot-timeout", 30*time.Second, "with --detach: how long to wait for the restored agent to answer"),
+		boolOpt("prefault", "read the snapshot's guest memory in at restore rather than as the guest touches it", ""),
 	}
 	return &cli.Command{
 		Name:  "restore",
 		Usage: "run a VM from a snapshot (microvm snapshot): it goes on where it was saved",
-		UsageText: "microvm restore [--name NAME [--detach]] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... " +
+		UsageText: "microvm restore [--name NAME [--detach]] [--prefault] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... " +
 			"[--metrics-socket PATH] [--seccomp=off] [--log-level LEVEL] DIR",
 		OnUsageError: onUsageError,
 		Flags: append(cliFlags(opts, []opt{seccompFlag()}, logFlags()), &cli.StringSliceFlag{Name: "disk",
@@ -63,7 +64,7 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			dir := c.Args().First()
-			host := microvm.Config{MetricsSocket: c.String("metrics-socket")}
+			host := microvm.Config{MetricsSocket: c.String("metrics-socket"), PrefaultMemory: c.Bool("prefault")}
 			if c.IsSet("vsock-cid") || c.IsSet("vsock-uds") {
 				host.Vsock = &microvm.VsockConfig{CID: c.Uint64("vsock-cid"), UDSPath: c.String("vsock-uds")}
 			}

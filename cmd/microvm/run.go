@@ -37,6 +37,7 @@ func runOpts() []opt {
 		stringOpt("cpu-hide", "", "comma-separated CPUID features to hide from the guest (e.g. cx16,xsave)"),
 		stringOpt("irqchip", string(microvm.IRQChipSplit), "interrupt controllers: split (LAPIC in KVM, IOAPIC in microvm, no PIC/PIT) or kernel (KVM's PIC, IOAPIC and PIT)"),
 		stringOpt("acpi", "on", "ACPI tables and power registers (on: a guest's poweroff ends microvm); off: CPUs in the MP table only"),
+		boolOpt("track-dirty-pages", "log the guest memory pages written, so that snapshot --diff can save only those (docs/snapshot.md)", ""),
 		uint64Opt("vsock-cid", "add a virtio-vsock device with this guest CID (>= 3)"),
 		stringOpt("vsock-uds", "", "host Unix socket of the vsock device (clients send CONNECT <port>)"),
 	}
@@ -169,13 +170,14 @@ func runConfigNoKernelCheck(c flagValues) (microvm.Config, error) {
 		return microvm.Config{}, usagef("--acpi %q: want on or off", a)
 	}
 	cfg := microvm.Config{
-		NoACPI:      noACPI,
-		Kernel:      c.String("kernel"),
-		Initrd:      c.String("initrd"),
-		Cmdline:     c.String("cmdline"),
-		CPUs:        c.Int("cpus"),
-		MemoryBytes: mem,
-		IRQChip:     microvm.IRQChip(c.String("irqchip")),
+		TrackDirtyPages: c.Bool("track-dirty-pages"),
+		NoACPI:          noACPI,
+		Kernel:          c.String("kernel"),
+		Initrd:          c.String("initrd"),
+		Cmdline:         c.String("cmdline"),
+		CPUs:            c.Int("cpus"),
+		MemoryBytes:     mem,
+		IRQChip:         microvm.IRQChip(c.String("irqchip")),
 	}
 	if h := c.String("cpu-hide"); h != "" {
 		cfg.HideCPUFeatures = strings.Split(h, ",")

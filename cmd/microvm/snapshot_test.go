@@ -15,16 +15,18 @@ import (
 )
 
 // TestNamedSnapshotRestore: a named VM (the echo test guest, under its
-// seccomp filter) is snapshotted through its control API and goes on
-// serving; microvm restore runs the snapshot with its own vsock socket and
-// CID, serves an echo and exits 0 when the guest does; snapshot --stop
-// ends the VM; a second snapshot into the same directory is refused
-// without --overwrite.
+// seccomp filter, tracking dirty pages) is snapshotted through its control
+// API and goes on serving; a second snapshot into the same directory is
+// refused without --overwrite; a diff snapshot with --stop ends the VM;
+// restore --name --detach runs the diff (over its base) as a named VM that
+// serves an echo and exits 0 when the guest does; microvm restore runs the
+// full snapshot in the foreground with its own vsock socket and CID, and
+// serves an echo too.
 func TestNamedSnapshotRestore(t *testing.T) {
 	testenv.RequireKVM(t)
 	guest := testenv.TestGuest(t)
 	n := newNamedCLI(t)
-	n.mustRun("run", "--name", "t1", "--detach", "--kernel", guest, "--memory", "64M",
+	n.mustRun("run", "--name", "t1", "--detach", "--kernel", guest, "--memory", "64M", "--track-dirty-pages",
 		"--cmdline", fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", namedTestPort))
 	n.waitListening("t1")
 	snap := filepath.Join(n.state, "snap")
@@ -36,7 +38,9 @@ func TestNamedSnapshotRestore(t *testing.T) {
 	if status == 0 || !strings.Contains(stderr, "exists") {
 		t.Errorf("a second snapshot into %s: status %d, stderr %q; want a refusal", snap, status, stderr)
 	}
-	n.mustRun("snapshot", "--overwrite", "--stop", "--out", snap, "t1")
+	n.mustRun("snapshot", "--overwrite", "--out", snap, "t1")
+	diff := filepath.Join(n.state, "diff")
+	n.mustRun("snapshot", "--diff", "--stop", "--out", diff, "t1")
 	deadline := time.Now().Add(20 * time.Second)
 	for r, _ := n.record("t1"); r.State != vms.StateExited; r, _ = n.record("t1") {
 		if time.Now().After(deadline) {
@@ -48,9 +52,9 @@ func TestNamedSnapshotRestore(t *testing.T) {
 	// A named, detached restore: listed with its snapshot, reached
 	// through its own state directory's socket, stopped by name. The
 	// test guest's echo mode serves one connection and then exits.
-	n.mustRun("restore", "--name", "t2", "--detach", "--vsock-cid", "10", snap)
-	if r, ok := n.record("t2"); !ok || r.State != vms.StateRunning || r.Restored != snap || r.VsockCID != 10 {
-		t.Errorf("the restored named VM's record: %+v (listed: %v); want running, restored from %s, CID 10", r, ok, snap)
+	n.mustRun("restore", "--name", "t2", "--detach", "--vsock-cid", "10", diff)
+	if r, ok := n.record("t2"); !ok || r.State != vms.StateRunning || r.Restored != diff || r.VsockCID != 10 {
+		t.Errorf("the restored named VM's record: %+v (listed: %v); want running, restored from %s, CID 10", r, ok, diff)
 	}
 	status, _, stderr = n.run("restore", "--name", "t2", snap)
 	if status == 0 || !strings.Contains(stderr, "t2") {

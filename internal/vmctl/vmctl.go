@@ -86,6 +86,10 @@ type SnapshotRequest struct {
 	Path      string `json:"path"`
 	Stop      bool   `json:"stop,omitempty"`
 	Overwrite bool   `json:"overwrite,omitempty"`
+	// Diff saves only the memory pages written since the VM's previous
+	// snapshot (or its restore), against that snapshot; the VM must run
+	// with dirty page tracking (run --track-dirty-pages).
+	Diff bool `json:"diff,omitempty"`
 }
 
 // The states a StateRequest may ask for.

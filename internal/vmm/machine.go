@@ -59,6 +59,21 @@ type Config struct {
 	// is the snapshot's, mapped copy-on-write, and Restore takes Boot's
 	// place. The caller keeps the snapshot open until Close.
 	Restore *snapshot.Snapshot
+	// RestoreBases, when Restore is a diff snapshot, are the snapshots its
+	// memory diffs apply onto, oldest (a full snapshot) first, each the
+	// base of the next and the last Restore's (snapshot.MapMemoryChain).
+	RestoreBases []*snapshot.Snapshot
+	// Prefault, with Restore, reads the snapshot's guest memory in at
+	// once (snapshot.Snapshot.Prefault) rather than page by page as the
+	// guest touches it.
+	Prefault bool
+	// TrackDirty logs the pages written to guest memory, by the guest
+	// (KVM's dirty log) and by the devices (guestmem.TrackDirty), so that
+	// SaveSnapshot can write a diff: the pages written since the machine's
+	// previous snapshot, or since its restore. It costs the guest a
+	// write-protection fault on the first write to each page after each
+	// snapshot.
+	TrackDirty bool
 }
 
 // ExitKind says why a machine stopped.
@@ -356,12 +371,17 @@ func (m *Machine) setupMemory() error {
 		return err
 	}
 	m.mem = mem
+	var flags kvm.MemoryFlags
+	if m.cfg.TrackDirty {
+		mem.TrackDirty()
+		flags = kvm.MemLogDirtyPages
+	}
 	for slot, r := range ranges {
 		addr, err := mem.HostAddr(r.GPA)
 		if err != nil {
 			return err
 		}
-		if err := m.vm.SetMemoryRegion(uint32(slot), r.GPA, r.Size, addr); err != nil {
+		if err := m.vm.SetMemoryRegionFlags(uint32(slot), r.GPA, r.Size, addr, flags); err != nil {
 			return err
 		}
 	}

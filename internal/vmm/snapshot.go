@@ -78,9 +78,18 @@ func memoryPart(i int) string { return fmt.Sprintf("mem%d", i) }
 // must be paused (Pause); its devices are quiesced and stay so until
 // ResumeDevices, which the caller calls before Resume if the machine is to
 // go on. The caller commits or aborts w.
-func (m *Machine) SaveSnapshot(w *snapshot.Writer) error {
+//
+// With base, the digest of the machine's previous snapshot (or of the one
+// it was restored from), memory is written as a diff against it: the
+// pages written since, as the dirty logs say (Config.TrackDirty). With
+// TrackDirty, every snapshot restarts the logs, whatever becomes of w: a
+// failed snapshot cannot be the base of the next diff.
+func (m *Machine) SaveSnapshot(w *snapshot.Writer, base string) error {
 	if !m.Paused() {
 		return errors.New("vmm: snapshot: the machine is not paused")
+	}
+	if base != "" && !m.cfg.TrackDirty {
+		return fmt.Errorf("%w: a diff snapshot needs dirty page tracking, which this machine was built without", ErrConfig)
 	}
 	for i, s := range m.slots {
 		if err := s.t.Quiesce(); err != nil {
@@ -131,15 +140,46 @@ func (m *Machine) SaveSnapshot(w *snapshot.Writer) error {
 		return err
 	}
 	for i, r := range m.mem.Ranges() {
-		b, err := m.mem.Slice(r.GPA, r.Size)
+		dirty, err := m.takeDirty(i, r)
+		if err != nil {
+			return fmt.Errorf("vmm: snapshot: %w", err)
+		}
+		b, err := m.mem.ReadView(r.GPA, r.Size)
 		if err != nil {
 			return err
 		}
-		if err := w.AddMemory(memoryPart(i), b); err != nil {
+		if base != "" {
+			err = w.AddMemoryDiff(memoryPart(i), base, b, dirty)
+		} else {
+			err = w.AddMemory(memoryPart(i), b)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// takeDirty returns, and restarts, the log of the pages of memory range i
+// (slot i) written since the previous call, by the guest or the devices;
+// nil without Config.TrackDirty. Only with the vCPUs parked and the
+// devices quiesced does it see every write.
+func (m *Machine) takeDirty(slot int, r guestmem.Range) ([]uint64, error) {
+	if !m.cfg.TrackDirty {
+		return nil, nil
+	}
+	guest, err := m.vm.DirtyLog(uint32(slot), r.Size/kvm.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	dev, err := m.mem.TakeDirty(r.GPA)
+	if err != nil {
+		return nil, err
+	}
+	for i := range guest {
+		guest[i] |= dev[i]
+	}
+	return guest, nil
 }
 
 // msrIndices is the host's list of MSRs a vCPU's state includes, read
@@ -217,12 +257,23 @@ func (m *Machine) restoreMemory(ranges []guestmem.Range) (*guestmem.Memory, erro
 		if !ok {
 			return fail(fmt.Errorf("%w: snapshot %s has no memory part %s for %d MiB at %#x", ErrConfig, s.Dir(), memoryPart(i), r.Size>>20, r.GPA))
 		}
-		if uint64(p.Size) != r.Size {
-			return fail(fmt.Errorf("%w: snapshot %s: memory part %s holds %d bytes; the machine's range at %#x has %d", ErrConfig, s.Dir(), p.Name, p.Size, r.GPA, r.Size))
+		size := p.Size
+		if p.Kind == snapshot.KindMemoryDiff {
+			size = p.MemorySize
 		}
-		b, err := s.MapMemory(p.Name)
+		if uint64(size) != r.Size {
+			return fail(fmt.Errorf("%w: snapshot %s: memory part %s holds %d bytes; the machine's range at %#x has %d", ErrConfig, s.Dir(), p.Name, size, r.GPA, r.Size))
+		}
+		chain := append(m.cfg.RestoreBases, s)
+		b, err := snapshot.MapMemoryChain(p.Name, chain...)
 		if err != nil {
 			return fail(err)
+		}
+		if m.cfg.Prefault {
+			if err := chain[0].Prefault(b, p.Name); err != nil {
+				_ = snapshot.Unmap(b)
+				return fail(err)
+			}
 		}
 		regs = append(regs, guestmem.Region{GPA: r.GPA, Data: b, Unmap: func() error { return snapshot.Unmap(b) }})
 	}
