@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +125,44 @@ func TestNamedSnapshotRestore(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("the restored guest did not end after its one connection; stderr:\n%s", errOut.String())
+	}
+}
+
+// TestNamedAgentSnapshot: a named Linux VM with the agent writes a file,
+// is snapshotted with --stop, and restore --name --detach brings it back
+// as another named VM: it returns once the restored agent answers (the
+// snapshot's labels say the VM had one), exec --vm reads the file written
+// before the snapshot, the guest's clock is the host's although seconds
+// passed since the save, and stop powers it off through the agent. Linux:
+// natively on hardware KVM, otherwise in the nested-KVM box.
+func TestNamedAgentSnapshot(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	if _, err := os.Stat("/bin/busybox"); err != nil {
+		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
+	}
+	n := newNamedCLI(t)
+	n.mustRun("run", "--name", "t1", "--detach", "--with-agent", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
+		"--memory", "256M")
+	n.mustRun("exec", "--vm", "t1", "--", "sh", "-c", "echo written before the snapshot > /tmp/state; sync")
+	snap := filepath.Join(n.state, "snap")
+	n.mustRun("snapshot", "--stop", "--out", snap, "t1")
+	time.Sleep(3 * time.Second) // a clock not moved on by the restore would be this far behind
+	start := time.Now()
+	n.mustRun("restore", "--name", "t2", "--detach", snap)
+	t.Logf("restore --detach returned, the agent answering, after %v", time.Since(start).Round(time.Millisecond))
+	if out := n.mustRun("exec", "--vm", "t2", "--", "cat", "/tmp/state"); out != "written before the snapshot\n" {
+		t.Errorf("the restored VM's /tmp/state: %q", out)
+	}
+	before := time.Now().Unix()
+	out := n.mustRun("exec", "--vm", "t2", "--", "date", "+%s")
+	after := time.Now().Unix()
+	secs, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil || secs < before-1 || secs > after+1 {
+		t.Errorf("the restored guest's clock: %q (%v); the host's was %d..%d", out, err, before, after)
+	}
+	n.mustRun("stop", "--timeout", "60s", "t2")
+	r, _ := n.record("t2")
+	if r.State != vms.StateExited || r.ExitStatus != 0 || !strings.Contains(r.ExitReason, "power-off") {
+		t.Errorf("after stop: %+v; want exited 0 by the guest's power-off", r)
 	}
 }
