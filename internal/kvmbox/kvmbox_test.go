@@ -51,7 +51,7 @@ func TestQEMUArgs(t *testing.T) {
 	for _, want := range []string{
 		"-M microvm,acpi=off", "-cpu EPYC-v1,+svm,+npt", "-smp 2", "-m 3072M", "-no-reboot",
 		"-kernel /k/bzImage", "-initrd /w/initramfs.cpio", "-serial file:/w/console.log",
-		"tsc_early_khz=2445432 tsc=reliable kvm_amd.npt=0 kvm_amd.npt=1",
+		"tsc_early_khz=2445432 tsc=reliable no_timer_check kvm_amd.npt=0 kvm_amd.npt=1",
 		"path=/,security_model=passthrough,readonly=on", "path=/work/repo,security_model=passthrough,multidevs=remap",
 		"file,id=out,path=/dev/fd/3", "name=stdout", "file,id=err,path=/dev/fd/4", "name=stderr",
 		"file,id=status,path=/w/status", "name=status",
