@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
@@ -258,6 +259,12 @@ type Device struct {
 	// activation that starts the next session, cleared by Reset (the
 	// driver's connections go with it).
 	resetOwed atomic.Bool
+	// portSeq numbers host-initiated connections' host ports across
+	// sessions (allocHostPortLocked), from a random start: a session after
+	// a transport reset, in this process or in a restored one, must not
+	// hand the guest the port of a connection it may still be closing
+	// (a new CONNECT then met a reset: seen after live snapshots).
+	portSeq atomic.Uint32
 
 	life virtio.Lifecycle[*session] // the current activation
 }
@@ -302,6 +309,7 @@ func New(cfg Config) (*Device, error) {
 		opts = *cfg.Options
 	}
 	d := &Device{cfg: cfg, opts: opts, log: cfg.Log, life: virtio.Lifecycle[*session]{Name: "vsock"}}
+	d.portSeq.Store(rand.Uint32())
 	if cfg.Dgram {
 		h, err := openDgramHost(cfg.DgramUDS)
 		if err != nil {

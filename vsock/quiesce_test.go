@@ -169,6 +169,11 @@ func TestQuiesceResume(t *testing.T) {
 			if port, err := vsocktest.ReadOK(h3, waitTimeout); err != nil || port != c3.HostPort {
 				t.Fatalf("OK line: port %d, %v; want %d", port, err, c3.HostPort)
 			}
+			// The new session does not start its host ports over: the
+			// guest may still be closing the reset connection's.
+			if c3.HostPort == c2.HostPort {
+				t.Errorf("the new session's host connection has port %d, as the reset one", c3.HostPort)
+			}
 			if len(reqAfterEvent) != 1 || !reqAfterEvent[0] {
 				t.Errorf("the host connection's REQUEST came before the guest handled the event (%v)", reqAfterEvent)
 			}

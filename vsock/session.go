@@ -44,11 +44,10 @@ type session struct {
 	// the RX worker, which also watches its kicks.
 	ev *virtio.ActiveQueue
 
-	connMu   sync.Mutex // guards conns, byFD, nextPort, closed, drained, fence, fenceEnd
-	conns    map[connKey]*conn
-	byFD     map[int]*conn
-	nextPort uint32
-	closed   bool
+	connMu sync.Mutex // guards conns, byFD, closed, drained, fence, fenceEnd
+	conns  map[connKey]*conn
+	byFD   map[int]*conn
+	closed bool
 	// drained: the session was closed by Drain (a quiesce), not a reset:
 	// host connects that find it closed try the next session
 	// (errQuiesced).
@@ -99,7 +98,7 @@ const (
 func newSession(d *Device, a virtio.Activation) (*session, error) {
 	s := &session{
 		d: d, opts: d.opts, rx: a.Queues[QueueRX], tx: a.Queues[QueueTX], fail: a.Fail,
-		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, nextPort: hostPortBase, epfd: -1,
+		conns: map[connKey]*conn{}, byFD: map[int]*conn{}, epfd: -1,
 		seqpacket: a.Features&FeatureSeqpacket != 0,
 		sharedIRQ: a.SharedInterrupt,
 		budget:    newBudget(&d.cfg),
@@ -271,16 +270,13 @@ func (s *session) addConn(c *conn) error {
 }
 
 // allocHostPortLocked picks a free host-side port for a host-initiated
-// connection to guestPort, from [2^30, 2^31), round robin. At most
+// connection to guestPort, from [2^30, 2^31), round robin from where the
+// device's previous session left off (Device.portSeq). At most
 // len(conns) ports can be taken, so len(conns)+1 candidates always contain a
 // free one. Called with connMu held.
 func (s *session) allocHostPortLocked(guestPort uint32) (uint32, bool) {
 	for i := 0; i <= len(s.conns); i++ {
-		p := s.nextPort
-		s.nextPort++
-		if s.nextPort >= hostPortLimit {
-			s.nextPort = hostPortBase
-		}
+		p := hostPortBase + (s.d.portSeq.Add(1)-1)%(hostPortLimit-hostPortBase)
 		if s.conns[connKey{p, guestPort}] == nil {
 			return p, true
 		}
