@@ -32,7 +32,9 @@
 #                     make bench-ci: a CI job through microvm ci gitlab, stage by
 #                     stage, against the same scripts on this host;
 #                     make bench-containerd: containers through containerd,
-#                     microvm's shim against runc)
+#                     microvm's shim against runc; make bench-snapshot: restore
+#                     against cold boot to the agent answering, restore time by
+#                     guest memory, snapshot size and time, 10 restored clones' RSS)
 #   make soak         the scale and soak runs (docs/soak.md): make soak-conns
 #                     (10,000 vsock connections open at once), soak-bytes (10 GiB
 #                     each way, SHA-256 checked), soak-cycles (1000 VM start/stop
@@ -57,7 +59,7 @@ GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
 .PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
-	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
+	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
@@ -249,7 +251,7 @@ fuzz-smoke:
 
 # --- benchmarks ----------------------------------------------------------------
 
-bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images bench-ci bench-containerd
+bench: bench-boot bench-vsock bench-linux-boot bench-exec bench-device bench-blk bench-net bench-usernet bench-images bench-ci bench-containerd bench-snapshot
 
 # Containers through containerd (docs/containerd.md): start until running,
 # exec latency, reading the whole image, stop, and host memory per
@@ -353,6 +355,40 @@ bench-exec: all kernel
 		echo "bench-exec: this host's KVM cannot boot Linux; running in the nested-KVM box"; \
 		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/exec-bench $(EXEC_BENCH_ARGS); \
 	fi
+
+# Snapshots (docs/snapshot.md, "Measured"; docs/benchmarks.md): with the
+# test guest, which runs on any KVM (PVM included; in the nested-KVM box
+# where there is none), restore time, snapshot size and snapshot time for
+# 256 MiB, 1 GiB and 4 GiB guests and the RSS and PSS of 10 `microvm
+# restore` clones of one snapshot; with Linux and the guest agent (hardware
+# KVM, else the box: TCG figures), restore against cold boot to the agent
+# answering and snapshot size against memory touched. Both parts run, and
+# the target fails after them if either did. build/bench/snapshot-testguest.json
+# and snapshot-linux.json; SNAPSHOT_BENCH_FLAGS and SNAPSHOT_LINUX_FLAGS pass
+# more flags to each (-n 5 for a quick look).
+SNAPSHOT_BENCH_FLAGS ?=
+SNAPSHOT_LINUX_FLAGS ?=
+SNAPSHOT_GUEST_ARGS = testguest -microvm $(CURDIR)/bin/microvm -guest $(CURDIR)/bin/testguest \
+	-json $(CURDIR)/build/bench/snapshot-testguest.json $(SNAPSHOT_BENCH_FLAGS)
+SNAPSHOT_LINUX_ARGS = linux -kernel $(CURDIR)/build/kernel/bzImage -agent $(CURDIR)/bin/microvm-agent \
+	-json $(CURDIR)/build/bench/snapshot-linux.json $(SNAPSHOT_LINUX_FLAGS)
+bench-snapshot: all
+	CGO_ENABLED=0 $(GO) build -o build/bench/snapshot-bench ./bench/snapshot
+	@status=0; \
+	if [ "$$(scripts/host-kvm)" != none ]; then \
+		build/bench/snapshot-bench $(SNAPSHOT_GUEST_ARGS) || status=1; \
+	else \
+		echo "bench-snapshot: this host has no usable KVM; the test guest runs in the nested-KVM box"; \
+		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/snapshot-bench $(SNAPSHOT_GUEST_ARGS) || status=1; \
+	fi; \
+	echo; \
+	if [ "$$(scripts/host-kvm)" = hardware ]; then \
+		build/bench/snapshot-bench $(SNAPSHOT_LINUX_ARGS) || status=1; \
+	else \
+		echo "bench-snapshot: this host's KVM cannot boot Linux; running Linux in the nested-KVM box"; \
+		scripts/kvmbox --timeout 30m -- $(CURDIR)/build/bench/snapshot-bench $(SNAPSHOT_LINUX_ARGS) || status=1; \
+	fi; \
+	exit $$status
 
 # virtio-blk (sequential 1 MiB and 4 KiB MB/s, random 4 KiB IOPS, O_DIRECT on
 # a raw image) and virtio-net (TCP Mbit/s each way over a TAP in a private
