@@ -1,8 +1,10 @@
 package microvm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -163,5 +166,178 @@ func TestSnapshotLinux(t *testing.T) {
 	echoLinux(r, "restored")
 	if strings.Contains(r.console.String(), "init: ready") {
 		t.Errorf("the restored guest booted again:\n%s", r.console)
+	}
+}
+
+// TestSnapshotNewGenerationID: with ACPI, a booted machine has a VM
+// generation ID in guest memory at devices.VMGenIDAddr; each restore of a
+// snapshot writes a new one there before it runs and raises the Generic
+// Event Device's interrupt once when it starts, so no two clones, nor a
+// clone and its original, share an ID. With --acpi=off there is none.
+// (TestSnapshotLinuxClonesReseed shows what the guest does with it.)
+func TestSnapshotNewGenerationID(t *testing.T) {
+	readID := func(g *vsockGuest, who string) [devices.VMGenIDSize]byte {
+		t.Helper()
+		var id [devices.VMGenIDSize]byte
+		if err := g.m.vm.ReadMemory(devices.VMGenIDAddr, id[:]); err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		return id
+	}
+	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
+	g.start()
+	g.waitListening(vsockTestPort)
+	orig := readID(g, "original")
+	if orig == ([devices.VMGenIDSize]byte{}) || orig != g.m.vm.VMGenID().ID() {
+		t.Fatalf("booted machine's generation ID in memory % x, device's % x", orig, g.m.vm.VMGenID().ID())
+	}
+	if _, notified := g.m.vm.VMGenID().Counts(); notified != 0 {
+		t.Errorf("a booted machine raised the generation ID's interrupt %d times", notified)
+	}
+	dir := filepath.Join(t.TempDir(), "snap")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Stop: true}); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	seen := map[[devices.VMGenIDSize]byte]string{orig: "the original"}
+	for i, cid := range []uint64{4, 5} {
+		who := fmt.Sprintf("restore %d", i+1)
+		r := restoreVsockGuest(t, dir, cid)
+		id := readID(r, who)
+		if prev, ok := seen[id]; ok {
+			t.Errorf("%s has the generation ID of %s: % x", who, prev, id)
+		}
+		seen[id] = who
+		gen := r.m.vm.VMGenID()
+		if _, notified := gen.Counts(); notified != 0 {
+			t.Errorf("%s raised the interrupt before it ran", who)
+		}
+		r.start()
+		c, err := r.connect(vsockTestPort)
+		if err != nil {
+			t.Fatalf("%s: connect: %v; console:\n%s", who, err, r.console)
+		}
+		if err := echo(c, randomBytes(t, 4096)); err != nil {
+			t.Fatalf("%s: echo: %v; console:\n%s", who, err, r.console)
+		}
+		c.Close()
+		r.wait(0, 30*time.Second)
+		// Run raised it when it started the vCPUs, before the echo.
+		if _, notified := gen.Counts(); notified != 1 {
+			t.Errorf("%s: the interrupt was raised %d times in its run, want 1", who, notified)
+		}
+	}
+
+	off := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort),
+		func(c *Config) { c.NoACPI = true })
+	if off.m.vm.VMGenID() != nil {
+		t.Error("a machine without ACPI has a VM generation ID")
+	}
+	if id := readID(off, "--acpi=off"); id != ([devices.VMGenIDSize]byte{}) {
+		t.Errorf("a machine without ACPI has % x at the generation ID's address", id)
+	}
+}
+
+// TestSnapshotLinuxClonesReseed: two clones restored from one snapshot of
+// a Linux guest must not share the kernel's random numbers. The guest's
+// /init (scenario urandom) waits for two minutes of uptime, asks the
+// kernel to reseed its RNG, listens, and is snapshotted there; each of two
+// restores, with its own CID, gets a new VM generation ID and the Generic
+// Event Device's interrupt, on which Linux's vmgenid driver reseeds the
+// RNG with the ID ("crng reseeded due to virtual machine fork" on the
+// console); then each clone answers one connection with 32 bytes of
+// /dev/urandom, read on CPU 0, and powers off. The clones' bytes must
+// differ.
+//
+// Without the interrupt they would be the same: same memory, same key,
+// same CPU, and the kernel's own reseed (which would mix in each clone's
+// interrupt timings) is a minute after the one before the snapshot, while
+// the clones are read within about half that (the snapshot, the restores
+// and at most 30 s of waiting for the reseed line, for both clones at
+// once). Both irqchip models: the interrupt reaches the guest through
+// microvm's IOAPIC routes (split) or KVM's IOAPIC (kernel); the two run
+// side by side, as each spends most of its time waiting for the uptime.
+func TestSnapshotLinuxClonesReseed(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	kernel, initrd := testenv.BzImage(t), testenv.Initrd(t)
+	for _, chip := range []IRQChip{IRQChipSplit, IRQChipKernel} {
+		t.Run(string(chip), func(t *testing.T) {
+			t.Parallel()
+			const port = 1024
+			// timeout=10m: the scenario's clock runs on across the
+			// snapshot (a restore moves the guest's clock on).
+			cmdline := fmt.Sprintf("%s microvm.scenarios=urandom microvm.urandom.port=%d microvm.urandom.conns=1 microvm.urandom.uptime=2m microvm.timeout=10m",
+				linuxCmdline, port)
+			g := newVsockGuestConfig(t, "", func(c *Config) {
+				c.Kernel, c.Initrd, c.Cmdline, c.CPUs, c.MemoryBytes, c.IRQChip = kernel, initrd, cmdline, 2, 128<<20, chip
+			})
+			g.start()
+			listening := fmt.Sprintf("init: scenario urandom listening port=%d", port)
+			if !g.console.WaitFor(listening, 6*time.Minute, g.done) {
+				t.Fatalf("Linux not listening; console:\n%s\nlog:\n%s", g.console, g.log)
+			}
+			dir := filepath.Join(t.TempDir(), "snap")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			start := time.Now()
+			if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Stop: true}); err != nil {
+				t.Fatalf("Snapshot: %v", err)
+			}
+			t.Logf("snapshot taken in %v", time.Since(start).Round(time.Millisecond))
+
+			clones := []*vsockGuest{restoreVsockGuest(t, dir, 7), restoreVsockGuest(t, dir, 8)}
+			start = time.Now()
+			for _, r := range clones {
+				r.start()
+			}
+			// Wait for both clones' reseed at once, for at most 30 s.
+			const reseeded = "random: crng reseeded due to virtual machine fork"
+			seen := make([]chan bool, len(clones))
+			for i, r := range clones {
+				seen[i] = make(chan bool, 1)
+				go func() { seen[i] <- r.console.WaitFor(reseeded, 30*time.Second, r.done) }()
+			}
+			for i, r := range clones {
+				if !<-seen[i] {
+					// Go on: the bytes show whether the clones differ anyway.
+					t.Errorf("clone %d: no %q on the console within 30 s; console:\n%s", i+1, reseeded, r.console)
+				}
+			}
+			t.Logf("both clones reseeded (or gave up) %v after they started", time.Since(start).Round(time.Millisecond))
+			var got [][]byte
+			for i, r := range clones {
+				c, err := r.connect(port)
+				if err != nil {
+					t.Fatalf("clone %d: connect: %v; console:\n%s\nlog:\n%s", i+1, err, r.console, r.log)
+				}
+				b, err := io.ReadAll(c)
+				c.Close()
+				if err != nil || len(b) != 32 {
+					t.Fatalf("clone %d: read %d bytes (%v), want 32; console:\n%s", i+1, len(b), err, r.console)
+				}
+				got = append(got, b)
+			}
+			t.Logf("clones' /dev/urandom, %v after they started: % x | % x", time.Since(start).Round(time.Millisecond), got[0], got[1])
+			if bytes.Equal(got[0], got[1]) {
+				t.Errorf("both clones read the same 32 bytes from /dev/urandom: % x", got[0])
+			}
+			for i, r := range clones {
+				if !r.console.WaitFor("init: done ok", time.Minute, r.done) {
+					t.Fatalf("clone %d: /init did not finish; console:\n%s", i+1, r.console)
+				}
+				select {
+				case <-r.done:
+				case <-time.After(time.Minute):
+					t.Fatalf("clone %d: the machine did not end; console:\n%s", i+1, r.console)
+				}
+				if r.err != nil || r.res.Kind != ExitPowerOff {
+					t.Errorf("clone %d: ended with %v, %v; want a power-off", i+1, r.res.Kind, r.err)
+				}
+				if strings.Contains(r.console.String(), "init: ready") {
+					t.Errorf("clone %d booted again:\n%s", i+1, r.console)
+				}
+			}
+		})
 	}
 }

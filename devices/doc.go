@@ -15,12 +15,19 @@
 // installs them as KVM GSI routes, so device irqfds still inject in the
 // kernel), PortB (port 0x61 without an i8254: only the refresh toggle) and,
 // with ACPI, PowerControl (the FADT's sleep control, sleep status and reset
-// registers: S5 powers off, the reset value restarts).
+// registers: S5 powers off, the reset value restarts) and VMGenID (the VM
+// generation ID: 16 random bytes at VMGenIDAddr in guest memory, described
+// by the DSDT, and an interrupt on VMGenIDGSI for the DSDT's Generic Event
+// Device, which notifies the guest's driver to read them again; no bus
+// device: it writes through guest memory and raises its interrupt through
+// the callback the machine gives it).
 //
 // Saved state (snapshots): each device whose registers the guest can see
 // has a plain state struct (SerialState, I8042State, CMOSState,
-// PortBState, IOAPICState, PVWaitState; state.go) with SaveState and
-// RestoreState, the Stateful interface. Saving: the machine stops the
+// PortBState, IOAPICState, PVWaitState, VMGenIDState; state.go) with
+// SaveState and RestoreState, the Stateful interface. (VMGenIDState holds
+// where the ID and its interrupt are, not the ID: that is in guest memory,
+// and a restore writes a new one.) Saving: the machine stops the
 // vCPUs and the console input pump, then SaveState copies the registers
 // and queues under the device's mutex, and internal/snapshot encodes the
 // structs as JSON parts. Restoring into a new process: the machine builds
@@ -49,7 +56,8 @@
 // take no device lock. Callbacks given to devices (I8042's reset, DebugExit's
 // exit, PowerControl's power-off and reset, Serial's irq) run on the goroutine
 // that made the access (a vCPU; for Serial's irq also the console input pump
-// calling Input, and the caller of RestoreState) and must not block. The only
+// calling Input, and the caller of RestoreState) and must not block;
+// VMGenID's notify runs on the caller of Notify (the machine's Run). The only
 // goroutine a device starts is Serial's line-flush timer (time.AfterFunc),
 // which just writes buffered output; firing after Close, it finds nothing to
 // write.

@@ -3,6 +3,7 @@ package acpi
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 )
 
 // A minimal AML encoder (ACPI 6.5 chapter 20, "ACPI Machine Language
@@ -12,20 +13,28 @@ import (
 
 // AML opcodes and prefixes (20.3).
 const (
-	amlZeroOp       = 0x00
-	amlOneOp        = 0x01
-	amlNameOp       = 0x08
-	amlBytePrefix   = 0x0a
-	amlWordPrefix   = 0x0b
-	amlDWordPrefix  = 0x0c
-	amlStringPrefix = 0x0d
-	amlQWordPrefix  = 0x0e
-	amlScopeOp      = 0x10
-	amlBufferOp     = 0x11
-	amlPackageOp    = 0x12
-	amlExtOpPrefix  = 0x5b
-	amlDeviceOp     = 0x82 // after amlExtOpPrefix
-	amlRootChar     = '\\'
+	amlZeroOp          = 0x00
+	amlOneOp           = 0x01
+	amlNameOp          = 0x08
+	amlBytePrefix      = 0x0a
+	amlWordPrefix      = 0x0b
+	amlDWordPrefix     = 0x0c
+	amlStringPrefix    = 0x0d
+	amlQWordPrefix     = 0x0e
+	amlScopeOp         = 0x10
+	amlBufferOp        = 0x11
+	amlPackageOp       = 0x12
+	amlMethodOp        = 0x14
+	amlDualNamePrefix  = 0x2e
+	amlMultiNamePrefix = 0x2f
+	amlExtOpPrefix     = 0x5b
+	amlArg0Op          = 0x68 // Arg0Op..Arg6Op are 0x68..0x6e
+	amlDeviceOp        = 0x82 // after amlExtOpPrefix
+	amlNotifyOp        = 0x86
+	amlLEqualOp        = 0x93
+	amlIfOp            = 0xa0
+	amlRootChar        = '\\'
+	amlPathSeparator   = '.' // ASL's, between NameSegs; not encoded
 )
 
 // nameSeg checks and returns a 4-character NameSeg (20.2.2): a lead
@@ -46,13 +55,29 @@ func nameSeg(s string) []byte {
 	return b
 }
 
-// nameString encodes a NameString of one segment, optionally rooted:
-// "\_SB" or "COM1".
+// nameString encodes a NameString (20.2.2), optionally rooted, of one or
+// more segments as ASL writes them: "\_SB", "COM1", "\_SB.VGEN". One
+// segment is the NameSeg alone, two take DualNamePrefix, more
+// MultiNamePrefix and a count. (Parent prefixes, '^', are not needed.)
 func nameString(s string) []byte {
+	var b []byte
 	if len(s) > 0 && s[0] == amlRootChar {
-		return append([]byte{amlRootChar}, nameSeg(s[1:])...)
+		b = append(b, amlRootChar)
+		s = s[1:]
 	}
-	return nameSeg(s)
+	segs := strings.Split(s, string(amlPathSeparator))
+	switch {
+	case len(segs) == 2:
+		b = append(b, amlDualNamePrefix)
+	case len(segs) > 0xff:
+		panic(fmt.Sprintf("acpi: AML name %q: more than 255 segments", s))
+	case len(segs) > 2:
+		b = append(b, amlMultiNamePrefix, byte(len(segs)))
+	}
+	for _, seg := range segs {
+		b = append(b, nameSeg(seg)...)
+	}
+	return b
 }
 
 // pkgLength prefixes body with its PkgLength (20.2.4): the encoded length
@@ -185,6 +210,44 @@ func Package(elems ...[]byte) []byte {
 func Buffer(data []byte) []byte {
 	body := append(Integer(uint64(len(data))), data...)
 	return append([]byte{amlBufferOp}, pkgLength(body)...)
+}
+
+// Method encodes DefMethod (20.2.5.2): Method(name, args, NotSerialized)
+// { terms }, with args (0 to 7) in MethodFlags bits 0-2 and SyncLevel 0.
+// A method of microvm's touches no state of its own, so none is
+// Serialized.
+func Method(name string, args int, terms ...[]byte) []byte {
+	if args < 0 || args > 7 {
+		panic(fmt.Sprintf("acpi: AML method %q with %d arguments: want 0 to 7", name, args))
+	}
+	body := append(nameString(name), byte(args))
+	body = append(body, concat(terms)...)
+	return append([]byte{amlMethodOp}, pkgLength(body)...)
+}
+
+// Arg encodes ArgObj (20.2.6.1): Arg0 to Arg6, a method's arguments.
+func Arg(n int) []byte {
+	if n < 0 || n > 6 {
+		panic(fmt.Sprintf("acpi: AML Arg%d: want Arg0 to Arg6", n))
+	}
+	return []byte{amlArg0Op + byte(n)}
+}
+
+// If encodes DefIfElse without an Else (20.2.5.3): If (predicate) { terms }.
+func If(predicate []byte, terms ...[]byte) []byte {
+	body := append(append([]byte(nil), predicate...), concat(terms)...)
+	return append([]byte{amlIfOp}, pkgLength(body)...)
+}
+
+// LEqual encodes DefLEqual (20.2.5.4): LEqual(a, b), ASL's a == b.
+func LEqual(a, b []byte) []byte {
+	return concat([][]byte{{amlLEqualOp}, a, b})
+}
+
+// Notify encodes DefNotify (20.2.5.3): Notify(object, value), object a
+// name path such as "\_SB.VGEN".
+func Notify(object string, value uint64) []byte {
+	return concat([][]byte{{amlNotifyOp}, nameString(object), Integer(value)})
 }
 
 // Resource descriptors (6.4).

@@ -2,6 +2,7 @@ package acpi
 
 import (
 	"bytes"
+	"encoding/hex"
 	"testing"
 )
 
@@ -47,6 +48,20 @@ func TestIntegerAndEISAID(t *testing.T) {
 		{IO(0x3f8, 8), []byte{0x47, 1, 0xf8, 3, 0xf8, 3, 1, 8}},
 		{Memory32Fixed(true, 0xd0000000, 0x1000), []byte{0x86, 9, 0, 1, 0, 0, 0, 0xd0, 0, 0x10, 0, 0}},
 		{Interrupt(true, false, false, 5), []byte{0x89, 6, 0, 3, 1, 5, 0, 0, 0}},
+		// Name paths (20.2.2): DualNamePrefix for two segments,
+		// MultiNamePrefix and a count for more.
+		{nameString("\\_SB.VGEN"), []byte{'\\', 0x2e, '_', 'S', 'B', '_', 'V', 'G', 'E', 'N'}},
+		{nameString("A.B"), []byte{0x2e, 'A', '_', '_', '_', 'B', '_', '_', '_'}},
+		{nameString("\\_SB.PCI0.S08"), []byte{'\\', 0x2f, 3, '_', 'S', 'B', '_', 'P', 'C', 'I', '0', 'S', '0', '8', '_'}},
+		// Methods and the statements _EVT uses (20.2.5).
+		{Method("_EVT", 1), []byte{0x14, 6, '_', 'E', 'V', 'T', 1}},
+		{Method("M", 7), []byte{0x14, 6, 'M', '_', '_', '_', 7}},
+		{Arg(0), []byte{0x68}},
+		{Arg(6), []byte{0x6e}},
+		{LEqual(Arg(0), Integer(0x17)), []byte{0x93, 0x68, 0x0a, 0x17}},
+		{If(LEqual(Arg(1), Integer(1))), []byte{0xa0, 4, 0x93, 0x69, 1}},
+		{Notify("\\_SB.VGEN", 0x80), []byte{0x86, '\\', 0x2e, '_', 'S', 'B', '_', 'V', 'G', 'E', 'N', 0x0a, 0x80}},
+		{Notify("COM1", 2), []byte{0x86, 'C', 'O', 'M', '1', 0x0a, 2}},
 	} {
 		if !bytes.Equal(tc.got, tc.want) {
 			t.Errorf("got % x, want % x", tc.got, tc.want)
@@ -64,5 +79,66 @@ func TestBadNamesPanic(t *testing.T) {
 			}()
 			nameSeg(n)
 		}()
+	}
+	for _, n := range []string{"\\", "A.", ".A", "\\_SB..X", "\\_SB.TOOLONG"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("nameString(%q) did not panic", n)
+				}
+			}()
+			nameString(n)
+		}()
+	}
+	for _, f := range []struct {
+		name string
+		f    func()
+	}{
+		{"Method with 8 arguments", func() { Method("M", 8) }},
+		{"Method with -1 arguments", func() { Method("M", -1) }},
+		{"Arg7", func() { Arg(7) }},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s did not panic", f.name)
+				}
+			}()
+			f.f()
+		}()
+	}
+}
+
+// TestVMGenIDDevicesMatchIASL compares the VM generation ID's AML with what
+// iasl 20200925 (acpica-tools) compiles from the ASL in vmgenidDevices'
+// comment, with the ID at 0xef000 and the GSI 23, inside Scope (\_SB):
+//
+//	iasl -f -oa vmgenid.asl
+//
+// -f because iasl's compiler refuses "VMGENCTR" as a _HID (its last four
+// characters are not hex digits; Linux matches it all the same), -oa so
+// that it keeps \_SB.VGEN a full path as written. The bytes are the
+// table's after its 36-byte header.
+func TestVMGenIDDevicesMatchIASL(t *testing.T) {
+	const iasl = "10410a5c5f53425f" + // Scope (\_SB), PkgLength 0xa4
+		"5b824d045647454e" + // Device (VGEN), PkgLength 0x4d
+		"085f4849440d564d47454e43545200" + // Name (_HID, "VMGENCTR")
+		"085f4349440d564d5f47656e5f436f756e74657200" + // Name (_CID, "VM_Gen_Counter")
+		"085f44444e0d564d5f47656e5f436f756e74657200" + // Name (_DDN, "VM_Gen_Counter")
+		"0841444452120802" + "0c00f00e00" + "00" + // Name (ADDR, Package (2) { 0xef000, Zero })
+		"5b8249044745445f" + // Device (GED_), PkgLength 0x49
+		"085f4849440d414350493030313300" + // Name (_HID, "ACPI0013")
+		"085f55494400" + // Name (_UID, Zero)
+		"085f435253110e0a0b" + "890600030117000000" + "7900" + // Name (_CRS, ResourceTemplate () { Interrupt (...) { 23 } })
+		"14195f45565401" + // Method (_EVT, 1, NotSerialized)
+		"a012" + "93680a17" + // If (LEqual (Arg0, 0x17))
+		"865c2e5f53425f5647454e0a80" // Notify (\_SB.VGEN, 0x80)
+	want, err := hex.DecodeString(iasl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Scope("\\_SB", vmgenidDevices(VMGenID{Addr: 0xe_f000, GSI: 23})...)
+	if !bytes.Equal(got, want) {
+		t.Errorf("VM generation ID AML:\n got % x\nwant % x", got, want)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Where the machine puts the tables: the BIOS read-only area, which the
@@ -37,7 +38,37 @@ type Machine struct {
 	// ResetPort to restart.
 	SleepControlPort, SleepStatusPort, ResetPort uint16
 	ResetValue                                   uint8
+	// VMGenID, when set, adds the VM generation ID device and the Generic
+	// Event Device whose interrupt tells the guest to read it again.
+	VMGenID *VMGenID
 }
+
+// VMGenID places a VM generation ID (Microsoft's "Virtual Machine
+// Generation ID"; Linux's vmgenid driver): the 16-byte ID at Addr in guest
+// memory, which must be 8-byte aligned, outside the tables and in memory
+// the guest uses for nothing else, and the GSI of the Generic Event Device
+// (ACPI0013, 5.6.9; its _EVT method) that notifies the device with 0x80
+// (a device-specific notification, 5.6.6) when a new ID is there.
+type VMGenID struct {
+	Addr uint64
+	GSI  uint32
+}
+
+// VMGenIDSize is the size of the generation ID.
+const VMGenIDSize = 16
+
+// Names and IDs of the VM generation ID's objects in the DSDT. Linux 6.1
+// binds _HID VMGENCTR (or VM_GEN_COUNTER); Microsoft's specification asks
+// for the compatible ID VM_Gen_Counter, which guests that follow it match
+// (ACPICA upper-cases _HID and _CID strings, so Linux's VM_GEN_COUNTER
+// matches it too).
+const (
+	VMGenIDPath   = "\\_SB.VGEN"
+	vmgenidHID    = "VMGENCTR"
+	vmgenidCID    = "VM_Gen_Counter"
+	gedHID        = "ACPI0013"
+	notifyGeneric = 0x80 // the device-specific notification the driver waits for
+)
 
 // MMIODevice is a virtio-mmio window and its GSI.
 type MMIODevice struct {
@@ -79,6 +110,9 @@ func Build(base uint64, m Machine) (*Tables, error) {
 	case m.SleepControlPort == 0 || m.SleepStatusPort == 0 || m.ResetPort == 0:
 		return nil, errors.New("acpi: the sleep control, sleep status and reset ports are required")
 	}
+	if err := m.checkVMGenID(); err != nil {
+		return nil, err
+	}
 	dsdt := buildDSDT(m)
 	madt := buildMADT(m)
 
@@ -99,6 +133,9 @@ func Build(base uint64, m Machine) (*Tables, error) {
 	dsdtOff := place("DSDT", len(dsdt))
 	if base+uint64(len(blob)) > 1<<32 {
 		return nil, fmt.Errorf("acpi: tables at %#x (%d bytes) cross 4 GiB", base, len(blob))
+	}
+	if g := m.VMGenID; g != nil && g.Addr < base+uint64(len(blob)) && g.Addr+VMGenIDSize > base {
+		return nil, fmt.Errorf("acpi: the VM generation ID at %#x is inside the tables (%#x-%#x)", g.Addr, base, base+uint64(len(blob)))
 	}
 	addr := func(off int) uint64 { return base + uint64(off) }
 
@@ -190,9 +227,76 @@ func buildDSDT(m Machine) []byte {
 			)),
 		))
 	}
+	if g := m.VMGenID; g != nil {
+		devs = append(devs, vmgenidDevices(*g)...)
+	}
 	body := concat([][]byte{
 		Name("\\_S5", Package(Integer(SleepTypeS5), Integer(0), Integer(0), Integer(0))),
 		Scope("\\_SB", devs...),
 	})
 	return finish(append(pack(newHeader("DSDT", 2)), body...))
+}
+
+// checkVMGenID refuses a VM generation ID the guest could not use: at 0,
+// not 8-byte aligned (the specification's requirement), so high that its
+// 16 bytes would wrap, or on a GSI another device of the tables has.
+func (m *Machine) checkVMGenID() error {
+	g := m.VMGenID
+	if g == nil {
+		return nil
+	}
+	switch {
+	case g.Addr == 0 || g.Addr%8 != 0 || g.Addr > math.MaxUint64-VMGenIDSize:
+		return fmt.Errorf("acpi: VM generation ID at %#x: want a non-zero, 8-byte aligned address", g.Addr)
+	case m.Serial.Port != 0 && g.GSI == m.Serial.IRQ:
+		return fmt.Errorf("acpi: VM generation ID's GSI %d is COM1's", g.GSI)
+	}
+	for i, d := range m.Virtio {
+		if d.GSI == g.GSI {
+			return fmt.Errorf("acpi: VM generation ID's GSI %d is virtio-mmio slot %d's", g.GSI, i)
+		}
+	}
+	return nil
+}
+
+// vmgenidDevices returns the VM generation ID device and the Generic Event
+// Device that notifies it:
+//
+//	Device (VGEN) {
+//	    Name (_HID, "VMGENCTR")
+//	    Name (_CID, "VM_Gen_Counter")
+//	    Name (_DDN, "VM_Gen_Counter")
+//	    Name (ADDR, Package () { low 32 bits, high 32 bits })
+//	}
+//	Device (GED_) {
+//	    Name (_HID, "ACPI0013")
+//	    Name (_UID, 0)
+//	    Name (_CRS, ResourceTemplate () { Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive) { GSI } })
+//	    Method (_EVT, 1) { If (Arg0 == GSI) { Notify (\_SB.VGEN, 0x80) } }
+//	}
+//
+// ADDR is a data object: evaluating it (Linux's acpi_evaluate_object, as
+// for QEMU's method of the name) gives the package. Linux's GED driver
+// requests each _CRS interrupt and runs _EVT with the GSI as Arg0 from
+// the interrupt's thread; the vmgenid driver, on any notification, copies
+// the ID again and, when it changed, reseeds the kernel's RNG with it.
+func vmgenidDevices(g VMGenID) [][]byte {
+	return [][]byte{
+		Device("VGEN",
+			Name("_HID", String(vmgenidHID)),
+			Name("_CID", String(vmgenidCID)),
+			Name("_DDN", String(vmgenidCID)),
+			Name("ADDR", Package(Integer(g.Addr&0xffff_ffff), Integer(g.Addr>>32))),
+		),
+		Device("GED",
+			Name("_HID", String(gedHID)),
+			Name("_UID", Integer(0)),
+			Name("_CRS", ResourceTemplate(Interrupt(true, false, false, g.GSI))),
+			Method("_EVT", 1,
+				If(LEqual(Arg(0), Integer(uint64(g.GSI))),
+					Notify(VMGenIDPath, notifyGeneric),
+				),
+			),
+		),
+	}
 }

@@ -25,7 +25,16 @@
 //     the COM1 UART (PNP0501: I/O 0x3f8-0x3ff, IRQ 4) and one LNRO0005 device
 //     per virtio-mmio slot (Memory32Fixed window and an edge-triggered,
 //     active-high Interrupt), which is how kernels built without
-//     virtio_mmio's command-line device support find them.
+//     virtio_mmio's command-line device support find them; with
+//     Machine.VMGenID, the VM generation ID's device (VGEN: _HID VMGENCTR,
+//     _CID VM_Gen_Counter, ADDR the ID's address as two 32-bit halves)
+//     and a Generic Event Device (ACPI0013, 5.6.9) whose _EVT method
+//     notifies VGEN (0x80) when its interrupt fires (vmgenidDevices).
+//
+// The AML encoder (aml.go) has what these need: names and name paths,
+// integers, strings, packages, buffers, scopes, devices, one kind of
+// method with If, LEqual, Arg and Notify in it, and the resource
+// descriptors. Its encodings are checked against iasl's.
 //
 // Build lays everything out for one base address and computes every checksum;
 // the tables are plain bytes, built once before the guest starts.

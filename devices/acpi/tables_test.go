@@ -1,6 +1,7 @@
 package acpi
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -76,6 +77,7 @@ func testMachine(cpus int) Machine {
 	for i := 0; i < 3; i++ {
 		m.Virtio = append(m.Virtio, MMIODevice{Base: 0xd000_0000 + uint32(i)*0x1000, Size: 0x1000, GSI: uint32(5 + i)})
 	}
+	m.VMGenID = &VMGenID{Addr: 0xe_f000, GSI: 23}
 	return m
 }
 
@@ -169,10 +171,62 @@ func TestBuildRejects(t *testing.T) {
 		{"no vCPUs", TablesAddr, func(m Machine) Machine { m.CPUs = 0; return m }},
 		{"256 vCPUs", TablesAddr, func(m Machine) Machine { m.CPUs = 256; return m }},
 		{"no sleep port", TablesAddr, func(m Machine) Machine { m.SleepControlPort = 0; return m }},
+		{"VM generation ID at 0", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{GSI: 23}; return m }},
+		{"VM generation ID not 8-byte aligned", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: 0xe_f004, GSI: 23}; return m }},
+		{"VM generation ID wrapping", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: 1<<64 - 8, GSI: 23}; return m }},
+		{"VM generation ID in the tables", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: TablesAddr + 0x40, GSI: 23}; return m }},
+		{"VM generation ID just below the tables", TablesAddr + 0x1000, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: TablesAddr + 0x1000 - 8, GSI: 23}; return m }},
+		{"GED on COM1's GSI", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: 0xe_f000, GSI: 4}; return m }},
+		{"GED on a virtio GSI", TablesAddr, func(m Machine) Machine { m.VMGenID = &VMGenID{Addr: 0xe_f000, GSI: 7}; return m }},
 	} {
 		if _, err := Build(tc.base, tc.m(m)); err == nil {
 			t.Errorf("%s: Build accepted it", tc.name)
 		}
+	}
+}
+
+// TestBuildVMGenID checks the DSDT with and without a VM generation ID:
+// with one, it holds the VGEN device and the GED exactly as
+// vmgenidDevices encodes them (TestVMGenIDDevicesMatchIASL checks those
+// bytes), ADDR split into the two 32-bit halves; without, neither; and an
+// ID right after the tables is accepted.
+func TestBuildVMGenID(t *testing.T) {
+	dsdt := func(m Machine) []byte {
+		t.Helper()
+		tb, err := Build(TablesAddr, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		off := tb.Offsets["DSDT"]
+		return tb.Bytes[off : off+int(binary.LittleEndian.Uint32(tb.Bytes[off+4:]))]
+	}
+	m := testMachine(2)
+	m.VMGenID = &VMGenID{Addr: 0x1_2345_6780, GSI: 20}
+	with := dsdt(m)
+	for _, part := range vmgenidDevices(*m.VMGenID) {
+		if !bytes.Contains(with, part) {
+			t.Errorf("DSDT lacks % x", part)
+		}
+	}
+	addr := Name("ADDR", Package(Integer(0x2345_6780), Integer(1)))
+	if !bytes.Contains(with, addr) {
+		t.Errorf("DSDT lacks ADDR as Package {0x23456780, 1}: % x", addr)
+	}
+	m.VMGenID = nil
+	without := dsdt(m)
+	for _, s := range []string{"VGEN", "ACPI0013", "VMGENCTR", "_EVT"} {
+		if bytes.Contains(without, []byte(s)) {
+			t.Errorf("DSDT without a VM generation ID holds %q", s)
+		}
+	}
+	m.VMGenID = &VMGenID{Addr: 0xf_0000, GSI: 20}
+	tb, err := Build(TablesAddr, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.VMGenID.Addr = (TablesAddr + uint64(len(tb.Bytes)) + 7) &^ 7
+	if _, err := Build(TablesAddr, m); err != nil {
+		t.Errorf("VM generation ID right after the tables: %v", err)
 	}
 }
 
@@ -200,7 +254,10 @@ func TestIASLDisassembles(t *testing.T) {
 		"DSDT": {`Name (\_S5, Package (0x04)`, `Device (COM1)`, `EisaId ("PNP0501")`,
 			`IO (Decode16,`, `0x03F8,`, `Device (VR02)`, `Name (_HID, "LNRO0005")`,
 			`Memory32Fixed (ReadWrite,`, `0xD0002000,`, `Interrupt (ResourceConsumer, Edge, ActiveHigh, Exclusive, ,, )`,
-			`0x00000007,`},
+			`0x00000007,`,
+			`Device (VGEN)`, `Name (_HID, "VMGENCTR")`, `Name (_CID, "VM_Gen_Counter")`, `Name (ADDR, Package (0x02) { 0x000EF000, Zero })`,
+			`Device (GED)`, `Name (_HID, "ACPI0013" /* Generic Event Device */)`, `0x00000017,`, `Method (_EVT, 1, NotSerialized)`,
+			`If ((Arg0 == 0x17))`, `Notify (\_SB.VGEN, 0x80)`},
 	}
 	for sig, off := range tb.Offsets {
 		if sig == "RSDP" {

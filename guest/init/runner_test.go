@@ -143,7 +143,7 @@ func TestRunnerNoScenarios(t *testing.T) {
 }
 
 func TestRegistryTable(t *testing.T) {
-	want := []string{"concurrent", "connect", "echo", "halfclose-guest", "halfclose-host", "loopback", "recv", "refused", "send", "seqpacket", "seqpacket-echo", "slowreader"}
+	want := []string{"concurrent", "connect", "echo", "halfclose-guest", "halfclose-host", "loopback", "recv", "refused", "send", "seqpacket", "seqpacket-echo", "slowreader", "urandom"}
 	if diff := cmp.Diff(want, scenarios.Names()); diff != "" {
 		t.Errorf("scenario names (-want +got):\n%s", diff)
 	}

@@ -90,6 +90,12 @@ var scenarios = NewRegistry(
 		Run:   runSeqpacketEcho,
 	},
 	&Scenario{
+		Name:  "urandom",
+		Doc:   "wait for uptime (0) since boot, reseed the kernel's RNG (reseed=1), listen on port; answer each connection with size (32) bytes of /dev/urandom read on CPU cpu (0; -1: any), then close; stop after conns (1) connections (0: until the timeout)",
+		Vsock: true,
+		Run:   runURandom,
+	},
+	&Scenario{
 		Name:  "refused",
 		Doc:   "dial cid:port where nobody listens; expect ECONNRESET or ECONNREFUSED within `within` (1s)",
 		Vsock: true,

@@ -23,16 +23,20 @@ func (m *Machine) addPowerControl() error {
 	return m.pio.Register(devices.PowerControlPort, devices.PowerControlPorts, "acpi-power", pc)
 }
 
-// setupACPI adds the power control registers to the port bus, writes the
-// ACPI tables describing the machine (docs/machine.md, "ACPI") at
-// acpi.TablesAddr and returns the RSDP's address for the loader. With
-// Config.NoACPI it does nothing and returns 0. It runs after the devices
-// exist (the DSDT lists the virtio-mmio slots).
+// setupACPI adds the power control registers to the port bus, creates the
+// VM generation ID (vmgenid.go), writes the ACPI tables describing the
+// machine (docs/machine.md, "ACPI") at acpi.TablesAddr and returns the
+// RSDP's address for the loader. With Config.NoACPI it does nothing and
+// returns 0. It runs after the devices exist (the DSDT lists the
+// virtio-mmio slots).
 func (m *Machine) setupACPI() (uint64, error) {
 	if m.cfg.NoACPI {
 		return 0, nil
 	}
 	if err := m.addPowerControl(); err != nil {
+		return 0, err
+	}
+	if err := m.setupVMGenID(nil); err != nil {
 		return 0, err
 	}
 	d := acpi.Machine{
@@ -45,6 +49,7 @@ func (m *Machine) setupACPI() (uint64, error) {
 		SleepStatusPort:  devices.PowerControlPort + devices.SleepStatusReg,
 		ResetPort:        devices.PowerControlPort + devices.ResetReg,
 		ResetValue:       devices.ResetValue,
+		VMGenID:          &acpi.VMGenID{Addr: m.vmgenid.Addr(), GSI: m.vmgenid.GSI()},
 	}
 	d.Serial.Port, d.Serial.IRQ = devices.COM1Port, devices.COM1IRQ
 	for _, s := range m.slots {

@@ -14,7 +14,9 @@
 // the next virtio-mmio window (virtio.MMIO), with an irqfd for its
 // interrupt and, from the driver's first DRIVER_OK, an ioeventfd per queue
 // it uses (registered on the vCPU goroutine that wrote the status). Boot
-// writes the ACPI tables (one entry per slot), loads the kernel, initrd and
+// writes the ACPI tables (one entry per slot, and the VM generation ID
+// with its Generic Event Device: vmgenid.go, whose ID a restore renews
+// and Run announces), loads the kernel, initrd and
 // command line (package kvm/loader; one virtio_mmio.device= entry per slot)
 // and creates the vCPUs.
 // Run starts one goroutine per vCPU, each locked to its OS thread; every

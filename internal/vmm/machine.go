@@ -148,6 +148,11 @@ type Machine struct {
 	slots   []virtioSlot
 	closers []func() error // device teardown, run in reverse
 
+	// vmgenid is the VM generation ID, with ACPI (vmgenid.go);
+	// announceGeneration says Run is to raise its interrupt (a restore).
+	vmgenid            *devices.VMGenID
+	announceGeneration bool
+
 	// One set of counters per vCPU (counters.go). Set by Boot and never
 	// changed, so Metrics may read them from any goroutine, even after
 	// Close.
@@ -513,6 +518,7 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 			m.runVCPU(v, m.vcpuCtrs[i])
 		}()
 	}
+	m.announceGenerationOnRun()
 	select {
 	case <-m.stopped:
 	case <-ctx.Done():

@@ -66,6 +66,9 @@ type MachineState struct {
 	// PortB and IOAPIC exist with the split irqchip only.
 	PortB  *devices.PortBState  `json:",omitempty"`
 	IOAPIC *devices.IOAPICState `json:",omitempty"`
+	// VMGenID exists with ACPI, in snapshots of microvm from the VM
+	// generation ID on (vmgenid.go); Restore gives the guest a new ID.
+	VMGenID *devices.VMGenIDState `json:",omitempty"`
 
 	// Virtio holds each slot's transport, in slot order.
 	Virtio []virtio.MMIOState
@@ -129,6 +132,7 @@ func (m *Machine) SaveSnapshot(w *snapshot.Writer, base string) error {
 		io := m.ioapic.SaveState()
 		st.IOAPIC = &io
 	}
+	st.VMGenID = m.saveVMGenID()
 	for i, s := range m.slots {
 		ts, err := s.t.SaveState()
 		if err != nil {
@@ -286,7 +290,8 @@ func (m *Machine) restoreMemory(ranges []guestmem.Range) (*guestmem.Memory, erro
 // Restore finishes a machine built from a snapshot (Config.Restore), in
 // place of Boot, once the caller has added the same virtio devices in the
 // same order: vCPUs, KVM's state, platform devices and transports as they
-// were saved. An error leaves the machine unusable (Close it); nothing of
+// were saved, then a new VM generation ID (vmgenid.go), which Run
+// announces. An error leaves the machine unusable (Close it); nothing of
 // it has run.
 func (m *Machine) Restore() error {
 	s := m.cfg.Restore
@@ -370,6 +375,9 @@ func (m *Machine) Restore() error {
 		if err := slot.t.RestoreState(st.Virtio[i]); err != nil {
 			return fmt.Errorf("snapshot %s: virtio slot %d: %w", s.Dir(), i, err)
 		}
+	}
+	if err := m.restoreVMGenID(st.VMGenID); err != nil {
+		return fmt.Errorf("snapshot %s: %w", s.Dir(), err)
 	}
 	return nil
 }
