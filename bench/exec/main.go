@@ -46,6 +46,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/bench/internal/benchenv"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/testenv"
@@ -113,7 +114,7 @@ func main() {
 		fatalf("%v", err)
 	}
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	if err := writeImage(initrd, cfg.agent, cfg.busybox); err != nil {
+	if err := agentguest.WriteImage(initrd, cfg.agent, cfg.busybox); err != nil {
 		os.RemoveAll(dir)
 		fatalf("%v", err)
 	}

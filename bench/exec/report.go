@@ -3,14 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
-	"math"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/bench/internal/benchenv"
+	"github.com/microvm/microvm/bench/internal/benchstat"
 )
 
 // Transports a row is measured over.
@@ -29,12 +29,15 @@ type row struct {
 	Failures  []string  `json:"failures,omitempty"`
 	// Redone are runs lost to a guest triple fault in the nested-KVM box
 	// (docs/testing.md) and done again in a fresh VM: noted, not failed.
-	Redone []string `json:"redone_after_box_triple_fault,omitempty"`
-	Stat   summary  `json:"stat"`
+	Redone []string          `json:"redone_after_box_triple_fault,omitempty"`
+	Stat   benchstat.Summary `json:"stat"`
 	// tail says that p99 means something here (many samples); the table
 	// shows it only then. The JSON always has it.
 	tail bool
 }
+
+// num is a figure that encodes as JSON null when it could not be computed.
+type num = benchenv.Num
 
 // ratioRow compares one figure of a vsock row with the unix row of the
 // same measurement.
@@ -87,7 +90,7 @@ const (
 func newReport(cfg *config, hostKVM string, inBox bool) *report {
 	return &report{
 		Time: time.Now().UTC(), Host: benchenv.HostInfo(), HostKVM: hostKVM, InBox: inBox,
-		Kernel: cfg.kernel, Agent: cfg.agent, Busybox: cfg.busybox, Cmdline: cmdline,
+		Kernel: cfg.kernel, Agent: cfg.agent, Busybox: cfg.busybox, Cmdline: agentguest.Cmdline,
 		CPUs: cfg.cpus, MemoryBytes: cfg.memory, Boots: cfg.n, Execs: cfg.execs, Warmup: cfg.warmup,
 		StreamBytes: cfg.streamBytes, StreamReps: cfg.streamReps,
 	}
@@ -114,16 +117,16 @@ func (rep *report) find(name, transport string) *row {
 // p50 and p99 of exec latency, and the median stream throughput.
 func (rep *report) summarise() {
 	for _, r := range rep.Rows {
-		r.Stat = summarise(r.Samples)
+		r.Stat = benchstat.Summarise(r.Samples)
 	}
 	rep.Ratios = nil
 	pick := []struct {
 		row, label string
-		figure     func(summary) num
+		figure     func(benchstat.Summary) num
 	}{
-		{nameExec, "p50", func(s summary) num { return s.P50 }},
-		{nameExec, "p99", func(s summary) num { return s.P99 }},
-		{nameStream, "median", func(s summary) num { return s.P50 }},
+		{nameExec, "p50", func(s benchstat.Summary) num { return s.P50 }},
+		{nameExec, "p99", func(s benchstat.Summary) num { return s.P99 }},
+		{nameStream, "median", func(s benchstat.Summary) num { return s.P50 }},
 	}
 	for _, p := range pick {
 		v, u := rep.find(p.row, viaVsock), rep.find(p.row, viaUnix)
@@ -131,7 +134,7 @@ func (rep *report) summarise() {
 			continue
 		}
 		a, b := p.figure(v.Stat), p.figure(u.Stat)
-		rep.Ratios = append(rep.Ratios, ratioRow{Name: p.row + " " + p.label, Unit: v.Unit, Vsock: a, Unix: b, Ratio: ratio(a, b)})
+		rep.Ratios = append(rep.Ratios, ratioRow{Name: p.row + " " + p.label, Unit: v.Unit, Vsock: a, Unix: b, Ratio: benchstat.Ratio(a, b)})
 	}
 }
 
@@ -162,10 +165,10 @@ func (rep *report) print(w io.Writer) {
 	for _, r := range rep.Rows {
 		p99 := "-"
 		if r.tail {
-			p99 = fmtNum(r.Stat.P99)
+			p99 = benchstat.FmtNum(r.Stat.P99)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Name, r.Transport, r.Stat.N, len(r.Failures),
-			fmtNum(r.Stat.P50), p99, fmtNum(r.Stat.Min), fmtNum(r.Stat.Max), r.Unit)
+			benchstat.FmtNum(r.Stat.P50), p99, benchstat.FmtNum(r.Stat.Min), benchstat.FmtNum(r.Stat.Max), r.Unit)
 	}
 	tw.Flush()
 	if len(rep.Ratios) > 0 {
@@ -173,7 +176,7 @@ func (rep *report) print(w io.Writer) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "vsock/unix\tvsock\tunix\tratio\t")
 		for _, q := range rep.Ratios {
-			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t\n", q.Name, q.Unit, fmtNum(q.Vsock), fmtNum(q.Unix), fmtNum(q.Ratio))
+			fmt.Fprintf(tw, "%s %s\t%s\t%s\t%s\t\n", q.Name, q.Unit, benchstat.FmtNum(q.Vsock), benchstat.FmtNum(q.Unix), benchstat.FmtNum(q.Ratio))
 		}
 		tw.Flush()
 	}
@@ -197,21 +200,6 @@ func (rep *report) print(w io.Writer) {
 			fmt.Fprintf(w, "FAILED %s (%s): %s\n", r.Name, r.Transport, firstLine(f))
 		}
 	}
-}
-
-// fmtNum prints a figure with about three significant digits, or "-" when
-// it is missing.
-func fmtNum(n num) string {
-	f := float64(n)
-	switch {
-	case math.IsNaN(f) || math.IsInf(f, 0):
-		return "-"
-	case math.Abs(f) >= 100:
-		return strconv.FormatFloat(f, 'f', 1, 64)
-	case math.Abs(f) >= 1:
-		return strconv.FormatFloat(f, 'f', 2, 64)
-	}
-	return strconv.FormatFloat(f, 'f', 3, 64)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

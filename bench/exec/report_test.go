@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,15 @@ func TestFirstLine(t *testing.T) {
 		if got := firstLine(in); got != want {
 			t.Errorf("firstLine(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestNumJSON(t *testing.T) {
+	b, err := json.Marshal([]num{1.5, num(math.NaN()), num(math.Inf(-1)), 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(b), "[1.5,null,null,0]"; got != want {
+		t.Errorf("got %s, want %s", got, want)
 	}
 }

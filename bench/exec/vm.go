@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -13,35 +12,12 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/vsock"
 )
 
-const (
-	// agentPort is the vsock port microvm-agent listens on by default.
-	agentPort = 1024
-	// guestCID is the guest's vsock context id; each VM is alone.
-	guestCID = 3
-	// cmdline is `microvm exec`'s: quiet, so that the serial console,
-	// an exit per byte, does not dominate the boot.
-	cmdline = "console=ttyS0 reboot=k panic=-1 quiet"
-)
-
-// writeImage writes the guest image (the agent as /init, busybox) to path.
-func writeImage(path, agentBin, busybox string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	err = agentimage.Build(f, agentimage.Options{Agent: agentBin, Busybox: busybox})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("guest image: %w", err)
-	}
-	return nil
-}
+// guestCID is the guest's vsock context id; each VM is alone.
+const guestCID = 3
 
 // vm is one booted machine and a connection to its agent. The goroutine
 // that booted it owns it and calls shutdown; Run runs on a goroutine of its
@@ -74,7 +50,7 @@ func bootVM(ctx context.Context, cfg *config, initrd, uds string, log logrus.Fie
 	}
 	m, err := microvm.New(microvm.Config{
 		Kernel: cfg.kernel, Initrd: initrd, CPUs: cfg.cpus, MemoryBytes: cfg.memory,
-		Cmdline: cmdline, Console: v.console, Log: log,
+		Cmdline: agentguest.Cmdline, Console: v.console, Log: log,
 		Vsock: vc,
 	})
 	if err != nil {
@@ -94,7 +70,7 @@ func bootVM(ctx context.Context, cfg *config, initrd, uds string, log logrus.Fie
 	// Until the agent listens the guest refuses, and Connect dials again;
 	// if the VM stops first, DialVsock says so and Connect gives up.
 	v.conn, err = connectAgent(bctx, func(ctx context.Context) (net.Conn, error) {
-		return m.DialVsock(ctx, agentPort)
+		return m.DialVsock(ctx, agentguest.AgentPort)
 	})
 	if err == nil {
 		err = v.conn.health(bctx)
@@ -151,12 +127,7 @@ func (v *vm) fail(err error) error {
 
 // ended reports whether the machine has stopped on its own.
 func (v *vm) ended() bool {
-	select {
-	case <-v.done:
-		return true
-	default:
-		return false
-	}
+	return agentguest.Ended(v.done)
 }
 
 // shutdown closes the agent connection, stops the machine, waits for Run

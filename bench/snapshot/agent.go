@@ -12,33 +12,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/guest/agentapi"
-	"github.com/microvm/microvm/guest/agentimage"
 )
-
-const (
-	// agentPort is the vsock port microvm-agent listens on by default.
-	agentPort = 1024
-	// linuxCmdline is `microvm exec`'s: quiet, so that the serial
-	// console, an exit per byte, does not dominate the boot.
-	linuxCmdline = "console=ttyS0 reboot=k panic=-1 quiet"
-)
-
-// writeImage writes the guest image (the agent as /init, busybox) to path.
-func writeImage(path, agentBin, busybox string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	err = agentimage.Build(f, agentimage.Options{Agent: agentBin, Busybox: busybox})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("guest image: %w", err)
-	}
-	return nil
-}
 
 // agentConn is a gRPC connection to a guest's agent and the client on it.
 type agentConn struct {
@@ -51,7 +27,7 @@ type agentConn struct {
 // the port) and answers a health check with SERVING: the agent answering.
 func connectAgent(ctx context.Context, m *microvm.Machine) (*agentConn, error) {
 	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) {
-		return m.DialVsock(ctx, agentPort)
+		return m.DialVsock(ctx, agentguest.AgentPort)
 	})
 	if err != nil {
 		return nil, err

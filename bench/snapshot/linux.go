@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 )
 
 // linuxConfig is what the linux subcommand's flags set.
@@ -31,11 +32,11 @@ type linuxConfig struct {
 func runLinux(ctx context.Context, cfg *linuxConfig, rep *linuxReport, dir string) {
 	defer rep.summarise()
 	initrd := filepath.Join(dir, "initramfs.cpio")
-	if err := writeImage(initrd, cfg.agent, cfg.busybox); err != nil {
+	if err := agentguest.WriteImage(initrd, cfg.agent, cfg.busybox); err != nil {
 		rep.Failures = append(rep.Failures, err.Error())
 		return
 	}
-	mc := microvm.Config{Kernel: cfg.kernel, Initrd: initrd, Cmdline: linuxCmdline, CPUs: cfg.cpus, MemoryBytes: cfg.memory}
+	mc := microvm.Config{Kernel: cfg.kernel, Initrd: initrd, Cmdline: agentguest.Cmdline, CPUs: cfg.cpus, MemoryBytes: cfg.memory}
 	snap := filepath.Join(dir, "snap")
 	if measureCold(ctx, cfg, rep, mc, dir, snap) {
 		if cfg.dropCache && !canDropCache(snap) {

@@ -10,6 +10,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
@@ -88,12 +89,7 @@ func (v *vm) start() {
 
 // ended reports whether Run has returned.
 func (v *vm) ended() bool {
-	select {
-	case <-v.done:
-		return true
-	default:
-		return false
-	}
+	return agentguest.Ended(v.done)
 }
 
 // shutdown stops the machine, waits for Run and releases the machine.

@@ -3,29 +3,30 @@ package main
 import (
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/bench/internal/benchenv"
+	"github.com/microvm/microvm/bench/internal/benchstat"
 )
 
 // row is one measurement: its samples (ms unless Unit says otherwise) and
 // their summary.
 type row struct {
-	Name     string    `json:"name"`
-	Unit     string    `json:"unit"`
-	Samples  []float64 `json:"samples"`
-	Failures []string  `json:"failures,omitempty"`
-	Stat     summary   `json:"stat"`
+	Name     string            `json:"name"`
+	Unit     string            `json:"unit"`
+	Samples  []float64         `json:"samples"`
+	Failures []string          `json:"failures,omitempty"`
+	Stat     benchstat.Summary `json:"stat"`
 }
 
 func newRow(name string) *row { return &row{Name: name, Unit: "ms", Samples: []float64{}} }
 
-func (r *row) summarise() { r.Stat = summarise(r.Samples) }
+func (r *row) summarise() { r.Stat = benchstat.Summarise(r.Samples) }
 
 // env is where a report's figures come from.
 type env struct {
@@ -164,8 +165,8 @@ func (rep *guestReport) summarise() {
 	}
 	if n := len(rep.Sizes); n > 1 {
 		lo, hi := rep.Sizes[0], rep.Sizes[n-1]
-		rep.FlatRestore = ratio(hi.Restore.Stat.P50, lo.Restore.Stat.P50)
-		rep.FlatAnswered = ratio(hi.Answered.Stat.P50, lo.Answered.Stat.P50)
+		rep.FlatRestore = benchstat.Ratio(hi.Restore.Stat.P50, lo.Restore.Stat.P50)
+		rep.FlatAnswered = benchstat.Ratio(hi.Answered.Stat.P50, lo.Answered.Stat.P50)
 	}
 	if c := rep.Clones; c != nil {
 		c.Answered.summarise()
@@ -221,8 +222,8 @@ func (rep *guestReport) print(w io.Writer) {
 	if n := len(rep.Sizes); n > 1 {
 		lo, hi := rep.Sizes[0], rep.Sizes[n-1]
 		fmt.Fprintf(tw, "%s/%s\t\t\t%s\t\t%s\t\t\t\t%s\t%s\t\n", microvm.FormatSize(hi.MemoryBytes), microvm.FormatSize(lo.MemoryBytes),
-			fmtNum(rep.FlatRestore), fmtNum(rep.FlatAnswered), fmtNum(ratio(hi.New.Stat.P50, lo.New.Stat.P50)),
-			fmtNum(ratio(hi.BootAnswered.Stat.P50, lo.BootAnswered.Stat.P50)))
+			fmtNum(rep.FlatRestore), fmtNum(rep.FlatAnswered), fmtNum(benchstat.Ratio(hi.New.Stat.P50, lo.New.Stat.P50)),
+			fmtNum(benchstat.Ratio(hi.BootAnswered.Stat.P50, lo.BootAnswered.Stat.P50)))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "target: flat, restore time does not grow with guest memory (largest/smallest p50 near 1). New() and boot to")
@@ -348,7 +349,7 @@ type linuxReport struct {
 
 func newLinuxReport(cfg *linuxConfig, hostKVM string, inBox bool) *linuxReport {
 	rep := &linuxReport{env: newEnv(hostKVM, inBox), Kernel: cfg.kernel, Agent: cfg.agent, Busybox: cfg.busybox,
-		Cmdline: linuxCmdline, CPUs: cfg.cpus, MemoryBytes: cfg.memory, N: cfg.n, DirtyMemoryBytes: cfg.dirtyMemory,
+		Cmdline: agentguest.Cmdline, CPUs: cfg.cpus, MemoryBytes: cfg.memory, N: cfg.n, DirtyMemoryBytes: cfg.dirtyMemory,
 		Cold: newRow("cold boot to agent answering"), SnapshotStop: newRow("Snapshot() stop, agent ready"),
 		ColdOverWarmP50: nan, ColdOverWarmP99: nan, Dirty: []*dirtyResult{}}
 	for _, drop := range []bool{false, true} {
@@ -388,8 +389,8 @@ func (rep *linuxReport) summarise() {
 	for _, r := range rep.rows() {
 		r.summarise()
 	}
-	rep.ColdOverWarmP50 = ratio(rep.Cold.Stat.P50, rep.plain().Answered.Stat.P50)
-	rep.ColdOverWarmP99 = ratio(rep.Cold.Stat.P99, rep.plain().Answered.Stat.P99)
+	rep.ColdOverWarmP50 = benchstat.Ratio(rep.Cold.Stat.P50, rep.plain().Answered.Stat.P50)
+	rep.ColdOverWarmP99 = benchstat.Ratio(rep.Cold.Stat.P99, rep.plain().Answered.Stat.P99)
 }
 
 func (rep *linuxReport) failed() bool {
@@ -430,7 +431,7 @@ func (rep *linuxReport) print(w io.Writer) {
 	fmt.Fprintf(w, "cold boot / restore: p50 %s, p99 %s (target: restore far below a cold boot)\n",
 		fmtNum(rep.ColdOverWarmP50), fmtNum(rep.ColdOverWarmP99))
 	for _, r := range rep.Restores[1:] {
-		fmt.Fprintf(w, "%s / restore (p50): %s\n", r.Name, fmtNum(ratio(r.Answered.Stat.P50, rep.plain().Answered.Stat.P50)))
+		fmt.Fprintf(w, "%s / restore (p50): %s\n", r.Name, fmtNum(benchstat.Ratio(r.Answered.Stat.P50, rep.plain().Answered.Stat.P50)))
 	}
 	if d := rep.SnapshotDisk; d != nil {
 		fmt.Fprintf(w, "the snapshot restored: %s MiB on disk, %s MiB of it guest memory (of %s)\n",
@@ -504,21 +505,13 @@ func printFailed(w io.Writer, lines []string) {
 	}
 }
 
-// fmtNum prints a figure with about three significant digits, or "-" when
-// it is missing.
+// fmtNum prints a figure as benchstat.FmtNum does (about three
+// significant digits, "-" when it is missing), but zero as "0".
 func fmtNum(n num) string {
-	f := float64(n)
-	switch {
-	case math.IsNaN(f) || math.IsInf(f, 0):
-		return "-"
-	case f == 0:
+	if n == 0 {
 		return "0"
-	case math.Abs(f) >= 100:
-		return strconv.FormatFloat(f, 'f', 1, 64)
-	case math.Abs(f) >= 1:
-		return strconv.FormatFloat(f, 'f', 2, 64)
 	}
-	return strconv.FormatFloat(f, 'f', 3, 64)
+	return benchstat.FmtNum(n)
 }
 
 // percent is part/whole as a percentage, "-" when whole is 0.

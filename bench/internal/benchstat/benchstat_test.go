@@ -1,9 +1,10 @@
-package main
+package benchstat
 
 import (
-	"encoding/json"
 	"math"
 	"testing"
+
+	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
 func TestPercentile(t *testing.T) {
@@ -11,6 +12,7 @@ func TestPercentile(t *testing.T) {
 	for i := range hundred {
 		hundred[i] = float64(i + 1) // 1..100
 	}
+	twenty := hundred[:20:20] // 1..20
 	tests := []struct {
 		name   string
 		sorted []float64
@@ -22,74 +24,71 @@ func TestPercentile(t *testing.T) {
 		{"p90 of 100 is the 90th", hundred, 0.90, 90},
 		{"p100 is the max", hundred, 1, 100},
 		{"tiny p is the min", hundred, 0.001, 1},
+		{"p99 of 20 is the max", twenty, 0.99, 20},
+		{"p90 of 20 is the 18th", twenty, 0.90, 18},
+		{"p50 of 20 is the 10th (nearest rank)", twenty, 0.5, 10},
 		{"p99 of 3 is the max", []float64{1, 2, 3}, 0.99, 3},
+		{"p99 of 5 is the max", []float64{1, 2, 3, 4, 5}, 0.99, 5},
 		{"p50 of 4 is the 2nd (nearest rank)", []float64{1, 2, 3, 4}, 0.5, 2},
 		{"p90 of 10 is the 9th", []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.9, 9},
 		{"p99 of 101 is the 100th", append(hundred[:100:100], 101), 0.99, 100},
 	}
 	for _, tc := range tests {
-		if got := percentile(tc.sorted, tc.p); got != tc.want {
-			t.Errorf("%s: percentile(%d samples, %v) = %v, want %v", tc.name, len(tc.sorted), tc.p, got, tc.want)
+		if got := Percentile(tc.sorted, tc.p); got != tc.want {
+			t.Errorf("%s: Percentile(%d samples, %v) = %v, want %v", tc.name, len(tc.sorted), tc.p, got, tc.want)
 		}
 	}
 }
 
 func TestSummarise(t *testing.T) {
 	in := []float64{30, 10, 40, 20}
-	got := summarise(in)
-	want := summary{N: 4, P50: 25, P90: 40, P99: 40, Min: 10, Max: 40, Mean: 25}
+	got := Summarise(in)
+	want := Summary{N: 4, P50: 25, P90: 40, P99: 40, Min: 10, Max: 40, Mean: 25}
 	if got != want {
-		t.Errorf("summarise(%v):\n got %+v\nwant %+v", in, got, want)
+		t.Errorf("Summarise(%v):\n got %+v\nwant %+v", in, got, want)
 	}
 	if in[0] != 30 || in[1] != 10 {
-		t.Errorf("summarise sorted its input: %v", in)
+		t.Errorf("Summarise sorted its input: %v", in)
 	}
-	odd := summarise([]float64{5, 1, 3})
+	odd := Summarise([]float64{5, 1, 3})
 	if odd.P50 != 3 || odd.Min != 1 || odd.Max != 5 {
 		t.Errorf("odd count: got %+v, want median 3 of 1..5", odd)
 	}
-	empty := summarise(nil)
+	empty := Summarise(nil)
 	if empty.N != 0 || !math.IsNaN(float64(empty.P50)) || !math.IsNaN(float64(empty.P99)) || !math.IsNaN(float64(empty.Mean)) {
 		t.Errorf("no samples: got %+v, want N 0 and NaN figures", empty)
 	}
 }
 
 func TestRatio(t *testing.T) {
-	nan := num(math.NaN())
+	nan := benchenv.Num(math.NaN())
 	tests := []struct {
-		a, b num
+		a, b benchenv.Num
 		want float64 // NaN: missing
 	}{
 		{10, 2, 5},
+		{10, 4, 2.5},
 		{1, 4, 0.25},
 		{1, 0, math.NaN()},
 		{nan, 1, math.NaN()},
 		{1, nan, math.NaN()},
 	}
 	for _, tc := range tests {
-		got := float64(ratio(tc.a, tc.b))
+		got := float64(Ratio(tc.a, tc.b))
 		if got != tc.want && !(math.IsNaN(got) && math.IsNaN(tc.want)) {
-			t.Errorf("ratio(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+			t.Errorf("Ratio(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
 		}
-	}
-}
-
-func TestNumJSON(t *testing.T) {
-	b, err := json.Marshal([]num{1.5, num(math.NaN()), num(math.Inf(-1)), 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := string(b), "[1.5,null,null,0]"; got != want {
-		t.Errorf("got %s, want %s", got, want)
 	}
 }
 
 func TestFmtNum(t *testing.T) {
 	tests := []struct {
-		n    num
+		n    benchenv.Num
 		want string
 	}{
-		{num(math.NaN()), "-"},
+		{benchenv.Num(math.NaN()), "-"},
+		{benchenv.Num(math.Inf(1)), "-"},
+		{0, "0.000"},
 		{0.0423, "0.042"},
 		{1.234, "1.23"},
 		{99.994, "99.99"},
@@ -97,8 +96,8 @@ func TestFmtNum(t *testing.T) {
 		{12345.67, "12345.7"},
 	}
 	for _, tc := range tests {
-		if got := fmtNum(tc.n); got != tc.want {
-			t.Errorf("fmtNum(%v) = %q, want %q", float64(tc.n), got, tc.want)
+		if got := FmtNum(tc.n); got != tc.want {
+			t.Errorf("FmtNum(%v) = %q, want %q", float64(tc.n), got, tc.want)
 		}
 	}
 }
