@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 
 	"github.com/sirupsen/logrus"
 
@@ -63,8 +64,11 @@ type Machine struct {
 	// diffBase is what a diff snapshot (SnapshotOptions.Diff) is taken
 	// against: the machine's last snapshot, or the one it was restored
 	// from; nil when there is none, or the dirty logs restarted without
-	// one (a failed snapshot). Snapshot's caller owns it (one at a time).
+	// one (a failed snapshot). Guarded by snapMu.
 	diffBase *snapshotRef
+	// snapMu serializes Snapshot: two saves at once (a named VM's API
+	// takes concurrent requests) would share diffBase and the pause.
+	snapMu sync.Mutex
 }
 
 // New creates the machine described by cfg: KVM VM, memory, devices, kernel.

@@ -127,6 +127,8 @@ func ReadSnapshot(dir string) (SnapshotInfo, error) {
 // (the guest is told with a transport reset event, as after a restore).
 // The directory is written whole or not at all.
 func (m *Machine) Snapshot(ctx context.Context, dir string, o SnapshotOptions) (err error) {
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
 	wasPaused := m.Paused()
 	if !wasPaused {
 		if err := m.Pause(ctx); err != nil {
