@@ -1,6 +1,7 @@
 package vms
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestCheckName(t *testing.T) {
@@ -88,12 +91,11 @@ func TestLifecycle(t *testing.T) {
 
 // TestLockHeldByAnotherProcess: the lock is what tells a live VM, across
 // processes: a child holding it makes the VM alive; killed, the VM is
-// exited and the name free.
+// exited and the name free. The child is this test binary (see
+// TestHelperHoldLock), not flock(1): flock(1) forks its command, and the
+// forked copy holds the lock's file for a moment after the fork, so a kill
+// that came quickly left the lock held and the test failed under load.
 func TestLockHeldByAnotherProcess(t *testing.T) {
-	flock, err := exec.LookPath("flock")
-	if err != nil {
-		t.Skip("no flock(1)")
-	}
 	s, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -103,19 +105,22 @@ func TestLockHeldByAnotherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Release()
-	child := exec.Command(flock, "-o", "-x", filepath.Join(s.Dir("other"), LockFile), "sleep", "60")
+	child := exec.Command(os.Args[0], "-test.run=^TestHelperHoldLock$")
+	child.Env = append(os.Environ(), holdLockEnv+"="+filepath.Join(s.Dir("other"), LockFile))
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer child.Process.Kill()
-	for i := 0; i < 500; i++ {
-		if e, _ := s.Get("other"); e.Alive {
-			break
-		}
-		if i == 499 {
-			t.Fatal("the child's lock never showed")
-		}
-		sleepMs(10)
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "locked\n" {
+		t.Fatalf("the child did not take the lock: %q, %v", line, err)
+	}
+	if e, _ := s.Get("other"); !e.Alive {
+		t.Error("not alive while another process holds the lock")
 	}
 	if _, err := s.Create(Record{Name: "other"}); !errors.Is(err, ErrNameInUse) {
 		t.Errorf("Create while another process holds the lock: %v", err)
@@ -125,6 +130,33 @@ func TestLockHeldByAnotherProcess(t *testing.T) {
 	if e, _ := s.Get("other"); e.Alive {
 		t.Error("still alive after its process died")
 	}
+	if l, err := s.Create(Record{Name: "other"}); err != nil {
+		t.Errorf("Create after the holder died: %v", err)
+	} else {
+		l.Release()
+	}
+}
+
+const holdLockEnv = "MICROVM_VMS_TEST_HOLD_LOCK"
+
+// TestHelperHoldLock is TestLockHeldByAnotherProcess's child: with the
+// environment variable set it takes the lock on the file it names, says so
+// on stdout and waits to be killed. Run plainly, it returns at once.
+func TestHelperHoldLock(t *testing.T) {
+	path := os.Getenv(holdLockEnv)
+	if path == "" {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	os.Stdout.WriteString("locked\n")
+	time.Sleep(time.Minute)
+	t.Fatal("not killed within a minute")
 }
 
 // TestSocketPathTooLong: a state directory too deep for socket paths is
@@ -173,5 +205,3 @@ func TestConsoleLog(t *testing.T) {
 		}
 	}
 }
-
-func sleepMs(n int) { time.Sleep(time.Duration(n) * time.Millisecond) }
