@@ -25,9 +25,9 @@ import (
 // booting, runs the command in it and throws the clone away. Guest memory
 // is mapped copy-on-write from DIR, so the clones' writes (to the
 // initramfs, or an --image's tmpfs overlay) never reach it; disks must be
-// readonly or cow (an --image's root is readonly), and a cow disk written
-// before the agent answered makes the snapshot fail (blk cannot save its
-// overlay yet).
+// readonly or cow (an --image's root is readonly). What the boot wrote to
+// a cow disk before the agent answered (a file system's mount, say) is in
+// DIR's snapshot, and each clone starts from it in an overlay of its own.
 //
 // DIR's label labelExecKey is a digest of what shapes the machine (the
 // kernel file, CPUs, memory, devices, the agent image's sources): an exec

@@ -57,8 +57,9 @@ type Config struct {
 	// writes in a private overlay that goes away with the device: the
 	// image is never written. The guest sees a writable disk (DISCARD
 	// and WRITE_ZEROES included). It cannot be combined with ReadOnly.
-	// A device with written blocks in its overlay refuses to save its
-	// state for a snapshot (ErrCopyOnWriteNotSaved). See overlay.go.
+	// A snapshot saves the overlay (SaveDeviceData) and a restore fills
+	// the new device's own overlay from it. See overlay.go and
+	// overlay_save.go.
 	CopyOnWrite bool
 	// OverlayDir is the directory in which a CopyOnWrite device creates
 	// its overlay, an unlinked sparse file of the image's size that holds

@@ -74,8 +74,16 @@
 // Flush does nothing: the base is not written and the overlay is not
 // kept. Every range was bounded by parseRequest; the overlay checks it
 // again and answers IOERR rather than index its bitmap out of range. A
-// disk whose overlay holds blocks refuses to save its state for a
-// snapshot (state.go, ErrCopyOnWriteNotSaved).
+// snapshot of a disk whose overlay holds blocks saves them (state.go):
+//
+//	Quiesce -> SaveDeviceState ({"OverlayBlocks": n})
+//	-> SaveDeviceData: the bitmap copied, then a reader of header, bitmap
+//	   and each set block, read from the overlay as the snapshot writer
+//	   reaches it (overlay_save.go)
+//
+// and a restore, on a new device before it is activated, reads that part
+// into its fresh overlay (RestoreDeviceData; zero blocks stay holes, the
+// bitmap is set last) and then checks the state's count against it.
 //
 // # Goroutines and locks
 //

@@ -3,6 +3,7 @@ package blk_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/devices/blk"
+	"github.com/microvm/microvm/kvm/eventfd"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/virtiotest"
 )
@@ -445,42 +447,88 @@ func TestCopyOnWriteBitmapBound(t *testing.T) {
 	}
 }
 
-// TestCopyOnWriteSnapshotRefused: through the transport, a CopyOnWrite
-// disk saves its (empty) state while its overlay is empty and refuses, with
-// a clear error, once the guest has written; the device goes on after the
-// refusal.
-func TestCopyOnWriteSnapshotRefused(t *testing.T) {
-	e, d := newMMIOEnv(t, blk.Config{CopyOnWrite: true, OverlayDir: t.TempDir()})
-	e.do(tIn, 0, nil, 512)
+// TestCopyOnWriteSnapshot: through the transport, a CopyOnWrite disk
+// saves no state while its overlay is empty; once written, its state
+// counts the overlay's blocks and its data is the overlay, and a fresh
+// device over the same image, given both, reads as the saved disk did
+// (written, partly written, zeroed, discarded and untouched blocks, and a
+// short last block) while the original goes on with its own writes.
+func TestCopyOnWriteSnapshot(t *testing.T) {
+	const size = 64<<10 + 3*512 // 16 blocks and a short 17th
+	e, d := newMMIOEnv(t, blk.Config{Path: image(t, size), CopyOnWrite: true, OverlayDir: t.TempDir()})
+	if err := d.m.Quiesce(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := d.m.SaveState(); err != nil || len(s.Device) != 0 {
+		t.Fatalf("SaveState of a copy-on-write disk nothing was written to: %q, %v; want no state", s.Device, err)
+	}
+	if r, err := d.m.SaveData(); r != nil || err != nil {
+		t.Fatalf("SaveData of an empty overlay: %v, %v; want none", r, err)
+	}
+	if err := d.m.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	e.writeDisk(0, fill(bs, 1))         // block 0 whole
+	e.writeDisk(5*bs+512, fill(512, 2)) // block 5 in part
+	e.writeDisk(6*bs, fill(2*bs, 0))    // blocks 6, 7: written zeros
+	e.writeDisk(size-512, fill(512, 3)) // the short last block
+	if _, st, _ := e.do(tDiscard, 0, segment(9*bs/512, 2*bs/512, 0), 0); st != sOK {
+		t.Fatalf("discard: status %d", st)
+	}
+	want := e.readDisk(0, size)
 	if err := d.m.Quiesce(); err != nil {
 		t.Fatal(err)
 	}
 	s, err := d.m.SaveState()
 	if err != nil {
-		t.Fatalf("SaveState of a copy-on-write disk nothing was written to: %v", err)
+		t.Fatalf("SaveState after writes: %v", err)
 	}
-	if len(s.Device) != 0 {
-		t.Errorf("device state %q; want none", s.Device)
+	if string(s.Device) != `{"OverlayBlocks":7}` {
+		t.Errorf("device state %s; want 7 overlay blocks", s.Device)
+	}
+	r, err := d.m.SaveData()
+	if err != nil || r == nil {
+		t.Fatalf("SaveData: %v, %v", r, err)
+	}
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Header, a one-word bitmap, 6 whole blocks and the 1.5 KiB last one.
+	if wantLen := 32 + 8 + 6*bs + 3*512; len(data) != wantLen {
+		t.Errorf("saved overlay of %d bytes; want %d", len(data), wantLen)
 	}
 	if err := d.m.Resume(); err != nil {
 		t.Fatal(err)
 	}
-	e.writeDisk(3*512, fill(512, 9))
-	if err := d.m.Quiesce(); err != nil {
+	e.writeDisk(bs, fill(bs, 4)) // the original goes on: not in the snapshot
+
+	// A fresh device over the same image, restored.
+	f := openEnv(t, blk.Config{Path: e.path, CopyOnWrite: true, OverlayDir: t.TempDir()})
+	if err := f.dev.RestoreDeviceState(s.Device); !errors.Is(err, virtio.ErrBadState) {
+		t.Errorf("state without its data: %v; want ErrBadState", err)
+	}
+	if err := f.dev.RestoreDeviceData(bytes.NewReader(data)); err != nil {
+		t.Fatalf("RestoreDeviceData: %v", err)
+	}
+	if err := f.dev.RestoreDeviceState(s.Device); err != nil {
+		t.Fatalf("RestoreDeviceState: %v", err)
+	}
+	kick, err := eventfd.NewNonblocking()
+	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = d.m.SaveState()
-	if !errors.Is(err, blk.ErrCopyOnWriteNotSaved) || !strings.Contains(err.Error(), "a copy-on-write disk's writes are not saved in snapshots yet") {
-		t.Fatalf("SaveState after a write: %v; want ErrCopyOnWriteNotSaved", err)
+	t.Cleanup(func() { kick.Close() })
+	f.kick = kick
+	f.activate(nil)
+	if got := f.readDisk(0, size); !bytes.Equal(got, want) {
+		t.Error("the restored disk reads differently from the saved one")
 	}
-	if err := d.m.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	if got := e.readDisk(3*512, 512); !bytes.Equal(got, fill(512, 9)) {
-		t.Error("the disk lost its write after the refused snapshot")
+	if info, _ := f.dev.Overlay(); info.Written != 7 {
+		t.Errorf("restored overlay holds %d blocks; want 7", info.Written)
 	}
 
-	// A plain disk still saves no state; nothing but no state restores.
+	// A plain disk saves no state or data and takes neither.
 	plain, pd := newMMIOEnv(t, blk.Config{})
 	plain.writeDisk(0, fill(512, 1))
 	if err := pd.m.Quiesce(); err != nil {
@@ -489,13 +537,19 @@ func TestCopyOnWriteSnapshotRefused(t *testing.T) {
 	if s, err := pd.m.SaveState(); err != nil || len(s.Device) != 0 {
 		t.Errorf("plain disk: SaveState %q, %v; want no device state", s.Device, err)
 	}
+	if r, err := pd.m.SaveData(); r != nil || err != nil {
+		t.Errorf("plain disk: SaveData %v, %v; want none", r, err)
+	}
 	for _, st := range []string{"", "null"} {
-		if err := e.dev.RestoreDeviceState([]byte(st)); err != nil {
+		if err := plain.dev.RestoreDeviceState([]byte(st)); err != nil {
 			t.Errorf("RestoreDeviceState(%q): %v", st, err)
 		}
 	}
-	if err := e.dev.RestoreDeviceState([]byte(`{"Blocks":1}`)); !errors.Is(err, virtio.ErrBadState) {
-		t.Errorf("RestoreDeviceState of a state: %v; want ErrBadState", err)
+	if err := plain.dev.RestoreDeviceState([]byte(`{"OverlayBlocks":1}`)); !errors.Is(err, virtio.ErrBadState) {
+		t.Errorf("plain disk: RestoreDeviceState of a state: %v; want ErrBadState", err)
+	}
+	if err := plain.dev.RestoreDeviceData(bytes.NewReader(data)); !errors.Is(err, virtio.ErrBadState) {
+		t.Errorf("plain disk: RestoreDeviceData: %v; want ErrBadState", err)
 	}
 }
 

@@ -27,6 +27,9 @@ import (
 //	-> VM.SaveState (the kvmclock last), the platform devices, each
 //	   transport's SaveState, all in the "machine" state part, with the
 //	   host's wall clock
+//	-> each transport's bulk data, for a device that has some
+//	   (virtio.DataDevice: a copy-on-write disk's overlay), one part per
+//	   slot ("virtio2-data")
 //	-> guest memory, one sparse part per range ("mem0", "mem1")
 //	-> ResumeDevices restarts the transports when the machine goes on.
 //
@@ -36,7 +39,8 @@ import (
 // vCPUs are created and given their saved state, the VM's state follows
 // (the clock last, moved on by the wall-clock time since the save), then the IOAPIC (which installs the routes the other
 // devices interrupt through), the other platform devices and each
-// transport (which activates its device at the saved queue positions).
+// transport (its device's bulk data first, then its state, which
+// activates the device at the saved queue positions).
 // Run then starts the vCPUs where they stopped.
 
 // snapshotMachinePart is the name of the state part SaveSnapshot writes.
@@ -76,6 +80,10 @@ type MachineState struct {
 
 // memoryPart names guest memory range i's part.
 func memoryPart(i int) string { return fmt.Sprintf("mem%d", i) }
+
+// dataPart names the part of virtio slot i's bulk data (virtio.DataDevice),
+// which only devices that have some write.
+func dataPart(i int) string { return fmt.Sprintf("virtio%d-data", i) }
 
 // SaveSnapshot writes the machine's state and memory into w. The machine
 // must be paused (Pause); its devices are quiesced and stay so until
@@ -142,6 +150,15 @@ func (m *Machine) SaveSnapshot(w *snapshot.Writer, base string) error {
 	}
 	if err := w.AddState(snapshotMachinePart, st); err != nil {
 		return err
+	}
+	for i, s := range m.slots {
+		r, err := s.t.SaveData()
+		if err == nil && r != nil {
+			err = w.AddFile(dataPart(i), r)
+		}
+		if err != nil {
+			return fmt.Errorf("vmm: snapshot: virtio slot %d: %w", i, err)
+		}
 	}
 	for i, r := range m.mem.Ranges() {
 		dirty, err := m.takeDirty(i, r)
@@ -372,6 +389,15 @@ func (m *Machine) Restore() error {
 		}
 	}
 	for i, slot := range m.slots {
+		if _, ok := s.Part(dataPart(i)); ok {
+			r, err := s.File(dataPart(i))
+			if err == nil {
+				err = slot.t.RestoreData(r)
+			}
+			if err != nil {
+				return fmt.Errorf("snapshot %s: virtio slot %d: %w", s.Dir(), i, err)
+			}
+		}
 		if err := slot.t.RestoreState(st.Virtio[i]); err != nil {
 			return fmt.Errorf("snapshot %s: virtio slot %d: %w", s.Dir(), i, err)
 		}
