@@ -2070,6 +2070,113 @@ func (x *InfoResponse) GetNumCpu() uint32 {
 	return 0
 }
 
+// SetMACRequest names the interface by its current address.
+type SetMACRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Old           []byte                 `protobuf:"bytes,1,opt,name=old,proto3" json:"old,omitempty"`
+	Mac           []byte                 `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetMACRequest) Reset() {
+	*x = SetMACRequest{}
+	mi := &file_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetMACRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetMACRequest) ProtoMessage() {}
+
+func (x *SetMACRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetMACRequest.ProtoReflect.Descriptor instead.
+func (*SetMACRequest) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SetMACRequest) GetOld() []byte {
+	if x != nil {
+		return x.Old
+	}
+	return nil
+}
+
+func (x *SetMACRequest) GetMac() []byte {
+	if x != nil {
+		return x.Mac
+	}
+	return nil
+}
+
+// SetMACResponse says which interface took the address and how many
+// gratuitous ARPs announced it.
+type SetMACResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interface     string                 `protobuf:"bytes,1,opt,name=interface,proto3" json:"interface,omitempty"`
+	Announced     uint32                 `protobuf:"varint,2,opt,name=announced,proto3" json:"announced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetMACResponse) Reset() {
+	*x = SetMACResponse{}
+	mi := &file_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetMACResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetMACResponse) ProtoMessage() {}
+
+func (x *SetMACResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetMACResponse.ProtoReflect.Descriptor instead.
+func (*SetMACResponse) Descriptor() ([]byte, []int) {
+	return file_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SetMACResponse) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *SetMACResponse) GetAnnounced() uint32 {
+	if x != nil {
+		return x.Announced
+	}
+	return 0
+}
+
 // ShutdownRequest is empty.
 type ShutdownRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2079,7 +2186,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2198,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[27]
+	mi := &file_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2211,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{27}
+	return file_agent_proto_rawDescGZIP(), []int{29}
 }
 
 // ShutdownResponse is empty.
@@ -2116,7 +2223,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2235,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[28]
+	mi := &file_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2248,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{28}
+	return file_agent_proto_rawDescGZIP(), []int{30}
 }
 
 // ContainerStatsRequest names the container.
@@ -2154,7 +2261,7 @@ type ContainerStatsRequest struct {
 
 func (x *ContainerStatsRequest) Reset() {
 	*x = ContainerStatsRequest{}
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2273,7 @@ func (x *ContainerStatsRequest) String() string {
 func (*ContainerStatsRequest) ProtoMessage() {}
 
 func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[29]
+	mi := &file_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2286,7 @@ func (x *ContainerStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsRequest.ProtoReflect.Descriptor instead.
 func (*ContainerStatsRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{29}
+	return file_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContainerStatsRequest) GetId() string {
@@ -2215,7 +2322,7 @@ type ContainerStatsResponse struct {
 
 func (x *ContainerStatsResponse) Reset() {
 	*x = ContainerStatsResponse{}
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2334,7 @@ func (x *ContainerStatsResponse) String() string {
 func (*ContainerStatsResponse) ProtoMessage() {}
 
 func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[30]
+	mi := &file_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2347,7 @@ func (x *ContainerStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatsResponse.ProtoReflect.Descriptor instead.
 func (*ContainerStatsResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{30}
+	return file_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ContainerStatsResponse) GetCpuUsageUsec() uint64 {
@@ -2324,7 +2431,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2443,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[31]
+	mi := &file_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2456,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{31}
+	return file_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateContainerRequest) GetId() string {
@@ -2375,7 +2482,7 @@ type UpdateContainerResponse struct {
 
 func (x *UpdateContainerResponse) Reset() {
 	*x = UpdateContainerResponse{}
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2494,7 @@ func (x *UpdateContainerResponse) String() string {
 func (*UpdateContainerResponse) ProtoMessage() {}
 
 func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agent_proto_msgTypes[32]
+	mi := &file_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2507,7 @@ func (x *UpdateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerResponse.ProtoReflect.Descriptor instead.
 func (*UpdateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_agent_proto_rawDescGZIP(), []int{32}
+	return file_agent_proto_rawDescGZIP(), []int{34}
 }
 
 var File_agent_proto protoreflect.FileDescriptor
@@ -2536,7 +2643,13 @@ const file_agent_proto_rawDesc = "" +
 	"\x0emem_free_bytes\x18\x04 \x01(\x04R\fmemFreeBytes\x12.\n" +
 	"\x13mem_available_bytes\x18\x05 \x01(\x04R\x11memAvailableBytes\x12#\n" +
 	"\ragent_version\x18\x06 \x01(\tR\fagentVersion\x12\x17\n" +
-	"\anum_cpu\x18\a \x01(\rR\x06numCpu\"\x11\n" +
+	"\anum_cpu\x18\a \x01(\rR\x06numCpu\"3\n" +
+	"\rSetMACRequest\x12\x10\n" +
+	"\x03old\x18\x01 \x01(\fR\x03old\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\fR\x03mac\"L\n" +
+	"\x0eSetMACResponse\x12\x1c\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface\x12\x1c\n" +
+	"\tannounced\x18\x02 \x01(\rR\tannounced\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse\"'\n" +
 	"\x15ContainerStatsRequest\x12\x0e\n" +
@@ -2564,7 +2677,7 @@ const file_agent_proto_rawDesc = "" +
 	"\rNamespaceMode\x12\x11\n" +
 	"\rNAMESPACE_NEW\x10\x00\x12\x12\n" +
 	"\x0eNAMESPACE_JOIN\x10\x01\x12\x13\n" +
-	"\x0fNAMESPACE_GUEST\x10\x022\x81\x06\n" +
+	"\x0fNAMESPACE_GUEST\x10\x022\xce\x06\n" +
 	"\x05Agent\x12I\n" +
 	"\x04Exec\x12\x1d.microvm.agent.v1.ExecRequest\x1a\x1e.microvm.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\aPutFile\x12 .microvm.agent.v1.PutFileRequest\x1a!.microvm.agent.v1.PutFileResponse(\x01\x12P\n" +
@@ -2573,7 +2686,8 @@ const file_agent_proto_rawDesc = "" +
 	"\aGetTree\x12 .microvm.agent.v1.GetTreeRequest\x1a!.microvm.agent.v1.GetTreeResponse0\x01\x12E\n" +
 	"\x04Info\x12\x1d.microvm.agent.v1.InfoRequest\x1a\x1e.microvm.agent.v1.InfoResponse\x12c\n" +
 	"\x0eContainerStats\x12'.microvm.agent.v1.ContainerStatsRequest\x1a(.microvm.agent.v1.ContainerStatsResponse\x12f\n" +
-	"\x0fUpdateContainer\x12(.microvm.agent.v1.UpdateContainerRequest\x1a).microvm.agent.v1.UpdateContainerResponse\x12Q\n" +
+	"\x0fUpdateContainer\x12(.microvm.agent.v1.UpdateContainerRequest\x1a).microvm.agent.v1.UpdateContainerResponse\x12K\n" +
+	"\x06SetMAC\x12\x1f.microvm.agent.v1.SetMACRequest\x1a .microvm.agent.v1.SetMACResponse\x12Q\n" +
 	"\bShutdown\x12!.microvm.agent.v1.ShutdownRequest\x1a\".microvm.agent.v1.ShutdownResponseB+Z)github.com/microvm/microvm/guest/agentapib\x06proto3"
 
 var (
@@ -2589,7 +2703,7 @@ func file_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_agent_proto_goTypes = []any{
 	(NamespaceMode)(0),              // 0: microvm.agent.v1.NamespaceMode
 	(*ExecStart)(nil),               // 1: microvm.agent.v1.ExecStart
@@ -2619,13 +2733,15 @@ var file_agent_proto_goTypes = []any{
 	(*GetTreeResponse)(nil),         // 25: microvm.agent.v1.GetTreeResponse
 	(*InfoRequest)(nil),             // 26: microvm.agent.v1.InfoRequest
 	(*InfoResponse)(nil),            // 27: microvm.agent.v1.InfoResponse
-	(*ShutdownRequest)(nil),         // 28: microvm.agent.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 29: microvm.agent.v1.ShutdownResponse
-	(*ContainerStatsRequest)(nil),   // 30: microvm.agent.v1.ContainerStatsRequest
-	(*ContainerStatsResponse)(nil),  // 31: microvm.agent.v1.ContainerStatsResponse
-	(*UpdateContainerRequest)(nil),  // 32: microvm.agent.v1.UpdateContainerRequest
-	(*UpdateContainerResponse)(nil), // 33: microvm.agent.v1.UpdateContainerResponse
-	nil,                             // 34: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	(*SetMACRequest)(nil),           // 28: microvm.agent.v1.SetMACRequest
+	(*SetMACResponse)(nil),          // 29: microvm.agent.v1.SetMACResponse
+	(*ShutdownRequest)(nil),         // 30: microvm.agent.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 31: microvm.agent.v1.ShutdownResponse
+	(*ContainerStatsRequest)(nil),   // 32: microvm.agent.v1.ContainerStatsRequest
+	(*ContainerStatsResponse)(nil),  // 33: microvm.agent.v1.ContainerStatsResponse
+	(*UpdateContainerRequest)(nil),  // 34: microvm.agent.v1.UpdateContainerRequest
+	(*UpdateContainerResponse)(nil), // 35: microvm.agent.v1.UpdateContainerResponse
+	nil,                             // 36: microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 }
 var file_agent_proto_depIdxs = []int32{
 	10, // 0: microvm.agent.v1.ExecStart.pty:type_name -> microvm.agent.v1.PtySize
@@ -2647,7 +2763,7 @@ var file_agent_proto_depIdxs = []int32{
 	13, // 16: microvm.agent.v1.ExecResponse.exit:type_name -> microvm.agent.v1.ExitStatus
 	16, // 17: microvm.agent.v1.PutFileRequest.header:type_name -> microvm.agent.v1.PutFileHeader
 	20, // 18: microvm.agent.v1.GetFileResponse.info:type_name -> microvm.agent.v1.FileInfo
-	34, // 19: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
+	36, // 19: microvm.agent.v1.ContainerStatsResponse.memory_stat:type_name -> microvm.agent.v1.ContainerStatsResponse.MemoryStatEntry
 	6,  // 20: microvm.agent.v1.UpdateContainerRequest.resources:type_name -> microvm.agent.v1.Resources
 	12, // 21: microvm.agent.v1.Agent.Exec:input_type -> microvm.agent.v1.ExecRequest
 	17, // 22: microvm.agent.v1.Agent.PutFile:input_type -> microvm.agent.v1.PutFileRequest
@@ -2655,20 +2771,22 @@ var file_agent_proto_depIdxs = []int32{
 	22, // 24: microvm.agent.v1.Agent.PutTree:input_type -> microvm.agent.v1.PutTreeRequest
 	24, // 25: microvm.agent.v1.Agent.GetTree:input_type -> microvm.agent.v1.GetTreeRequest
 	26, // 26: microvm.agent.v1.Agent.Info:input_type -> microvm.agent.v1.InfoRequest
-	30, // 27: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
-	32, // 28: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
-	28, // 29: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
-	15, // 30: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
-	18, // 31: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
-	21, // 32: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
-	23, // 33: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
-	25, // 34: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
-	27, // 35: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
-	31, // 36: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
-	33, // 37: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
-	29, // 38: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
-	30, // [30:39] is the sub-list for method output_type
-	21, // [21:30] is the sub-list for method input_type
+	32, // 27: microvm.agent.v1.Agent.ContainerStats:input_type -> microvm.agent.v1.ContainerStatsRequest
+	34, // 28: microvm.agent.v1.Agent.UpdateContainer:input_type -> microvm.agent.v1.UpdateContainerRequest
+	28, // 29: microvm.agent.v1.Agent.SetMAC:input_type -> microvm.agent.v1.SetMACRequest
+	30, // 30: microvm.agent.v1.Agent.Shutdown:input_type -> microvm.agent.v1.ShutdownRequest
+	15, // 31: microvm.agent.v1.Agent.Exec:output_type -> microvm.agent.v1.ExecResponse
+	18, // 32: microvm.agent.v1.Agent.PutFile:output_type -> microvm.agent.v1.PutFileResponse
+	21, // 33: microvm.agent.v1.Agent.GetFile:output_type -> microvm.agent.v1.GetFileResponse
+	23, // 34: microvm.agent.v1.Agent.PutTree:output_type -> microvm.agent.v1.PutTreeResponse
+	25, // 35: microvm.agent.v1.Agent.GetTree:output_type -> microvm.agent.v1.GetTreeResponse
+	27, // 36: microvm.agent.v1.Agent.Info:output_type -> microvm.agent.v1.InfoResponse
+	33, // 37: microvm.agent.v1.Agent.ContainerStats:output_type -> microvm.agent.v1.ContainerStatsResponse
+	35, // 38: microvm.agent.v1.Agent.UpdateContainer:output_type -> microvm.agent.v1.UpdateContainerResponse
+	29, // 39: microvm.agent.v1.Agent.SetMAC:output_type -> microvm.agent.v1.SetMACResponse
+	31, // 40: microvm.agent.v1.Agent.Shutdown:output_type -> microvm.agent.v1.ShutdownResponse
+	31, // [31:41] is the sub-list for method output_type
+	21, // [21:31] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -2711,7 +2829,7 @@ func file_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agent_proto_rawDesc), len(file_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	Agent_Info_FullMethodName            = "/microvm.agent.v1.Agent/Info"
 	Agent_ContainerStats_FullMethodName  = "/microvm.agent.v1.Agent/ContainerStats"
 	Agent_UpdateContainer_FullMethodName = "/microvm.agent.v1.Agent/UpdateContainer"
+	Agent_SetMAC_FullMethodName          = "/microvm.agent.v1.Agent/SetMAC"
 	Agent_Shutdown_FullMethodName        = "/microvm.agent.v1.Agent/Shutdown"
 )
 
@@ -74,6 +75,15 @@ type AgentClient interface {
 	// for a container that does not run, FAILED_PRECONDITION when the guest
 	// lacks cgroups or the limit's controller.
 	UpdateContainer(ctx context.Context, in *UpdateContainerRequest, opts ...grpc.CallOption) (*UpdateContainerResponse, error)
+	// SetMAC gives the network interface whose hardware address is old the
+	// address mac, then announces each IPv4 address the interface holds
+	// with a gratuitous ARP, so that switches and neighbours learn the new
+	// address at once. A restored clone's virtio-net device reports a MAC
+	// of its own, which Linux reads only when the driver probes: the host
+	// calls this once the clone's agent answers. NOT_FOUND when no
+	// interface has old; INVALID_ARGUMENT when old or mac is not a 6-byte
+	// address or mac is not unicast.
+	SetMAC(ctx context.Context, in *SetMACRequest, opts ...grpc.CallOption) (*SetMACResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error)
@@ -194,6 +204,16 @@ func (c *agentClient) UpdateContainer(ctx context.Context, in *UpdateContainerRe
 	return out, nil
 }
 
+func (c *agentClient) SetMAC(ctx context.Context, in *SetMACRequest, opts ...grpc.CallOption) (*SetMACResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetMACResponse)
+	err := c.cc.Invoke(ctx, Agent_SetMAC_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentClient) Shutdown(ctx context.Context, in *ShutdownRequest, opts ...grpc.CallOption) (*ShutdownResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShutdownResponse)
@@ -245,6 +265,15 @@ type AgentServer interface {
 	// for a container that does not run, FAILED_PRECONDITION when the guest
 	// lacks cgroups or the limit's controller.
 	UpdateContainer(context.Context, *UpdateContainerRequest) (*UpdateContainerResponse, error)
+	// SetMAC gives the network interface whose hardware address is old the
+	// address mac, then announces each IPv4 address the interface holds
+	// with a gratuitous ARP, so that switches and neighbours learn the new
+	// address at once. A restored clone's virtio-net device reports a MAC
+	// of its own, which Linux reads only when the driver probes: the host
+	// calls this once the clone's agent answers. NOT_FOUND when no
+	// interface has old; INVALID_ARGUMENT when old or mac is not a 6-byte
+	// address or mac is not unicast.
+	SetMAC(context.Context, *SetMACRequest) (*SetMACResponse, error)
 	// Shutdown asks the process hosting the agent to power the guest off (or,
 	// outside a guest, to exit). It returns before that happens.
 	Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error)
@@ -281,6 +310,9 @@ func (UnimplementedAgentServer) ContainerStats(context.Context, *ContainerStatsR
 }
 func (UnimplementedAgentServer) UpdateContainer(context.Context, *UpdateContainerRequest) (*UpdateContainerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateContainer not implemented")
+}
+func (UnimplementedAgentServer) SetMAC(context.Context, *SetMACRequest) (*SetMACResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetMAC not implemented")
 }
 func (UnimplementedAgentServer) Shutdown(context.Context, *ShutdownRequest) (*ShutdownResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Shutdown not implemented")
@@ -403,6 +435,24 @@ func _Agent_UpdateContainer_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Agent_SetMAC_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetMACRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServer).SetMAC(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Agent_SetMAC_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServer).SetMAC(ctx, req.(*SetMACRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Agent_Shutdown_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShutdownRequest)
 	if err := dec(in); err != nil {
@@ -439,6 +489,10 @@ var Agent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateContainer",
 			Handler:    _Agent_UpdateContainer_Handler,
+		},
+		{
+			MethodName: "SetMAC",
+			Handler:    _Agent_SetMAC_Handler,
 		},
 		{
 			MethodName: "Shutdown",

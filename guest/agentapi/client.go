@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -45,6 +46,17 @@ type Client struct {
 // NewClient returns a Client that calls the agent on cc.
 func NewClient(cc grpc.ClientConnInterface) *Client {
 	return &Client{Agent: NewAgentClient(cc)}
+}
+
+// SetMAC asks the agent to give the interface whose address is old the
+// address mac (a restored clone's own; see the SetMAC call) and returns
+// the interface's name.
+func (c *Client) SetMAC(ctx context.Context, old, mac net.HardwareAddr) (string, error) {
+	r, err := c.Agent.SetMAC(ctx, &SetMACRequest{Old: old, Mac: mac})
+	if err != nil {
+		return "", callErr("set MAC", err)
+	}
+	return r.GetInterface(), nil
 }
 
 // Cmd describes a process for Client.Exec.

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // netnsEnv is three network namespaces the test makes (root only), as a
@@ -62,24 +62,9 @@ func (e *netnsEnv) ip(args ...string) {
 
 func (e *netnsEnv) path(name string) string { return "/var/run/netns/" + name }
 
-// in runs fn in the namespace name, on a thread that is thrown away
-// afterwards; sockets fn opens stay in that namespace.
+// in runs fn in the namespace name (testenv.InNetNS).
 func (e *netnsEnv) in(name string, fn func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		fd, err := unix.Open(e.path(name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err == nil {
-			err = unix.Setns(fd, unix.CLONE_NEWNET)
-			unix.Close(fd)
-		}
-		if err != nil {
-			done <- fmt.Errorf("enter %s: %w", name, err)
-			return
-		}
-		done <- fn()
-	}()
-	return <-done
+	return testenv.InNetNS(e.path(name), fn)
 }
 
 func TestInspect(t *testing.T) {
