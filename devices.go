@@ -827,7 +827,10 @@ var netKind = deviceKind{
 	},
 	add: func(m *Machine) error {
 		for i, nc := range m.cfg.Nets {
-			cfg := virtionet.Config{TAP: nc.TAP, NetNS: nc.NetNS, MAC: nc.MAC, Log: m.log.WithField("device", fmt.Sprintf("net%d", i))}
+			// A restore may give the device a MAC other than the one the
+			// guest saw (a clone's own: MACChanges).
+			cfg := virtionet.Config{TAP: nc.TAP, NetNS: nc.NetNS, MAC: nc.MAC, NewMAC: m.snap != nil,
+				Log: m.log.WithField("device", fmt.Sprintf("net%d", i))}
 			var dev *virtionet.Device
 			var err error
 			if nc.User {

@@ -66,6 +66,9 @@ type Machine struct {
 	// from; nil when there is none, or the dirty logs restarted without
 	// one (a failed snapshot). Guarded by snapMu.
 	diffBase *snapshotRef
+	// macChanges are the network devices whose MAC Restore changed
+	// (MACChanges); nil for New.
+	macChanges []MACChange
 	// snapMu serializes Snapshot: two saves at once (a named VM's API
 	// takes concurrent requests) would share diffBase and the pause.
 	snapMu sync.Mutex

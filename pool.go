@@ -43,6 +43,8 @@ type PoolOptions struct {
 	// Ready, when set, is called with each clone once it runs; the clone
 	// joins the pool when it returns nil (an agent answered, say), and is
 	// stopped and counted as a failed restore when it returns an error.
+	// Where Host gives clones MACs of their own, Ready is where the
+	// clone's agent takes them (Machine.MACChanges, agentapi SetMAC).
 	Ready func(ctx context.Context, m *Machine) error
 	// ReadyTimeout bounds each Ready call (default 30 s).
 	ReadyTimeout time.Duration

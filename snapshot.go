@@ -1,8 +1,10 @@
 package microvm
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -243,7 +245,8 @@ func (m *Machine) savedConfig() (*savedConfig, error) {
 // Console, ConsoleInput, Log and MetricsSocket always; Vsock's CID and
 // UDSPath when set (each when not zero), Disks, Nets and Shares when set, each then with as many
 // entries as the snapshot's machine had (paths and host names only: a
-// device's kind and settings are the snapshot's). The snapshot is
+// device's kind and settings are the snapshot's; a network device's MAC
+// may be new, which MACChanges then lists). The snapshot is
 // refused whole (ErrConfig, or the errors of internal/snapshot) when it
 // is truncated, corrupt or newer than this microvm, when this host's KVM
 // lacks a CPU feature its guest uses, or when a disk changed since.
@@ -266,6 +269,11 @@ func Restore(dir string, host Config) (*Machine, error) {
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	m := &Machine{cfg: cfg, log: cfg.Log, snap: s}
+	for i, n := range cfg.Nets {
+		if old := saved.Config.Nets[i].MAC; old != nil && !bytes.Equal(old, n.MAC) {
+			m.macChanges = append(m.macChanges, MACChange{Net: i, Old: old, New: n.MAC})
+		}
+	}
 	if m.bases, err = openBases(s); err != nil {
 		m.Close()
 		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
@@ -281,6 +289,24 @@ func Restore(dir string, host Config) (*Machine, error) {
 	}
 	return m, nil
 }
+
+// MACChange is a network device of a restored machine whose MAC the
+// restore changed (Restore given Config.Nets[i].MAC): a clone's own
+// address.
+type MACChange struct {
+	Net int              // the device's index in Config.Nets
+	Old net.HardwareAddr // the snapshot's: the address the guest's driver still uses
+	New net.HardwareAddr // the device's, which the guest should take
+}
+
+// MACChanges lists the network devices whose MAC the restore changed; nil
+// for a booted machine, or one restored with the snapshot's MACs. Linux
+// reads a virtio-net device's MAC only when its driver probes, so the
+// guest goes on using Old until told: with the agent,
+// agentapi.Client.SetMAC(ctx, c.Old, c.New) for each, which moves the
+// interface and announces it (the CLI does so for every clone it
+// restores).
+func (m *Machine) MACChanges() []MACChange { return slices.Clone(m.macChanges) }
 
 // openBases opens the snapshots a diff snapshot's memory applies onto,
 // following each one's base down to a full snapshot, and returns them

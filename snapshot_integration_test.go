@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -340,4 +342,65 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSnapshotNewMAC: a machine with a network device (a TAP in a network
+// namespace made for the test) is snapshotted; a restore given another
+// MAC has its device report it and lists the change (the address the
+// guest's driver still uses, and the new one) for the guest's agent; a
+// restore given none keeps the snapshot's and lists nothing.
+func TestSnapshotNewMAC(t *testing.T) {
+	testenv.RequireKVM(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace and its TAPs")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skipf("no TUN/TAP: %v", err)
+	}
+	ns := fmt.Sprintf("mvsnapmac%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		t.Skipf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	nsPath := "/var/run/netns/" + ns
+	macA, _ := net.ParseMAC("02:00:00:00:0a:01")
+	macB, _ := net.ParseMAC("02:00:00:00:0b:01")
+	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort), func(c *Config) {
+		c.Nets = []NetConfig{{TAP: "snapmac0", NetNS: nsPath, MAC: macA}}
+	})
+	g.start()
+	g.waitListening(vsockTestPort)
+	dir := filepath.Join(t.TempDir(), "snap")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{}); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+
+	clone := restoreVsockGuest(t, dir, 7, func(h *Config) {
+		h.Nets = []NetConfig{{TAP: "snapmac1", NetNS: nsPath, MAC: macB}}
+	})
+	if got := clone.m.NetMAC(0); !bytes.Equal(got, macB) {
+		t.Errorf("the clone's device reports MAC %v; want its own %v", got, macB)
+	}
+	want := []MACChange{{Net: 0, Old: macA, New: macB}}
+	if got := clone.m.MACChanges(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("MACChanges %v; want %v", got, want)
+	}
+	same := restoreVsockGuest(t, dir, 8, func(h *Config) {
+		h.Nets = []NetConfig{{TAP: "snapmac2", NetNS: nsPath}}
+	})
+	if got := same.m.NetMAC(0); !bytes.Equal(got, macA) || same.m.MACChanges() != nil {
+		t.Errorf("a restore given no MAC: device MAC %v, changes %v; want the snapshot's %v and none", got, same.m.MACChanges(), macA)
+	}
+	// The clone runs: it serves its one echo.
+	clone.start()
+	c, err := clone.connect(vsockTestPort)
+	if err != nil {
+		t.Fatalf("the clone: connect: %v", err)
+	}
+	if err := echo(c, randomBytes(t, 1<<20)); err != nil {
+		t.Fatalf("the clone: echo: %v", err)
+	}
+	c.Close()
 }

@@ -339,6 +339,11 @@ func runExecIn(o *execOpts, m *microvm.Machine, console *tailBuffer) error {
 	if err == nil && o.warm != nil && o.warm.snap == nil {
 		cc, err = o.warm.save(ctx, o, m, cc, vmDone)
 	}
+	if err == nil {
+		if err = setGuestMACs(ctx, m, cc); err != nil {
+			cc.Close()
+		}
+	}
 	stopProgress()
 	if err != nil {
 		if serr := signalStatus(sigCtx, o.log); serr != nil {

@@ -54,8 +54,6 @@ func (o *execOpts) checkWarmStart(dir string) (*warmStart, error) {
 		}
 	}
 	switch d := o.devices; {
-	case len(d.Nets) > 0:
-		return nil, usagef("--snapshot: not with network devices (--net) yet: clones would share one MAC address")
 	case len(d.Shares) > 0:
 		return nil, usagef("--snapshot: not with shared directories (--share) yet: a restored guest's open files there are lost")
 	case o.root != "":
@@ -139,9 +137,14 @@ func (o *execOpts) machineKey() (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// restore is the clone of DIR this exec runs in.
+// restore is the clone of DIR this exec runs in, with network devices of
+// its own MACs (runExecIn has the agent take them: setGuestMACs).
 func (w *warmStart) restore(o *execOpts, console io.Writer) (*microvm.Machine, error) {
-	return microvm.Restore(w.dir, microvm.Config{Console: console, Log: o.log})
+	nets, err := cloneNets(w.snap.Config.Nets)
+	if err != nil {
+		return nil, err
+	}
+	return microvm.Restore(w.dir, microvm.Config{Console: console, Log: o.log, Nets: nets})
 }
 
 // save snapshots the freshly booted m, whose agent answered on cc, into

@@ -386,6 +386,15 @@ func runNamedVM(c *cli.Context, l namedLaunch, detached bool,
 			mainDone <- be.runMain(runCtx, *l.main, c.Duration("boot-timeout"), vmDone, in, host.Console)
 		}()
 	}
+	if ready == nil && withAgent && len(m.MACChanges()) > 0 {
+		// In the foreground nothing waits for the agent: the clone's
+		// MACs are set once it answers, meanwhile.
+		go func() {
+			if err := be.waitAgent(runCtx, c.Duration("boot-timeout"), vmDone); err != nil {
+				log.WithError(err).Warn("the restored guest keeps the snapshot's MAC addresses")
+			}
+		}()
+	}
 	if ready != nil {
 		if withAgent {
 			if err := be.waitAgent(runCtx, c.Duration("boot-timeout"), vmDone); err != nil {
@@ -630,13 +639,17 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 }
 
 // waitAgent waits until the VM's agent answers, the boot timeout passes or
-// the VM ends.
+// the VM ends; a restored clone's agent then takes the clone's MACs.
 func (b *vmBackend) waitAgent(ctx context.Context, timeout time.Duration, vmDone <-chan struct{}) error {
 	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
 	if err != nil {
 		return err
 	}
-	return cc.Close()
+	err = setGuestMACs(ctx, b.m, cc)
+	if cerr := cc.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // namedCommands are the commands that reach a named VM by its name.

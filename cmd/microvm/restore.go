@@ -118,6 +118,13 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if c.Bool("detach") && os.Getenv(detachFD) == "" {
 		return startDetached(name, c.Duration("boot-timeout"), rec.Agent)
 	}
+	if rec.Agent {
+		// A clone of its own on the network: new MACs, which the agent
+		// takes once it answers (runNamedVM).
+		if host.Nets, err = cloneNets(cfg.Nets); err != nil {
+			return err
+		}
+	}
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		h := host
 		h.Log, h.Console, h.ConsoleInput = own.Log, own.Console, own.ConsoleInput

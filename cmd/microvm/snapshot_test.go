@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -133,7 +134,8 @@ func TestNamedSnapshotRestore(t *testing.T) {
 // as another named VM: it returns once the restored agent answers (the
 // snapshot's labels say the VM had one), exec --vm reads the file written
 // before the snapshot and the bytes written to a copy-on-write disk (its
-// overlay saved in the snapshot; the image untouched), the guest's clock
+// overlay saved in the snapshot; the image untouched), eth0 has the
+// clone's own MAC address (the agent took it), the guest's clock
 // keeps its offset from the host's although seconds passed since the
 // save, and stop powers it off through the agent. Linux: natively on
 // hardware KVM, otherwise in the nested-KVM box.
@@ -142,6 +144,7 @@ func TestNamedAgentSnapshot(t *testing.T) {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		testenv.Missing(t, "no /bin/busybox (apt-get install busybox-static): %v", err)
 	}
+	t.Setenv(microvm.EnvNetHelper, testenv.NetHelper(t)) // --net user in this test binary's VMs
 	n := newNamedCLI(t)
 	// A copy-on-write disk (zeros) the guest writes to before the
 	// snapshot: the snapshot carries the overlay, the image stays zeros.
@@ -150,7 +153,8 @@ func TestNamedAgentSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.mustRun("run", "--name", "t1", "--detach", "--with-agent", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
-		"--memory", "256M", "--disk", "path="+disk+",cow")
+		"--memory", "256M", "--disk", "path="+disk+",cow", "--net", "user")
+	macBefore := n.mustRun("exec", "--vm", "t1", "--", "cat", "/sys/class/net/eth0/address")
 	n.mustRun("exec", "--vm", "t1", "--", "sh", "-c", "echo written before the snapshot > /tmp/state; sync; "+
 		"printf 'written to the disk' | dd of=/dev/vda bs=512 seek=9 conv=fsync 2>/dev/null")
 	before := guestClockOffset(t, n, "t1")
@@ -162,6 +166,10 @@ func TestNamedAgentSnapshot(t *testing.T) {
 	t.Logf("restore --detach returned, the agent answering, after %v", time.Since(start).Round(time.Millisecond))
 	if out := n.mustRun("exec", "--vm", "t2", "--", "cat", "/tmp/state"); out != "written before the snapshot\n" {
 		t.Errorf("the restored VM's /tmp/state: %q", out)
+	}
+	// The restore is a clone with a MAC of its own, which its agent took.
+	if macAfter := n.mustRun("exec", "--vm", "t2", "--", "cat", "/sys/class/net/eth0/address"); macAfter == macBefore || len(macAfter) != 18 {
+		t.Errorf("the restored VM's eth0 address %q; want a new one (the snapshot's was %q)", macAfter, macBefore)
 	}
 	// Read from the device, not the page cache the memory snapshot kept.
 	if out := n.mustRun("exec", "--vm", "t2", "--", "sh", "-c",

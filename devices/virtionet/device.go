@@ -61,6 +61,11 @@ type Config struct {
 	// MAC is the guest's address; nil picks a random locally administered
 	// unicast one.
 	MAC net.HardwareAddr
+	// NewMAC lets a restore (RestoreDeviceState) keep MAC although the
+	// saved state says the guest's driver uses another: a clone's own
+	// address, which the guest learns from its agent (SetMAC), not from
+	// the device. Without it such a restore is refused.
+	NewMAC bool
 	// QueueSize is offered for both queues (default DefaultQueueSize).
 	QueueSize uint16
 	// Log receives diagnostics (nil: logrus.StandardLogger()).

@@ -419,8 +419,9 @@ func TestQuiesceMMIO(t *testing.T) {
 }
 
 // TestDeviceState: the MAC is saved; a device made without one takes the
-// saved one, a device configured with another refuses it, and a state
-// that is not the device's is refused without a change.
+// saved one, a device configured with another refuses it (unless told it
+// is a clone's new address: Config.NewMAC, which keeps its own), and a
+// state that is not the device's is refused without a change.
 func TestDeviceState(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	saved, err := e.dev.SaveDeviceState()
@@ -430,14 +431,14 @@ func TestDeviceState(t *testing.T) {
 	if want := fmt.Sprintf(`{"MAC":%q}`, e.dev.MAC()); string(saved) != want {
 		t.Errorf("saved %s; want %s", saved, want)
 	}
-	fresh := func(mac string) *Device {
+	fresh := func(mac string, newMAC ...bool) *Device {
 		t.Helper()
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		unix.Close(fds[1])
-		cfg := Config{Log: quietLog()}
+		cfg := Config{Log: quietLog(), NewMAC: len(newMAC) > 0 && newMAC[0]}
 		if mac != "" {
 			if cfg.MAC, err = ParseMAC(mac); err != nil {
 				t.Fatal(err)
@@ -473,6 +474,13 @@ func TestDeviceState(t *testing.T) {
 	same := fresh(e.dev.MAC().String())
 	if err := same.RestoreDeviceState(saved); err != nil {
 		t.Errorf("restore into a device configured with the saved MAC: %v", err)
+	}
+	clone := fresh("02:00:00:00:00:02", true)
+	if err := clone.RestoreDeviceState(saved); err != nil || clone.MAC().String() != "02:00:00:00:00:02" {
+		t.Errorf("restore into a clone's device with a new MAC: %v, MAC %v; want its own kept", err, clone.MAC())
+	}
+	if err := clone.RestoreDeviceState(json.RawMessage(`{"MAC":"01:00:5e:00:00:01"}`)); !errors.Is(err, virtio.ErrBadState) {
+		t.Errorf("a clone's device took a multicast saved MAC: %v", err)
 	}
 	other := fresh("02:00:00:00:00:01")
 	for _, st := range []string{

@@ -19,7 +19,11 @@ import (
 //   - into a device made with Config.MAC: it must be the saved one, or the
 //     restore is refused. Whatever was set up for the configured address
 //     (the user-mode network's --guest-mac, host-side filters) would not
-//     match the address the guest's driver keeps using.
+//     match the address the guest's driver keeps using;
+//   - into a device made with Config.MAC and Config.NewMAC: the device
+//     keeps Config.MAC, a clone's own address, and whoever restores it
+//     tells the guest (the agent's SetMAC), whose driver keeps the saved
+//     one until then.
 //
 // Nothing else is saved: the rings' positions are the transport's, the
 // negotiated features and offloads follow from the transport's saved
@@ -58,6 +62,9 @@ func (d *Device) RestoreDeviceState(st json.RawMessage) error {
 	m, err := ParseMAC(s.MAC)
 	if err != nil {
 		return fmt.Errorf("virtio-net: %w: %w", virtio.ErrBadState, err)
+	}
+	if d.cfg.MAC != nil && d.cfg.NewMAC {
+		return nil // the configured address stays: a clone's own
 	}
 	if d.cfg.MAC != nil && !bytes.Equal(d.cfg.MAC, m) {
 		return fmt.Errorf("virtio-net: %w: the guest uses MAC %v; the device is configured with %v", virtio.ErrBadState, m, d.cfg.MAC)

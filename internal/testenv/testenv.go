@@ -283,6 +283,14 @@ func Binary(tb testing.TB) string {
 	return artefact(tb, EnvBinary, "bin/microvm", "bin/microvm")
 }
 
+// NetHelper returns microvm-net, the user-mode network's helper:
+// $MICROVM_NET (what microvm itself looks at), else bin/microvm-net built
+// by make under a file lock.
+func NetHelper(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, "MICROVM_NET", "bin/microvm-net", "bin/microvm-net")
+}
+
 // Agent returns the static guest agent: $MICROVM_AGENT, else
 // bin/microvm-agent built by `make bin/microvm-agent` under a file lock.
 func Agent(tb testing.TB) string {

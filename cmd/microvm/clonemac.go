@@ -1,0 +1,53 @@
+//go:build !microvm_lean
+
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/guest/agentapi"
+)
+
+// A clone's own MAC addresses (docs/snapshot.md, "Clone identity"). A
+// restore that runs a clone of an agent VM (exec --snapshot, restore
+// --name of a snapshot whose VM ran the agent) gives each network device
+// a new random address (cloneNets); once the clone's agent answers, the
+// agent moves the guest's interface to it and announces it
+// (setGuestMACs), before the clone is handed to a command or reported
+// ready.
+
+// cloneNets returns the snapshot's network devices, each with a new
+// random locally administered MAC; nil when it has none.
+func cloneNets(saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
+	if len(saved) == 0 {
+		return nil, nil
+	}
+	nets := append([]microvm.NetConfig(nil), saved...)
+	for i := range nets {
+		mac, err := virtionet.RandomMAC()
+		if err != nil {
+			return nil, fmt.Errorf("a new MAC for the clone: %w", err)
+		}
+		nets[i].MAC = mac
+	}
+	return nets, nil
+}
+
+// setGuestMACs has the restored guest's agent, on cc, take each MAC the
+// restore changed.
+func setGuestMACs(ctx context.Context, m *microvm.Machine, cc *agentapi.Conn) error {
+	changes := m.MACChanges()
+	if len(changes) == 0 {
+		return nil
+	}
+	c := agentapi.NewClient(cc)
+	for _, ch := range changes {
+		if _, err := c.SetMAC(ctx, ch.Old, ch.New); err != nil {
+			return fmt.Errorf("network device %d: the clone's MAC %v: %w", ch.Net, ch.New, err)
+		}
+	}
+	return nil
+}
