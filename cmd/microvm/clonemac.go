@@ -19,19 +19,29 @@ import (
 // (setGuestMACs), before the clone is handed to a command or reported
 // ready.
 
-// cloneNets returns the snapshot's network devices, each with a new
-// random locally administered MAC; nil when it has none.
-func cloneNets(saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
-	if len(saved) == 0 {
-		return nil, nil
+// cloneNets returns the network devices of a clone: given (restore's
+// --net) or else the snapshot's, each without a MAC of its own given
+// getting a new random locally administered one; nil when there are none.
+func cloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
+	nets := append([]microvm.NetConfig(nil), given...)
+	if given == nil {
+		nets = append(nets, saved...)
+		for i := range nets {
+			nets[i].MAC = nil // the snapshot's: the one to replace
+		}
 	}
-	nets := append([]microvm.NetConfig(nil), saved...)
 	for i := range nets {
+		if nets[i].MAC != nil {
+			continue
+		}
 		mac, err := virtionet.RandomMAC()
 		if err != nil {
 			return nil, fmt.Errorf("a new MAC for the clone: %w", err)
 		}
 		nets[i].MAC = mac
+	}
+	if len(nets) == 0 {
+		return nil, nil
 	}
 	return nets, nil
 }

@@ -140,7 +140,7 @@ func (o *execOpts) machineKey() (string, error) {
 // restore is the clone of DIR this exec runs in, with network devices of
 // its own MACs (runExecIn has the agent take them: setGuestMACs).
 func (w *warmStart) restore(o *execOpts, console io.Writer) (*microvm.Machine, error) {
-	nets, err := cloneNets(w.snap.Config.Nets)
+	nets, err := cloneNets(nil, w.snap.Config.Nets)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -38,11 +40,15 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:  "restore",
 		Usage: "run a VM from a snapshot (microvm snapshot): it goes on where it was saved",
-		UsageText: "microvm restore [--name NAME [--detach]] [--prefault] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... " +
+		UsageText: "microvm restore [--name NAME [--detach]] [--prefault] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... [--net NET]... [--publish SPEC]... " +
 			"[--metrics-socket PATH] [--seccomp=off] [--log-level LEVEL] DIR",
 		OnUsageError: onUsageError,
 		Flags: append(cliFlags(opts, []opt{seccompFlag()}, logFlags()), &cli.StringSliceFlag{Name: "disk",
-			Usage: "disk image path in place of the snapshot's, one per disk in order (each checked against the size and modification time the snapshot saw)"}),
+			Usage: "disk image path in place of the snapshot's, one per disk in order (each checked against the size and modification time the snapshot saw)"},
+			&cli.StringSliceFlag{Name: "net",
+				Usage: "network device in place of the snapshot's, one per device in order: user[,mac=M] or tap=NAME[,netns=PATH][,mac=M] (a mac= other than the snapshot's is the guest's only once its agent takes it: with --name, microvm has it do so; without mac=, --name gives a snapshot of an agent VM new MACs, others keep the snapshot's)"},
+			&cli.StringSliceFlag{Name: "publish",
+				Usage: "with --net user: forward host port [IP:]PORT to the guest's GUESTPORT ([IP:]PORT:GUESTPORT[/udp]), as run's --publish"}),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return usagef("restore: want one snapshot directory")
@@ -70,6 +76,9 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			}
 			for _, p := range c.StringSlice("disk") {
 				host.Disks = append(host.Disks, microvm.DiskConfig{Path: p})
+			}
+			if host.Nets, err = restoreNets(c.StringSlice("net"), c.StringSlice("publish")); err != nil {
+				return err
 			}
 			if name != "" {
 				return restoreNamed(c, name, dir, host, stdin, stdout, log)
@@ -121,7 +130,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if rec.Agent {
 		// A clone of its own on the network: new MACs, which the agent
 		// takes once it answers (runNamedVM).
-		if host.Nets, err = cloneNets(cfg.Nets); err != nil {
+		if host.Nets, err = cloneNets(host.Nets, cfg.Nets); err != nil {
 			return err
 		}
 	}
@@ -138,4 +147,33 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 		return microvm.Restore(dir, h)
 	}
 	return runNamedVM(c, namedLaunch{rec: rec, build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
+}
+
+// restoreNets parses restore's --net values (each run's ParseNet) and
+// --publish values, which go to the first user-mode device; nil without
+// --net, which keeps the snapshot's devices.
+func restoreNets(nets, publish []string) ([]microvm.NetConfig, error) {
+	var out []microvm.NetConfig
+	for _, v := range nets {
+		n, err := microvm.ParseNet(v)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		out = append(out, n)
+	}
+	if len(publish) == 0 {
+		return out, nil
+	}
+	i := slices.IndexFunc(out, func(n microvm.NetConfig) bool { return n.User })
+	if i < 0 {
+		return nil, usagef("--publish needs --net user")
+	}
+	for _, v := range publish {
+		p, err := virtionet.ParsePublish(v)
+		if err != nil {
+			return nil, usagef("--%v", err)
+		}
+		out[i].Publish = append(out[i].Publish, p)
+	}
+	return out, nil
 }
