@@ -452,6 +452,14 @@ func waitAgent(ctx context.Context, m *microvm.Machine, timeout time.Duration, v
 		}
 	}()
 	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) })
+	if errors.Is(err, microvm.ErrStopped) {
+		// The machine is stopping: Run returns in a moment, and the
+		// caller reports how it ended.
+		select {
+		case <-vmDone:
+		case <-time.After(10 * time.Second):
+		}
+	}
 	select {
 	case <-vmDone:
 		if err != nil {

@@ -129,6 +129,14 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, share, netns stri
 		return s.m.DialVsock(ctx, agentapi.DefaultPort)
 	})
 	if err != nil {
+		if errors.Is(err, microvm.ErrStopped) {
+			// The machine is stopping: Run returns in a moment, with
+			// how it ended.
+			select {
+			case <-s.done:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		select {
 		case <-s.done:
 			return nil, fmt.Errorf("vm: the VM ended before its agent answered (%s); console:\n%s", s.why(), s.consoleTail())
