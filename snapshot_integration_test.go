@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -357,11 +356,7 @@ func TestSnapshotNewMAC(t *testing.T) {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Skipf("no TUN/TAP: %v", err)
 	}
-	ns := fmt.Sprintf("mvsnapmac%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Skipf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testenv.NewNetNS(t, "mvsnapmac")
 	nsPath := "/var/run/netns/" + ns
 	macA, _ := net.ParseMAC("02:00:00:00:0a:01")
 	macB, _ := net.ParseMAC("02:00:00:00:0b:01")

@@ -1,12 +1,13 @@
 package virtionet
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/microvm/microvm/internal/testenv"
 )
 
 // TestOpenTAPIn creates a TAP inside a network namespace the test made
@@ -20,14 +21,7 @@ func TestOpenTAPIn(t *testing.T) {
 	if _, err := os.Stat("/dev/net/tun"); err != nil {
 		t.Skipf("no TUN/TAP: %v", err)
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip for a named network namespace")
-	}
-	ns := fmt.Sprintf("vntest%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ns := testenv.NewNetNS(t, "vntest")
 	links := func() string {
 		out, err := exec.Command("ip", "-n", ns, "-o", "link").CombinedOutput()
 		if err != nil {

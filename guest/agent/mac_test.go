@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -25,21 +24,13 @@ import (
 // call finds the interface by its new address; unknown and invalid
 // addresses are refused with their codes.
 func TestSetMAC(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip")
-	}
-	ns := fmt.Sprintf("agentmac%d", os.Getpid())
+	ns := testenv.NewNetNS(t, "agentmac")
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
 	ip("-n", ns, "link", "add", "guest0", "address", "52:54:00:00:00:01", "type", "veth", "peer", "name", "peer0")
 	ip("-n", ns, "addr", "add", "10.79.0.2/24", "dev", "guest0")
 	ip("-n", ns, "link", "set", "guest0", "up")
