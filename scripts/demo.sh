@@ -29,7 +29,16 @@ inbox() {
 		local first=""
 		[[ -f build/kvmbox/bzImage ]] || first="; this first run builds the box's kernel, about 7 minutes"
 		echo "   (this host's KVM is \"$kvm\": running this step in the nested-KVM box$first)"
-		scripts/kvmbox --timeout 30m -- "$@"
+		# 125: the box itself failed (its emulated L1 kernel crashed or
+		# hung, docs/testing.md), not the step: once more in a fresh box.
+		local st=0 try
+		for try in 1 2; do
+			st=0
+			scripts/kvmbox --timeout 30m -- "$@" || st=$?
+			[[ $st == 125 && $try == 1 ]] || break
+			echo "   (the box itself failed, not the step; once more in a fresh box)"
+		done
+		return "$st"
 	fi
 }
 

@@ -9,14 +9,15 @@
 //
 //	queue.txt ──▶ ReadQueue ──▶ per package: go test -c on the host (TCG is slow)
 //	  round 0..Reruns: per package with tests left (and per "alone" test), one fresh box:
-//	    scripts/kvmbox --timeout BoxTimeout -- sh -c 'cd PKG && BIN -test.run ^(T1|T2)$ -test.v -test.timeout TestTimeout'
+//	    scripts/kvmbox --timeout BoxTimeout --quiet-timeout QuietTimeout -- sh -c 'cd PKG && BIN -test.run ^(T1|T2)$ -test.v -test.timeout TestTimeout'
 //	    stdout+stderr ──▶ Out and RECORD/box-PKG[.rerunN].log ──▶ ParseLog ──▶ Judge
 //	    Judge: passed | real failure (final) | rerun (box artefact, RECORD/reruns.txt)
 //
 // One box a package keeps a dead box from taking every package's tests with
 // it; BoxTimeout bounds a box whose L1 kernel stops answering, TestTimeout
 // (shorter) makes a hung test panic with its goroutines while the box still
-// reports, and Budget bounds the whole stage: no box starts after it.
+// reports, QuietTimeout ends a box whose output stopped, and Budget bounds
+// the whole stage: no box starts after it, and a rerun gets what is left.
 //
 // Everything runs on the caller's goroutine, one box at a time.
 package boxtest
@@ -112,8 +113,13 @@ type Config struct {
 	// Kvmbox is the box's command line before "--" (scripts/kvmbox).
 	Kvmbox []string
 	// BoxTimeout bounds one box; TestTimeout is the test binary's
-	// -test.timeout inside it; Budget bounds the stage.
+	// -test.timeout inside it; Budget bounds the stage. A rerun box that
+	// would end past the budget gets what is left, both timeouts shrunk in
+	// proportion, if that is at least a quarter of BoxTimeout.
 	BoxTimeout, TestTimeout, Budget time.Duration
+	// QuietTimeout ends a box whose tests printed nothing for this long
+	// (kvmbox --quiet-timeout; 0: never): a box artefact, rerun.
+	QuietTimeout time.Duration
 	// Reruns is how many more rounds the box's artefacts get.
 	Reruns int
 	Out    io.Writer
@@ -157,15 +163,17 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 		total += len(p.Tests)
 		fmt.Fprintf(c.Out, "box-test: %s: %d test(s): %s\n", p.box(), len(p.Tests), strings.Join(p.Tests, " "))
 	}
-	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d box(es), one fresh box per package and per lone test (box timeout %v, test timeout %v, stage budget %v)\n",
-		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.Budget)
+	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d box(es), one fresh box per package and per lone test (box timeout %v, test timeout %v, quiet timeout %v, stage budget %v)\n",
+		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.QuietTimeout, c.Budget)
 
 	failed := map[string]string{} // "pkg Test" -> why
 	pending := pkgs
 	for round := 0; round <= c.Reruns && len(pending) > 0; round++ {
 		var next []Package
 		for i, p := range pending {
-			if elapsed := time.Since(start); round > 0 && elapsed+c.BoxTimeout > c.Budget || elapsed > c.Budget {
+			elapsed := time.Since(start)
+			lim, ok := c.limits(round, elapsed)
+			if !ok {
 				for _, q := range pending[i:] {
 					for _, t := range q.Tests {
 						failed[q.Dir+" "+t] = fmt.Sprintf("not run: the box stage's budget (%v) ran out after %v", c.Budget, elapsed.Round(time.Second))
@@ -173,7 +181,11 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 				}
 				break
 			}
-			v, err := c.runBox(ctx, p, bins[p.Dir], round)
+			if lim.box < c.BoxTimeout {
+				fmt.Fprintf(c.Out, "box-test: %s: box timeout %v, test timeout %v: what the stage's budget has left\n",
+					p.box(), lim.box.Round(time.Second), lim.test.Round(time.Second))
+			}
+			v, err := c.runBox(ctx, p, bins[p.Dir], round, lim)
 			if err != nil {
 				return err
 			}
@@ -222,8 +234,30 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 	return fmt.Errorf("box-test: %d test(s) failed in the box:%s", len(keys), b.String())
 }
 
+// boxLimits are one box's timeouts.
+type boxLimits struct{ box, test time.Duration }
+
+// limits are the timeouts of a box of round (0: the first) started elapsed
+// into the stage, and false when no box may start: past the budget, or a
+// rerun with less than a quarter of BoxTimeout left. A first-round box
+// keeps the full timeouts: the budget was sized for them.
+func (c Config) limits(round int, elapsed time.Duration) (boxLimits, bool) {
+	left := c.Budget - elapsed
+	full := boxLimits{c.BoxTimeout, c.TestTimeout}
+	switch {
+	case left <= 0:
+		return boxLimits{}, false
+	case round == 0 || left >= c.BoxTimeout:
+		return full, true
+	case left < c.BoxTimeout/4:
+		return boxLimits{}, false
+	}
+	scale := float64(left) / float64(c.BoxTimeout)
+	return boxLimits{left.Truncate(time.Second), time.Duration(float64(c.TestTimeout) * scale).Truncate(time.Second)}, true
+}
+
 // runBox runs p's tests in one fresh box and judges them.
-func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (Verdict, error) {
+func (c Config) runBox(ctx context.Context, p Package, bin string, round int, lim boxLimits) (Verdict, error) {
 	name := fileName(p.Dir)
 	if p.Alone {
 		name += "." + p.Tests[0]
@@ -241,8 +275,12 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int) (V
 	// ReadQueue let only \w names through: safe in a regexp and a shell word.
 	re := "^(" + strings.Join(p.Tests, "|") + ")$"
 	script := fmt.Sprintf("cd %s && exec %s -test.run '%s' -test.v -test.timeout %s",
-		shellQuote(filepath.Join(c.Root, p.Dir)), shellQuote(bin), re, c.TestTimeout)
-	args := append(slices.Clone(c.Kvmbox[1:]), "--timeout", c.BoxTimeout.String(), "--console-log", console, "--", "sh", "-c", script)
+		shellQuote(filepath.Join(c.Root, p.Dir)), shellQuote(bin), re, lim.test)
+	args := append(slices.Clone(c.Kvmbox[1:]), "--timeout", lim.box.String(), "--console-log", console)
+	if c.QuietTimeout > 0 {
+		args = append(args, "--quiet-timeout", c.QuietTimeout.String())
+	}
+	args = append(args, "--", "sh", "-c", script)
 	cmd := exec.CommandContext(ctx, c.Kvmbox[0], args...)
 	cmd.Dir = c.Root
 	w := io.MultiWriter(c.Out, logf)

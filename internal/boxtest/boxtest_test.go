@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -123,13 +124,18 @@ func TestReadQueue(t *testing.T) {
 func fakeBox(t *testing.T, dir string) string {
 	t.Helper()
 	box := filepath.Join(dir, "fakebox")
-	// --timeout D --console-log F -- sh -c SCRIPT: exit 125 when the
-	// command prints BOXDIE (a box that died under it).
+	// --timeout D --console-log F [--quiet-timeout Q] -- sh -c SCRIPT:
+	// prints "fakebox: FLAGS" and the script, exits 125 when the command
+	// prints BOXDIE (a box that died under it).
 	script := `#!/bin/sh
+flags=
 while [ "$1" != "--" ]; do
 	[ "$1" = --console-log ] && echo "L1 console of a fake box" >"$2"
+	case "$1" in --timeout|--quiet-timeout) flags="$flags $1 $2";; esac
 	shift
 done
+echo "fakebox:$flags"
+echo "fakebox: $4"
 shift
 out=$("$@" 2>&1); st=$?
 printf '%s\n' "$out"
@@ -210,13 +216,55 @@ func TestRunBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := map[string][]string{"a": {"=== RUN   TestX\nBOXDIE\nexit 0", "=== RUN   TestX\n--- PASS: TestX (1.00s)\nexit 0"}}
+	// Less than a quarter of the box timeout left for a rerun: none starts.
 	var out bytes.Buffer
-	// A rerun needs a whole box timeout left in the budget: none is.
 	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Hour,
-		TestTimeout: time.Minute, Budget: time.Hour, Reruns: 2, Out: &out, Build: fakeBuild(t, root, logs)}
+		TestTimeout: 40 * time.Minute, Budget: 10 * time.Minute, QuietTimeout: 7 * time.Minute, Reruns: 2, Out: &out, Build: fakeBuild(t, root, logs)}
 	err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX"}}})
 	if err == nil || !strings.Contains(err.Error(), "budget") {
 		t.Errorf("Run: %v; want the budget to stop the rerun\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "fakebox: --timeout 1h0m0s --quiet-timeout 7m0s\n") ||
+		!strings.Contains(out.String(), "-test.timeout 40m0s") {
+		t.Errorf("the first box did not get the full timeouts and the quiet timeout:\n%s", out.String())
+	}
+
+	// Most of a box timeout left: the rerun runs in what is left, its test
+	// timeout shrunk in proportion (Run builds the binary afresh).
+	out.Reset()
+	c.Budget = 45 * time.Minute
+	if err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX"}}}); err != nil {
+		t.Errorf("Run: %v; want the shortened rerun to pass\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "what the stage's budget has left") || !regexp.MustCompile(`fakebox: --timeout 44m5\ds --quiet-timeout 7m0s\n`).MatchString(out.String()) ||
+		!regexp.MustCompile(`-test\.timeout (29m5\ds|30m0s)\n`).MatchString(out.String()) {
+		t.Errorf("the rerun did not get the budget's remainder (about 45m, test timeout about 30m):\n%s", out.String())
+	}
+}
+
+// TestLimits: first-round boxes keep the full timeouts while the budget
+// lasts; reruns get what is left, scaled, down to a quarter of BoxTimeout.
+func TestLimits(t *testing.T) {
+	c := Config{BoxTimeout: 16 * time.Minute, TestTimeout: 12 * time.Minute, Budget: 40 * time.Minute}
+	for _, tc := range []struct {
+		round   int
+		elapsed time.Duration
+		want    boxLimits
+		ok      bool
+	}{
+		{0, 0, boxLimits{16 * time.Minute, 12 * time.Minute}, true},
+		{0, 39 * time.Minute, boxLimits{16 * time.Minute, 12 * time.Minute}, true},
+		{0, 40 * time.Minute, boxLimits{}, false},
+		{1, 20 * time.Minute, boxLimits{16 * time.Minute, 12 * time.Minute}, true},
+		{1, 32 * time.Minute, boxLimits{8 * time.Minute, 6 * time.Minute}, true},
+		{2, 36 * time.Minute, boxLimits{4 * time.Minute, 3 * time.Minute}, true},
+		{1, 36*time.Minute + time.Second, boxLimits{}, false},
+		{1, 41 * time.Minute, boxLimits{}, false},
+	} {
+		got, ok := c.limits(tc.round, tc.elapsed)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("limits(round %d, %v) = %+v, %v; want %+v, %v", tc.round, tc.elapsed, got, ok, tc.want, tc.ok)
+		}
 	}
 }
 

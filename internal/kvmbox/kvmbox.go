@@ -19,8 +19,10 @@
 // Goroutines: Run owns QEMU and two copiers (one per output pipe) that end
 // when QEMU closes its end; Run waits for both before it returns. Run's own
 // loop is the watchdog: it kills QEMU when the heartbeat file stops growing
-// for StallTimeout (an L1 kernel that hung, or a QEMU stuck in TCG), so a
-// dead box costs minutes, not the whole Timeout.
+// for StallTimeout (an L1 kernel that hung, or a QEMU stuck in TCG), or when
+// the command printed nothing for QuietTimeout (output that stopped flowing
+// while the L1 still beats), so a dead box costs minutes, not the whole
+// Timeout. The copiers stamp the time of the last output (an atomic) for it.
 package kvmbox
 
 import (
@@ -36,6 +38,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/microvm/microvm/guest/initramfs"
@@ -94,6 +97,11 @@ type Options struct {
 	// StallTimeout ends the box when its L1 sent no heartbeat for this
 	// long (0: DefaultStallTimeout; negative: never).
 	StallTimeout time.Duration
+	// QuietTimeout ends the box when the command wrote nothing to its
+	// stdout or stderr for this long (0: never). Seen once in CI: a test
+	// printed "=== RUN" and then nothing, not even its own -test.timeout
+	// panic, for 16 minutes while the L1 kept beating.
+	QuietTimeout time.Duration
 	// Env is the command's environment; nil means PassEnv(os.Environ()).
 	Env []string
 	// Stdout and Stderr receive the command's output (os.Stdout and
@@ -252,13 +260,16 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		return 0, &BoxError{Msg: "kvmbox: start QEMU: " + err.Error()}
 	}
 	var copies sync.WaitGroup
+	var lastOut atomic.Int64 // UnixNano of the command's last output
+	lastOut.Store(time.Now().UnixNano())
 	copies.Add(2)
-	go func() { defer copies.Done(); _, _ = io.Copy(o.Stdout, outR); outR.Close() }()
-	go func() { defer copies.Done(); _, _ = io.Copy(o.Stderr, errR); errR.Close() }()
+	go func() { defer copies.Done(); _, _ = io.Copy(stampWriter{o.Stdout, &lastOut}, outR); outR.Close() }()
+	go func() { defer copies.Done(); _, _ = io.Copy(stampWriter{o.Stderr, &lastOut}, errR); errR.Close() }()
 
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	end := watch(ctx, waitErr, beatPath, o.StallTimeout)
+	end := watchdog{beat: beatPath, stall: o.StallTimeout, quiet: o.QuietTimeout,
+		lastOutput: func() time.Time { return time.Unix(0, lastOut.Load()) }}.watch(ctx, waitErr)
 	qerr := end.qemuErr
 	if !end.exited {
 		_ = cmd.Process.Kill()
@@ -268,6 +279,8 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		switch {
 		case end.stalled:
 			msg = fmt.Sprintf("kvmbox: the box stopped answering: no heartbeat from its L1 for %v", o.StallTimeout)
+		case end.quiet:
+			msg = fmt.Sprintf("kvmbox: the command printed nothing for %v (its L1 still beating)", o.QuietTimeout)
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
 		}
@@ -306,15 +319,30 @@ type boxEnd struct {
 	exited  bool  // QEMU exited by itself
 	qemuErr error // and what its Wait said
 	stalled bool  // not exited: the heartbeat stopped
+	quiet   bool  // not exited: the command's output stopped
 }
 
-// watch waits for QEMU to exit, ctx to end, or the heartbeat file at beat
-// to stop growing for stall. The clock starts now: the L1 boot counts
-// against stall too.
-func watch(ctx context.Context, waitErr <-chan error, beat string, stall time.Duration) boxEnd {
+// watchdog is what watch checks besides QEMU's exit and the context.
+type watchdog struct {
+	beat       string        // the heartbeat file, growing while the L1 runs
+	stall      time.Duration // no growth for this long: stalled (<= 0: never)
+	quiet      time.Duration // no output for this long: quiet (<= 0: never)
+	lastOutput func() time.Time
+}
+
+// watch waits for QEMU to exit, ctx to end, the heartbeat file to stop
+// growing for w.stall, or the command's output to stop for w.quiet. The
+// clocks start now: the L1 boot counts against both.
+func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 	var tick <-chan time.Time
-	if stall > 0 {
-		t := time.NewTicker(min(stall/4, HeartbeatInterval))
+	if w.stall > 0 || w.quiet > 0 {
+		every := HeartbeatInterval
+		for _, d := range []time.Duration{w.stall, w.quiet} {
+			if d > 0 {
+				every = min(every, d/4)
+			}
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		tick = t.C
 	}
@@ -327,13 +355,29 @@ func watch(ctx context.Context, waitErr <-chan error, beat string, stall time.Du
 		case <-ctx.Done():
 			return boxEnd{}
 		case now := <-tick:
-			if fi, err := os.Stat(beat); err == nil && fi.Size() != size {
-				size, last = fi.Size(), now
-			} else if now.Sub(last) >= stall {
-				return boxEnd{stalled: true}
+			if w.stall > 0 {
+				if fi, err := os.Stat(w.beat); err == nil && fi.Size() != size {
+					size, last = fi.Size(), now
+				} else if now.Sub(last) >= w.stall {
+					return boxEnd{stalled: true}
+				}
+			}
+			if w.quiet > 0 && now.Sub(w.lastOutput()) >= w.quiet {
+				return boxEnd{quiet: true}
 			}
 		}
 	}
+}
+
+// stampWriter writes to w and stamps the time of each write into last.
+type stampWriter struct {
+	w    io.Writer
+	last *atomic.Int64
+}
+
+func (s stampWriter) Write(p []byte) (int, error) {
+	s.last.Store(time.Now().UnixNano())
+	return s.w.Write(p)
 }
 
 // keepLog copies the console log next to the repository's build output when

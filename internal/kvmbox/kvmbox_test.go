@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,14 +90,14 @@ func TestWatch(t *testing.T) {
 		}
 		waitErr <- errors.New("exit status 3")
 	}()
-	end := watch(context.Background(), waitErr, beat, stall)
+	end := watchdog{beat: beat, stall: stall}.watch(context.Background(), waitErr)
 	if !end.exited || end.stalled || end.qemuErr == nil || end.qemuErr.Error() != "exit status 3" {
 		t.Errorf("beating box: %+v, want exited with QEMU's error", end)
 	}
 
 	// No more beats: stalled, after at least the stall timeout.
 	start := time.Now()
-	end = watch(context.Background(), make(chan error), beat, stall)
+	end = watchdog{beat: beat, stall: stall}.watch(context.Background(), make(chan error))
 	if !end.stalled || end.exited {
 		t.Errorf("silent box: %+v, want stalled", end)
 	}
@@ -105,7 +106,7 @@ func TestWatch(t *testing.T) {
 	}
 
 	// No heartbeat file at all (the init never started): stalled too.
-	end = watch(context.Background(), make(chan error), beat+".none", stall)
+	end = watchdog{beat: beat + ".none", stall: stall}.watch(context.Background(), make(chan error))
 	if !end.stalled {
 		t.Errorf("box without heartbeat: %+v, want stalled", end)
 	}
@@ -113,9 +114,74 @@ func TestWatch(t *testing.T) {
 	// Cancelled, and a negative stall timeout never fires.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*stall)
 	defer cancel()
-	end = watch(ctx, make(chan error), beat+".none", -1)
+	end = watchdog{beat: beat + ".none", stall: -1}.watch(ctx, make(chan error))
 	if end.stalled || end.exited || ctx.Err() == nil {
 		t.Errorf("cancelled box: %+v (ctx %v), want neither exited nor stalled", end, ctx.Err())
+	}
+}
+
+// TestWatchQuiet: a command that keeps printing runs on while its heartbeat
+// beats; one whose output stops is quiet after the quiet timeout, not
+// before, though the heartbeat goes on; output written through stampWriter
+// is what counts.
+func TestWatchQuiet(t *testing.T) {
+	const quiet = 300 * time.Millisecond
+	beat := filepath.Join(t.TempDir(), "heartbeat")
+	f, err := os.Create(beat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	var out strings.Builder
+	w := watchdog{beat: beat, stall: time.Minute, quiet: quiet,
+		lastOutput: func() time.Time { return time.Unix(0, last.Load()) }}
+	stop := make(chan struct{})
+	beating := make(chan struct{})
+	go func() {
+		defer close(beating)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(quiet / 10):
+				_, _ = f.Write([]byte{'.'})
+			}
+		}
+	}()
+	defer func() { close(stop); <-beating }()
+
+	// Prints for 3 quiet timeouts, then QEMU exits: not quiet.
+	waitErr := make(chan error, 1)
+	printed := make(chan struct{})
+	go func() {
+		defer close(printed)
+		sw := stampWriter{&out, &last}
+		for range 30 {
+			if _, err := sw.Write([]byte("x")); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(quiet / 10)
+		}
+		waitErr <- nil
+	}()
+	end := w.watch(context.Background(), waitErr)
+	<-printed
+	if !end.exited || end.quiet || end.stalled {
+		t.Errorf("printing box: %+v, want exited", end)
+	}
+	if out.Len() != 30 {
+		t.Errorf("stampWriter passed on %d bytes, want 30", out.Len())
+	}
+
+	// Output stops, the heartbeat goes on: quiet, after the timeout.
+	end = w.watch(context.Background(), make(chan error))
+	if !end.quiet || end.stalled || end.exited {
+		t.Errorf("quiet box: %+v, want quiet", end)
+	}
+	if d := time.Since(time.Unix(0, last.Load())); d < quiet {
+		t.Errorf("quiet %v after the last output, before the %v timeout", d, quiet)
 	}
 }
 

@@ -6,8 +6,10 @@
 //
 // Environment: BOX_TIMEOUT (one box, default 16m), BOX_TEST_TIMEOUT (the
 // test binary's -test.timeout in the box, default 12m: a CI job's whole
-// scenario under TCG takes minutes), BOX_BUDGET (no box
-// starts after this long, default 40m), BOX_RERUNS (default 3).
+// scenario under TCG takes minutes), BOX_QUIET_TIMEOUT (a box whose tests
+// printed nothing for this long is ended and rerun, default 8m, 0: never),
+// BOX_BUDGET (no box starts after this long, default 40m), BOX_RERUNS
+// (default 3).
 // Exit status: 0 when every queued test passed in the box, 1 when one
 // failed, 2 on bad usage.
 package main
@@ -71,6 +73,14 @@ func run(ctx context.Context, args []string) int {
 			}
 			*d.dst = v
 		}
+	}
+	c.QuietTimeout = 8 * time.Minute
+	if s := os.Getenv("BOX_QUIET_TIMEOUT"); s != "" {
+		v, err := time.ParseDuration(s)
+		if err != nil || v < 0 {
+			return fail(2, "BOX_QUIET_TIMEOUT=%q: want a duration like 8m (0: never)", s)
+		}
+		c.QuietTimeout = v
 	}
 	if c.TestTimeout >= c.BoxTimeout {
 		return fail(2, "BOX_TEST_TIMEOUT %v must be shorter than BOX_TIMEOUT %v: a hung test should panic while the box still reports", c.TestTimeout, c.BoxTimeout)

@@ -2,7 +2,7 @@
 // Use it through scripts/kvmbox, which builds the L1 kernel and the box's
 // init first and passes their paths:
 //
-//	scripts/kvmbox [--cpus N] [--memory SIZE] [--timeout DURATION] [--stall-timeout DURATION] -- CMD [ARG...]
+//	scripts/kvmbox [--cpus N] [--memory SIZE] [--timeout DURATION] [--stall-timeout DURATION] [--quiet-timeout DURATION] -- CMD [ARG...]
 //
 // The exit status is CMD's (128+N when signal N ended it); 125 means the box
 // itself failed, with one line on stderr saying why.
@@ -44,6 +44,7 @@ func Main(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.CPU, "cpu", cmp.Or(os.Getenv("KVMBOX_CPU"), kvmbox.DefaultCPU), "QEMU's -cpu for the box (default $KVMBOX_CPU, else "+kvmbox.DefaultCPU+")")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "end the box after this long (0: no limit)")
 	fs.DurationVar(&o.StallTimeout, "stall-timeout", kvmbox.DefaultStallTimeout, "end the box when its L1 kernel sent no heartbeat for this long (0: never)")
+	fs.DurationVar(&o.QuietTimeout, "quiet-timeout", 0, "end the box when the command printed nothing for this long (0: never)")
 	fs.StringVar(&o.Kernel, "kernel", "", "the L1 bzImage (scripts/kvmbox passes build/kvmbox/bzImage)")
 	fs.StringVar(&o.Init, "init", "", "the box's static init (scripts/kvmbox passes build/kvmbox/init)")
 	fs.StringVar(&o.Repo, "repo", "", "directory shared read-write at the same path (scripts/kvmbox passes the repository)")
@@ -67,8 +68,8 @@ func Main(args []string, stderr io.Writer) int {
 		return fail("--memory %q: %v", *mem, err)
 	}
 	o.MemoryMiB = mib
-	if o.Timeout < 0 || o.StallTimeout < 0 {
-		return fail("--timeout and --stall-timeout must not be negative")
+	if o.Timeout < 0 || o.StallTimeout < 0 || o.QuietTimeout < 0 {
+		return fail("--timeout, --stall-timeout and --quiet-timeout must not be negative")
 	}
 	if o.StallTimeout == 0 {
 		o.StallTimeout = -1 // Options' "never"

@@ -29,6 +29,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, "no command given"},
 		{[]string{"--memory", "lots", "--", "true"}, `--memory "lots"`},
 		{[]string{"--timeout", "-1s", "--", "true"}, "must not be negative"},
+		{[]string{"--quiet-timeout", "-1s", "--", "true"}, "must not be negative"},
 		{[]string{"--cpus", "0", "--kernel", "/nonexistent", "--", "true"}, "kvmbox: "},
 	} {
 		var stderr bytes.Buffer
