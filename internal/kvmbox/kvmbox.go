@@ -14,7 +14,8 @@
 //	 Stderr ◀─ copy ◀─ pipe ◀── virtio-serial "stderr" ◀───┤
 //	 status ◀─ file ◀────────── virtio-serial "status" ◀───┤ "exit N" | "signal N" | "box-error ..."
 //	 watchdog ◀─ file size ◀─── virtio-serial "heartbeat" ◀┤ a byte every HeartbeatInterval
-//	 console log file ◀──────── serial ttyS0 ◀─────────────┘ kernel and init chatter
+//	 console log file ◀──────── serial ttyS0 ◀─────────────┘ kernel and init chatter,
+//	                                                         the init's report on a silent command
 //
 // Goroutines: Run owns QEMU and two copiers (one per output pipe) that end
 // when QEMU closes its end; Run waits for both before it returns. Run's own
@@ -121,6 +122,11 @@ type Job struct {
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
 	Repo string   `json:"repo"`
+	// QuietReport: when the command printed nothing for this long, the
+	// init writes to the console what every L1 task waits on (0: never).
+	// Three quarters of QuietTimeout, so the report is in the console log
+	// before the host ends the box.
+	QuietReport time.Duration `json:"quiet_report,omitempty"`
 }
 
 // BoxError is a failure of the box itself (not of the command).
@@ -217,7 +223,7 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		o.ConsoleLog = filepath.Join(work, "console.log")
 	}
 	initrd := filepath.Join(work, "initramfs.cpio")
-	job := Job{Argv: argv, Env: o.Env, Dir: o.Dir, Repo: o.Repo}
+	job := Job{Argv: argv, Env: o.Env, Dir: o.Dir, Repo: o.Repo, QuietReport: max(o.QuietTimeout, 0) * 3 / 4}
 	if err := writeInitramfs(initrd, o.Init, job); err != nil {
 		return 0, &BoxError{Msg: "kvmbox: initramfs: " + err.Error()}
 	}
@@ -263,8 +269,16 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 	var lastOut atomic.Int64 // UnixNano of the command's last output
 	lastOut.Store(time.Now().UnixNano())
 	copies.Add(2)
-	go func() { defer copies.Done(); _, _ = io.Copy(stampWriter{o.Stdout, &lastOut}, outR); outR.Close() }()
-	go func() { defer copies.Done(); _, _ = io.Copy(stampWriter{o.Stderr, &lastOut}, errR); errR.Close() }()
+	go func() {
+		defer copies.Done()
+		_, _ = io.Copy(StampWriter{W: o.Stdout, Last: &lastOut}, outR)
+		outR.Close()
+	}()
+	go func() {
+		defer copies.Done()
+		_, _ = io.Copy(StampWriter{W: o.Stderr, Last: &lastOut}, errR)
+		errR.Close()
+	}()
 
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
@@ -369,15 +383,16 @@ func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 	}
 }
 
-// stampWriter writes to w and stamps the time of each write into last.
-type stampWriter struct {
-	w    io.Writer
-	last *atomic.Int64
+// StampWriter writes to W and stamps the time of each write (UnixNano)
+// into Last: the box's watchdogs, host and init, tell silence by it.
+type StampWriter struct {
+	W    io.Writer
+	Last *atomic.Int64
 }
 
-func (s stampWriter) Write(p []byte) (int, error) {
-	s.last.Store(time.Now().UnixNano())
-	return s.w.Write(p)
+func (s StampWriter) Write(p []byte) (int, error) {
+	s.Last.Store(time.Now().UnixNano())
+	return s.W.Write(p)
 }
 
 // keepLog copies the console log next to the repository's build output when

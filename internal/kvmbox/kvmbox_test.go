@@ -122,7 +122,7 @@ func TestWatch(t *testing.T) {
 
 // TestWatchQuiet: a command that keeps printing runs on while its heartbeat
 // beats; one whose output stops is quiet after the quiet timeout, not
-// before, though the heartbeat goes on; output written through stampWriter
+// before, though the heartbeat goes on; output written through StampWriter
 // is what counts.
 func TestWatchQuiet(t *testing.T) {
 	const quiet = 300 * time.Millisecond
@@ -157,7 +157,7 @@ func TestWatchQuiet(t *testing.T) {
 	printed := make(chan struct{})
 	go func() {
 		defer close(printed)
-		sw := stampWriter{&out, &last}
+		sw := StampWriter{W: &out, Last: &last}
 		for range 30 {
 			if _, err := sw.Write([]byte("x")); err != nil {
 				t.Error(err)
@@ -172,7 +172,7 @@ func TestWatchQuiet(t *testing.T) {
 		t.Errorf("printing box: %+v, want exited", end)
 	}
 	if out.Len() != 30 {
-		t.Errorf("stampWriter passed on %d bytes, want 30", out.Len())
+		t.Errorf("StampWriter passed on %d bytes, want 30", out.Len())
 	}
 
 	// Output stops, the heartbeat goes on: quiet, after the timeout.

@@ -5,7 +5,9 @@
 // (9p tag "repo") read-write at its host path, checks that /dev/kvm works,
 // runs the job's command in it and reports the result on virtio-serial ports
 // named "stdout", "stderr" and "status", with a byte on "heartbeat" every few
-// seconds meanwhile. Then it kills what the command left
+// seconds meanwhile, and, when the command stays silent for the job's
+// QuietReport, a report on the console of what every task waits on
+// (silence.go). Then it kills what the command left
 // behind and restarts the machine, which QEMU (-no-reboot) turns into its exit.
 //
 // The job (argv, environment, working directory, repository path) is
@@ -27,6 +29,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -341,9 +344,16 @@ func execute(job *Job, stdout, stderr *os.File) string {
 		return "exit 126"
 	}
 	var copies sync.WaitGroup
+	var last atomic.Int64 // UnixNano of the command's last output
+	last.Store(time.Now().UnixNano())
 	copies.Add(2)
-	go func() { defer copies.Done(); _, _ = io.Copy(stdout, outR) }()
-	go func() { defer copies.Done(); _, _ = io.Copy(stderr, errR) }()
+	go func() { defer copies.Done(); _, _ = io.Copy(kvmbox.StampWriter{W: stdout, Last: &last}, outR) }()
+	go func() { defer copies.Done(); _, _ = io.Copy(kvmbox.StampWriter{W: stderr, Last: &last}, errR) }()
+	if job.QuietReport > 0 {
+		done := make(chan struct{})
+		defer close(done)
+		go watchSilence(&last, job.QuietReport, done, func() { reportTasks(os.Stderr, job.QuietReport) })
+	}
 
 	var ws unix.WaitStatus
 	for {
