@@ -300,14 +300,16 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	boxFailed := status == ExitBoxFailure
 	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.box(),
 		time.Since(begin).Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
-	if boxFailed {
+	cons, _ := os.ReadFile(console)
+	l1Oops := L1Oops.Match(cons)
+	if boxFailed || l1Oops {
 		c.printConsoleTail(console, 40)
 	}
 	b, err := os.ReadFile(logPath)
 	if err != nil {
 		return Verdict{}, err
 	}
-	return Judge(p.Tests, ParseLog(b), status, boxFailed), nil
+	return Judge(p.Tests, ParseLog(b), status, boxFailed, l1Oops), nil
 }
 
 // printConsoleTail shows the end of the L1 kernel's console, which is what

@@ -22,6 +22,7 @@ func TestParseLogAndJudge(t *testing.T) {
 		log       string
 		status    int
 		boxFailed bool
+		l1Oops    bool
 		want      Verdict
 	}{{
 		name:  "all pass",
@@ -62,6 +63,15 @@ func TestParseLogAndJudge(t *testing.T) {
 		want: Verdict{Passed: []string{"TestA"},
 			Rerun: map[string]Reason{"TestB": ReasonBoxFailed, "TestC": ReasonNotRun}},
 	}, {
+		// fresh43: a Linux guest hung in a box whose L1 oopsed later.
+		name: "failures in a box whose L1 oopsed",
+		log: "=== RUN   TestA\n    a_test.go:1: guest still running after 3m0s\n--- FAIL: TestA (180.00s)\n" +
+			"=== RUN   TestB\n--- PASS: TestB (1.00s)\n=== RUN   TestC\n    c_test.go:1: wrong\n--- FAIL: TestC (1.00s)\nFAIL\n",
+		status: 1,
+		l1Oops: true,
+		want: Verdict{Passed: []string{"TestB"},
+			Rerun: map[string]Reason{"TestA": ReasonL1Oops, "TestC": ReasonL1Oops}},
+	}, {
 		name:   "binary crashed",
 		log:    "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\nfatal error: concurrent map writes\n",
 		status: 2,
@@ -81,7 +91,7 @@ func TestParseLogAndJudge(t *testing.T) {
 			if tests == nil {
 				tests = []string{"TestA", "TestB", "TestC"}
 			}
-			got := Judge(tests, ParseLog([]byte(tc.log)), tc.status, tc.boxFailed)
+			got := Judge(tests, ParseLog([]byte(tc.log)), tc.status, tc.boxFailed, tc.l1Oops)
 			if tc.want.Rerun == nil {
 				tc.want.Rerun = map[string]Reason{}
 			}
@@ -326,5 +336,25 @@ esac
 	}
 	if reruns, _ := os.ReadFile(filepath.Join(rec, "reruns.txt")); string(reruns) != "a TestL triple-fault\n" {
 		t.Errorf("reruns.txt = %q", reruns)
+	}
+}
+
+// TestL1Oops: the L1 console lines of fresh41's and fresh43's crashes
+// match; the box's everyday chatter and warnings do not.
+func TestL1Oops(t *testing.T) {
+	for line, want := range map[string]bool{
+		"[  271.947640] general protection fault: 0000 [#1] SMP":                                   true,
+		"[  106.267329] BUG: unable to handle page fault for address: ffffffff81e00000":            true,
+		"[   11.455714] BUG: kernel NULL pointer dereference, address: 0000000000000350":           true,
+		"[  106.270270] Oops: 0000 [#1] SMP":                                                       true,
+		"[  107.620711] Kernel panic - not syncing: Fatal exception":                               true,
+		"[   4.822106] kvm [35]: vcpu0, guest rIP: 0xffffffff81002c23 Unhandled WRMSR(0xc0010007)": false,
+		"[  300.000000] watchdog: BUG: soft lockup - CPU#1 stuck for 23s! [qemu:99]":               false,
+		"[  400.000000] INFO: task cli.test:61 blocked for more than 120 seconds.":                 false,
+		"kvmbox-init: kvmbox init starting":                                                        false,
+	} {
+		if got := L1Oops.MatchString(line); got != want {
+			t.Errorf("L1Oops.MatchString(%q) = %v, want %v", line, got, want)
+		}
 	}
 }

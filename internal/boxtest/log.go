@@ -106,6 +106,12 @@ func ParseLog(b []byte) *Log {
 // whose registers are the reset values AMD SVM leaves.
 var TripleFault = regexp.MustCompile(`guest triple fault \(KVM_EXIT_SHUTDOWN\).*these are the processor.s reset values`)
 
+// L1Oops is the signature of the box's L1 kernel failing, in its console
+// log: an oops, a general protection fault, a panic. The emulated L1's
+// memory gets corrupted now and then under TCG (docs/testing.md), and a
+// guest can hang or a test fail on that before L1 itself oopses.
+var L1Oops = regexp.MustCompile(`BUG: kernel |BUG: unable to handle|general protection fault|Oops: |Kernel panic|kernel BUG at`)
+
 // Reason says why a test is run again in a fresh box.
 type Reason string
 
@@ -120,6 +126,9 @@ const (
 	// ReasonNotRun: an earlier test's timeout or the box's failure ended
 	// the run before this test started.
 	ReasonNotRun Reason = "not-run"
+	// ReasonL1Oops: it failed in a box whose L1 kernel oopsed (L1Oops
+	// in the console log).
+	ReasonL1Oops Reason = "l1-oops"
 )
 
 // Verdict sorts one package run's queued tests.
@@ -161,10 +170,12 @@ func firstErrors(out []byte) string {
 
 // Judge sorts tests after a package's run: status is the test binary's
 // exit status, boxFailed says the box itself failed (status is then
-// meaningless). Only the box's artefacts are rerun: a triple fault in a
-// failed test's output, a test -test.timeout caught running, a box that
-// died under the tests, and the tests those kept from running.
-func Judge(tests []string, l *Log, status int, boxFailed bool) Verdict {
+// meaningless), l1Oops that the box's L1 kernel oopsed. Only the box's
+// artefacts are rerun: a triple fault in a failed test's output, any
+// failure in a box whose L1 oopsed, a test -test.timeout caught running, a
+// box that died under the tests, and the tests those kept from running. A
+// product bug that breaks L1 fails again in every fresh box.
+func Judge(tests []string, l *Log, status int, boxFailed, l1Oops bool) Verdict {
 	v := Verdict{Rerun: map[string]Reason{}, Failed: map[string]string{}}
 	for _, name := range tests {
 		t := l.Tests[name]
@@ -178,6 +189,8 @@ func Judge(tests []string, l *Log, status int, boxFailed bool) Verdict {
 			v.Passed = append(v.Passed, name)
 		case t.State == Failed && TripleFault.Match(t.Output):
 			v.Rerun[name] = ReasonTripleFault
+		case t.State == Failed && l1Oops:
+			v.Rerun[name] = ReasonL1Oops
 		case t.State == Failed:
 			v.Failed[name] = "failed" + firstErrors(t.Output)
 		case t.TimedOut || (t.State == Running && l.TimedOut):
