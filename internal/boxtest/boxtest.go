@@ -300,10 +300,10 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	boxFailed := status == ExitBoxFailure
 	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.box(),
 		time.Since(begin).Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
-	cons, _ := os.ReadFile(console)
+	cons, consErr := os.ReadFile(console)
 	l1Oops := L1Oops.Match(cons)
 	if boxFailed || l1Oops {
-		c.printConsoleTail(console, 40)
+		c.printConsoleTail(console, cons, consErr, 40)
 	}
 	b, err := os.ReadFile(logPath)
 	if err != nil {
@@ -312,10 +312,9 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	return Judge(p.Tests, ParseLog(b), status, boxFailed, l1Oops), nil
 }
 
-// printConsoleTail shows the end of the L1 kernel's console, which is what
-// tells why a box died.
-func (c Config) printConsoleTail(path string, n int) {
-	b, err := os.ReadFile(path)
+// printConsoleTail shows the end of the L1 kernel's console (b, read from
+// path with err), which is what tells why a box died.
+func (c Config) printConsoleTail(path string, b []byte, err error, n int) {
 	if err != nil {
 		fmt.Fprintf(c.Out, "box-test: no L1 console log: %v\n", err)
 		return

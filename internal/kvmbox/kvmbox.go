@@ -23,7 +23,7 @@
 // for StallTimeout (an L1 kernel that hung, or a QEMU stuck in TCG), or when
 // the command printed nothing for QuietTimeout (output that stopped flowing
 // while the L1 still beats), so a dead box costs minutes, not the whole
-// Timeout. The copiers stamp the time of the last output (an atomic) for it.
+// Timeout. The copiers stamp the time of the last output (OutputClock) for it.
 package kvmbox
 
 import (
@@ -266,24 +266,22 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		return 0, &BoxError{Msg: "kvmbox: start QEMU: " + err.Error()}
 	}
 	var copies sync.WaitGroup
-	var lastOut atomic.Int64 // UnixNano of the command's last output
-	lastOut.Store(time.Now().UnixNano())
+	out := NewOutputClock()
 	copies.Add(2)
 	go func() {
 		defer copies.Done()
-		_, _ = io.Copy(StampWriter{W: o.Stdout, Last: &lastOut}, outR)
+		_, _ = io.Copy(out.Writer(o.Stdout), outR)
 		outR.Close()
 	}()
 	go func() {
 		defer copies.Done()
-		_, _ = io.Copy(StampWriter{W: o.Stderr, Last: &lastOut}, errR)
+		_, _ = io.Copy(out.Writer(o.Stderr), errR)
 		errR.Close()
 	}()
 
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	end := watchdog{beat: beatPath, stall: o.StallTimeout, quiet: o.QuietTimeout,
-		lastOutput: func() time.Time { return time.Unix(0, lastOut.Load()) }}.watch(ctx, waitErr)
+	end := watchdog{beat: beatPath, stall: o.StallTimeout, quiet: o.QuietTimeout, output: out}.watch(ctx, waitErr)
 	qerr := end.qemuErr
 	if !end.exited {
 		_ = cmd.Process.Kill()
@@ -338,10 +336,10 @@ type boxEnd struct {
 
 // watchdog is what watch checks besides QEMU's exit and the context.
 type watchdog struct {
-	beat       string        // the heartbeat file, growing while the L1 runs
-	stall      time.Duration // no growth for this long: stalled (<= 0: never)
-	quiet      time.Duration // no output for this long: quiet (<= 0: never)
-	lastOutput func() time.Time
+	beat   string        // the heartbeat file, growing while the L1 runs
+	stall  time.Duration // no growth for this long: stalled (<= 0: never)
+	quiet  time.Duration // no output for this long: quiet (<= 0: never)
+	output *OutputClock  // the command's, when quiet > 0
 }
 
 // watch waits for QEMU to exit, ctx to end, the heartbeat file to stop
@@ -376,23 +374,39 @@ func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 					return boxEnd{stalled: true}
 				}
 			}
-			if w.quiet > 0 && now.Sub(w.lastOutput()) >= w.quiet {
+			if w.quiet > 0 && now.Sub(w.output.Last()) >= w.quiet {
 				return boxEnd{quiet: true}
 			}
 		}
 	}
 }
 
-// StampWriter writes to W and stamps the time of each write (UnixNano)
-// into Last: the box's watchdogs, host and init, tell silence by it.
-type StampWriter struct {
-	W    io.Writer
-	Last *atomic.Int64
+// OutputClock is the time of a command's last output, which the box's
+// watchdogs (host and init) tell silence by. Writers from Writer stamp it;
+// safe for concurrent use.
+type OutputClock struct{ last atomic.Int64 } // UnixNano
+
+// NewOutputClock starts the clock now, as if the command had just printed.
+func NewOutputClock() *OutputClock {
+	c := &OutputClock{}
+	c.last.Store(time.Now().UnixNano())
+	return c
 }
 
-func (s StampWriter) Write(p []byte) (int, error) {
-	s.Last.Store(time.Now().UnixNano())
-	return s.W.Write(p)
+// Last is when the command last printed.
+func (c *OutputClock) Last() time.Time { return time.Unix(0, c.last.Load()) }
+
+// Writer writes to w and stamps the clock with each write.
+func (c *OutputClock) Writer(w io.Writer) io.Writer { return stampWriter{w, c} }
+
+type stampWriter struct {
+	w io.Writer
+	c *OutputClock
+}
+
+func (s stampWriter) Write(p []byte) (int, error) {
+	s.c.last.Store(time.Now().UnixNano())
+	return s.w.Write(p)
 }
 
 // keepLog copies the console log next to the repository's build output when

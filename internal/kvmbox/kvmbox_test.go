@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,7 +121,7 @@ func TestWatch(t *testing.T) {
 
 // TestWatchQuiet: a command that keeps printing runs on while its heartbeat
 // beats; one whose output stops is quiet after the quiet timeout, not
-// before, though the heartbeat goes on; output written through StampWriter
+// before, though the heartbeat goes on; output written through OutputClock.Writer
 // is what counts.
 func TestWatchQuiet(t *testing.T) {
 	const quiet = 300 * time.Millisecond
@@ -132,11 +131,9 @@ func TestWatchQuiet(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
+	clock := NewOutputClock()
 	var out strings.Builder
-	w := watchdog{beat: beat, stall: time.Minute, quiet: quiet,
-		lastOutput: func() time.Time { return time.Unix(0, last.Load()) }}
+	w := watchdog{beat: beat, stall: time.Minute, quiet: quiet, output: clock}
 	stop := make(chan struct{})
 	beating := make(chan struct{})
 	go func() {
@@ -157,7 +154,7 @@ func TestWatchQuiet(t *testing.T) {
 	printed := make(chan struct{})
 	go func() {
 		defer close(printed)
-		sw := StampWriter{W: &out, Last: &last}
+		sw := clock.Writer(&out)
 		for range 30 {
 			if _, err := sw.Write([]byte("x")); err != nil {
 				t.Error(err)
@@ -172,7 +169,7 @@ func TestWatchQuiet(t *testing.T) {
 		t.Errorf("printing box: %+v, want exited", end)
 	}
 	if out.Len() != 30 {
-		t.Errorf("StampWriter passed on %d bytes, want 30", out.Len())
+		t.Errorf("the clock's writer passed on %d bytes, want 30", out.Len())
 	}
 
 	// Output stops, the heartbeat goes on: quiet, after the timeout.
@@ -180,7 +177,7 @@ func TestWatchQuiet(t *testing.T) {
 	if !end.quiet || end.stalled || end.exited {
 		t.Errorf("quiet box: %+v, want quiet", end)
 	}
-	if d := time.Since(time.Unix(0, last.Load())); d < quiet {
+	if d := time.Since(clock.Last()); d < quiet {
 		t.Errorf("quiet %v after the last output, before the %v timeout", d, quiet)
 	}
 }

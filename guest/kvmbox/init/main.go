@@ -29,7 +29,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -344,15 +343,14 @@ func execute(job *Job, stdout, stderr *os.File) string {
 		return "exit 126"
 	}
 	var copies sync.WaitGroup
-	var last atomic.Int64 // UnixNano of the command's last output
-	last.Store(time.Now().UnixNano())
+	out := kvmbox.NewOutputClock()
 	copies.Add(2)
-	go func() { defer copies.Done(); _, _ = io.Copy(kvmbox.StampWriter{W: stdout, Last: &last}, outR) }()
-	go func() { defer copies.Done(); _, _ = io.Copy(kvmbox.StampWriter{W: stderr, Last: &last}, errR) }()
+	go func() { defer copies.Done(); _, _ = io.Copy(out.Writer(stdout), outR) }()
+	go func() { defer copies.Done(); _, _ = io.Copy(out.Writer(stderr), errR) }()
 	if job.QuietReport > 0 {
 		done := make(chan struct{})
 		defer close(done)
-		go watchSilence(&last, job.QuietReport, done, func() { reportTasks(os.Stderr, job.QuietReport) })
+		go watchSilence(out, job.QuietReport, done, func() { reportTasks(os.Stderr, job.QuietReport) })
 	}
 
 	var ws unix.WaitStatus

@@ -7,8 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/microvm/microvm/internal/kvmbox"
 )
 
 // A box whose command goes silent is ended by the host after
@@ -18,21 +19,21 @@ import (
 // spinning in KVM_RUN), not only that.
 //
 // Owner: execute starts one watchSilence goroutine per command; it ends
-// when done closes. The copiers stamp last (UnixNano of the last output).
+// when done closes. The copiers stamp out (kvmbox.OutputClock).
 
 // watchSilence calls report once per silence of at least after: then it
 // waits for the command to print again before it can report again.
-func watchSilence(last *atomic.Int64, after time.Duration, done <-chan struct{}, report func()) {
+func watchSilence(out *kvmbox.OutputClock, after time.Duration, done <-chan struct{}, report func()) {
 	t := time.NewTicker(min(after/4, 5*time.Second))
 	defer t.Stop()
-	var reported int64 // the last-output stamp already reported on
+	var reported time.Time // the last output already reported on
 	for {
 		select {
 		case <-done:
 			return
 		case now := <-t.C:
-			l := last.Load()
-			if l != reported && now.Sub(time.Unix(0, l)) >= after {
+			l := out.Last()
+			if !l.Equal(reported) && now.Sub(l) >= after {
 				reported = l
 				report()
 			}

@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/microvm/microvm/internal/kvmbox"
 )
 
 func TestTaskStat(t *testing.T) {
@@ -48,18 +50,18 @@ func TestReportTasks(t *testing.T) {
 // one after output resumed and stopped again.
 func TestWatchSilence(t *testing.T) {
 	const after = 200 * time.Millisecond
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
+	clock := kvmbox.NewOutputClock()
+	printOut := func() { _, _ = clock.Writer(io.Discard).Write([]byte("x")) }
 	reports := make(chan struct{}, 10)
 	done := make(chan struct{})
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		watchSilence(&last, after, done, func() { reports <- struct{}{} })
+		watchSilence(clock, after, done, func() { reports <- struct{}{} })
 	}()
 	// Output for 3 silences' worth: no report.
 	for range 15 {
-		last.Store(time.Now().UnixNano())
+		printOut()
 		time.Sleep(after / 5)
 	}
 	if n := len(reports); n != 0 {
@@ -71,7 +73,7 @@ func TestWatchSilence(t *testing.T) {
 		t.Fatalf("%d report(s) after a long silence, want 1", n)
 	}
 	// Output again, then silence: a second report.
-	last.Store(time.Now().UnixNano())
+	printOut()
 	time.Sleep(3 * after)
 	close(done)
 	<-ended

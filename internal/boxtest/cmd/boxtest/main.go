@@ -57,30 +57,27 @@ func run(ctx context.Context, args []string) int {
 	}
 	c := boxtest.Config{Root: root, Record: rec, Kvmbox: []string{filepath.Join(root, "scripts", "kvmbox")}, Out: os.Stdout}
 	for _, d := range []struct {
-		env string
-		dst *time.Duration
-		def time.Duration
+		env    string
+		dst    *time.Duration
+		def    time.Duration
+		zeroOK bool // 0 turns the bound off
 	}{
-		{"BOX_TIMEOUT", &c.BoxTimeout, 16 * time.Minute},
-		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 12 * time.Minute},
-		{"BOX_BUDGET", &c.Budget, 40 * time.Minute},
+		{"BOX_TIMEOUT", &c.BoxTimeout, 16 * time.Minute, false},
+		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 12 * time.Minute, false},
+		{"BOX_BUDGET", &c.Budget, 40 * time.Minute, false},
+		{"BOX_QUIET_TIMEOUT", &c.QuietTimeout, 8 * time.Minute, true},
 	} {
 		*d.dst = d.def
 		if s := os.Getenv(d.env); s != "" {
 			v, err := time.ParseDuration(s)
-			if err != nil || v <= 0 {
+			if err != nil || v < 0 || v == 0 && !d.zeroOK {
+				if d.zeroOK {
+					return fail(2, "%s=%q: want a duration like 8m (0: never)", d.env, s)
+				}
 				return fail(2, "%s=%q: want a positive duration like 10m", d.env, s)
 			}
 			*d.dst = v
 		}
-	}
-	c.QuietTimeout = 8 * time.Minute
-	if s := os.Getenv("BOX_QUIET_TIMEOUT"); s != "" {
-		v, err := time.ParseDuration(s)
-		if err != nil || v < 0 {
-			return fail(2, "BOX_QUIET_TIMEOUT=%q: want a duration like 8m (0: never)", s)
-		}
-		c.QuietTimeout = v
 	}
 	if c.TestTimeout >= c.BoxTimeout {
 		return fail(2, "BOX_TEST_TIMEOUT %v must be shorter than BOX_TIMEOUT %v: a hung test should panic while the box still reports", c.TestTimeout, c.BoxTimeout)
