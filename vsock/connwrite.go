@@ -56,6 +56,7 @@ func (c *conn) guestData(st *txState, h *Header) {
 	if c.fromGuest+n-c.grantFwd > c.bufAlloc {
 		c.env.mux.guestError(virtio.GuestErrCredit, "connection %d<->%d: guest overran its credit (%d bytes outstanding, %d more, window %d)",
 			c.key.hostPort, c.key.guestPort, c.fromGuest-c.grantFwd, n, c.bufAlloc)
+		c.writeRunLocked(st) // what the guest sent within its credit still goes
 		c.resetLocked()
 		return
 	}

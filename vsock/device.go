@@ -57,7 +57,10 @@ type Options struct {
 	DirectEnqueue bool
 	// BatchLock processes a run of TX packets for one connection under a
 	// single lock acquisition and decides on a credit update once per run
-	// (seed 000).
+	// (seed 000); the run's payloads go to the host socket in one writev
+	// at its end, or before any packet of the run that may end the
+	// connection (an RST, SHUTDOWN or reset), so that the host gets the
+	// same bytes as without it.
 	BatchLock bool
 	// ShortReadDrains takes a read from a host stream socket that
 	// returned less than it asked for as the socket drained, and waits

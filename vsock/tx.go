@@ -250,6 +250,12 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 		s.endRun(st)
 		return
 	}
+	if !keepsRunData(h, c.typ) {
+		// This packet may end the connection: the bytes the guest sent
+		// before it, waiting in the run (BatchLock), reach the host
+		// socket first, as they would have without BatchLock.
+		c.writeRunLocked(st)
+	}
 	if h.Type != c.typ {
 		// A connection keeps the type it was made with (Linux resets a
 		// socket on a packet of another type too); an RST is never
@@ -290,6 +296,25 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	if !s.opts.BatchLock {
 		s.endRun(st)
 	}
+}
+
+// keepsRunData reports whether a packet for the run's connection (of type
+// typ) leaves the payloads waiting in the run where they are: an RW or a
+// credit packet of the connection's type, which cannot end it before
+// their bytes are written. Anything else (RST, SHUTDOWN, a RESPONSE or
+// unknown op that resets it, a packet of another type) may close the host
+// socket, so the run's bytes go out before it is handled. An RW that
+// overruns its credit resets the connection too: guestData writes the run
+// before it does.
+func keepsRunData(h *Header, typ uint16) bool {
+	if h.Type != typ {
+		return false
+	}
+	switch h.Op {
+	case OpRW, OpCreditUpdate, OpCreditRequest:
+		return true
+	}
+	return false
 }
 
 // resetPorts answers a packet the device rejects before any connection

@@ -193,6 +193,8 @@ type Guest struct {
 	ev               eventDriver
 
 	ownKicks []*eventfd.EventFD // the kick eventfds this Guest made (closed by Reset)
+	// holdTX: TX chains are made available without a kick (HoldTX).
+	holdTX bool
 
 	// AutoRepost reposts each reaped RX buffer at once (default true).
 	AutoRepost bool
@@ -577,6 +579,9 @@ func (g *Guest) AddTX(slot int, bufs ...virtiotest.Buf) {
 		if g.Opts.Indirect && g.TX.Free() >= 1 || !g.Opts.Indirect && g.TX.Free() >= len(bufs) {
 			break
 		}
+		if g.holdTX {
+			g.TB.Fatalf("vsocktest: TX ring full while kicks are held (HoldTX)")
+		}
 		g.waitTX()
 	}
 	old := g.TX.AvailIdx()
@@ -594,11 +599,35 @@ func (g *Guest) AddTX(slot int, bufs ...virtiotest.Buf) {
 		g.txSlot[head] = slot
 	}
 	g.sent++
-	g.kick(g.TX, g.TXKick, old)
+	if !g.holdTX {
+		g.kick(g.TX, g.TXKick, old)
+	}
+}
+
+// HoldTX waits until the device has taken every TX chain sent so far
+// (Sync), runs f with TX kicks held back, so that every packet f sends
+// waits in the ring unseen, then kicks once: the device's TX worker, idle
+// in its poll, finds them all in one pass (up to its batch size, as one
+// batch). What f sends must fit in the ring and in the free TX slots: f
+// must not wait for the device.
+func (g *Guest) HoldTX(f func()) {
+	g.TB.Helper()
+	g.Sync()
+	g.holdTX = true
+	defer func() {
+		g.holdTX = false
+		if err := g.TXKick.Signal(); err != nil {
+			g.TB.Fatal(err)
+		}
+	}()
+	f()
 }
 
 func (g *Guest) txSlotFree() int {
 	for len(g.txFree) == 0 {
+		if g.holdTX {
+			g.TB.Fatalf("vsocktest: no free TX slot while kicks are held (HoldTX)")
+		}
 		g.waitTX()
 	}
 	s := g.txFree[len(g.txFree)-1]
