@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -34,7 +33,8 @@ import (
 // $SYSTEM_FAILURE_EXIT_CODE, so GitLab tells a failed job from a broken
 // runner.
 //
-// One named VM per job (gitlab-RUNNER-JOB) from the job's image (or
+// One named VM per job (gitlab-JOB-HASH, HASH from the job's token: see
+// cijob.go for what keys isolation) from the job's image (or
 // --default-image) with --net user, and a cache disk per project and
 // concurrency slot, an ext4 image kept under --cache-dir and mounted at
 // /cache, so that caches survive from one job to the next. With
@@ -82,6 +82,8 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.StringFlag{Name: "cache-dir", Usage: "where the cache disks live (default: $MICROVM_STATE_DIR/ci-cache)"},
 						&cli.StringFlag{Name: "cache-size", Value: "4G", Usage: "size of a new cache disk (SIZE; sparse)"},
 						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the job VM's agent"},
+						&cli.StringFlag{Name: "cache-key", Usage: "the cache namespace of every job of this runner, for a runner that serves one project (default: the project id in GitLab Runner's job response; without either, prepare is refused)"},
+						&cli.IntFlag{Name: "slots", Value: 64, Usage: "cache slots per project: $CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID must be below it"},
 						&cli.IntFlag{Name: "warm-pool", Usage: "keep up to N VMs booted, one per cache slot: a job's cleanup boots its slot's next VM, the next prepare takes it (0: off)"},
 						&cli.DurationFlag{Name: "warm-ttl", Value: time.Hour, Usage: "with --warm-pool: remove a warm VM no job took for this long (checked at each cleanup)"},
 					},
@@ -161,15 +163,6 @@ func jobEnv(name, def string) string {
 	return def
 }
 
-// jobVMName is the job's VM: gitlab-RUNNER-JOB, made a valid VM name.
-func jobVMName() (string, error) {
-	name := "gitlab-" + jobEnv("CI_RUNNER_ID", "0") + "-" + jobEnv("CI_JOB_ID", "0")
-	if err := vms.CheckName(name); err != nil {
-		return "", fmt.Errorf("job VM name from $CUSTOM_ENV_CI_RUNNER_ID and $CUSTOM_ENV_CI_JOB_ID: %w", err)
-	}
-	return name, nil
-}
-
 // gitlabConfig prints config_exec's JSON.
 func gitlabConfig(stdout io.Writer) error {
 	host, _ := os.Hostname()
@@ -185,11 +178,14 @@ func gitlabConfig(stdout io.Writer) error {
 
 // gitlabPrepare starts the job's VM (run --name --detach --image --idle
 // --net user, with the cache disk) and mounts the cache and makes the
-// builds directory in it. A VM that did not come up is removed.
+// builds directory in it. It first records the job (createJobRecord):
+// run and cleanup act only on the VM a record names, and prepare removes
+// a VM only when it made it or claimed it. A VM that did not come up is
+// removed.
 func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
-	name, err := jobVMName()
+	id, err := jobIdentity()
 	if err != nil {
-		return err
+		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
 	mem, err := microvm.ParseSize(c.String("memory"))
 	if err != nil {
@@ -203,17 +199,25 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if pool < 0 {
 		return usagef("--warm-pool %d: want 0 (off) or more", pool)
 	}
+	if k := c.String("cache-key"); k != "" {
+		if err := checkCacheKey(k); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if n := c.Int("slots"); n < 1 || n > maxSlots {
+		return usagef("--slots %d: want 1 to %d", n, maxSlots)
+	}
+	key, err := cacheSlot(id, c.String("cache-key"), c.Int("slots"), func(n string) string { return os.Getenv(envJobPrefix + n) })
+	if err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
 	cacheDir := c.String("cache-dir")
 	if cacheDir == "" {
 		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")
 	}
-	key := sanitizeKey(jobEnv("CI_PROJECT_PATH_SLUG", "default") + "-" + jobEnv("CI_CONCURRENT_PROJECT_ID", "0"))
-	disk := filepath.Join(cacheDir, key+".ext4")
-	if err := ensureCacheDisk(disk, cacheSize); err != nil {
-		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
-	}
+	disk := cacheDiskPath(cacheDir, key)
 	img := jobEnv("CI_JOB_IMAGE", c.String("default-image"))
-	exe, err := os.Executable()
+	exe, err := ciExecutable()
 	if err != nil {
 		return err
 	}
@@ -228,43 +232,66 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if a := c.String("agent"); a != "" {
 		args = append(args, "--agent", a)
 	}
-	job := name
-	if pool > 0 {
-		if warm := claimWarm(job, key, args, c.Duration("boot-timeout"), stderr); warm != "" {
-			name = warm
+	name := id.vmName()
+	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: c.Duration("warm-ttl")}
+	recPath := jobRecordPath(vms.StateDir(), id)
+	if err := createJobRecord(recPath, rec); err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	// A VM of the job's name that is there already was not made by this
+	// job: it is neither used nor removed, here or by cleanup.
+	if there, err := vmExists(name); err != nil || there {
+		os.Remove(recPath)
+		if err == nil {
+			err = fmt.Errorf("VM %s exists and was not made by this job's prepare: refusing to use or remove it", name)
 		}
-		rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: c.Duration("warm-ttl")}
-		if err := writeJSON(jobRecordPath(job), rec); err != nil {
-			_ = discardVM(name)
-			return fmt.Errorf("ci gitlab prepare: %w", err)
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	if err := ensureCacheDisk(disk, cacheSize); err != nil {
+		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
+	}
+	if pool > 0 {
+		if warm := claimWarm(id.Hash, key, args, c.Duration("boot-timeout"), stderr); warm != "" {
+			rec.VM = warm
+			if err := writeJSON(recPath, rec); err != nil {
+				_ = discardVM(warm)
+				return fmt.Errorf("ci gitlab prepare: %w", err)
+			}
 		}
 	}
-	if name == job {
+	if rec.VM == name {
 		fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, c.Int("cpus"), microvm.FormatSize(mem), key)
 		cmd := exec.Command(exe, append([]string{"run", "--name", name}, args...)...)
 		cmd.Stdout, cmd.Stderr = stderr, stderr
 		if err := cmd.Run(); err != nil {
-			_ = discardVM(name)
-			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%v)", name, err)
+			_ = discardVM(name) // the name was free: what is there, this run made
+			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%w)", name, err)
 		}
 	}
 	// The cache disk is the second disk (/dev/vdb: the image is the first).
 	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
-	if err := runJobCommand(name, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
-		_ = discardVM(name)
-		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", name, err)
+	if err := runJobCommand(rec.VM, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
+		_ = discardVM(rec.VM)
+		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", rec.VM, err)
 	}
 	return nil
 }
 
-// sanitizeKey keeps what a file name may hold.
-func sanitizeKey(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' {
-			return r
-		}
-		return '_'
-	}, s)
+// ciExecutable is the program prepare starts the job's VM with: this one.
+// Tests replace it, so that prepare's checks run without a VM.
+var ciExecutable = os.Executable
+
+// vmExists says whether a VM of that name is in the store, running or not.
+func vmExists(name string) (bool, error) {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return false, err
+	}
+	_, err = store.Get(name)
+	if errors.Is(err, vms.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // ensureCacheDisk makes a sparse ext4 image at path unless one is there:
@@ -291,16 +318,20 @@ func ensureCacheDisk(path string, size uint64) error {
 // gitlabRun copies the stage's script into the job's VM and runs it with
 // bash, its output streamed: the script's own failure is a build failure.
 func gitlabRun(script, stage string, stdout, stderr io.Writer) error {
-	name, _, err := jobVM()
+	rec, _, err := jobVM()
 	if err != nil {
-		return err
+		return fmt.Errorf("ci gitlab run: %w", err)
 	}
+	if rec == nil {
+		return errors.New("ci gitlab run: no VM was prepared for this job (its prepare failed or did not run)")
+	}
+	name := rec.VM
 	f, err := os.Open(script)
 	if err != nil {
 		return fmt.Errorf("ci gitlab run: %w", err)
 	}
 	defer f.Close()
-	guestScript := ciScriptDir + "/" + sanitizeKey(stage) + ".sh"
+	guestScript := stageScriptPath(stage)
 	if err := putJobFile(name, guestScript, f); err != nil {
 		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
 	}
@@ -315,22 +346,25 @@ func gitlabRun(script, stage string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// gitlabCleanup removes the job's VM, stopping it first; a VM that is
-// already gone is fine. With the warm pool it then boots the slot's next
-// VM in the background (refillPool).
+// gitlabCleanup removes the VM the job's prepare recorded, stopping it
+// first; a VM that is already gone is fine, and a job with no record (its
+// prepare never began) has nothing to remove. With the warm pool it then
+// boots the slot's next VM in the background (refillPool).
 func gitlabCleanup(stderr io.Writer) error {
-	name, rec, err := jobVM()
+	rec, recPath, err := jobVM()
 	if err != nil {
-		return err
-	}
-	if err := discardVM(name); err != nil {
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}
-	if rec != nil {
-		job, _ := jobVMName()
-		if err := os.Remove(jobRecordPath(job)); err != nil {
-			return fmt.Errorf("ci gitlab cleanup: %w", err)
-		}
+	if rec == nil {
+		return nil
+	}
+	if err := discardVM(rec.VM); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	if err := os.Remove(recPath); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	if rec.Pool > 0 {
 		refillPool(rec, stderr)
 	}
 	return nil

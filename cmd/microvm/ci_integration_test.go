@@ -43,16 +43,54 @@ type ciRunner struct {
 type ciJob struct {
 	r          *ciRunner
 	id, slot   string
+	token      string // default job-token-ID
 	lastStderr string
 }
 
 func (r *ciRunner) job(id, slot string) *ciJob { return &ciJob{r: r, id: id, slot: slot} }
 
+// ciTestProject is the project id the scenario's "server" gives every job.
+const ciTestProject = 42
+
+// response is the job as GitLab's server sent it, which GitLab Runner
+// writes to $JOB_RESPONSE_FILE: the id, token and project the executor
+// trusts (the CUSTOM_ENV_ variables are the job's to change).
+func (j *ciJob) response() jobResponse {
+	id, _ := strconv.ParseInt(j.id, 10, 64)
+	resp := jobResponse{ID: id, Token: "job-token-" + j.id}
+	if j.token != "" {
+		resp.Token = j.token
+	}
+	resp.JobInfo.ProjectID = ciTestProject
+	return resp
+}
+
+// vmName is the name the executor gives the job's own VM.
+func (j *ciJob) vmName() string {
+	resp := j.response()
+	id, err := jobIdentityFrom(&resp, func(string) string { return "" })
+	if err != nil {
+		j.r.t.Fatal(err)
+	}
+	return id.vmName()
+}
+
 func (j *ciJob) env() []string {
+	resp := j.response()
+	b, err := json.Marshal(resp)
+	if err != nil {
+		j.r.t.Fatal(err)
+	}
+	respFile := filepath.Join(j.r.scripts, "job"+j.id+"-response.json")
+	if err := os.WriteFile(respFile, b, 0o600); err != nil {
+		j.r.t.Fatal(err)
+	}
 	return append(os.Environ(),
 		"MICROVM_STATE_DIR="+j.r.state,
 		"BUILD_FAILURE_EXIT_CODE=11", "SYSTEM_FAILURE_EXIT_CODE=12",
+		envJobResponse+"="+respFile,
 		"CUSTOM_ENV_CI_RUNNER_ID=7", "CUSTOM_ENV_CI_JOB_ID="+j.id,
+		"CUSTOM_ENV_CI_JOB_TOKEN="+resp.Token,
 		"CUSTOM_ENV_CI_JOB_IMAGE="+j.r.image,
 		"CUSTOM_ENV_CI_PROJECT_PATH_SLUG=group-proj",
 		"CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID="+j.slot)
@@ -213,6 +251,13 @@ func TestGitLabExecutor(t *testing.T) {
 	// Job 1: the whole job, successful.
 	j1 := r.job("1", "0")
 	j1.prepare()
+	// A job that names job 1's id (its CUSTOM_ENV_CI_JOB_ID and the
+	// server's id alike) with its own token does not reach job 1's VM.
+	forger := &ciJob{r: r, id: "1", slot: "0", token: "another-token"}
+	forger.cleanup()
+	if vmGone(t, r, j1.vmName()) == nil {
+		t.Fatal("a cleanup with job 1's id and another token removed job 1's VM")
+	}
 	j1.mustStage("prepare_script", "echo on $(uname -n) $(cat /etc/debian_version)")
 	j1.mustStage("get_sources", "git clone -q "+repo+" "+project+" && git -C "+project+" log -1 --format=%s")
 	if out := j1.mustStage("restore_cache", "cat /cache/counter 2>/dev/null || echo none"); !strings.Contains(out, "none") {
@@ -231,7 +276,7 @@ func TestGitLabExecutor(t *testing.T) {
 	if names := tgzNames(t, art); !strings.Contains(names, "hello") {
 		t.Errorf("job 1's artefact holds %q, want the built program", names)
 	}
-	if vmGone(t, r, "gitlab-7-1") != nil {
+	if vmGone(t, r, j1.vmName()) != nil {
 		t.Error("job 1's VM is still there after cleanup")
 	}
 
@@ -271,7 +316,7 @@ func TestGitLabExecutor(t *testing.T) {
 		t.Errorf("job 3 cancelled: %v after %v; want status %d at once", err, time.Since(start), testSystemFailure)
 	}
 	j3.cleanup()
-	if err := vmGone(t, r, "gitlab-7-3"); err != nil {
+	if err := vmGone(t, r, j3.vmName()); err != nil {
 		t.Errorf("job 3 after cleanup: %v", err)
 	}
 
@@ -311,16 +356,16 @@ func TestGitLabExecutor(t *testing.T) {
 	start = time.Now()
 	j6.prepare("--warm-pool", "1")
 	cold := time.Since(start)
-	if !strings.Contains(j6.lastStderr, "starting VM gitlab-7-6") {
+	if !strings.Contains(j6.lastStderr, "starting VM "+j6.vmName()) {
 		t.Errorf("job 6, the slot's first: prepare said %q, want a VM of its own booted", j6.lastStderr)
 	}
 	j6.mustStage("step_script", "echo from-job-6 > /cache/warm-marker; sync")
 	j6.cleanup()
-	const warm = "warm-group-proj-2"
+	warm := warmVMName("project-" + strconv.Itoa(ciTestProject) + "-2")
 	if !strings.Contains(j6.lastStderr, "booting VM "+warm) {
 		t.Errorf("job 6 cleanup said %q, want the slot's next VM booted", j6.lastStderr)
 	}
-	if vmGone(t, r, "gitlab-7-6") != nil {
+	if vmGone(t, r, j6.vmName()) != nil {
 		t.Error("job 6's VM is still there after cleanup")
 	}
 	j7 := r.job("7", "2")

@@ -5,10 +5,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	t.Setenv("CUSTOM_ENV_CI_RUNNER_ID", "3")
 	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "41")
+	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "token-41")
 	status, stdout, stderr := runMain(t, "ci", "gitlab", "config")
 	var cfg map[string]any
 	if status != 0 || stderr != "" || json.Unmarshal([]byte(stdout), &cfg) != nil || cfg["builds_dir"] != "/builds" ||
@@ -36,13 +39,12 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	}
 
 	// Not under GitLab Runner: microvm's statuses.
-	wantError(t, 1, []string{"ci", "gitlab", "run", script, "step_script"}, "VM gitlab-3-41")
+	wantError(t, 1, []string{"ci", "gitlab", "run", script, "step_script"}, "no VM was prepared for this job")
 	wantError(t, 2, []string{"ci", "gitlab", "run", script}, "want SCRIPT and STAGE")
 
 	t.Setenv("BUILD_FAILURE_EXIT_CODE", "31")
 	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
-	wantError(t, 32, []string{"ci", "gitlab", "run", script, "step_script"}, "ci gitlab run: step_script: ")
-	wantError(t, 32, []string{"ci", "gitlab", "run", filepath.Join(t.TempDir(), "missing.sh"), "step_script"}, "no such file or directory")
+	wantError(t, 32, []string{"ci", "gitlab", "run", script, "step_script"}, "ci gitlab run: no VM was prepared")
 	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--memory", "lots"}, "--memory")
 	// A bad flag is found before anything is made: no cache disk is left.
 	cacheDir := filepath.Join(t.TempDir(), "cache")
@@ -54,8 +56,9 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	if status, stdout, stderr := runMain(t, "ci", "gitlab", "cleanup"); status != 0 || stdout != "" || stderr != "" {
 		t.Errorf("cleanup without a VM: status %d, %q, %q", status, stdout, stderr)
 	}
-	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "../x")
-	wantError(t, 32, []string{"ci", "gitlab", "cleanup"}, "job VM name")
+	// Without a token nothing tells the job apart: refused, one line.
+	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "")
+	wantError(t, 32, []string{"ci", "gitlab", "cleanup"}, "no job token")
 }
 
 // TestJobEnvironment: a job's scripts get the image's environment (its
@@ -118,5 +121,232 @@ func TestWarmPoolOffers(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(ciPoolDir(), "offer-*")); len(left) != 0 {
 		t.Errorf("offers left after drain: %v", left)
+	}
+}
+
+// ciJobEnv sets a job's variables as GitLab Runner passes them, and a job
+// response file (the server's id, token and project) when project > 0.
+func ciJobEnv(t *testing.T, token string, jobID, project int64, vars map[string]string) {
+	t.Helper()
+	for k, v := range vars {
+		t.Setenv(envJobPrefix+k, v)
+	}
+	t.Setenv(envJobPrefix+"CI_JOB_TOKEN", token)
+	t.Setenv(envJobPrefix+"CI_JOB_ID", strconv.FormatInt(jobID, 10))
+	if project <= 0 {
+		t.Setenv(envJobResponse, "")
+		return
+	}
+	p := filepath.Join(t.TempDir(), "response.json")
+	b, _ := json.Marshal(map[string]any{"id": jobID, "token": token,
+		"job_info": map[string]any{"project_id": project}, "variables": []any{}})
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(envJobResponse, p)
+}
+
+// fakeVMStarter makes prepare's `run` exit 1 at once: prepare's checks,
+// records and claims run without a VM.
+func fakeVMStarter(t *testing.T) {
+	old := ciExecutable
+	ciExecutable = func() (string, error) { return "/bin/false", nil }
+	t.Cleanup(func() { ciExecutable = old })
+}
+
+// shortStateDir is a state directory whose VM socket paths fit a Unix
+// socket address (t.TempDir's names are long).
+func shortStateDir(t *testing.T) string {
+	d, err := os.MkdirTemp("", "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// makeStoredVM puts a VM that is not running in the store, as another
+// job's VM that has ended would be.
+func makeStoredVM(t *testing.T, name string) {
+	t.Helper()
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := store.Create(vms.Record{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func storedVM(name string) bool {
+	there, err := vmExists(name)
+	return err == nil && there
+}
+
+// TestGitLabJobForgedIDRemovesNoOtherVM: a job that sets CI_JOB_ID (and
+// CI_RUNNER_ID) to another job's cannot make cleanup, or a failed
+// prepare, remove that job's VM: the executor keys the job on its token
+// and removes only what the job's own prepare recorded.
+func TestGitLabJobForgedIDRemovesNoOtherVM(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	fakeVMStarter(t)
+	// The victim: job 41's VM, under its name before and after the fix.
+	victimID, err := jobIdentityFrom(nil, func(n string) string { return map[string]string{"CI_JOB_TOKEN": "victim-token", "CI_JOB_ID": "41"}[n] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gitlab-7-41", victimID.vmName()} {
+		makeStoredVM(t, name)
+	}
+	ciJobEnv(t, "attacker-token", 41, 0, map[string]string{"CI_RUNNER_ID": "7"})
+	if status, _, stderr := runMain(t, "ci", "gitlab", "cleanup"); status != 0 {
+		t.Errorf("cleanup of a job that prepared nothing: status %d, %q", status, stderr)
+	}
+	status, _, stderr := runMain(t, "ci", "gitlab", "prepare", "--cache-key", "p", "--cache-size", "16M",
+		"--cache-dir", t.TempDir(), "--boot-timeout", "100ms")
+	if status == 0 || !strings.Contains(stderr, "did not start") {
+		t.Errorf("prepare with a VM starter that fails: status %d, %q", status, stderr)
+	}
+	runMain(t, "ci", "gitlab", "cleanup")
+	for _, name := range []string{"gitlab-7-41", victimID.vmName()} {
+		if !storedVM(name) {
+			t.Errorf("VM %s, another job's, was removed by a job that forged its id", name)
+		}
+	}
+}
+
+// TestGitLabPrepareLeavesForeignVM: a VM of the job's own name that the
+// job's prepare did not make (here: made by hand) is neither used nor
+// removed, by prepare or by cleanup; a second prepare for one token is
+// refused and leaves the first one's record.
+func TestGitLabPrepareLeavesForeignVM(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	fakeVMStarter(t)
+	ciJobEnv(t, "tok", 9, 0, nil)
+	id, err := jobIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	makeStoredVM(t, id.vmName())
+	prepare := []string{"ci", "gitlab", "prepare", "--cache-key", "p", "--cache-dir", t.TempDir()}
+	status, _, stderr := runMain(t, prepare...)
+	if status == 0 || !strings.Contains(stderr, "was not made by this job's prepare") {
+		t.Errorf("prepare over a foreign VM: status %d, %q", status, stderr)
+	}
+	runMain(t, "ci", "gitlab", "cleanup")
+	if !storedVM(id.vmName()) {
+		t.Errorf("VM %s, not the job's own, was removed", id.vmName())
+	}
+
+	rec := jobRecordPath(vms.StateDir(), id)
+	if err := createJobRecord(rec, ciJobRecord{VM: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, 1, prepare, "a prepare already ran for this job token")
+	var got ciJobRecord
+	if err := readJSON(rec, &got); err != nil || got.VM != "first" {
+		t.Errorf("the first prepare's record after a second prepare: %+v, %v", got, err)
+	}
+}
+
+// TestGitLabJobForgedProjectTakesNoOtherCache: a job that sets
+// CI_PROJECT_PATH_SLUG to another project's gets neither that project's
+// cache disk nor its warm VM: the cache slot is the project id GitLab's
+// server put in the job response.
+func TestGitLabJobForgedProjectTakesNoOtherCache(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+	fakeVMStarter(t)
+	cacheDir := t.TempDir()
+	// The victim project's disk and warm VM offer, keyed by its slug (the
+	// old key) and by its id (the new one).
+	for _, slot := range []string{"victim-0", "project-1-0"} {
+		if err := os.WriteFile(cacheDiskPath(cacheDir, slot), []byte("victim's cache"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeJSON(offerPath(slot), ciOffer{VM: warmVMName(slot), Created: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Our own disk, so that prepare need not make one.
+	if err := os.WriteFile(cacheDiskPath(cacheDir, "project-2-0"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ciJobEnv(t, "attacker", 5, 2, map[string]string{"CI_PROJECT_PATH_SLUG": "victim", "CI_PROJECT_ID": "1",
+		"CI_CONCURRENT_PROJECT_ID": "0"})
+	status, _, stderr := runMain(t, "ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--warm-pool", "1", "--boot-timeout", "100ms")
+	if status == 0 || !strings.Contains(stderr, "cache project-2-0") {
+		t.Errorf("prepare: status %d, %q; want the job's own project's slot", status, stderr)
+	}
+	for _, slot := range []string{"victim-0", "project-1-0"} {
+		if _, err := os.Stat(offerPath(slot)); err != nil {
+			t.Errorf("the victim's warm VM offer %s was taken: %v", slot, err)
+		}
+		if b, err := os.ReadFile(cacheDiskPath(cacheDir, slot)); err != nil || string(b) != "victim's cache" {
+			t.Errorf("the victim's cache %s: %q, %v", slot, b, err)
+		}
+	}
+	runMain(t, "ci", "gitlab", "cleanup")
+}
+
+// TestGitLabJobIdentity: what keys a job, its VM and its cache slot, and
+// what is refused.
+func TestGitLabJobIdentity(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(n string) string { return m[n] } }
+	a, err := jobIdentityFrom(nil, env(map[string]string{"CI_JOB_TOKEN": "t1", "CI_JOB_ID": "12"}))
+	if err != nil || a.ID != "12" || len(a.Hash) != 16 || a.Project != "" || a.vmName() != "gitlab-12-"+a.Hash {
+		t.Fatalf("token t1, id 12: %+v, %v", a, err)
+	}
+	// The job's id names nothing: another token, another VM.
+	if b, _ := jobIdentityFrom(nil, env(map[string]string{"CI_JOB_TOKEN": "t2", "CI_JOB_ID": "12"})); b.vmName() == a.vmName() {
+		t.Errorf("two tokens, one id: both VMs named %s", a.vmName())
+	}
+	// The server's word wins over the job's variables.
+	resp := &jobResponse{ID: 77, Token: "t1"}
+	resp.JobInfo.ProjectID = 3
+	c, err := jobIdentityFrom(resp, env(map[string]string{"CI_JOB_TOKEN": "forged", "CI_JOB_ID": "1", "CI_PROJECT_ID": "9"}))
+	if err != nil || c.Hash != a.Hash || c.ID != "77" || c.Project != "3" {
+		t.Errorf("job response: %+v, %v", c, err)
+	}
+	if d, _ := jobIdentityFrom(nil, env(map[string]string{"CI_JOB_TOKEN": "t", "CI_JOB_ID": "../x"})); d.vmName() != "gitlab-"+d.Hash {
+		t.Errorf("a job id that is no number: VM %q", d.vmName())
+	}
+	if _, err := jobIdentityFrom(nil, env(nil)); err == nil || !strings.Contains(err.Error(), "no job token") {
+		t.Errorf("no token: %v", err)
+	}
+	if _, err := parseJobResponse(strings.NewReader(`{"id": 1}`)); err == nil {
+		t.Error("a job response without a token was taken")
+	}
+	if _, err := parseJobResponse(io.MultiReader(strings.NewReader(`{"x":"`), strings.NewReader(strings.Repeat("a", jobResponseLimit)))); err == nil ||
+		!strings.Contains(err.Error(), "over") {
+		t.Errorf("an oversized job response: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		id       ciIdentity
+		cacheKey string
+		slot     string
+		want     string // the slot, or a part of the error
+	}{
+		{"proven project", c, "", "2", "project-3-2"},
+		{"runner's key wins", c, "web", "", "web-0"},
+		{"one project per runner", a, "web", "1", "web-1"},
+		{"unproven, no key", a, "", "0", "cannot be proven"},
+		{"slot out of range", c, "", "64", "want 0 to 63"},
+		{"slot not a number", c, "", "-1", "want 0 to 63"},
+		{"slot too long", c, "", "00000", "want 0 to 63"},
+		{"bad key", c, "../x", "0", "--cache-key"},
+	} {
+		got, err := cacheSlot(tc.id, tc.cacheKey, 64, env(map[string]string{"CI_CONCURRENT_PROJECT_ID": tc.slot, "CI_PROJECT_PATH_SLUG": "victim"}))
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -26,19 +26,25 @@ import (
 // image, size and cache disk, and offers it; the slot's next prepare
 // claims the offer and pays a cache mount instead of a boot.
 //
-// Files, under $MICROVM_STATE_DIR/ci-pool:
+// Files, under $MICROVM_STATE_DIR:
 //
-//	job-VM.json        what prepare recorded for cleanup (ciJobRecord)
-//	offer-SLOT.json    a warm VM on offer (ciOffer), written before it boots
-//	offer-SLOT.json.claimed-JOB   the same, renamed by the prepare that takes it
+//	ci-jobs/HASH.json  what prepare recorded for run and cleanup (ciJobRecord),
+//	                   HASH from the job's token (cijob.go)
+//	ci-pool/offer-SLOT.json    a warm VM on offer (ciOffer), written before it boots
+//	ci-pool/offer-SLOT.json.claimed-HASH   the same, renamed by the prepare that takes it
 //
+// SLOT is the proven project's (or the runner's --cache-key) and the
+// concurrency slot (cacheSlot): a job cannot name another project's slot.
 // The rename is the claim: of two processes, one wins. A slot is used by
 // one job at a time (GitLab's CI_CONCURRENT_PROJECT_ID), so the warm VM
-// may hold the slot's cache disk while nothing else does; a prepare that
+// may hold the slot's cache disk while nothing else does (a job of the
+// same project that forges its slot number finds the disk locked); a prepare that
 // finds an offer it cannot use (another image or size, a VM that died)
 // removes that VM before it boots its own, which frees the disk.
 
-// ciJobRecord is what prepare tells cleanup about a job of the pool.
+// ciJobRecord is what prepare tells run and cleanup about a job. Only
+// prepare writes it, so the VM it names is one that prepare made or
+// claimed: cleanup removes no other.
 type ciJobRecord struct {
 	VM   string        `json:"vm"`   // the VM the job runs in
 	Slot string        `json:"slot"` // its cache slot
@@ -56,39 +62,66 @@ type ciOffer struct {
 
 func ciPoolDir() string { return filepath.Join(vms.StateDir(), "ci-pool") }
 
-func jobRecordPath(job string) string {
-	return filepath.Join(ciPoolDir(), "job-"+job+".json")
-}
-
 func offerPath(slot string) string { return filepath.Join(ciPoolDir(), "offer-"+slot+".json") }
 
-// warmVMName is the name of a slot's warm VM.
-func warmVMName(slot string) string {
-	name := "warm-" + slot
-	if len(name) > 63 {
-		name = name[:63]
-	}
-	return name
-}
+// warmVMName is the name of a slot's warm VM (at most 5+32+1+3 = 41
+// characters: cacheSlot bounds the slot).
+func warmVMName(slot string) string { return "warm-" + slot }
 
-// jobVM is the VM a job runs in: the warm VM it claimed, as prepare
-// recorded, or its own (jobVMName).
-func jobVM() (string, *ciJobRecord, error) {
-	job, err := jobVMName()
+// jobVM reads the record this job's prepare wrote; nil (and no error)
+// when there is none.
+func jobVM() (*ciJobRecord, string, error) {
+	id, err := jobIdentity()
 	if err != nil {
-		return "", nil, err
+		return nil, "", err
 	}
+	path := jobRecordPath(vms.StateDir(), id)
 	var rec ciJobRecord
-	if err := readJSON(jobRecordPath(job), &rec); err != nil {
+	if err := readJSON(path, &rec); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return job, nil, nil
+			return nil, path, nil
 		}
-		return "", nil, fmt.Errorf("job %s's pool record: %w", job, err)
+		return nil, "", fmt.Errorf("job record: %w", err)
 	}
 	if err := vms.CheckName(rec.VM); err != nil {
-		return "", nil, fmt.Errorf("job %s's pool record: %w", job, err)
+		return nil, "", fmt.Errorf("job record %s: %w", path, err)
 	}
-	return rec.VM, &rec, nil
+	return &rec, path, nil
+}
+
+// createJobRecord writes rec to path whole, and only when no record is
+// there: a second prepare for the same job token is refused rather than
+// taking over the first one's VM.
+func createJobRecord(path string, rec ciJobRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".new-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	// link fails when path exists: whole, and exclusive.
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("job record %s exists: a prepare already ran for this job token", path)
+		}
+		return err
+	}
+	return nil
 }
 
 // claimWarm takes the slot's offered VM when it was made with args and
