@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"text/tabwriter"
@@ -48,7 +51,11 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					_ = log
 					ctx, stop := interruptible(context.Background())
 					defer stop()
-					img, err := pullImage(ctx, c.Args().First(), c.String("platform"), stderr, c.Bool("quiet"))
+					lim, err := readImageLimits(c.String)
+					if err != nil {
+						return err
+					}
+					img, err := pullImage(ctx, c.Args().First(), c.String("platform"), lim, stderr, c.Bool("quiet"))
 					if err != nil {
 						return failure{err}
 					}
@@ -74,13 +81,17 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if _, err := setupLog(c, stderr); err != nil {
 						return err
 					}
+					lim, err := readImageLimits(c.String)
+					if err != nil {
+						return err
+					}
 					ctx, stop := interruptible(context.Background())
 					defer stop()
 					s, err := openImages()
 					if err != nil {
 						return failure{err}
 					}
-					o, done := imageOptions(c.String("platform"), stderr, c.Bool("quiet"), "image import "+c.Args().First())
+					o, done := imageOptions(c.String("platform"), lim, stderr, c.Bool("quiet"), "image import "+c.Args().First())
 					var img *image.Image
 					if c.Bool("rootfs") {
 						img, err = s.ImportRootfs(ctx, c.Args().First(), c.String("name"), image.Config{}, o)
@@ -89,7 +100,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					}
 					done()
 					if err != nil {
-						return failure{fmt.Errorf("image %w", err)} // "import PATH: ..."
+						return failure{limitHint(fmt.Errorf("image %w", err))} // "import PATH: ..."
 					}
 					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
 					return nil
@@ -149,7 +160,96 @@ func imagePullFlags() []cli.Flag {
 	return append([]cli.Flag{
 		&cli.StringFlag{Name: "platform", Value: "linux/amd64", Usage: "the platform to take from a multi-platform image"},
 		&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no progress bar"},
-	}, cliFlags(logFlags())...)
+	}, append(imageLimitFlags(), cliFlags(logFlags())...)...)
+}
+
+// imageLimits are the flags and environment variables that raise the
+// store's limits on what one image may unpack to (image.Options): an
+// image is made by whoever publishes it, and its digests bound nothing.
+// Each refusal names the one to raise. The defaults are the store's.
+var imageLimits = []struct {
+	limit, flag, env, usage string
+	def                     int64
+	size                    bool
+}{
+	{image.LimitBytes, "max-size", "MICROVM_IMAGE_MAX_SIZE", "the most an image may unpack to: its layers' uncompressed tar stream, and its files at their full size", image.DefaultMaxBytes, true},
+	{image.LimitEntries, "max-entries", "MICROVM_IMAGE_MAX_ENTRIES", "the most tar entries (files, directories, links) an image's layers may hold", image.DefaultMaxEntries, false},
+	{image.LimitMetaBytes, "max-meta", "MICROVM_IMAGE_MAX_META", "the most names and xattrs held in memory while an image is unpacked", image.DefaultMaxMetaBytes, true},
+}
+
+func imageLimitFlags() []cli.Flag {
+	var out []cli.Flag
+	for _, l := range imageLimits {
+		def := strconv.FormatInt(l.def, 10)
+		if l.size {
+			def = microvm.FormatSize(uint64(l.def))
+		}
+		out = append(out, &cli.StringFlag{Name: l.flag, EnvVars: []string{l.env},
+			Usage: l.usage + " (default " + def + "; off for none)"})
+	}
+	return out
+}
+
+// imageLimitValues are the limits given, 0 where none is (the store's
+// default), -1 for off.
+type imageLimitValues map[string]int64
+
+// readImageLimits reads the limit flags through get: c.String, which
+// falls back to the environment, or envFlag where there are no flags
+// (an image pulled for exec --image and run --image).
+func readImageLimits(get func(flag string) string) (imageLimitValues, error) {
+	out := imageLimitValues{}
+	for _, l := range imageLimits {
+		v := strings.TrimSpace(get(l.flag))
+		if v == "" {
+			continue
+		}
+		if v == "off" {
+			out[l.limit] = -1
+			continue
+		}
+		var n uint64
+		var err error
+		if l.size {
+			n, err = microvm.ParseBytes(v)
+		} else {
+			n, err = strconv.ParseUint(v, 10, 63)
+		}
+		if err != nil || n == 0 || n > math.MaxInt64 {
+			want := "number"
+			if l.size {
+				want = "SIZE (e.g. 128G)"
+			}
+			return nil, usagef("--%s (or $%s) %q: want a positive %s, or off", l.flag, l.env, v, want)
+		}
+		out[l.limit] = int64(n)
+	}
+	return out, nil
+}
+
+// envFlag is a limit flag's value from its environment variable alone.
+func envFlag(flag string) string {
+	for _, l := range imageLimits {
+		if l.flag == flag {
+			return os.Getenv(l.env)
+		}
+	}
+	return ""
+}
+
+// limitHint adds to an image refused for a limit the flag and variable
+// that raise it, so that its one line says how to allow it.
+func limitHint(err error) error {
+	var le *image.LimitError
+	if !errors.As(err, &le) {
+		return err
+	}
+	for _, l := range imageLimits {
+		if l.limit == le.Limit {
+			return fmt.Errorf("%w; nothing was stored: --%s or $%s raises the limit", err, l.flag, l.env)
+		}
+	}
+	return err
 }
 
 // openImages opens the image store under the state directory.
@@ -166,16 +266,16 @@ func shortID(id string) string {
 }
 
 // pullImage pulls ref into the store with a progress bar on a terminal.
-func pullImage(ctx context.Context, ref, platform string, stderr io.Writer, quiet bool) (*image.Image, error) {
+func pullImage(ctx context.Context, ref, platform string, lim imageLimitValues, stderr io.Writer, quiet bool) (*image.Image, error) {
 	s, err := openImages()
 	if err != nil {
 		return nil, err
 	}
-	o, done := imageOptions(platform, stderr, quiet, "image pull "+ref)
+	o, done := imageOptions(platform, lim, stderr, quiet, "image pull "+ref)
 	img, err := s.Pull(ctx, ref, o)
 	done()
 	if err != nil {
-		return nil, fmt.Errorf("image %w", err) // the store's error starts "pull REF: "
+		return nil, limitHint(fmt.Errorf("image %w", err)) // the store's error starts "pull REF: "
 	}
 	return img, nil
 }
@@ -194,13 +294,17 @@ func findImage(ctx context.Context, ref string, stderr io.Writer, quiet bool) (*
 	if !errors.Is(err, image.ErrNotFound) {
 		return nil, err
 	}
-	return pullImage(ctx, ref, "", stderr, quiet)
+	lim, err := readImageLimits(envFlag)
+	if err != nil {
+		return nil, err
+	}
+	return pullImage(ctx, ref, "", lim, stderr, quiet)
 }
 
 // imageOptions are the store's options with a progress callback that, on a
 // terminal and without --quiet, shows the phase and a bar after a second.
 // done ends the progress line.
-func imageOptions(platform string, stderr io.Writer, quiet bool, what string) (image.Options, func()) {
+func imageOptions(platform string, lim imageLimitValues, stderr io.Writer, quiet bool, what string) (image.Options, func()) {
 	var phase atomic.Value
 	phase.Store("")
 	var doneB, totalB atomic.Int64
@@ -209,6 +313,7 @@ func imageOptions(platform string, stderr io.Writer, quiet bool, what string) (i
 		doneB.Store(p.Done)
 		totalB.Store(p.Total)
 	}}
+	o.MaxBytes, o.MaxEntries, o.MaxMetaBytes = lim[image.LimitBytes], lim[image.LimitEntries], lim[image.LimitMetaBytes]
 	stop := startProgressDetail(stderr, quiet, what, func() string {
 		return progressBar(phase.Load().(string), doneB.Load(), totalB.Load())
 	})

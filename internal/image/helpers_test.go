@@ -99,7 +99,7 @@ func hardlink(n, target string) entry {
 	return entry{name: n, typ: tar.TypeLink, mode: 0o644, body: target}
 }
 
-func tarBytes(t *testing.T, entries []entry) []byte {
+func tarBytes(t testing.TB, entries []entry) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -141,13 +141,13 @@ func tarBytes(t *testing.T, entries []entry) []byte {
 	return buf.Bytes()
 }
 
-func layer(t *testing.T, entries ...entry) v1.Layer {
+func layer(t testing.TB, entries ...entry) v1.Layer {
 	t.Helper()
 	return testimage.FromTar(t, tarBytes(t, entries))
 }
 
 // imageOf builds an image of layers with the given config.
-func imageOf(t *testing.T, cfg v1.Config, arch string, layers ...v1.Layer) v1.Image {
+func imageOf(t testing.TB, cfg v1.Config, arch string, layers ...v1.Layer) v1.Image {
 	t.Helper()
 	return testimage.Of(t, cfg, arch, layers...)
 }

@@ -2,6 +2,8 @@ package image
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
@@ -21,7 +23,65 @@ var (
 	// layer blob against the manifest, or an uncompressed layer against
 	// the config's diff_ids).
 	ErrDigest = errors.New("content does not match its digest")
+
+	// ErrLimit: the image needs more than Options allow (bytes unpacked,
+	// tar entries, metadata held in memory); the error is a *LimitError
+	// that says which limit.
+	ErrLimit = errors.New("image exceeds a limit")
 )
+
+// Default limits on what one image may unpack to. Layer digests do not
+// bound it: whoever makes the image chooses them, and a small gzipped
+// layer can expand a thousandfold (a run of zeros), a PAX sparse entry
+// without bound (it declares its own size), so the store's disk fills
+// before anything else stops it. The defaults are far above real images
+// (CUDA and ML images unpack to 10-30 GiB and 100,000-500,000 files) and
+// far below what would wreck a host; conversion needs about twice
+// DefaultMaxBytes of disk at its peak (the staged tree and the ext4).
+const (
+	// DefaultMaxBytes bounds the layers' uncompressed tar stream and,
+	// separately, the files written from it, each file counted at its
+	// full size (a sparse entry's holes count).
+	DefaultMaxBytes int64 = 64 << 30
+	// DefaultMaxEntries bounds the tar entries read from the layers;
+	// each costs an inode, and memory until the image is converted.
+	DefaultMaxEntries int64 = 1_000_000
+	// DefaultMaxMetaBytes bounds what unpacking holds in memory until
+	// the end: xattrs, and the names of directories and hard links
+	// (about 100 bytes an entry in real images).
+	DefaultMaxMetaBytes int64 = 1 << 30
+)
+
+// Limit names, as LimitError.Limit gives them: the Options field that
+// raises each.
+const (
+	LimitBytes     = "MaxBytes"
+	LimitEntries   = "MaxEntries"
+	LimitMetaBytes = "MaxMetaBytes"
+)
+
+// LimitError is an image refused for going past one of Options' limits.
+// errors.Is(err, ErrLimit) holds for it.
+type LimitError struct {
+	Limit string // LimitBytes, LimitEntries or LimitMetaBytes
+	Max   int64  // the limit that applied
+	What  string // what went past it, e.g. "the layers' files"
+}
+
+func (e *LimitError) Error() string {
+	max := fmt.Sprintf("%d bytes", e.Max)
+	switch {
+	case e.Limit == LimitEntries:
+		max = fmt.Sprintf("%d entries", e.Max)
+	case e.Max >= 1<<30 && e.Max%(1<<30) == 0:
+		max = fmt.Sprintf("%d GiB", e.Max>>30)
+	case e.Max >= 1<<20 && e.Max%(1<<20) == 0:
+		max = fmt.Sprintf("%d MiB", e.Max>>20)
+	}
+	return fmt.Sprintf("%s: %s go past %s (%s)", ErrLimit, e.What, max, e.Limit)
+}
+
+func (e *LimitError) Is(target error) bool { return target == ErrLimit }
 
 // authHint is appended to ErrAuth errors: it says where credentials come
 // from.
@@ -111,6 +171,29 @@ type Options struct {
 	// Logf, when set, receives warnings (entries skipped, metadata that
 	// could not be applied).
 	Logf func(format string, args ...any)
+
+	// MaxBytes, MaxEntries and MaxMetaBytes bound what an image may
+	// unpack to (DefaultMaxBytes and the others say what each counts);
+	// 0 takes the default, a negative value removes the limit. An image
+	// past one is refused with a *LimitError and nothing of it is kept.
+	MaxBytes     int64
+	MaxEntries   int64
+	MaxMetaBytes int64
+}
+
+// limits are o's limits with the defaults filled in; math.MaxInt64 for
+// none.
+func (o *Options) limits() (maxBytes, maxEntries, maxMeta int64) {
+	pick := func(v, def int64) int64 {
+		switch {
+		case v == 0:
+			return def
+		case v < 0:
+			return math.MaxInt64
+		}
+		return v
+	}
+	return pick(o.MaxBytes, DefaultMaxBytes), pick(o.MaxEntries, DefaultMaxEntries), pick(o.MaxMetaBytes, DefaultMaxMetaBytes)
 }
 
 func (o *Options) logf(format string, args ...any) {

@@ -63,7 +63,7 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 	if fi.IsDir() {
 		return s.importLayout(ctx, p, want, plat, nil, o)
 	}
-	open := archiveOpener(p)
+	open := archiveOpener(ctx, p, o)
 	kind, err := archiveKind(open)
 	if err != nil {
 		return nil, err
@@ -76,7 +76,7 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 		}
 		defer w.remove()
 		dir := w.join("layout")
-		if err := extractArchive(ctx, open, dir); err != nil {
+		if err := extractArchive(ctx, open, dir, o); err != nil {
 			return nil, fmt.Errorf("unpack OCI archive: %w", err)
 		}
 		return s.importLayout(ctx, dir, want, plat, w, o)
@@ -87,7 +87,12 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 }
 
 // archiveOpener opens the archive, through gzip when it is compressed.
-func archiveOpener(p string) tarball.Opener {
+// Every read checks ctx, and a gzipped archive is read only up to o's
+// MaxBytes each time it is opened (the archive is opened once per file
+// looked up in it, by archiveKind, extractArchive and tarball): a few MiB
+// of gzip can stand for terabytes.
+func archiveOpener(ctx context.Context, p string, o *Options) tarball.Opener {
+	maxBytes, _, _ := o.limits()
 	return func() (io.ReadCloser, error) {
 		f, err := os.Open(p)
 		if err != nil {
@@ -95,15 +100,30 @@ func archiveOpener(p string) tarball.Opener {
 		}
 		var magic [2]byte
 		if n, _ := f.ReadAt(magic[:], 0); n < 2 || magic != [2]byte{0x1f, 0x8b} {
-			return f, nil // tar can seek past file contents in it
+			return &ctxFile{ctx: ctx, File: f}, nil // tar can seek past file contents in it
 		}
 		zr, err := gzip.NewReader(bufio.NewReader(f))
 		if err != nil {
 			f.Close()
 			return nil, err
 		}
-		return &readCloser{Reader: zr, close: func() error { zr.Close(); return f.Close() }}, nil
+		r := &ctxReader{ctx: ctx, r: zr, budget: budget{limit: LimitBytes, max: maxBytes, what: "the archive's uncompressed bytes"}}
+		return &readCloser{Reader: r, close: func() error { zr.Close(); return f.Close() }}, nil
 	}
+}
+
+// ctxFile is a file whose reads fail once ctx is done; it still seeks,
+// so that tar skips file contents without reading them.
+type ctxFile struct {
+	ctx context.Context
+	*os.File
+}
+
+func (c *ctxFile) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.File.Read(p)
 }
 
 type readCloser struct {
@@ -151,8 +171,10 @@ func archiveKind(open tarball.Opener) (string, error) {
 }
 
 // extractArchive unpacks the directories and regular files of an OCI
-// archive into dir (through an os.Root: nothing lands outside it).
-func extractArchive(ctx context.Context, open tarball.Opener, dir string) error {
+// archive into dir (through an os.Root: nothing lands outside it), within
+// o's limits: the blobs are written before their digests are checked, and
+// a gzipped archive can expand without bound.
+func extractArchive(ctx context.Context, open tarball.Opener, dir string, o *Options) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
@@ -166,13 +188,19 @@ func extractArchive(ctx context.Context, open tarball.Opener, dir string) error 
 		return err
 	}
 	defer rc.Close()
-	tr := tar.NewReader(&ctxReader{ctx: ctx, r: rc})
+	maxBytes, maxEntries, _ := o.limits()
+	written := budget{limit: LimitBytes, max: maxBytes, what: "the OCI archive's files"}
+	entries := budget{limit: LimitEntries, max: maxEntries, what: "the OCI archive's tar entries"}
+	tr := tar.NewReader(&ctxReader{ctx: ctx, r: rc, budget: budget{limit: LimitBytes, max: maxBytes, what: "the OCI archive's uncompressed tar stream"}})
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
+			return err
+		}
+		if err := entries.add(1); err != nil {
 			return err
 		}
 		n, err := entryName(hdr.Name)
@@ -185,6 +213,9 @@ func extractArchive(ctx context.Context, open tarball.Opener, dir string) error 
 				return err
 			}
 		case tar.TypeReg:
+			if err := written.add(hdr.Size); err != nil {
+				return err
+			}
 			if d := path.Dir(n); d != "." {
 				if err := root.MkdirAll(d, 0o700); err != nil {
 					return err

@@ -21,7 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-func writeDockerSave(t *testing.T, path, tag string, img v1.Image) {
+func writeDockerSave(t testing.TB, path, tag string, img v1.Image) {
 	t.Helper()
 	ref, err := name.NewTag(tag)
 	if err != nil {
@@ -32,7 +32,7 @@ func writeDockerSave(t *testing.T, path, tag string, img v1.Image) {
 	}
 }
 
-func writeLayout(t *testing.T, dir string, img v1.Image, annotations map[string]string) {
+func writeLayout(t testing.TB, dir string, img v1.Image, annotations map[string]string) {
 	t.Helper()
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
@@ -48,7 +48,7 @@ func writeLayout(t *testing.T, dir string, img v1.Image, annotations map[string]
 }
 
 // tarDir writes a tar of dir's contents, gzipped when zip is set.
-func tarDir(t *testing.T, dir, out string, zip bool) {
+func tarDir(t testing.TB, dir, out string, zip bool) {
 	t.Helper()
 	f, err := os.Create(out)
 	if err != nil {

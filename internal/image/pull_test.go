@@ -29,7 +29,7 @@ const (
 
 // sampleImage has three layers exercising what conversion must keep and
 // drop.
-func sampleImage(t *testing.T, user string) v1.Image {
+func sampleImage(t testing.TB, user string) v1.Image {
 	t.Helper()
 	owned := file("home/app/notes.txt", "mine")
 	owned.uid, owned.gid, owned.mode = 1000, 1000, 0o640

@@ -31,7 +31,7 @@ func (s *Store) ImportRootfs(ctx context.Context, path, ref string, cfg Config, 
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", path, err)
 	}
-	l, err := newRootfsLayer(ctx, path)
+	l, err := newRootfsLayer(ctx, path, &o)
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", path, err)
 	}
@@ -71,7 +71,10 @@ type rootfsLayer struct {
 
 var _ v1.Layer = (*rootfsLayer)(nil)
 
-func newRootfsLayer(ctx context.Context, path string) (*rootfsLayer, error) {
+// newRootfsLayer reads the tarball once to name it: up to o's MaxBytes of
+// uncompressed tar (what unpack would refuse anyway), so that a gzip bomb
+// is refused after reading that much rather than after all of it.
+func newRootfsLayer(ctx context.Context, path string, o *Options) (*rootfsLayer, error) {
 	l := &rootfsLayer{path: path}
 	f, err := os.Open(path)
 	if err != nil {
@@ -96,7 +99,8 @@ func newRootfsLayer(ctx context.Context, path string) (*rootfsLayer, error) {
 	}
 	defer rc.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, &ctxReader{ctx: ctx, r: rc})
+	maxBytes, _, _ := o.limits()
+	n, err := io.Copy(h, &ctxReader{ctx: ctx, r: rc, budget: budget{limit: LimitBytes, max: maxBytes, what: "the tarball's uncompressed bytes"}})
 	if err != nil {
 		return nil, fmt.Errorf("read: %w", err)
 	}

@@ -38,6 +38,7 @@ type staged struct {
 	dir     string
 	byIno   map[uint64]*entryMeta // staged inode number -> tar metadata
 	skipped int                   // entries not created
+	ops     int                   // file system calls of the last phase (unpacker.ops)
 }
 
 // Owner bits added to every staged file and directory, so that the
@@ -71,19 +72,35 @@ const xattrPAXPrefix = "SCHILY.xattr."
 // outside dir. Regular files, directories, symlinks and hard links are
 // made with their mode bits and times; device nodes, FIFOs and other types
 // are counted in skipped. Ownership and xattrs are only recorded.
+//
+// The work is bounded by o's limits (bytes read and written, entries,
+// metadata held) and stops when ctx is done: each entry costs a constant
+// number of file system calls, hard links included.
 func unpack(ctx context.Context, r io.Reader, dir string, o *Options) (*staged, error) {
+	return unpackWith(ctx, r, dir, o, nil)
+}
+
+// unpackWith is unpack with onOp, when not nil, called at each file system
+// call of its last phase (hard links, then directory modes), for tests.
+func unpackWith(ctx context.Context, r io.Reader, dir string, o *Options, onOp func()) (*staged, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open staging directory: %w", err)
 	}
 	defer root.Close()
 
+	maxBytes, maxEntries, maxMeta := o.limits()
 	u := &unpacker{
-		root: root,
-		o:    o,
-		st:   &staged{dir: dir, byIno: map[uint64]*entryMeta{}},
+		ctx:     ctx,
+		root:    root,
+		o:       o,
+		onOp:    onOp,
+		st:      &staged{dir: dir, byIno: map[uint64]*entryMeta{}},
+		written: budget{limit: LimitBytes, max: maxBytes, what: "the files unpacked from the layers"},
+		held:    budget{limit: LimitMetaBytes, max: maxMeta, what: "the names and xattrs held while unpacking"},
+		entries: budget{limit: LimitEntries, max: maxEntries, what: "the layers' tar entries"},
 	}
-	cr := &ctxReader{ctx: ctx, r: r}
+	cr := &ctxReader{ctx: ctx, r: r, budget: budget{limit: LimitBytes, max: maxBytes, what: "the layers' uncompressed tar stream"}}
 	tr := tar.NewReader(cr)
 	for {
 		hdr, err := tr.Next()
@@ -99,36 +116,83 @@ func unpack(ctx context.Context, r io.Reader, dir string, o *Options) (*staged, 
 		if err != nil {
 			return nil, fmt.Errorf("read image layers: %w", err)
 		}
+		if err := u.entries.add(1); err != nil {
+			return nil, err
+		}
 		if err := u.entry(hdr, tr); err != nil {
 			return nil, err
 		}
 	}
-	if err := u.finish(); err != nil {
-		return nil, err
+	err = u.finish()
+	u.st.ops = u.ops
+	if err != nil {
+		return u.st, err
 	}
 	return u.st, nil
 }
 
 type unpacker struct {
+	ctx   context.Context
 	root  *os.Root
 	o     *Options
 	st    *staged
 	dirs  []pendingDir
 	links []hardLink
+
+	written budget // bytes of files, symlink targets and xattrs
+	held    budget // bytes of names and xattrs held until finish
+	entries budget
+	// ops counts the file system calls finish makes, so that a test can
+	// tell linear work from quadratic without timing it; onOp, when set
+	// (by tests), is called at each.
+	ops  int
+	onOp func()
+}
+
+// op accounts for one file system call of finish and says whether to go
+// on: finish's work is not tied to reading, so it checks ctx itself.
+func (u *unpacker) op() error {
+	u.ops++
+	if u.onOp != nil {
+		u.onOp()
+	}
+	return u.ctx.Err()
+}
+
+// budget counts something an image may have only so much of.
+type budget struct {
+	limit string // the Options field that sets max
+	max   int64
+	what  string
+	used  int64
+}
+
+func (b *budget) add(n int64) error {
+	if n < 0 || n > b.max-b.used {
+		return &LimitError{Limit: b.limit, Max: b.max, What: b.what}
+	}
+	b.used += n
+	return nil
 }
 
 // ctxReader fails reads once ctx is done, so that unpacking a local
-// archive stops when asked.
+// archive stops when asked, and once more than its budget was read, so
+// that a decompression bomb stops before it is all read.
 type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
+	ctx    context.Context
+	r      io.Reader
+	budget budget
 }
 
 func (c *ctxReader) Read(p []byte) (int, error) {
 	if err := c.ctx.Err(); err != nil {
 		return 0, err
 	}
-	return c.r.Read(p)
+	n, err := c.r.Read(p)
+	if berr := c.budget.add(int64(n)); berr != nil {
+		return n, berr
+	}
+	return n, err
 }
 
 // sourceReader remembers a read error, to tell a failing download or
@@ -156,7 +220,15 @@ func entryName(n string) (string, error) {
 	return n, nil
 }
 
+// pathMax is Linux's PATH_MAX: no system call takes a longer name, so no
+// longer name or link target can be made; it also bounds what one entry
+// holds in memory.
+const pathMax = 4096
+
 func (u *unpacker) entry(hdr *tar.Header, data io.Reader) error {
+	if len(hdr.Name) > pathMax || len(hdr.Linkname) > pathMax {
+		return fmt.Errorf("tar entry %.64q...: a name or link target longer than %d bytes (PATH_MAX) cannot be made", hdr.Name, pathMax)
+	}
 	name, err := entryName(hdr.Name)
 	if err != nil {
 		return err
@@ -167,10 +239,16 @@ func (u *unpacker) entry(hdr *tar.Header, data io.Reader) error {
 	case tar.TypeReg, tar.TypeGNUSparse:
 		return u.file(name, hdr, data)
 	case tar.TypeSymlink:
+		if err := u.written.add(int64(len(hdr.Linkname))); err != nil {
+			return err
+		}
 		return u.symlink(name, hdr)
 	case tar.TypeLink:
 		target, err := entryName(hdr.Linkname)
 		if err != nil {
+			return err
+		}
+		if err := u.held.add(int64(len(name) + len(target))); err != nil {
 			return err
 		}
 		u.links = append(u.links, hardLink{name: name, target: target})
@@ -203,6 +281,17 @@ func (u *unpacker) meta(name string, hdr *tar.Header) error {
 		}
 	}
 	sort.Strings(keys)
+	var n int64
+	for _, k := range keys {
+		n += int64(len(k) + len(hdr.PAXRecords[k]))
+	}
+	// xattrs are written to the ext4 and held until then.
+	if err := u.written.add(n); err != nil {
+		return err
+	}
+	if err := u.held.add(n); err != nil {
+		return err
+	}
 	for _, k := range keys {
 		m.xattrs = append(m.xattrs, xattr{name: k[len(xattrPAXPrefix):], value: []byte(hdr.PAXRecords[k])})
 	}
@@ -293,6 +382,9 @@ func (u *unpacker) dir(name string, hdr *tar.Header) error {
 	if err := u.meta(name, hdr); err != nil {
 		return err
 	}
+	if err := u.held.add(int64(len(name))); err != nil {
+		return err
+	}
 	u.dirs = append(u.dirs, pendingDir{
 		name:  name,
 		perm:  uint32(hdr.Mode) & 0o7777,
@@ -310,6 +402,12 @@ func accessTime(hdr *tar.Header) time.Time {
 }
 
 func (u *unpacker) file(name string, hdr *tar.Header, data io.Reader) error {
+	// Counted at its full size before anything is written: a sparse
+	// entry's holes are written out as zeros, and its size is whatever
+	// its header claims.
+	if err := u.written.add(hdr.Size); err != nil {
+		return err
+	}
 	if err := u.parent(name); err != nil {
 		return err
 	}
@@ -376,45 +474,17 @@ func (u *unpacker) lutimes(name string, atime, mtime time.Time) error {
 // directory's final mode may forbid making them (to a user who is not
 // root) or reaching its subdirectories.
 func (u *unpacker) finish() error {
-	pending := u.links
-	for len(pending) > 0 {
-		var later []hardLink
-		for _, l := range pending {
-			if _, err := u.root.Lstat(l.target); err != nil {
-				// Perhaps another pending link; or not there at all,
-				// or out of reach (behind an absolute symlink).
-				later = append(later, l)
-				continue
-			}
-			if err := u.parent(l.name); err != nil {
-				return err
-			}
-			if ok, err := u.clear(l.name); !ok {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			if err := u.root.Link(l.target, l.name); err != nil {
-				return fmt.Errorf("stage hard link %s to %s: %w", l.name, l.target, err)
-			}
-		}
-		if len(later) == len(pending) {
-			// Targets deleted by an upper layer: mutate.Extract dropped
-			// their content, so these names cannot be made.
-			for _, l := range later {
-				u.st.skipped++
-				u.o.logf("image: hard link %s: its target %s is not in the image; skipped", l.name, l.target)
-			}
-			break
-		}
-		pending = later
+	if err := u.link(); err != nil {
+		return err
 	}
 
 	sort.SliceStable(u.dirs, func(i, j int) bool {
 		return depth(u.dirs[i].name) > depth(u.dirs[j].name)
 	})
 	for _, d := range u.dirs {
+		if err := u.op(); err != nil {
+			return err
+		}
 		perm := d.perm | userDirBits
 		if err := u.root.Chmod(d.name, modeBits(perm)); err != nil {
 			return fmt.Errorf("stage %s: %w", d.name, err)
@@ -422,6 +492,63 @@ func (u *unpacker) finish() error {
 		if err := u.root.Chtimes(d.name, d.atime, d.mtime); err != nil {
 			return fmt.Errorf("stage %s: %w", d.name, err)
 		}
+	}
+	return nil
+}
+
+// link makes the hard links. A link's target may be another link made
+// later (mutate.Extract emits the top layer first, and a layer may list a
+// link before the name it points at): links whose target is missing wait
+// under that name, and making a name wakes its waiters, so each link is
+// tried once, plus once per time its target is made. Retrying every
+// waiting link until none can be made, as a fixed point, costs the square
+// of their number for a reversed chain of links. A target reached only
+// through a symlink that a later link makes is not waited for (no tar
+// writer names a target so); such a link is skipped as one whose target
+// is missing.
+func (u *unpacker) link() error {
+	waiting := map[string][]hardLink{} // missing target -> links to it
+	queue := u.links
+	u.links = nil
+	for len(queue) > 0 {
+		l := queue[0]
+		queue = queue[1:]
+		if err := u.op(); err != nil {
+			return err
+		}
+		if _, err := u.root.Lstat(l.target); err != nil {
+			// Perhaps another link, made later; or not there at all,
+			// or out of reach (behind an absolute symlink).
+			waiting[l.target] = append(waiting[l.target], l)
+			continue
+		}
+		if err := u.parent(l.name); err != nil {
+			return err
+		}
+		if ok, err := u.clear(l.name); !ok {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err := u.root.Link(l.target, l.name); err != nil {
+			return fmt.Errorf("stage hard link %s to %s: %w", l.name, l.target, err)
+		}
+		if w, ok := waiting[l.name]; ok {
+			delete(waiting, l.name)
+			queue = append(queue, w...)
+		}
+	}
+	// Targets deleted by an upper layer: mutate.Extract dropped their
+	// content, so these names cannot be made. Sorted, for the log.
+	var left []hardLink
+	for _, w := range waiting {
+		left = append(left, w...)
+	}
+	sort.Slice(left, func(i, j int) bool { return left[i].name < left[j].name })
+	for _, l := range left {
+		u.st.skipped++
+		u.o.logf("image: hard link %s: its target %s is not in the image; skipped", l.name, l.target)
 	}
 	return nil
 }

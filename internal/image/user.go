@@ -26,17 +26,20 @@ func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
 		return 0, 0, fmt.Errorf("user %q: malformed", user)
 	}
 
-	passwd, err := readDB(root, "etc/passwd")
-	if err != nil {
-		return 0, 0, err
-	}
 	if n, ok := number(userPart); ok {
 		uid = n
-		if e := findEntry(passwd, 2, userPart); e != nil {
+		e, err := findEntry(root, "etc/passwd", 2, userPart)
+		if err != nil {
+			return 0, 0, err
+		}
+		if e != nil {
 			gid, _ = number(e[3])
 		}
 	} else {
-		e := findEntry(passwd, 0, userPart)
+		e, err := findEntry(root, "etc/passwd", 0, userPart)
+		if err != nil {
+			return 0, 0, err
+		}
 		if e == nil {
 			return 0, 0, fmt.Errorf("user %q: no user %q in the image's /etc/passwd", user, userPart)
 		}
@@ -54,11 +57,10 @@ func resolveUser(root *os.Root, user string) (uid, gid uint32, err error) {
 	if n, ok := number(groupPart); ok {
 		return uid, n, nil
 	}
-	group, err := readDB(root, "etc/group")
+	e, err := findEntry(root, "etc/group", 0, groupPart)
 	if err != nil {
 		return 0, 0, err
 	}
-	e := findEntry(group, 0, groupPart)
 	if e == nil {
 		return 0, 0, fmt.Errorf("user %q: no group %q in the image's /etc/group", user, groupPart)
 	}
@@ -74,42 +76,56 @@ func number(s string) (uint32, bool) {
 	return uint32(n), err == nil
 }
 
-// readDB reads a colon-separated database (passwd, group) from the image;
-// a missing file is an empty one.
-func readDB(root *os.Root, name string) ([][]string, error) {
-	b, err := root.ReadFile(name)
+// dbLineMax bounds one line of passwd or group: a line is held in memory
+// while it is looked at, and real lines are well under 1 KiB.
+const dbLineMax = 64 << 10
+
+// findEntry returns the first entry of a colon-separated database
+// (passwd, group) in the image whose field i is v; nil when there is
+// none, or no such file. The file is read a line at a time, never whole:
+// the image chose its size.
+func findEntry(root *os.Root, name string, i int, v string) ([]string, error) {
+	f, err := root.Open(name)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read the image's /%s: %w", name, err)
 	}
-	var out [][]string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(nil, 1<<20)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, dbLineMax)
 	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] == '#' {
 			continue
 		}
-		f := strings.Split(line, ":")
-		if len(f) < 4 {
-			continue // passwd has 7 fields, group 4
+		// passwd has 7 fields, group 4; a line with fewer is skipped.
+		// Lines are split only once one matches: the others cost no
+		// allocation, however many there are.
+		if bytes.Count(line, []byte(":")) < 3 || !bytes.Equal(field(line, i), []byte(v)) {
+			continue
 		}
-		out = append(out, f)
+		return strings.Split(string(line), ":"), nil
 	}
 	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("read the image's /%s: a line longer than %d bytes", name, dbLineMax)
+		}
 		return nil, fmt.Errorf("read the image's /%s: %w", name, err)
 	}
-	return out, nil
+	return nil, nil
 }
 
-// findEntry returns the first entry whose field i is v.
-func findEntry(db [][]string, i int, v string) []string {
-	for _, e := range db {
-		if e[i] == v {
-			return e
+// field is the colon-separated field i of line (nil past the last).
+func field(line []byte, i int) []byte {
+	for ; i > 0; i-- {
+		_, rest, ok := bytes.Cut(line, []byte(":"))
+		if !ok {
+			return nil
 		}
+		line = rest
 	}
-	return nil
+	f, _, _ := bytes.Cut(line, []byte(":"))
+	return f
 }

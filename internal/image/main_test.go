@@ -1,0 +1,14 @@
+package image
+
+import (
+	"os"
+	"testing"
+
+	"github.com/microvm/microvm/internal/testenv"
+)
+
+// TestMain keeps a dying fuzzing worker's output (scripts/fuzz).
+func TestMain(m *testing.M) {
+	testenv.CaptureFuzzWorkerOutput()
+	os.Exit(m.Run())
+}
