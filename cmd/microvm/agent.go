@@ -134,11 +134,11 @@ func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 		Usage: "copy a file into or out of a running VM through its agent",
 		Description: "Exactly one of SRC and DST is guest:/PATH. Copied into the guest, a file keeps its mode bits " +
 			"(0644 from stdin) and gets missing parent directories; copied out, it is written to a temporary file " +
-			"beside DST and renamed. A DST ending in / or naming a directory gets SRC's base name. - as the host " +
-			"side is stdin or stdout.",
+			"beside DST and renamed, without its setuid, setgid and sticky bits unless --keep-setuid. A DST ending " +
+			"in / or naming a directory gets SRC's base name. - as the host side is stdin or stdout.",
 		UsageText:    "microvm agent cp --uds PATH [--port N] SRC DST",
 		OnUsageError: onUsageError,
-		Flags:        agentDialFlags(),
+		Flags:        append(agentDialFlags(), keepSetuidFlag),
 		Action: func(c *cli.Context) error {
 			a, err := readAgentAddr(c, "agent cp")
 			if err != nil {
@@ -151,6 +151,7 @@ func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			if err != nil {
 				return err
 			}
+			cp.keepSpecial = c.Bool(keepSetuidFlag.Name)
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err
@@ -160,6 +161,12 @@ func agentCpCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	}
 }
 
+// keepSetuidFlag is cp's opt-in to the guest's setuid, setgid and sticky
+// bits on the host: off, a guest cannot plant a set-id program owned by
+// whoever copies it out (root, often).
+var keepSetuidFlag = &cli.BoolFlag{Name: "keep-setuid",
+	Usage: "keep the setuid, setgid and sticky bits (07000) of what is copied out of the guest (cleared by default)"}
+
 // guestPrefix marks the guest side of agent cp.
 const guestPrefix = "guest:"
 
@@ -168,6 +175,9 @@ type copySpec struct {
 	toGuest bool
 	guest   string // absolute guest path, a file name
 	host    string // host path, or "-" for stdin or stdout
+	// keepSpecial keeps the guest's 07000 bits on what is copied out
+	// (--keep-setuid); a tar archive on stdout is passed on unchanged.
+	keepSpecial bool
 }
 
 func parseCopy(src, dst string) (copySpec, error) {
@@ -223,6 +233,9 @@ func (cp copySpec) run(ctx context.Context, a agentAddr, stdin io.Reader, stdout
 		return hostSideError{err}
 	}
 	mode, err := cp.get(ctx, a, f)
+	if !cp.keepSpecial {
+		mode &^= fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky
+	}
 	if err == nil {
 		if err = f.Chmod(mode); err != nil { // exactly the guest's bits, whatever the umask
 			err = hostSideError{err}
@@ -255,8 +268,9 @@ func isNotRegular(err error) bool {
 
 // getDir copies the guest directory to target: made whole in a temporary
 // directory beside it and renamed into place when target does not exist
-// (a failure leaves nothing), merged into it when it does. Owners are the
-// copying user's; modes and times are the guest's.
+// (a failure leaves nothing), merged into it when it does (its own mode
+// and time then stay). Owners are the copying user's; modes and times are
+// the guest's, less 07000 unless keepSpecial.
 func (cp copySpec) getDir(ctx context.Context, a agentAddr, target string) error {
 	if _, err := os.Lstat(target); err == nil {
 		return cp.getTreeInto(ctx, a, target)
@@ -265,12 +279,14 @@ func (cp copySpec) getDir(ctx context.Context, a agentAddr, target string) error
 	if err != nil {
 		return hostSideError{err}
 	}
-	if err := cp.getTreeInto(ctx, a, tmp); err != nil {
-		os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp)
+	// Extracted into a directory it makes, so that the tree's top gets the
+	// guest directory's mode (Extract keeps an existing one's).
+	made := filepath.Join(tmp, "d")
+	if err := cp.getTreeInto(ctx, a, made); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, target); err != nil {
-		os.RemoveAll(tmp)
+	if err := os.Rename(made, target); err != nil {
 		return hostSideError{err}
 	}
 	return nil
@@ -281,7 +297,7 @@ func (cp copySpec) getTreeInto(ctx context.Context, a agentAddr, dir string) err
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := dirtar.Extract(pr, dir, false)
+		_, err := dirtar.Extract(pr, dir, dirtar.Options{KeepSpecial: cp.keepSpecial})
 		pr.CloseWithError(err) // a failed extraction stops the stream
 		done <- err
 	}()

@@ -443,3 +443,78 @@ func TestInitramfsCommand(t *testing.T) {
 		wantEntries(t, outDir, "exec.cpio") // no y, no y.tmp
 	})
 }
+
+// TestAgentCpStripsSetuid: a setuid file and a setgid directory copied out
+// of the guest arrive without their 07000 bits, unless --keep-setuid; a
+// directory copied out to a new path gets the guest directory's mode, and
+// one merged into an existing directory leaves that directory's mode alone.
+func TestAgentCpStripsSetuid(t *testing.T) {
+	uds := startAgent(t)
+	guest := t.TempDir()
+	suid := filepath.Join(guest, "suid")
+	if err := os.WriteFile(suid, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(suid, 0o755|fs.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(guest, "tree")
+	if err := os.Mkdir(tree, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tree, 0o777|fs.ModeSetgid|fs.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(suid, filepath.Join(tree, "suid")); err != nil {
+		t.Fatal(err)
+	}
+	mode := func(p string) fs.FileMode {
+		t.Helper()
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+	}
+	for _, keep := range []bool{false, true} {
+		out := t.TempDir()
+		args := []string{"agent", "cp", "--uds", uds}
+		if keep {
+			args = append(args, "--keep-setuid")
+		}
+		if st, so, se := runMainIn(t, nil, append(args, "guest:"+suid, filepath.Join(out, "f"))...); st != 0 {
+			t.Fatalf("cp file: status %d %q %q", st, so, se)
+		}
+		if st, so, se := runMainIn(t, nil, append(args, "guest:"+tree, filepath.Join(out, "new"))...); st != 0 {
+			t.Fatalf("cp new dir: status %d %q %q", st, so, se)
+		}
+		existing := filepath.Join(out, "existing")
+		if err := os.Mkdir(existing, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(existing, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		// DST/tree exists: the guest tree is merged into it.
+		if err := os.Mkdir(filepath.Join(existing, "tree"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if st, so, se := runMainIn(t, nil, append(args, "guest:"+tree, existing)...); st != 0 {
+			t.Fatalf("cp into existing: status %d %q %q", st, so, se)
+		}
+		wantFile, wantDir := fs.FileMode(0o755), fs.FileMode(0o777)
+		if keep {
+			wantFile, wantDir = wantFile|fs.ModeSetuid, wantDir|fs.ModeSetgid|fs.ModeSticky
+		}
+		for p, want := range map[string]fs.FileMode{
+			filepath.Join(out, "f"): wantFile, filepath.Join(out, "new", "suid"): wantFile,
+			filepath.Join(out, "new"): wantDir, filepath.Join(existing, "tree", "suid"): wantFile,
+			filepath.Join(existing, "tree"): 0o700,
+		} {
+			if got := mode(p); got != want {
+				t.Errorf("--keep-setuid=%v: %s mode %v, want %v", keep, p, got, want)
+			}
+		}
+		wantEntries(t, out, "existing", "f", "new") // no temporary left
+	}
+}

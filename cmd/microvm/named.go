@@ -981,8 +981,8 @@ func printLogs(w io.Writer, name string, follow bool) error {
 // namedCpCommand is `microvm cp SRC DST` with NAME:/PATH on one side.
 func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cli.Command {
 	return &cli.Command{
-		Name: "cp", Usage: usage, UsageText: "microvm cp SRC DST   (one of them NAME:/PATH)", OnUsageError: onUsageError,
-		Flags: cliFlags(logFlags()),
+		Name: "cp", Usage: usage, UsageText: "microvm cp [--keep-setuid] SRC DST   (one of them NAME:/PATH)", OnUsageError: onUsageError,
+		Flags: append(cliFlags(logFlags()), keepSetuidFlag),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return usagef("cp: want SRC and DST, one of them NAME:/PATH (got %d arguments)", c.NArg())
@@ -1010,6 +1010,7 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if err != nil {
 				return err
 			}
+			cp.keepSpecial = c.Bool(keepSetuidFlag.Name)
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err

@@ -490,7 +490,7 @@ func TestPutGetTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := t.TempDir()
-	if _, err := dirtar.Extract(&back, again, false); err != nil {
+	if _, err := dirtar.Extract(&back, again, dirtar.Options{KeepSpecial: true}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(again, "sub", "big")); err != nil || !bytes.Equal(b, big) {

@@ -28,7 +28,7 @@ func (s *Server) PutTree(stream agentapi.Agent_PutTreeServer) error {
 		return err
 	}
 	r := &treeReader{stream: stream}
-	st, err := dirtar.Extract(r, dir.Dir, os.Geteuid() == 0)
+	st, err := dirtar.Extract(r, dir.Dir, dirtar.Options{Chown: os.Geteuid() == 0, KeepSpecial: true}) // the host user chose what goes in
 	if err != nil {
 		if r.err != nil { // the stream broke, not the archive
 			return r.err

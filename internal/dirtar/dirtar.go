@@ -128,16 +128,39 @@ type Stats struct {
 	Entries, Bytes, Skipped int64
 }
 
+// Options say how much of an archive's metadata Extract keeps.
+type Options struct {
+	// Chown keeps the archive's numeric owners (the extracting process
+	// must be allowed to); without it entries belong to the extracting
+	// user.
+	Chown bool
+	// KeepSpecial keeps the setuid, setgid and sticky bits (07000).
+	// Without it they are cleared: an archive from a less trusted side
+	// (a guest, for the host) must not plant a set-id program owned by
+	// whoever extracts it.
+	KeepSpecial bool
+}
+
+// ErrSparse reports a sparse entry: Write never makes one, and its holes
+// would let a few bytes of archive write gigabytes of zeros.
+var ErrSparse = errors.New("sparse entries are not accepted")
+
 // Extract unpacks the tar archive r into dir, creating dir (and its
 // parents, mode 0755) when missing; existing files of the same names are
-// replaced, existing directories merged. Modes and modification times are
-// kept; owners too when chown is set (the extracting process must be
-// allowed to). Device nodes, FIFOs and sockets are skipped and counted.
-// A name or hard-link target that is absolute or climbs out with ".." is
-// ErrUnsafe; a symlink in the tree cannot redirect a later entry outside
-// dir either (os.Root).
-func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
+// replaced, existing directories merged. Modes (less 07000 unless
+// o.KeepSpecial) and modification times are kept; owners too with
+// o.Chown. The archive's "." entry sets dir's mode and time only when
+// Extract made dir: an existing destination keeps its own. A directory
+// entry whose name is a symlink in the tree does not change the mode of
+// what the link points to. Device nodes, FIFOs and sockets are skipped and
+// counted. A name or hard-link target that is absolute or climbs out with
+// ".." is ErrUnsafe; a symlink in the tree cannot redirect a later entry
+// outside dir either (os.Root). Sparse entries are ErrSparse, so the bytes
+// written are at most the bytes read.
+func Extract(r io.Reader, dir string, o Options) (Stats, error) {
 	var st Stats
+	fi, err := os.Stat(dir)
+	existed := err == nil && fi.IsDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return st, err
 	}
@@ -165,7 +188,13 @@ func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
 		if err != nil {
 			return st, err
 		}
-		mode := fs.FileMode(hdr.Mode).Perm() | specialBits(hdr.Mode)
+		if isSparse(hdr) {
+			return st, fmt.Errorf("%s: %w", name, ErrSparse)
+		}
+		mode := fs.FileMode(hdr.Mode).Perm()
+		if o.KeepSpecial {
+			mode |= specialBits(hdr.Mode)
+		}
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if name != "." {
@@ -173,7 +202,9 @@ func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
 					return st, err
 				}
 			}
-			dirs = append(dirs, dirMeta{name, mode, hdr.ModTime})
+			if name != "." || !existed {
+				dirs = append(dirs, dirMeta{name, mode, hdr.ModTime})
+			}
 		case tar.TypeReg:
 			if err := makeParent(root, name); err != nil {
 				return st, err
@@ -187,7 +218,7 @@ func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
 			}
 			n, err := io.Copy(f, tr)
 			st.Bytes += n
-			if err == nil && chown {
+			if err == nil && o.Chown {
 				err = f.Chown(hdr.Uid, hdr.Gid) // before the mode: chown clears setuid
 			}
 			if err == nil {
@@ -232,7 +263,7 @@ func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
 			st.Skipped++
 			continue
 		}
-		if chown {
+		if o.Chown {
 			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
 				return st, err
 			}
@@ -242,6 +273,14 @@ func Extract(r io.Reader, dir string, chown bool) (Stats, error) {
 	// Deepest first: a directory's time is set after its entries are made.
 	slices.SortStableFunc(dirs, func(a, b dirMeta) int { return strings.Count(b.name, "/") - strings.Count(a.name, "/") })
 	for _, d := range dirs {
+		// Chmod and Chtimes follow a last-component symlink (within the
+		// root); a later entry may have made one of a directory's name
+		// point at another directory, the destination itself included.
+		if fi, err := root.Lstat(d.name); err != nil {
+			return st, err
+		} else if !fi.IsDir() {
+			continue
+		}
 		if err := root.Chmod(d.name, d.mode); err != nil {
 			return st, err
 		}
@@ -262,6 +301,20 @@ func localName(n string) (string, error) {
 		return "", fmt.Errorf("%q: %w", n, ErrUnsafe)
 	}
 	return c, nil
+}
+
+// isSparse says whether hdr is a sparse entry, in the old GNU form or in
+// one of the PAX forms (which archive/tar reports as regular files).
+func isSparse(hdr *tar.Header) bool {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // specialBits maps a tar mode's setuid, setgid and sticky bits to fs's.

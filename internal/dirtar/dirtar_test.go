@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -40,7 +42,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("Write = %d, %v; want 9 entries", n, err)
 	}
 	dst := filepath.Join(t.TempDir(), "new", "dir")
-	st, err := Extract(&buf, dst, os.Geteuid() == 0)
+	st, err := Extract(&buf, dst, Options{Chown: os.Geteuid() == 0, KeepSpecial: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("Write(file) = %d, %v", n, err)
 	}
 	one := t.TempDir()
-	if _, err := Extract(&buf, one, false); err != nil {
+	if _, err := Extract(&buf, one, Options{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(one, "f")); err != nil || string(b) != "hello" {
@@ -112,7 +114,7 @@ func TestExtractRefusesEscapes(t *testing.T) {
 				}
 			}
 			tw.Close()
-			_, err := Extract(&buf, filepath.Join(t.TempDir(), "in"), false)
+			_, err := Extract(&buf, filepath.Join(t.TempDir(), "in"), Options{})
 			if err == nil {
 				t.Fatal("extracted")
 			}
@@ -141,11 +143,161 @@ func TestExtractSkipsDevices(t *testing.T) {
 	}
 	tw.Close()
 	dir := t.TempDir()
-	st, err := Extract(&buf, dir, false)
+	st, err := Extract(&buf, dir, Options{})
 	if err != nil || st.Skipped != 2 || st.Entries != 1 {
 		t.Fatalf("Extract = %+v, %v; want 1 entry, 2 skipped", st, err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "null")); err == nil {
 		t.Error("the device node was made")
+	}
+}
+
+// tarOf writes entries (with contents for regular files) as an archive.
+func tarOf(t testing.TB, entries ...tar.Header) *bytes.Buffer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range entries {
+		if err := tw.WriteHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg && h.Size > 0 {
+			if _, err := tw.Write(bytes.Repeat([]byte{'x'}, int(h.Size))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &buf
+}
+
+// TestExtractStripsSpecialBits: without KeepSpecial, a setuid file, a
+// setgid directory and a sticky one arrive with their permission bits
+// only; with it, the bits are kept.
+func TestExtractStripsSpecialBits(t *testing.T) {
+	entries := []tar.Header{
+		{Name: "./", Typeflag: tar.TypeDir, Mode: 0o1777},
+		{Name: "suid", Typeflag: tar.TypeReg, Mode: 0o4755, Size: 1},
+		{Name: "sgid", Typeflag: tar.TypeReg, Mode: 0o2755, Size: 1},
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o2775},
+	}
+	for _, keep := range []bool{false, true} {
+		dir := filepath.Join(t.TempDir(), "new")
+		if _, err := Extract(tarOf(t, entries...), dir, Options{KeepSpecial: keep}); err != nil {
+			t.Fatal(err)
+		}
+		for name, want := range map[string]os.FileMode{".": 0o777 | os.ModeSticky, "suid": 0o755 | os.ModeSetuid,
+			"sgid": 0o755 | os.ModeSetgid, "d": 0o775 | os.ModeSetgid} {
+			if !keep {
+				want &= os.ModePerm
+			}
+			fi, err := os.Stat(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := fi.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky); got != want {
+				t.Errorf("KeepSpecial %v: %s mode %v, want %v", keep, name, got, want)
+			}
+		}
+	}
+}
+
+// TestExtractKeepsDestinationMode: the archive's "." entry, or a
+// directory entry named by a symlink to ".", does not change the mode or
+// time of a destination that already exists; a destination Extract makes
+// gets the "." entry's mode.
+func TestExtractKeepsDestinationMode(t *testing.T) {
+	old := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		entries []tar.Header
+	}{
+		{"dot", []tar.Header{{Name: "./", Typeflag: tar.TypeDir, Mode: 0o777, ModTime: old}}},
+		{"symlink to dot", []tar.Header{
+			{Name: "up", Typeflag: tar.TypeSymlink, Linkname: "."},
+			{Name: "up/", Typeflag: tar.TypeDir, Mode: 0o777, ModTime: old},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.Chmod(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Extract(tarOf(t, tc.entries...), dir, Options{}); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o700 || fi.ModTime().Equal(old) {
+				t.Errorf("destination now %v, %v; want 0700 and its own time", fi.Mode(), fi.ModTime())
+			}
+		})
+	}
+	dir := filepath.Join(t.TempDir(), "made")
+	if _, err := Extract(tarOf(t, tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o750}), dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("a destination Extract made: %v, %v; want 0750", fi.Mode(), err)
+	}
+}
+
+// rawHeader is one ustar header block, written by hand for what
+// tar.Writer will not write (PAX sparse records).
+func rawHeader(name string, typ byte, size int) []byte {
+	b := make([]byte, 512)
+	copy(b, name)
+	copy(b[100:], "0000644\x00")
+	copy(b[108:], "0000000\x00")
+	copy(b[116:], "0000000\x00")
+	copy(b[124:], fmt.Sprintf("%011o\x00", size))
+	copy(b[136:], "00000000000\x00")
+	b[156] = typ
+	copy(b[257:], "ustar\x0000")
+	copy(b[148:], "        ")
+	sum := 0
+	for _, c := range b {
+		sum += int(c)
+	}
+	copy(b[148:], fmt.Sprintf("%06o\x00 ", sum))
+	return b
+}
+
+// paxRecord is one "LEN key=value\n" record.
+func paxRecord(k, v string) string {
+	r := " " + k + "=" + v + "\n"
+	n := len(r) + 1
+	for len(strconv.Itoa(n))+len(r) != n {
+		n++
+	}
+	return strconv.Itoa(n) + r
+}
+
+// block pads b to a whole number of 512-byte blocks.
+func block(b []byte) []byte { return append(b, make([]byte, (512-len(b)%512)%512)...) }
+
+// TestExtractRefusesSparse: a PAX sparse entry, whose holes would read as
+// zeros far beyond the archive's size, is refused and not written.
+func TestExtractRefusesSparse(t *testing.T) {
+	// A PAX 1.0 sparse file: 1 TiB of holes around no data at all.
+	pax := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
+		paxRecord("GNU.sparse.name", "big") + paxRecord("GNU.sparse.realsize", "1099511627776")
+	var buf bytes.Buffer
+	buf.Write(rawHeader("PaxHeaders/big", tar.TypeXHeader, len(pax)))
+	buf.Write(block([]byte(pax)))
+	buf.Write(rawHeader("GNUSparseFile.0/big", tar.TypeReg, 512))
+	buf.Write(block([]byte("0\n"))) // the sparse map: no data blocks
+	buf.Write(make([]byte, 1024))
+	dir := t.TempDir()
+	_, err := Extract(&buf, dir, Options{})
+	if !errors.Is(err, ErrSparse) {
+		t.Fatalf("Extract: %v, want ErrSparse", err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "big")); err == nil {
+		t.Error("the sparse file was made")
 	}
 }
