@@ -67,7 +67,8 @@ var ErrRunning = errors.New("the VM is running")
 
 // StateDir is where microvm keeps its state: $MICROVM_STATE_DIR, else
 // /var/lib/microvm for root, else $XDG_DATA_HOME/microvm
-// (~/.local/share/microvm).
+// (~/.local/share/microvm), else, for a user without a home directory,
+// $TMPDIR/microvm-UID, which CheckStateDir must accept before use.
 func StateDir() string {
 	if d := os.Getenv("MICROVM_STATE_DIR"); d != "" {
 		return d
@@ -80,9 +81,54 @@ func StateDir() string {
 	}
 	home, err := os.UserHomeDir()
 	if err != nil {
-		return filepath.Join(os.TempDir(), fmt.Sprintf("microvm-%d", os.Geteuid()))
+		return fallbackStateDir()
 	}
 	return filepath.Join(home, ".local", "share", "microvm")
+}
+
+// fallbackStateDir is the state directory of a user without a home: a
+// name in the shared temporary directory, which another local user may
+// have made first (to read or swap what microvm keeps there).
+func fallbackStateDir() string {
+	return filepath.Join(os.TempDir(), fmt.Sprintf("microvm-%d", os.Geteuid()))
+}
+
+// ErrUnsafeStateDir is returned for a state directory in the shared
+// temporary directory that is not this user's private directory.
+var ErrUnsafeStateDir = errors.New("not a private directory of this user")
+
+// CheckStateDir accepts stateDir for use. The fallback in the temporary
+// directory is made (0700) when missing, and must then be a directory, not
+// a symlink, owned by this user and closed to everyone else (mode 0700 or
+// tighter); the sticky temporary directory keeps others from swapping it
+// after this check. Other state directories are the user's choice and are
+// taken as they are.
+func CheckStateDir(stateDir string) error {
+	if stateDir != fallbackStateDir() {
+		return nil
+	}
+	if err := os.Mkdir(stateDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("state directory %s: %w", stateDir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(stateDir, &st); err != nil {
+		return fmt.Errorf("state directory %s: %w", stateDir, err)
+	}
+	why := ""
+	switch uid := uint32(os.Geteuid()); {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		why = "is a symlink"
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		why = "is not a directory"
+	case st.Uid != uid:
+		why = fmt.Sprintf("is owned by uid %d, not %d", st.Uid, uid)
+	case st.Mode&0o077 != 0:
+		why = fmt.Sprintf("has mode %04o, open to others", st.Mode&0o7777)
+	default:
+		return nil
+	}
+	return fmt.Errorf("state directory %s %s: %w; refusing it (remove it, or set $MICROVM_STATE_DIR or $HOME)",
+		stateDir, why, ErrUnsafeStateDir)
 }
 
 // CheckName accepts 1 to 63 letters, digits, '_', '.' and '-', starting
@@ -145,8 +191,12 @@ type Store struct {
 	dir string // STATE/vms
 }
 
-// Open returns the store under stateDir, creating it (0700) if needed.
+// Open returns the store under stateDir, creating it (0700) if needed;
+// stateDir must pass CheckStateDir.
 func Open(stateDir string) (*Store, error) {
+	if err := CheckStateDir(stateDir); err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(stateDir, "vms")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)

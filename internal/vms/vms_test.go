@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -203,5 +204,70 @@ func TestConsoleLog(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Size() > 100 {
 			t.Errorf("%s: %v, %v; want at most 100 bytes", name, fi, err)
 		}
+	}
+}
+
+// TestFallbackStateDirMustBePrivate: without a home, the state directory
+// is $TMPDIR/microvm-UID; one that another user made first, a symlink, a
+// file or a directory open to others is refused with one line, and nothing
+// is made in it; a missing one is made 0700 and used.
+func TestFallbackStateDirMustBePrivate(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("MICROVM_STATE_DIR", "")
+	t.Setenv("XDG_DATA_HOME", "")
+	t.Setenv("HOME", "")
+	dir := filepath.Join(tmp, "microvm-"+strconv.Itoa(os.Geteuid()))
+	if got := StateDir(); os.Geteuid() != 0 && got != dir {
+		t.Fatalf("StateDir() = %s, want %s", got, dir)
+	}
+	elsewhere := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		make func() error
+		why  string
+	}{
+		{"symlink", func() error { return os.Symlink(elsewhere, dir) }, "is a symlink"},
+		{"file", func() error { return os.WriteFile(dir, nil, 0o600) }, "is not a directory"},
+		{"open to others", func() error {
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(dir, 0o777)
+		}, "has mode 0777"},
+		{"another user's", func() error {
+			if os.Geteuid() != 0 {
+				t.Skip("needs root to make a directory another user owns")
+			}
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return err
+			}
+			return os.Chown(dir, 4242, 4242)
+		}, "is owned by uid 4242"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			os.RemoveAll(dir)
+			if err := tc.make(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(dir)
+			if !errors.Is(err, ErrUnsafeStateDir) || !strings.Contains(err.Error(), tc.why) ||
+				!strings.Contains(err.Error(), "MICROVM_STATE_DIR") || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("Open: %v; want one line with ErrUnsafeStateDir, %q and how to allow it", err, tc.why)
+			}
+			if _, err := os.Lstat(filepath.Join(dir, "vms")); err == nil {
+				t.Error("vms/ was made in the refused directory")
+			}
+			if ents, _ := os.ReadDir(elsewhere); len(ents) != 0 {
+				t.Error("something was made through the symlink")
+			}
+		})
+	}
+	os.RemoveAll(dir)
+	if _, err := Open(dir); err != nil {
+		t.Fatalf("Open of a missing fallback: %v", err)
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Errorf("the fallback made: %v, %v; want a 0700 directory", fi.Mode(), err)
 	}
 }
