@@ -1,12 +1,16 @@
 // Package vms keeps the named VMs of a host: one directory each under the
-// state directory, holding the VM's record (vm.json), its lock, its
-// control socket, its vsock socket and its console log.
+// state directory, holding the VM's record (vm.json), its control socket,
+// its vsock socket and its console log, and beside it the VM's lock.
 //
+//	$MICROVM_STATE_DIR/vms/.NAME.lock
+//	                  flock'd by the VM's process for as long as it lives;
+//	                  outside the directory, so that removing the directory
+//	                  never unlinks a lock someone holds (a name starts
+//	                  with a letter or digit: no VM directory is named so)
 //	$MICROVM_STATE_DIR/vms/NAME/
 //	    vm.json       the Record: JSON padded with spaces to RecordSize,
 //	                  rewritten in place (the VM's process may be confined
 //	                  by seccomp by then: no open, no rename)
-//	    lock          flock'd by the VM's process for as long as it lives
 //	    api.sock      the control API (internal/vmctl)
 //	    vsock.sock    the vsock device's Unix socket (and vsock.sock_PORT)
 //	    console.log   the console, two files of at most ConsoleMax bytes
@@ -40,7 +44,6 @@ import (
 // Files in a VM's directory.
 const (
 	RecordFile  = "vm.json"
-	LockFile    = "lock"
 	APISocket   = "api.sock"
 	VsockSocket = "vsock.sock"
 	ConsoleFile = "console.log"
@@ -207,6 +210,64 @@ func Open(stateDir string) (*Store, error) {
 // Dir is the directory of the VM named name.
 func (s *Store) Dir(name string) string { return filepath.Join(s.dir, name) }
 
+// LockPath is the lock of the VM named name, beside its directory.
+func (s *Store) LockPath(name string) string { return filepath.Join(s.dir, "."+name+".lock") }
+
+// legacyLockFile is where a VM's lock was before it moved beside the
+// directory: a VM started by an older microvm still holds it.
+const legacyLockFile = "lock"
+
+// errLocked is takeLock's answer for a lock another process holds.
+var errLocked = errors.New("locked")
+
+// lockHook, when set (by tests), runs in takeLock between opening the lock
+// file and locking it: where a concurrent Remove can unlink it.
+var lockHook func(path string)
+
+// removeAll removes a VM's directory (a variable, for tests to interleave
+// a Create with the removal).
+var removeAll = os.RemoveAll
+
+// takeLock opens and flocks the lock file at path (errLocked when another
+// process holds it). A lock file is unlinked by Remove while Remove holds
+// it; a process that opened it before and locks it after would hold a
+// lock nobody else can see, so the lock taken must still be the file at
+// path, else it is dropped and taken again.
+func takeLock(path string) (*os.File, error) {
+	for try := 0; ; try++ {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if lockHook != nil {
+			lockHook(path)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, errLocked
+			}
+			return nil, err
+		}
+		var held, named unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+			f.Close()
+			return nil, err
+		}
+		err = unix.Lstat(path, &named)
+		if err == nil && held.Dev == named.Dev && held.Ino == named.Ino {
+			return f, nil
+		}
+		f.Close()
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			return nil, err
+		}
+		if try == 100 {
+			return nil, fmt.Errorf("%s: removed each time it was locked", path)
+		}
+	}
+}
+
 // RecordSize is vm.json's size: the record's JSON, padded with spaces.
 const RecordSize = 4096
 
@@ -231,19 +292,19 @@ func (s *Store) Create(rec Record) (*Lease, error) {
 	if p := filepath.Join(dir, VsockSocket) + "_4294967295.dgram"; len(p) > 107 {
 		return nil, fmt.Errorf("state directory %s: a VM's socket paths there would be %d bytes, over the 107 a Unix socket address holds (set $MICROVM_STATE_DIR to a shorter path)", s.dir, len(p))
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("VM %s: %w (microvm rm -f %s, or another name)", rec.Name, ErrNameInUse, rec.Name)
-		}
+	lock, err := takeLock(s.LockPath(rec.Name))
+	if errors.Is(err, errLocked) {
+		return nil, fmt.Errorf("VM %s: %w (microvm rm -f %s, or another name)", rec.Name, ErrNameInUse, rec.Name)
+	} else if err != nil {
 		return nil, fmt.Errorf("VM %s: lock: %w", rec.Name, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		lock.Close()
+		return nil, fmt.Errorf("VM %s: %w", rec.Name, err)
+	}
+	if locked(filepath.Join(dir, legacyLockFile)) {
+		lock.Close()
+		return nil, fmt.Errorf("VM %s: %w (microvm rm -f %s, or another name)", rec.Name, ErrNameInUse, rec.Name)
 	}
 	// The name was free: whatever an earlier VM of that name left goes.
 	if err := clearDir(dir); err != nil {
@@ -268,16 +329,13 @@ func (s *Store) Create(rec Record) (*Lease, error) {
 	return l, nil
 }
 
-// clearDir removes everything in dir but the lock.
+// clearDir removes everything in dir.
 func clearDir(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
 	}
 	for _, e := range entries {
-		if e.Name() == LockFile {
-			continue
-		}
 		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 			return err
 		}
@@ -366,7 +424,7 @@ func (s *Store) Get(name string) (Entry, error) {
 		}
 		time.Sleep(time.Millisecond) // a rewrite half done
 	}
-	e.Alive = locked(filepath.Join(dir, LockFile))
+	e.Alive = locked(s.LockPath(name)) || locked(filepath.Join(dir, legacyLockFile))
 	if !e.Alive && e.State != StateExited {
 		e.State, e.ExitReason = StateExited, "the microvm process ended without saying how (killed?)"
 	}
@@ -412,9 +470,10 @@ func (s *Store) List() ([]Entry, error) {
 	return out, nil
 }
 
-// Remove deletes a VM that is not running (ErrRunning otherwise). It takes
-// the VM's lock while it removes, so a VM starting under the same name
-// meanwhile either waits for the name or finds it gone.
+// Remove deletes a VM that is not running (ErrRunning otherwise). It holds
+// the VM's lock while it removes the directory, so a VM starting under the
+// same name meanwhile finds the name in use; the lock file goes last,
+// while still held (takeLock sees that).
 func (s *Store) Remove(name string) error {
 	if err := CheckName(name); err != nil {
 		return err
@@ -425,18 +484,20 @@ func (s *Store) Remove(name string) error {
 			return fmt.Errorf("VM %s: %w", name, ErrNotFound)
 		}
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, LockFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("VM %s: %w", name, err)
-	}
-	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("VM %s: %w (microvm stop %s first, or rm -f)", name, ErrRunning, name)
-		}
+	lock, err := takeLock(s.LockPath(name))
+	if errors.Is(err, errLocked) {
+		return fmt.Errorf("VM %s: %w (microvm stop %s first, or rm -f)", name, ErrRunning, name)
+	} else if err != nil {
 		return fmt.Errorf("VM %s: lock: %w", name, err)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	defer lock.Close()
+	if locked(filepath.Join(dir, legacyLockFile)) {
+		return fmt.Errorf("VM %s: %w (microvm stop %s first, or rm -f)", name, ErrRunning, name)
+	}
+	if err := removeAll(dir); err != nil {
+		return fmt.Errorf("VM %s: %w", name, err)
+	}
+	if err := os.Remove(s.LockPath(name)); err != nil {
 		return fmt.Errorf("VM %s: %w", name, err)
 	}
 	return nil

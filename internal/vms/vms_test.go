@@ -107,7 +107,7 @@ func TestLockHeldByAnotherProcess(t *testing.T) {
 	}
 	l.Release()
 	child := exec.Command(os.Args[0], "-test.run=^TestHelperHoldLock$")
-	child.Env = append(os.Environ(), holdLockEnv+"="+filepath.Join(s.Dir("other"), LockFile))
+	child.Env = append(os.Environ(), holdLockEnv+"="+s.LockPath("other"))
 	out, err := child.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -269,5 +269,93 @@ func TestFallbackStateDirMustBePrivate(t *testing.T) {
 	}
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
 		t.Errorf("the fallback made: %v, %v; want a 0700 directory", fi.Mode(), err)
+	}
+}
+
+// TestRemoveRacingCreate: a Create that runs while Remove is removing the
+// directory (here: after the directory's first entries went) must not
+// leave a live VM whose lock Remove then deletes, for a third Create
+// would then start a second live VM of the same name.
+func TestRemoveRacingCreate(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Create(Record{Name: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	var during *Lease
+	removeAll = func(dir string) error {
+		// os.RemoveAll removes entries one by one; the lock of the old
+		// layout may go first.
+		os.Remove(filepath.Join(dir, legacyLockFile))
+		os.Remove(filepath.Join(dir, RecordFile))
+		during, _ = s.Create(Record{Name: "vm"})
+		return os.RemoveAll(dir)
+	}
+	defer func() { removeAll = os.RemoveAll }()
+	if err := s.Remove("vm"); err != nil {
+		t.Fatal(err)
+	}
+	removeAll = os.RemoveAll
+	after, err := s.Create(Record{Name: "vm"})
+	if during != nil && after != nil {
+		t.Fatal("two live VMs named vm: one created during Remove, one after")
+	}
+	live := during
+	if live == nil {
+		live = after
+	}
+	if live == nil {
+		t.Fatalf("no VM named vm after Remove: %v", err)
+	}
+	defer live.Release()
+	if _, err := s.Create(Record{Name: "vm"}); !errors.Is(err, ErrNameInUse) {
+		t.Errorf("another Create: %v, want ErrNameInUse", err)
+	}
+}
+
+// TestCreateRacingRemoveUnlink: a Create that opened the lock file just
+// before Remove unlinked it, and locks it just after, holds a lock on a
+// file that is gone; it must notice and take the lock at the path, so
+// that the VM reads as alive and its name stays taken.
+func TestCreateRacingRemoveUnlink(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Create(Record{Name: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	var removeErr error
+	removed := false
+	lockHook = func(string) {
+		if !removed {
+			removed = true
+			removeErr = s.Remove("vm")
+		}
+	}
+	defer func() { lockHook = nil }()
+	l, err = s.Create(Record{Name: "vm"})
+	lockHook = nil
+	if removeErr != nil {
+		t.Fatalf("Remove between open and lock: %v", removeErr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if e, err := s.Get("vm"); err != nil || !e.Alive {
+		t.Errorf("Get: %+v, %v; want alive", e, err)
+	}
+	if l2, err := s.Create(Record{Name: "vm"}); !errors.Is(err, ErrNameInUse) {
+		t.Errorf("another Create: %v, want ErrNameInUse", err)
+		if l2 != nil {
+			l2.Release()
+		}
 	}
 }
