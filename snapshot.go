@@ -20,7 +20,10 @@ import (
 // what names host resources of the running process (console, log), with
 // each network device's MAC as the guest saw it and each disk's size and
 // modification time, so a restore rebuilds the same devices in the same
-// slots and refuses disks that changed since.
+// slots and refuses disks that changed since. The host resources it
+// names (disk and share paths, TAP, namespace, sockets, published
+// addresses) are kept to describe the machine, never used: a restore
+// takes each from its caller (restoreConfig).
 
 // snapshotConfigPart is the name of the Config part.
 const snapshotConfigPart = "config"
@@ -241,32 +244,29 @@ func (m *Machine) savedConfig() (*savedConfig, error) {
 }
 
 // Restore builds a machine from the snapshot in dir, ready to Run from
-// where the snapshot was taken. host gives what the new process owns:
-// Console, ConsoleInput, Log and MetricsSocket always; Vsock's CID and
-// UDSPath when set (each when not zero), Disks, Nets and Shares when set, each then with as many
-// entries as the snapshot's machine had (paths and host names only: a
-// device's kind and settings are the snapshot's; a network device's MAC
-// may be new, which MACChanges then lists). The snapshot is
-// refused whole (ErrConfig, or the errors of internal/snapshot) when it
-// is truncated, corrupt or newer than this microvm, when this host's KVM
-// lacks a CPU feature its guest uses, or when a disk changed since.
+// where the snapshot was taken. The machine (CPUs, memory, devices and
+// their settings) is the snapshot's; host gives what the new process owns,
+// which Restore never takes from the snapshot, whose file is the word of
+// whoever wrote it: Console, ConsoleInput, Log and MetricsSocket always;
+// Vsock's CID (the snapshot's when zero) and UDSPath; Disks and Shares,
+// with as many entries as the snapshot's machine had (paths only: a
+// device's kind and settings are the snapshot's; a share is read-only
+// when either says so); Nets, one per device, each a device of host's
+// choosing or, with only a MAC set, the snapshot's device with a new
+// address (a network device's MAC may be new, which MACChanges then
+// lists). A snapshot whose machine had a disk, a shared directory, a TAP
+// or network namespace, a vsock socket or a port published beyond
+// loopback that host does not give is refused with
+// ErrSnapshotHostResource before anything is built; only its user-mode
+// network devices and their loopback ports are kept without host's word.
+// The snapshot is refused whole (ErrConfig, or the errors of
+// internal/snapshot) when it is truncated, corrupt or newer than this
+// microvm, when this host's KVM lacks a CPU feature its guest uses, or
+// when a disk changed since.
 func Restore(dir string, host Config) (*Machine, error) {
-	s, err := snapshot.Open(dir)
+	s, saved, cfg, err := openRestore(dir, host)
 	if err != nil {
 		return nil, err
-	}
-	var saved savedConfig
-	if err := s.State(snapshotConfigPart, &saved); err != nil {
-		s.Close()
-		return nil, err
-	}
-	cfg, err := saved.restoreConfig(host)
-	if err == nil {
-		cfg, err = cfg.withDefaults()
-	}
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("snapshot %s: %w", dir, err)
 	}
 	m := &Machine{cfg: cfg, log: cfg.Log, snap: s}
 	for i, n := range cfg.Nets {
@@ -288,6 +288,44 @@ func Restore(dir string, host Config) (*Machine, error) {
 		}
 	}
 	return m, nil
+}
+
+// CheckRestore reports what Restore(dir, host) would refuse before it
+// builds anything: the snapshot as ReadSnapshot checks it, and its
+// configuration with host's resources (ErrSnapshotHostResource, a
+// changed disk). A caller that makes state of its own before it restores
+// (a named VM's record, a detached process) asks first, so that a refusal
+// leaves nothing behind.
+func CheckRestore(dir string, host Config) error {
+	s, _, _, err := openRestore(dir, host)
+	if err == nil {
+		s.Close()
+	}
+	return err
+}
+
+// openRestore opens the snapshot in dir and returns it with its saved
+// Config and the Config to restore it with (restoreConfig, defaults
+// applied); the snapshot is closed when it fails.
+func openRestore(dir string, host Config) (*snapshot.Snapshot, *savedConfig, Config, error) {
+	s, err := snapshot.Open(dir)
+	if err != nil {
+		return nil, nil, Config{}, err
+	}
+	var saved savedConfig
+	if err := s.State(snapshotConfigPart, &saved); err != nil {
+		s.Close()
+		return nil, nil, Config{}, err
+	}
+	cfg, err := saved.restoreConfig(host)
+	if err == nil {
+		cfg, err = cfg.withDefaults()
+	}
+	if err != nil {
+		s.Close()
+		return nil, nil, Config{}, fmt.Errorf("snapshot %s: %w", dir, err)
+	}
+	return s, &saved, cfg, nil
 }
 
 // MACChange is a network device of a restored machine whose MAC the
@@ -336,58 +374,43 @@ func openBases(s *snapshot.Snapshot) ([]*snapshot.Snapshot, error) {
 	return chain, nil
 }
 
+// ErrSnapshotHostResource: the snapshot's machine had a host resource
+// that Restore's host Config does not give again: a disk image, a shared
+// directory, a TAP device or network namespace, a vsock socket, or a port
+// published on an address other than loopback. A snapshot is the word of
+// whoever wrote it, so Restore takes none of these from it (the CLI
+// names the flag that gives each; exit status 2, as for ErrConfig, which
+// it wraps).
+var ErrSnapshotHostResource = fmt.Errorf("%w: a host resource the snapshot names is not given again", ErrConfig)
+
 // restoreConfig is the saved Config with host's resources in it, after
-// checking that the disks are the ones saved.
+// checking that the disks are the ones saved. A host resource the saved
+// Config names is refused (ErrSnapshotHostResource) unless host gives it
+// again; the file may narrow what host gives (a share it saved read-only
+// stays so), never widen it.
 func (s *savedConfig) restoreConfig(host Config) (Config, error) {
 	c := s.Config
 	c.Console, c.ConsoleInput, c.Log, c.MetricsSocket = host.Console, host.ConsoleInput, host.Log, host.MetricsSocket
 	c.PrefaultMemory = host.PrefaultMemory
-	if host.Vsock != nil {
-		if c.Vsock == nil {
-			return c, fmt.Errorf("%w: a vsock device given, but the snapshot's machine has none", ErrConfig)
-		}
-		v := *c.Vsock
-		if host.Vsock.CID != 0 {
-			v.CID = host.Vsock.CID
-		}
-		if host.Vsock.UDSPath != "" {
-			v.UDSPath = host.Vsock.UDSPath
-		}
-		c.Vsock = &v
+	var err error
+	if c.Vsock, err = restoreVsock(c.Vsock, host.Vsock); err != nil {
+		return c, err
 	}
-	if host.Disks != nil {
-		if len(host.Disks) != len(c.Disks) {
-			return c, fmt.Errorf("%w: %d disks given; the snapshot's machine has %d", ErrConfig, len(host.Disks), len(c.Disks))
-		}
-		c.Disks = append([]DiskConfig(nil), c.Disks...)
-		for i := range c.Disks {
-			c.Disks[i].Path = host.Disks[i].Path
-		}
+	if c.Disks, err = restoreDisks(c.Disks, host.Disks); err != nil {
+		return c, err
 	}
-	if host.Nets != nil {
-		if len(host.Nets) != len(c.Nets) {
-			return c, fmt.Errorf("%w: %d network devices given; the snapshot's machine has %d", ErrConfig, len(host.Nets), len(c.Nets))
-		}
-		nets := append([]NetConfig(nil), host.Nets...)
-		for i := range nets {
-			if nets[i].MAC == nil {
-				nets[i].MAC = c.Nets[i].MAC
-			}
-		}
-		c.Nets = nets
+	if c.Nets, err = restoreNets(c.Nets, host.Nets); err != nil {
+		return c, err
 	}
-	if host.Shares != nil {
-		if len(host.Shares) != len(c.Shares) {
-			return c, fmt.Errorf("%w: %d shared directories given; the snapshot's machine has %d", ErrConfig, len(host.Shares), len(c.Shares))
-		}
-		c.Shares = append([]ShareConfig(nil), c.Shares...)
-		for i := range c.Shares {
-			c.Shares[i].Path = host.Shares[i].Path
-		}
+	if c.Shares, err = restoreShares(c.Shares, host.Shares); err != nil {
+		return c, err
 	}
 	if len(s.Disks) != len(c.Disks) {
 		return c, fmt.Errorf("%w: the snapshot describes %d disks but configures %d", ErrConfig, len(s.Disks), len(c.Disks))
 	}
+	// The disks are the caller's; size and modification time only catch
+	// an image that changed under a snapshot that remembers its blocks
+	// (the guest's page cache, a cow overlay), they prove nothing.
 	for i, d := range c.Disks {
 		st, err := os.Stat(d.Path)
 		if err != nil {
@@ -399,4 +422,126 @@ func (s *savedConfig) restoreConfig(host Config) (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// restoreVsock is the restored vsock device: the snapshot's, with host's
+// CID when given and host's socket path only. A snapshot's socket path
+// would have the restore bind a socket there (replacing a stale one) and
+// dial PATH_<port> for the guest.
+func restoreVsock(saved, host *VsockConfig) (*VsockConfig, error) {
+	if saved == nil {
+		if host != nil {
+			return nil, fmt.Errorf("%w: a vsock device given, but the snapshot's machine has none", ErrConfig)
+		}
+		return nil, nil
+	}
+	v := *saved
+	v.UDSPath = ""
+	if host != nil {
+		if host.CID != 0 {
+			v.CID = host.CID
+		}
+		v.UDSPath = host.UDSPath
+	}
+	if saved.UDSPath != "" && v.UDSPath == "" {
+		return nil, fmt.Errorf("%w: its vsock device had the host socket %q: give one (--vsock-uds PATH)", ErrSnapshotHostResource, saved.UDSPath)
+	}
+	return &v, nil
+}
+
+// restoreDisks is the restored disks: the snapshot's, each on the image
+// host gives. A snapshot's path would open any image its writer names
+// (read-write unless it says readonly), and its size and modification
+// time are anyone's to read.
+func restoreDisks(saved, host []DiskConfig) ([]DiskConfig, error) {
+	if len(saved) > 0 && host == nil {
+		return nil, fmt.Errorf("%w: its machine had %d disks (the first %q): give each image (--disk PATH, in order)", ErrSnapshotHostResource, len(saved), saved[0].Path)
+	}
+	if len(host) != len(saved) {
+		return nil, fmt.Errorf("%w: %d disks given; the snapshot's machine has %d", ErrConfig, len(host), len(saved))
+	}
+	disks := slices.Clone(saved)
+	for i := range disks {
+		disks[i].Path = host[i].Path
+	}
+	return disks, nil
+}
+
+// restoreNets is the restored network devices. An entry of host is the
+// device as given (with the snapshot's MAC unless it gives one), or, when
+// it gives a MAC only, the snapshot's device with that MAC; a nil host
+// keeps the snapshot's devices. A snapshot's device is kept only on a
+// user-mode network whose ports are published on loopback: a TAP or a
+// namespace names the host's network, a port on another address reaches
+// the guest from beyond the host. It is rebuilt from the fields that name
+// no host resource, so what a newer Config adds to NetConfig is the
+// caller's to give.
+func restoreNets(saved, host []NetConfig) ([]NetConfig, error) {
+	if host != nil && len(host) != len(saved) {
+		return nil, fmt.Errorf("%w: %d network devices given; the snapshot's machine has %d", ErrConfig, len(host), len(saved))
+	}
+	var nets []NetConfig
+	for i, s := range saved {
+		var h NetConfig
+		if host != nil {
+			h = host[i]
+		}
+		if h.TAP != "" || h.NetNS != "" || h.User || h.Publish != nil {
+			if h.MAC == nil {
+				h.MAC = s.MAC
+			}
+			nets = append(nets, h)
+			continue
+		}
+		if err := savedNetHostResource(i, s); err != nil {
+			return nil, err
+		}
+		n := NetConfig{User: true, Publish: slices.Clone(s.Publish), MAC: s.MAC}
+		if h.MAC != nil {
+			n.MAC = h.MAC
+		}
+		nets = append(nets, n)
+	}
+	return nets, nil
+}
+
+// savedNetHostResource refuses a snapshot's network device i that names a
+// host resource (restoreNets).
+func savedNetHostResource(i int, n NetConfig) error {
+	switch {
+	case n.TAP != "" || n.NetNS != "":
+		return fmt.Errorf("%w: its network device %d was on TAP %q in namespace %q: give each device (--net tap=NAME[,netns=PATH] or --net user, in order)",
+			ErrSnapshotHostResource, i, n.TAP, n.NetNS)
+	case !n.User:
+		return fmt.Errorf("%w: its network device %d names no network: give each device (--net, in order)", ErrSnapshotHostResource, i)
+	}
+	for _, p := range n.Publish {
+		if ip := net.ParseIP(p.HostIP); ip == nil || !ip.IsLoopback() {
+			return fmt.Errorf("%w: its network device %d published port %d on host address %q: give each device (--net user, in order, with --publish)",
+				ErrSnapshotHostResource, i, p.HostPort, p.HostIP)
+		}
+	}
+	return nil
+}
+
+// restoreShares is the restored shared directories: the snapshot's tags,
+// each on the directory host gives (read-only when either says so). A
+// snapshot's path would share any directory its writer names, / included.
+func restoreShares(saved, host []ShareConfig) ([]ShareConfig, error) {
+	if len(saved) > 0 && host == nil {
+		return nil, fmt.Errorf("%w: its machine shared %d directories (tag %q was %q): give each (--share tag=T,path=DIR, in order)",
+			ErrSnapshotHostResource, len(saved), saved[0].Tag, saved[0].Path)
+	}
+	if len(host) != len(saved) {
+		return nil, fmt.Errorf("%w: %d shared directories given; the snapshot's machine has %d", ErrConfig, len(host), len(saved))
+	}
+	shares := slices.Clone(saved)
+	for i, h := range host {
+		if h.Tag != "" && h.Tag != saved[i].Tag {
+			return nil, fmt.Errorf("%w: shared directory %d: tag %q given; the snapshot's guest knows it as %q", ErrConfig, i, h.Tag, saved[i].Tag)
+		}
+		shares[i].Path = h.Path
+		shares[i].ReadOnly = saved[i].ReadOnly || h.ReadOnly
+	}
+	return shares, nil
 }
