@@ -224,6 +224,11 @@ type Stats struct {
 	DgramRxDropped             uint64 // host datagrams dropped because the guest's datagram RX queue had no buffer
 	DgramRxRejected            uint64 // host datagrams shorter than the address prefix or larger than the guest's buffer
 	DgramKicks                 uint64 // datagram TX queue notifications observed
+
+	// Passes cut at their budget with the ring possibly not empty (a
+	// guest that keeps posting): the worker looked at its stop eventfd,
+	// and the datagram worker served its RX queue, before going on.
+	TxPassesCut, DgramPassesCut uint64
 }
 
 // GuestErrorKinds are the kinds the device reports
@@ -241,7 +246,7 @@ type counters struct {
 	directEnqueues, rxHandoffs, txKicks, rxKicks, interrupts, txInterrupts, txIRQCovered, hostWriteStalls, hostReadsEmpty, interestChanges, hostEvents, creditUpdates, lateRW,
 	kickSuppressions, batchedPackets, seqToHost, seqToGuest, creditStalls,
 	dgramTx, dgramRx, dgramTxBytes, dgramRxBytes, dgramTxDropped, dgramRxDropped, dgramRxRejected,
-	dgramKicks, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
+	dgramKicks, txPassesCut, dgramPassesCut, connsEstablished, connsRefused, connsReset, rxQueueFull, transportResets, eventsSent atomic.Uint64
 	guestErrors virtio.GuestErrors
 	connsOpen   atomic.Int64
 }
@@ -270,6 +275,11 @@ type Device struct {
 	portSeq atomic.Uint32
 
 	life virtio.Lifecycle[*session] // the current activation
+
+	// Tests only (export_test.go): called by the TX worker after each
+	// batch it published, and by the datagram worker after each batch of
+	// guest datagrams, on the worker's goroutine; nil: none.
+	afterTXBatch, afterDgramBatch atomic.Pointer[func()]
 }
 
 // New returns a device for cfg.
@@ -407,6 +417,7 @@ func (d *Device) Stats() Stats {
 		DgramTxBytes: c.dgramTxBytes.Load(), DgramRxBytes: c.dgramRxBytes.Load(),
 		DgramTxDropped: c.dgramTxDropped.Load(), DgramRxDropped: c.dgramRxDropped.Load(),
 		DgramRxRejected: c.dgramRxRejected.Load(), DgramKicks: c.dgramKicks.Load(),
+		TxPassesCut: c.txPassesCut.Load(), DgramPassesCut: c.dgramPassesCut.Load(),
 		SeqToHost: c.seqToHost.Load(), SeqToGuest: c.seqToGuest.Load(),
 		CreditStalls:    c.creditStalls.Load(),
 		TransportResets: c.transportResets.Load(), EventsSent: c.eventsSent.Load(),

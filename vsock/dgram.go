@@ -38,6 +38,9 @@ const (
 	// dgramBatch bounds the packets one pass handles per direction before
 	// publishing them and interrupting the guest.
 	dgramBatch = 64
+	// dgramPassBudget bounds the guest datagrams one TX pass handles
+	// (dgramTX), as dgramRX bounds its own pass.
+	dgramPassBudget = 4 * dgramBatch
 	// dgramSuffix ends the host datagram socket paths.
 	dgramSuffix = ".dgram"
 )
@@ -137,15 +140,18 @@ func (s *session) dgramLoop() {
 		{Fd: int32(s.stopDgram.FD()), Events: unix.POLLIN},
 	}
 	for {
+		wait := -1 // until a kick, a host datagram or the stop
 		if s.failed.Load() {
 			// The queues are off limits; a readable host socket must not
 			// make poll spin.
 			fds[1].Fd = -1
 		} else {
-			s.dgramTX(st)
+			if s.dgramTX(st) {
+				wait = 0 // the TX pass spent its budget: look, then go on
+			}
 			s.dgramRX(st)
 		}
-		stopped, err := eventfd.PollStop(fds, -1)
+		stopped, err := eventfd.PollStop(fds, wait)
 		if err != nil {
 			s.d.log.WithError(err).Error("vsock: datagram poll")
 			return
@@ -162,12 +168,17 @@ func (s *session) dgramLoop() {
 }
 
 // dgramTX sends the guest's datagrams to host sockets until the queue is
-// empty, with kicks off while it drains and a final re-check.
-func (s *session) dgramTX(st *dgramState) {
+// empty, with kicks off while it drains and a final re-check, or until it
+// has handled dgramPassBudget of them: then it reports that more may wait
+// (kicks stay off), and the worker serves the RX side and looks at its
+// stop eventfd before the next pass, so a guest that floods the queue
+// starves neither.
+func (s *session) dgramTX(st *dgramState) (more bool) {
+	budget := dgramPassBudget
 	for !s.failed.Load() {
 		if err := s.dtx.DisableNotification(); err != nil {
 			s.failDevice(err)
-			return
+			return false
 		}
 		for {
 			n := 0
@@ -175,7 +186,7 @@ func (s *session) dgramTX(st *dgramState) {
 				ok, err := s.dtx.Pop(&st.chain)
 				if err != nil {
 					s.failDevice(err)
-					return
+					return false
 				}
 				if !ok {
 					break
@@ -183,7 +194,7 @@ func (s *session) dgramTX(st *dgramState) {
 				s.dgramSend(st)
 				if err := s.dtx.PushNoPublish(st.chain.Head, 0); err != nil {
 					s.failDevice(err)
-					return
+					return false
 				}
 			}
 			if n == 0 {
@@ -191,22 +202,30 @@ func (s *session) dgramTX(st *dgramState) {
 			}
 			if err := s.dtx.Publish(); err != nil {
 				s.failDevice(err)
-				return
+				return false
 			}
 			if err := s.dtx.Notify(); err != nil {
 				s.failDevice(err)
-				return
+				return false
+			}
+			if hook := s.d.afterDgramBatch.Load(); hook != nil {
+				(*hook)()
+			}
+			if budget -= n; budget <= 0 {
+				s.d.ctr.dgramPassesCut.Add(1)
+				return true
 			}
 		}
-		more, err := s.dtx.EnableNotification()
+		again, err := s.dtx.EnableNotification()
 		if err != nil {
 			s.failDevice(err)
-			return
+			return false
 		}
-		if !more {
-			return
+		if !again {
+			return false
 		}
 	}
+	return false
 }
 
 // dgramSend checks one guest datagram (st.chain) and sends it to its host

@@ -87,7 +87,11 @@
 //     host-initiated connection (writing "OK <port>\n"), RW payloads go to
 //     the host socket straight from guest memory with writev (one writev
 //     per run of packets for a connection), SHUTDOWN/RST close. It returns
-//     the chains and interrupts once per batch. While a transport reset
+//     the chains and interrupts once per batch. A pass handles at most
+//     txPassBudget chains (256): a guest that keeps the ring full gets its
+//     next pass only after the worker has looked at its stop and resume
+//     eventfds (without waiting), so Stop, which the transport calls under
+//     its lock, never waits on the guest. While a transport reset
 //     waits for the guest it holds REQUESTs, and resumeTX wakes it after;
 //     stopping, it puts the chains it holds back in the ring (quiesce.go).
 //   - RX worker (rx.go, one per activation): owns the epoll set (host
@@ -379,7 +383,9 @@
 // returned) -> one sendmsg (MSG_DONTWAIT) of [prefix, payload views of guest
 // memory] from "<uds>.dgram" to "<uds>_<port>.dgram"; an error (no socket,
 // full queue) drops it (DgramTxDropped) -> chains returned, one interrupt
-// per batch of up to 64.
+// per batch of up to 64. A pass handles at most dgramPassBudget (256)
+// datagrams; then the worker serves the host side and looks at its stop
+// eventfd before the next, so a guest flooding queue 4 starves neither.
 //
 // Host to guest: "<uds>.dgram" readable (poll) -> the worker pops a buffer
 // from queue 3 and receives the datagram with one recvmsg straight into it:

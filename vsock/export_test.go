@@ -2,6 +2,7 @@ package vsock
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -199,4 +200,20 @@ func (d *Device) SessionBudget() func() uint64 {
 		return nil
 	}
 	return s.budget.used.Load
+}
+
+// SetBatchHooks has the TX worker call tx after each batch it publishes,
+// and the datagram worker dgram after each batch of guest datagrams, on
+// their own goroutines (nil: none).
+func (d *Device) SetBatchHooks(tx, dgram func()) {
+	for _, h := range []struct {
+		p *atomic.Pointer[func()]
+		f func()
+	}{{&d.afterTXBatch, tx}, {&d.afterDgramBatch, dgram}} {
+		if h.f == nil {
+			h.p.Store(nil)
+		} else {
+			h.p.Store(&h.f)
+		}
+	}
 }

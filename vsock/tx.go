@@ -11,6 +11,13 @@ import (
 // that runs of packets for one connection can share a lock (Options.BatchLock).
 const txBatch = 64
 
+// txPassBudget bounds the TX chains one pass handles: a guest that keeps
+// the ring full cannot keep the worker from its stop eventfd (Stop, which
+// the transport calls under its own lock, waits for it) nor from a
+// resume. A pass that spends it returns with work left, and the worker
+// looks at its eventfds without waiting before the next one.
+const txPassBudget = 4 * txBatch
+
 // txPacket is one popped TX chain with its header decoded once.
 type txPacket struct {
 	chain virtio.Chain
@@ -63,11 +70,14 @@ func (s *session) txLoop() {
 		}
 	}
 	for {
+		wait := -1 // until a kick, a resume or the stop
 		if !s.failed.Load() {
-			s.processTX(st)
+			if s.processTX(st) {
+				wait = 0 // the pass spent its budget: look, then go on
+			}
 			s.flushTXIRQ(&st.irq, false) // nothing is held past a batch; if it were, it goes now
 		}
-		stopped, err := eventfd.PollStop(fds, -1)
+		stopped, err := eventfd.PollStop(fds, wait)
 		if err != nil {
 			s.d.log.WithError(err).Error("vsock: tx poll")
 			return
@@ -84,29 +94,34 @@ func (s *session) txLoop() {
 	}
 }
 
-// processTX drains the TX ring. With KickSuppress the guest's kicks stay
-// disabled for the whole pass, host writes included, and are re-enabled only
-// at the end with a final re-check of the ring (seed 002); without it they
-// are re-enabled as soon as each batch is popped, before the host writes.
-func (s *session) processTX(st *txState) {
+// processTX drains the TX ring, txPassBudget chains at most, and reports
+// whether it stopped at the budget with chains possibly left (the caller
+// comes back without waiting for a kick). With KickSuppress the guest's
+// kicks stay disabled for the whole pass, host writes included, and are
+// re-enabled only at the end with a final re-check of the ring (seed 002);
+// without it they are re-enabled as soon as each batch is popped, before
+// the host writes. A pass cut at the budget leaves them as they are: the
+// next pass follows at once.
+func (s *session) processTX(st *txState) (more bool) {
 	if st.heldN > 0 {
 		// Packets held behind a REQUEST while a transport reset waits
 		// for the guest go first, in order, once it is over.
 		if s.fenced() {
-			return
+			return false
 		}
 		from, n := st.held, st.heldN
 		st.heldN = 0
 		s.handleBatch(st, from, n)
 		if st.heldN > 0 || s.failed.Load() {
-			return
+			return false
 		}
 	}
+	budget := txPassBudget
 	for {
 		if s.opts.KickSuppress {
 			if err := s.tx.DisableNotification(); err != nil {
 				s.failDevice(err)
-				return
+				return false
 			}
 			s.d.ctr.kickSuppressions.Add(1)
 		}
@@ -114,7 +129,7 @@ func (s *session) processTX(st *txState) {
 			n, err := s.popTX(st)
 			if err != nil {
 				s.failDevice(err)
-				return
+				return false
 			}
 			if n == 0 {
 				break
@@ -123,26 +138,33 @@ func (s *session) processTX(st *txState) {
 				// Failed (by the RX side) since the last look: what
 				// was popped may have been published after the failure,
 				// and a failed device does not act on it.
-				return
+				return false
 			}
 			if !s.opts.KickSuppress {
 				if _, err := s.tx.EnableNotification(); err != nil {
 					s.failDevice(err)
-					return
+					return false
 				}
 			}
 			s.handleBatch(st, 0, n)
 			if s.failed.Load() || st.heldN > 0 {
-				return // held: resumeTX brings the worker back
+				return false // held: resumeTX brings the worker back
+			}
+			if hook := s.d.afterTXBatch.Load(); hook != nil {
+				(*hook)()
+			}
+			if budget -= n; budget <= 0 {
+				s.d.ctr.txPassesCut.Add(1)
+				return true
 			}
 		}
-		more, err := s.tx.EnableNotification()
+		again, err := s.tx.EnableNotification()
 		if err != nil {
 			s.failDevice(err)
-			return
+			return false
 		}
-		if !more {
-			return
+		if !again {
+			return false
 		}
 	}
 }
