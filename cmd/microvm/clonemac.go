@@ -20,15 +20,15 @@ import (
 // ready.
 
 // cloneNets returns the network devices of a clone: given (restore's
-// --net) or else the snapshot's, each without a MAC of its own given
-// getting a new random locally administered one; nil when there are none.
+// --net) or else one entry per saved device holding only a MAC, which
+// Restore takes as the snapshot's device with that address (and refuses
+// where the device names a host resource: a TAP, a namespace, a port
+// published beyond loopback); each without a MAC of its own given gets a
+// new random locally administered one; nil when there are none.
 func cloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
 	nets := append([]microvm.NetConfig(nil), given...)
 	if given == nil {
-		nets = append(nets, saved...)
-		for i := range nets {
-			nets[i].MAC = nil // the snapshot's: the one to replace
-		}
+		nets = make([]microvm.NetConfig, len(saved))
 	}
 	for i := range nets {
 		if nets[i].MAC != nil {

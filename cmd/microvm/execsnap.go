@@ -138,13 +138,27 @@ func (o *execOpts) machineKey() (string, error) {
 }
 
 // restore is the clone of DIR this exec runs in, with network devices of
-// its own MACs (runExecIn has the agent take them: setGuestMACs).
+// its own MACs (runExecIn has the agent take them: setGuestMACs). The
+// host resources are this exec's flags', never DIR's: its key label
+// digests what anyone may read, so a DIR someone else wrote could carry
+// a matching key beside a machine of their own.
 func (w *warmStart) restore(o *execOpts, console io.Writer) (*microvm.Machine, error) {
-	nets, err := cloneNets(nil, w.snap.Config.Nets)
+	own := o.machineConfig("", console)
+	// Non-nil: exactly exec's devices, none when it gives none.
+	given := make([]microvm.NetConfig, len(own.Nets))
+	for i, n := range own.Nets {
+		n.MAC = nil // the snapshot's guest has it: each clone draws its own
+		given[i] = n
+	}
+	nets, err := cloneNets(given, nil)
 	if err != nil {
 		return nil, err
 	}
-	return microvm.Restore(w.dir, microvm.Config{Console: console, Log: o.log, Nets: nets})
+	if nets == nil {
+		nets = []microvm.NetConfig{}
+	}
+	return microvm.Restore(w.dir, microvm.Config{Console: console, Log: o.log, Vsock: own.Vsock,
+		Disks: own.Disks, Nets: nets, Shares: own.Shares})
 }
 
 // save snapshots the freshly booted m, whose agent answered on cc, into

@@ -24,13 +24,17 @@ import (
 // exit status the guest's end; or, with --name, as a named VM (with
 // --detach, in the background). The flags name the host resources the new
 // process owns; the machine itself (CPUs, memory, devices and their
-// settings) is the snapshot's.
+// settings) is the snapshot's. A snapshot is its writer's word: the disks,
+// shared directories, TAP devices, namespaces, vsock socket and
+// non-loopback ports its machine had are refused (microvm.
+// ErrSnapshotHostResource, exit status 2) unless the flags give them
+// again, before anything is made.
 
 // restoreCommand is `microvm restore`.
 func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	opts := []opt{
 		uint64Opt("vsock-cid", "the restored guest's vsock CID (default: the snapshot's); a clone beside its original needs its own"),
-		stringOpt("vsock-uds", "", "host Unix socket of the vsock device (default: the snapshot's; a named VM's is in its state directory)"),
+		stringOpt("vsock-uds", "", "host Unix socket of the vsock device, which a restore needs where the snapshot's VM had one (never the snapshot's own); a named VM's is in its state directory"),
 		stringOpt("metrics-socket", "", "serve Prometheus metrics on this Unix socket"),
 		stringOpt("name", "", "run it as the named VM NAME (microvm ls, stop, exec --vm); default: in the foreground, unnamed"),
 		boolOpt("detach", "with --name: return once the VM runs (and its agent answers, when the snapshot's VM ran one); the VM goes on in the background", "d"),
@@ -40,15 +44,17 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:  "restore",
 		Usage: "run a VM from a snapshot (microvm snapshot): it goes on where it was saved",
-		UsageText: "microvm restore [--name NAME [--detach]] [--prefault] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... [--net NET]... [--publish SPEC]... " +
+		UsageText: "microvm restore [--name NAME [--detach]] [--prefault] [--vsock-cid N] [--vsock-uds PATH] [--disk PATH]... [--net NET]... [--publish SPEC]... [--share tag=T,path=DIR[,readonly]]... " +
 			"[--metrics-socket PATH] [--seccomp=off] [--log-level LEVEL] DIR",
 		OnUsageError: onUsageError,
 		Flags: append(cliFlags(opts, []opt{seccompFlag()}, logFlags()), &cli.StringSliceFlag{Name: "disk",
-			Usage: "disk image path in place of the snapshot's, one per disk in order (each checked against the size and modification time the snapshot saw)"},
+			Usage: "disk image path, one per disk of the snapshot's machine in order, which a restore needs (never the snapshot's own; each checked against the size and modification time the snapshot saw)"},
 			&cli.StringSliceFlag{Name: "net",
-				Usage: "network device in place of the snapshot's, one per device in order: user[,mac=M] or tap=NAME[,netns=PATH][,mac=M] (a mac= other than the snapshot's is the guest's only once its agent takes it: with --name, microvm has it do so; without mac=, --name gives a snapshot of an agent VM new MACs, others keep the snapshot's)"},
+				Usage: "network device in place of the snapshot's, one per device in order, which a restore needs where the snapshot's VM had a TAP or a port published beyond loopback (never the snapshot's own): user[,mac=M] or tap=NAME[,netns=PATH][,mac=M] (a mac= other than the snapshot's is the guest's only once its agent takes it: with --name, microvm has it do so; without mac=, --name gives a snapshot of an agent VM new MACs, others keep the snapshot's)"},
 			&cli.StringSliceFlag{Name: "publish",
-				Usage: "with --net user: forward host port [IP:]PORT to the guest's GUESTPORT ([IP:]PORT:GUESTPORT[/udp]), as run's --publish"}),
+				Usage: "with --net user: forward host port [IP:]PORT to the guest's GUESTPORT ([IP:]PORT:GUESTPORT[/udp]), as run's --publish"},
+			&cli.StringSliceFlag{Name: "share",
+				Usage: "host directory for each shared directory of the snapshot's machine, in order, which a restore needs (never the snapshot's own): tag=T,path=DIR[,readonly] as run's --share, T the snapshot's tag; readonly when this or the snapshot says so"}),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return usagef("restore: want one snapshot directory")
@@ -76,6 +82,13 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			}
 			for _, p := range c.StringSlice("disk") {
 				host.Disks = append(host.Disks, microvm.DiskConfig{Path: p})
+			}
+			for _, v := range c.StringSlice("share") {
+				sc, err := microvm.ParseShare(v)
+				if err != nil {
+					return usageError{err}
+				}
+				host.Shares = append(host.Shares, sc)
 			}
 			if host.Nets, err = restoreNets(c.StringSlice("net"), c.StringSlice("publish")); err != nil {
 				return err
@@ -118,14 +131,8 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if host.Vsock != nil && host.Vsock.CID != 0 {
 		rec.VsockCID = host.Vsock.CID
 	}
-	for i, d := range cfg.Disks {
-		if i < len(host.Disks) {
-			d = host.Disks[i]
-		}
+	for _, d := range host.Disks {
 		rec.Disks = append(rec.Disks, d.Path)
-	}
-	if c.Bool("detach") && os.Getenv(detachFD) == "" {
-		return startDetached(name, c.Duration("boot-timeout"), rec.Agent)
 	}
 	if rec.Agent {
 		// A clone of its own on the network: new MACs, which the agent
@@ -134,7 +141,9 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 			return err
 		}
 	}
-	build := func(own microvm.Config) (*microvm.Machine, error) {
+	// withOwn is host with what the VM's process owns (runNamedVM): its
+	// console, log and the vsock socket in its state directory.
+	withOwn := func(own microvm.Config) microvm.Config {
 		h := host
 		h.Log, h.Console, h.ConsoleInput = own.Log, own.Console, own.ConsoleInput
 		if cfg.Vsock != nil { // else the VM has no vsock socket to own
@@ -144,7 +153,18 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 			}
 			h.Vsock = &v
 		}
-		return microvm.Restore(dir, h)
+		return h
+	}
+	// Refused before the VM's record or a detached process exists; the
+	// socket's name stands in for its path, which the check does not open.
+	if err := microvm.CheckRestore(dir, withOwn(microvm.Config{Vsock: &microvm.VsockConfig{UDSPath: vms.VsockSocket}})); err != nil {
+		return err
+	}
+	if c.Bool("detach") && os.Getenv(detachFD) == "" {
+		return startDetached(name, c.Duration("boot-timeout"), rec.Agent)
+	}
+	build := func(own microvm.Config) (*microvm.Machine, error) {
+		return microvm.Restore(dir, withOwn(own))
 	}
 	return runNamedVM(c, namedLaunch{rec: rec, build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
 }

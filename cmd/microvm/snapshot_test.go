@@ -162,7 +162,7 @@ func TestNamedAgentSnapshot(t *testing.T) {
 	n.mustRun("snapshot", "--stop", "--out", snap, "t1")
 	time.Sleep(5 * time.Second) // a clock not moved on by the restore would be this far behind
 	start := time.Now()
-	n.mustRun("restore", "--name", "t2", "--detach", "--net", "user", snap)
+	n.mustRun("restore", "--name", "t2", "--detach", "--net", "user", "--disk", disk, snap)
 	t.Logf("restore --detach returned, the agent answering, after %v", time.Since(start).Round(time.Millisecond))
 	if out := n.mustRun("exec", "--vm", "t2", "--", "cat", "/tmp/state"); out != "written before the snapshot\n" {
 		t.Errorf("the restored VM's /tmp/state: %q", out)
