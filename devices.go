@@ -23,6 +23,7 @@ import (
 	"github.com/microvm/microvm/devices/rng"
 	"github.com/microvm/microvm/devices/virtio9p"
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/devices/virtionet/usernet/netpolicy"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/internal/vmm"
 	"github.com/microvm/microvm/virtio"
@@ -704,6 +705,16 @@ type NetConfig struct {
 	User bool
 	// Publish forwards host ports to the guest (User only).
 	Publish []virtionet.Publish
+	// HostLoopback (User only; --net user,host-loopback) lets the guest
+	// reach the host's 127.0.0.1 at 192.168.127.254, and the host's own
+	// addresses: off, a service on the host that trusts local clients is
+	// out of the guest's reach (docs/net.md, "What the guest reaches").
+	HostLoopback bool
+	// Egress (User only; --net user,egress=SPEC, netpolicy.ParseEgress)
+	// limits the guest's other destinations; the zero value allows all
+	// but the blocked ranges (loopback, link-local and cloud metadata,
+	// multicast).
+	Egress netpolicy.Egress
 	// MAC is the guest's address; nil picks a random locally
 	// administered one.
 	MAC net.HardwareAddr
@@ -728,19 +739,41 @@ type NetMetrics struct {
 	virtionet.Stats
 }
 
-// ParseNet parses a --net value: user[,mac=M] or tap=NAME[,netns=PATH][,mac=M].
+// netSyntax is --net's value.
+const netSyntax = "user[,host-loopback][,egress=SPEC][,mac=M] or tap=NAME[,netns=PATH][,mac=M]"
+
+// ParseNet parses a --net value: user[,host-loopback][,egress=SPEC][,mac=M]
+// or tap=NAME[,netns=PATH][,mac=M]. SPEC is netpolicy.ParseEgress's, its
+// rules joined with "+" since "," joins the options.
 func ParseNet(s string) (NetConfig, error) {
 	var nc NetConfig
+	egress := false
 	for i, kv := range strings.Split(s, ",") {
 		if kv == "user" && i == 0 {
 			nc.User = true
 			continue
 		}
+		if kv == "host-loopback" {
+			if nc.HostLoopback {
+				return nc, fmt.Errorf("%w: --net %q: host-loopback given twice", ErrConfig, s)
+			}
+			nc.HostLoopback = true
+			continue
+		}
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || v == "" {
-			return nc, fmt.Errorf("%w: --net %q: want user[,mac=M] or tap=NAME[,netns=PATH][,mac=M]", ErrConfig, s)
+			return nc, fmt.Errorf("%w: --net %q: want %s", ErrConfig, s, netSyntax)
 		}
 		switch k {
+		case "egress":
+			if egress {
+				return nc, fmt.Errorf("%w: --net %q: egress given twice (join its rules with +)", ErrConfig, s)
+			}
+			e, err := netpolicy.ParseEgress(v)
+			if err != nil {
+				return nc, fmt.Errorf("%w: --net %q: %w", ErrConfig, s, err)
+			}
+			nc.Egress, egress = e, true
 		case "tap":
 			if nc.TAP != "" {
 				return nc, fmt.Errorf("%w: --net %q: tap given twice", ErrConfig, s)
@@ -764,7 +797,7 @@ func ParseNet(s string) (NetConfig, error) {
 			}
 			nc.MAC = m
 		default:
-			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap, netns or mac)", ErrConfig, s, k)
+			return nc, fmt.Errorf("%w: --net %q: unknown key %q (want tap, netns, mac, egress or host-loopback)", ErrConfig, s, k)
 		}
 	}
 	switch {
@@ -774,6 +807,8 @@ func ParseNet(s string) (NetConfig, error) {
 		return nc, fmt.Errorf("%w: --net %q: want user or tap=NAME", ErrConfig, s)
 	case nc.User && nc.NetNS != "":
 		return nc, fmt.Errorf("%w: --net %q: netns needs a TAP (tap=NAME)", ErrConfig, s)
+	case !nc.User && (nc.HostLoopback || egress):
+		return nc, fmt.Errorf("%w: --net %q: host-loopback and egress are --net user's (a TAP's traffic is the host's firewall's to filter)", ErrConfig, s)
 	}
 	return nc, nil
 }
@@ -802,6 +837,14 @@ var netKind = deviceKind{
 				return fmt.Errorf("%w: net: TAP name %q is longer than 15 bytes", ErrConfig, n.TAP)
 			case len(n.Publish) > 0:
 				return fmt.Errorf("%w: net %s: --publish needs a user-mode network (--net user), not a TAP", ErrConfig, n.TAP)
+			case n.HostLoopback || n.Egress.Restrict || len(n.Egress.Allow) > 0:
+				return fmt.Errorf("%w: net %s: host-loopback and egress need a user-mode network (--net user), not a TAP", ErrConfig, n.TAP)
+			}
+			if !n.Egress.Restrict && len(n.Egress.Allow) > 0 {
+				return fmt.Errorf("%w: net: egress rules without Restrict: set it, the rules are then the only destinations", ErrConfig)
+			}
+			if _, err := netpolicy.ParseEgress(n.Egress.String()); err != nil {
+				return fmt.Errorf("%w: net: %w", ErrConfig, err)
 			}
 			if n.MAC != nil && (len(n.MAC) != 6 || n.MAC[0]&1 != 0) {
 				return fmt.Errorf("%w: net: MAC %v is not a 6-byte unicast address", ErrConfig, n.MAC)
@@ -834,7 +877,7 @@ var netKind = deviceKind{
 			var dev *virtionet.Device
 			var err error
 			if nc.User {
-				dev, err = m.userNet(cfg, nc.Publish)
+				dev, err = m.userNet(cfg, nc)
 			} else {
 				dev, err = virtionet.New(cfg)
 			}
@@ -880,8 +923,8 @@ var netKind = deviceKind{
 		c("microvm_net_rx_errors_total", "TAP reads that failed or returned a runt.", func(n NetMetrics) uint64 { return n.RxErrors })
 	},
 	flags: []Flag{
-		{Name: "net", Synopsis: "[--net user|tap=NAME[,netns=PATH][,mac=M]]...",
-			Usage: fmt.Sprintf("add a virtio-net device: user: on a user-mode network (NAT, DHCP, DNS; no root; guest %s, host's 127.0.0.1 at %s); tap=NAME: on host TAP NAME (attached, or created with CAP_NET_ADMIN), in the network namespace at PATH if given; guest MAC M or a random one; repeatable, at most %d", usernetGuestIP, usernetHostIP, MaxNets),
+		{Name: "net", Synopsis: "[--net user[,host-loopback][,egress=SPEC]|tap=NAME[,netns=PATH][,mac=M]]...",
+			Usage: fmt.Sprintf("add a virtio-net device: user: on a user-mode network (NAT, DHCP, DNS; no root; guest %s; host-loopback: the host's 127.0.0.1 at %s, off by default; egress=SPEC limits the guest's destinations, SPEC %s; loopback, link-local and cloud metadata addresses are never reached); tap=NAME: on host TAP NAME (attached, or created with CAP_NET_ADMIN), in the network namespace at PATH if given; guest MAC M or a random one; repeatable, at most %d", usernetGuestIP, usernetHostIP, netpolicy.EgressSyntax, MaxNets),
 			Set: func(c *Config, v string) error {
 				n, err := ParseNet(v)
 				if err != nil {

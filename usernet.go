@@ -32,11 +32,11 @@ const (
 	netHelperStart = 30 * time.Second
 )
 
-// userNet starts the machine's user-mode network in a microvm-net process
-// (NetConfig.User) and returns a virtio-net device on its socket. The
-// process ends when the device's end closes (the machine's Close, or this
-// process's death); Close then reaps it.
-func (m *Machine) userNet(cfg virtionet.Config, publish []virtionet.Publish) (*virtionet.Device, error) {
+// userNet starts the machine's user-mode network nc in a microvm-net
+// process (NetConfig.User) and returns a virtio-net device on its socket.
+// The process ends when the device's end closes (the machine's Close, or
+// this process's death); Close then reaps it.
+func (m *Machine) userNet(cfg virtionet.Config, nc NetConfig) (*virtionet.Device, error) {
 	if cfg.MAC == nil {
 		mac, err := virtionet.RandomMAC()
 		if err != nil {
@@ -69,9 +69,13 @@ func (m *Machine) userNet(cfg virtionet.Config, publish []virtionet.Publish) (*v
 		return nil, err
 	}
 	args := []string{helper, "--guest-mac", cfg.MAC.String()}
-	for _, p := range publish {
+	for _, p := range nc.Publish {
 		args = append(args, "--publish", p.String())
 	}
+	if nc.HostLoopback {
+		args = append(args, "--host-loopback")
+	}
+	args = append(args, "--egress", nc.Egress.String())
 	if lv, ok := logLevel(m.log); ok {
 		args = append(args, "--log-level", lv.String())
 	}

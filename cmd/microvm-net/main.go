@@ -4,7 +4,12 @@
 // other) and a status pipe as fd 4, and it runs
 // devices/virtionet/usernet on them until the device's end closes.
 //
-//	microvm-net --guest-mac MAC [--publish SPEC]... [--log-level LEVEL] [--seccomp=false]
+//	microvm-net --guest-mac MAC [--publish SPEC]... [--host-loopback] [--egress SPEC]
+//	            [--log-level LEVEL] [--seccomp=false]
+//
+// --host-loopback and --egress are the policy of --net user's options of
+// the same names (devices/virtionet/usernet/netpolicy): without them the
+// guest reaches neither the host's loopback nor the blocked ranges.
 //
 // It writes one line to fd 4: "ready" once the published ports are bound
 // and its seccomp filter (internal/seccomp.UserNet) is in, or "error: ..."
@@ -32,6 +37,7 @@ import (
 
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
+	"github.com/microvm/microvm/devices/virtionet/usernet/netpolicy"
 	"github.com/microvm/microvm/internal/seccomp"
 )
 
@@ -71,6 +77,8 @@ func run(args []string, status *os.File) error {
 	mac := fs.String("guest-mac", "", "the guest NIC's MAC: DHCP leases it "+usernet.GuestIP)
 	var publish publishFlags
 	fs.Var(&publish, "publish", "[IP:]PORT:GUESTPORT[/udp], repeatable")
+	hostLoopback := fs.Bool("host-loopback", false, "let the guest reach the host's 127.0.0.1 at "+usernet.HostIP)
+	egressSpec := fs.String("egress", "all", "where else the guest may connect: "+netpolicy.EgressSyntax)
 	level := fs.String("log-level", "warn", "diagnostics on stderr")
 	filter := fs.Bool("seccomp", true, "confine the process once the ports are bound")
 	if err := fs.Parse(args); err != nil {
@@ -79,6 +87,10 @@ func run(args []string, status *os.File) error {
 	guestMAC, err := virtionet.ParseMAC(*mac)
 	if err != nil {
 		return fmt.Errorf("--guest-mac: %w", err)
+	}
+	egress, err := netpolicy.ParseEgress(*egressSpec)
+	if err != nil {
+		return fmt.Errorf("--egress: %w", err)
 	}
 	lvl, err := logrus.ParseLevel(*level)
 	if err != nil {
@@ -102,7 +114,8 @@ func run(args []string, status *os.File) error {
 	_, _ = net.DefaultResolver.LookupHost(ctx, "localhost")
 	cancel()
 
-	n, err := usernet.NewOnSocket(usernet.Config{GuestMAC: guestMAC, Publish: publish, Log: log}, socketFD)
+	n, err := usernet.NewOnSocket(usernet.Config{GuestMAC: guestMAC, Publish: publish,
+		HostLoopback: *hostLoopback, Egress: egress, Log: log}, socketFD)
 	if err != nil {
 		return err
 	}

@@ -73,12 +73,15 @@ func TestDeviceFlags(t *testing.T) {
 func TestNetUsageErrors(t *testing.T) {
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "tap=a,bogus=1"}, "unknown key")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "mac=02:00:00:00:00:01"}, "want user or tap=NAME")
-	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=", "--", "true"}, "want user[,mac=M] or tap=NAME")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=", "--", "true"}, "want user[,host-loopback][,egress=SPEC][,mac=M] or tap=NAME")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user,tap=t0"}, "not both")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user", "--net", "user"}, "at most one")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--publish", "8080:80"}, "--publish needs --net user")
 	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user", "--publish", "80"}, "want [HOSTIP:]HOSTPORT:GUESTPORT")
 	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user", "--publish", "8080:80/sctp", "--", "true"}, "want tcp or udp")
+	wantError(t, microvm.StatusUsage, []string{"run", "--kernel", "k", "--net", "user,egress=10.0.0.1"}, "want a CIDR with its /LEN")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "user,egress=10.0.0.0/8:0", "--", "true"}, "want 1-65535")
+	wantError(t, microvm.StatusUsage, []string{"exec", "--net", "tap=t0,host-loopback", "--", "true"}, "are --net user's")
 	five := []string{"run", "--kernel", "k"}
 	for _, n := range []string{"a", "b", "c", "d", "e"} {
 		five = append(five, "--net", "tap="+n)

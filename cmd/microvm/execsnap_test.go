@@ -129,7 +129,7 @@ func TestExecSnapshotNet(t *testing.T) {
 	run := func(who string) string {
 		t.Helper()
 		cmd := exec.Command(testenv.Binary(t), "exec", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
-			"--memory", "256M", "--net", "user", "--snapshot", dir, "--timeout", "3m", "--", "sh", "-c", script)
+			"--memory", "256M", "--net", "user,host-loopback", "--snapshot", dir, "--timeout", "3m", "--", "sh", "-c", script)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		if err := cmd.Run(); err != nil {

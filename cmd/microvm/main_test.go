@@ -116,7 +116,7 @@ func TestUsageErrors(t *testing.T) {
 		{"vhost-user-vsock uds path too long", []string{"vhost-user-vsock", "--socket", "/tmp/a", "--uds-path", "/tmp/" + strings.Repeat("x", 100)}, "over the 107 that sun_path holds"},
 		{"restore without a directory", []string{"restore"}, "restore: want one snapshot directory"},
 		{"restore with two", []string{"restore", "a", "b"}, "restore: want one snapshot directory"},
-		{"restore with a bad --net", []string{"restore", "--net", "tap", "a"}, "want user[,mac=M] or tap=NAME"},
+		{"restore with a bad --net", []string{"restore", "--net", "tap", "a"}, "want user[,host-loopback][,egress=SPEC][,mac=M] or tap=NAME"},
 		{"restore --publish without --net user", []string{"restore", "--net", "tap=t0", "--publish", "8080:80", "a"}, "--publish needs --net user"},
 		{"restore with a bad --publish", []string{"restore", "--net", "user", "--publish", "x", "a"}, "publish"},
 		{"snapshot without --out", []string{"snapshot", "vm1"}, "snapshot: --out DIR is required"},

@@ -18,7 +18,7 @@ import (
 	"github.com/microvm/microvm/internal/testenv"
 )
 
-// TestExecUserNet runs `microvm exec --net user` with Linux's virtio-net
+// TestExecUserNet runs `microvm exec --net user,host-loopback` with Linux's virtio-net
 // driver, as its own process (so under the seccomp filter), without root:
 // the kernel takes its address by DHCP, the stack's DNS answers
 // host.microvm.internal, the guest fetches a file from a server on this
@@ -72,7 +72,7 @@ func TestExecUserNet(t *testing.T) {
 		"/bin/nettest udp-echo 7000 bye 120s",
 	}, "\n")
 	vm := exec.Command(testenv.Binary(t), "exec", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
-		"--add", nettest+":/bin/nettest", "--net", "user",
+		"--add", nettest+":/bin/nettest", "--net", "user,host-loopback",
 		"--publish", fmt.Sprintf("%d:8080", tcpPub), "--publish", fmt.Sprintf("%d:7000/udp", udpPub),
 		"--timeout", "4m", "--", "sh", "-c", script)
 	stdout, err := vm.StdoutPipe()

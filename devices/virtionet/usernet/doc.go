@@ -4,7 +4,9 @@
 // guest. No TAP, bridge, iptables rule or capability is involved.
 //
 // The stack is gvisor-tap-vsock's virtual network (the one podman machine
-// and CRC use): a gVisor netstack behind a virtual switch. microvm runs it
+// and CRC use): a gVisor netstack behind a virtual switch, assembled here
+// from its parts (stack.go) so that microvm's own forwarders, which ask
+// the policy first, take the guest's TCP and UDP. microvm runs it
 // in a process of its own (cmd/microvm-net, on NewOnSocket) and connects
 // the virtio-net device to the switch over a SOCK_SEQPACKET socketpair, one Ethernet frame per record (the switch's "bess" protocol;
 // virtionet.NewSocket on the device's end). Not SOCK_DGRAM (the "vfkit"
@@ -18,9 +20,13 @@
 // record on the socketpair -> the switch's reader goroutine -> the
 // netstack. DHCP (UDP 67) and DNS (UDP/TCP 53 at GatewayIP) are answered
 // by servers on the stack; a TCP connection or UDP flow to any other
-// address is terminated in the stack and re-originated by the host
-// process with an ordinary socket (connect(2) to the same address and
-// port), HostIP being rewritten to 127.0.0.1 first. World to guest runs
+// address is terminated in the stack and handed to the policy
+// (Config.HostLoopback and Config.Egress, package netpolicy), which maps
+// HostIP to 127.0.0.1 when host-loopback is on and decides on the address
+// that would be dialled; a refused connection gets an RST, a refused
+// flow's datagrams are dropped, and both count in Stats.Refused. An
+// allowed one is re-originated by the host process with an ordinary
+// socket (connect(2) to that address and port). World to guest runs
 // the other way: the host socket's data is written into the stack's
 // connection, which frames it towards the guest's MAC -> one record ->
 // the virtio-net RX worker -> an RX chain.
@@ -34,7 +40,16 @@
 //	192.168.127.0/24  Subnet
 //	192.168.127.1     GatewayIP: default route, DHCP and DNS server
 //	192.168.127.2     GuestIP: the guest's lease (a static lease on its MAC)
-//	192.168.127.254   HostIP: the host's 127.0.0.1; host.microvm.internal
+//	192.168.127.254   HostIP: the host's 127.0.0.1 with HostLoopback; host.microvm.internal
+//
+// What the guest may reach (netpolicy.Policy.Decide): by default every
+// address but the blocked ranges (0.0.0.0/8, loopback, link-local and
+// cloud metadata, multicast and reserved, the network's own range) and
+// the host's own addresses; HostIP and the host's addresses only with
+// HostLoopback; with Egress restricted, only its rules' addresses and
+// ports (a rule lying inside the link-local or metadata ranges opens
+// them). DNS at GatewayIP and published ports are the stack's own and
+// inbound, so no policy applies to them.
 //
 // DNS answers the names of the microvm.internal zone (HostName,
 // gateway.microvm.internal; NXDOMAIN for the rest of it) from its own
@@ -50,7 +65,8 @@
 //
 // New starts the stack's own goroutines (the switch's reader for the
 // socketpair, the DHCP and DNS servers, one per published listener and
-// per forwarded connection). Close stops the reader (the socketpair is
+// per forwarded connection or UDP flow). The policy is read-only after
+// New; its counters are atomics. Close stops the reader (the socketpair is
 // closed) and the listeners; gvisor-tap-vsock has no way to stop its
 // DHCP and DNS servers, so those two goroutines and the stack's memory
 // stay until the process exits: nothing for microvm-net, which serves one

@@ -1,23 +1,24 @@
 package usernet
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
+	"net/netip"
 	"os"
-	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/containers/gvisor-tap-vsock/pkg/services/forwarder"
+	"github.com/containers/gvisor-tap-vsock/pkg/tap"
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
-	"github.com/containers/gvisor-tap-vsock/pkg/virtualnetwork"
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/devices/virtionet/usernet/netpolicy"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
 // The network's addresses (doc.go).
@@ -40,15 +41,31 @@ type Config struct {
 	// GuestMAC is the MAC of the guest's virtio-net device: DHCP leases
 	// GuestIP to it.
 	GuestMAC net.HardwareAddr
-	// Publish lists the host ports forwarded into the guest.
+	// Publish lists the host ports forwarded into the guest. They are
+	// inbound: Egress does not limit them.
 	Publish []virtionet.Publish
+	// HostLoopback lets the guest reach the host's loopback (every port
+	// of its 127.0.0.1) at HostIP, and the host's own addresses on its
+	// other interfaces. Without it the guest reaches neither: a service
+	// on the host that trusts local connections must not trust the guest.
+	HostLoopback bool
+	// Egress limits where else the guest's TCP connections and UDP flows
+	// go (netpolicy.ParseEgress; the zero value: everywhere outside the
+	// blocked ranges, netpolicy.Policy). DNS to GatewayIP is answered by
+	// the network itself, and always works.
+	Egress netpolicy.Egress
 	// Log receives diagnostics (nil: logrus.StandardLogger()).
 	Log logrus.FieldLogger
 }
 
 // Network is one VM's user-mode network (doc.go).
 type Network struct {
-	vn      *virtualnetwork.VirtualNetwork
+	stack   *stack.Stack
+	sw      *tap.Switch
+	ports   *forwarder.PortsForwarder
+	policy  netpolicy.Policy
+	refused atomic.Uint64 // connections and flows the policy refused
+	warned  atomic.Bool   // the first refusal was logged as a warning
 	log     logrus.FieldLogger
 	conn    net.Conn // the switch's end of the socketpair
 	cancel  context.CancelFunc
@@ -102,34 +119,25 @@ func NewOnSocket(cfg Config, fd int) (n *Network, err error) {
 		conn.Close()
 		return nil, err
 	}
-	vn, err := virtualnetwork.New(&types.Configuration{
-		MTU:               MTU,
-		Subnet:            Subnet,
-		GatewayIP:         GatewayIP,
-		GatewayMacAddress: gatewayMAC,
-		GatewayVirtualIPs: []string{HostIP},
-		NAT:               map[string]string{HostIP: "127.0.0.1"},
-		DHCPStaticLeases:  map[string]string{GuestIP: cfg.GuestMAC.String()},
-		DNS: []types.Zone{{
-			Name: zone,
-			Records: []types.Record{
-				{Name: strings.TrimSuffix(HostName, "."+strings.TrimSuffix(zone, ".")), IP: net.ParseIP(HostIP)},
-				{Name: "gateway", IP: net.ParseIP(GatewayIP)},
-			},
-		}},
-		Protocol: types.BessProtocol,
-	})
-	if err != nil {
+	ctx, cancel := context.WithCancel(context.Background())
+	n = &Network{log: cfg.Log, conn: conn, cancel: cancel, served: make(chan struct{}), devFD: -1,
+		policy: netpolicy.Policy{
+			Subnet:       netip.MustParsePrefix(Subnet),
+			HostGateway:  netip.MustParseAddr(HostIP),
+			HostAddrs:    hostAddrs(),
+			HostLoopback: cfg.HostLoopback,
+			Egress:       cfg.Egress,
+		}}
+	if err := n.newStack(cfg.GuestMAC); err != nil {
+		cancel()
 		conn.Close()
 		return nil, fmt.Errorf("usernet: %w", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n = &Network{vn: vn, log: cfg.Log, conn: conn, cancel: cancel, served: make(chan struct{}), devFD: -1}
 	go func() {
 		defer close(n.served)
 		// Returns when conn is closed (Close) or the device's end is
 		// (end of stream).
-		_ = vn.AcceptBess(ctx, conn)
+		_ = n.sw.Accept(ctx, conn, types.BessProtocol)
 	}()
 	defer func() {
 		if err != nil {
@@ -178,14 +186,12 @@ func checkPublish(ps []virtionet.Publish) error {
 	return nil
 }
 
-// expose and unexpose go through the stack's own service API, in process.
 func (n *Network) expose(p virtionet.Publish) error {
 	proto := types.TCP
 	if p.Proto == "udp" {
 		proto = types.UDP
 	}
-	req := types.ExposeRequest{Local: p.HostAddr(), Remote: fmt.Sprintf("%s:%d", GuestIP, p.GuestPort), Protocol: proto}
-	if err := n.service("/services/forwarder/expose", req); err != nil {
+	if err := n.ports.Expose(proto, p.HostAddr(), fmt.Sprintf("%s:%d", GuestIP, p.GuestPort)); err != nil {
 		return fmt.Errorf("--publish %s: %w", p, err)
 	}
 	return nil
@@ -196,42 +202,29 @@ func (n *Network) unexpose(p virtionet.Publish) error {
 	if p.Proto == "udp" {
 		proto = types.UDP
 	}
-	return n.service("/services/forwarder/unexpose", types.UnexposeRequest{Local: p.HostAddr(), Protocol: proto})
+	return n.ports.Unexpose(proto, p.HostAddr())
 }
 
-func (n *Network) service(path string, body any) error {
-	b, err := json.Marshal(body)
+// hostAddrs are the host's addresses on its interfaces, loopback aside,
+// as they are when the network starts: netpolicy.Policy.HostAddrs. An
+// address the host gains later is not among them.
+func hostAddrs() []netip.Addr {
+	as, err := net.InterfaceAddrs()
 	if err != nil {
-		return err
+		return nil
 	}
-	r, err := http.NewRequest(http.MethodPost, path, bytes.NewReader(b))
-	if err != nil {
-		return err
+	var out []netip.Addr
+	for _, a := range as {
+		ipn, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(ipn.IP); ok && !ip.Unmap().IsLoopback() {
+			out = append(out, ip.Unmap())
+		}
 	}
-	r.RemoteAddr = "127.0.0.1:0"
-	var w response
-	n.vn.ServicesMux().ServeHTTP(&w, r)
-	if w.code != 0 && w.code != http.StatusOK {
-		return errors.New(strings.TrimSpace(w.body.String()))
-	}
-	return nil
+	return out
 }
-
-// response is the http.ResponseWriter of an in-process service call.
-type response struct {
-	code int
-	body bytes.Buffer
-	hdr  http.Header
-}
-
-func (w *response) Header() http.Header {
-	if w.hdr == nil {
-		w.hdr = http.Header{}
-	}
-	return w.hdr
-}
-func (w *response) Write(b []byte) (int, error) { return w.body.Write(b) }
-func (w *response) WriteHeader(code int)        { w.code = code }
 
 // TakeDeviceFD hands over the device's end of the socketpair, for
 // virtionet.NewSocket, which then owns it. It can be taken once.
@@ -251,11 +244,15 @@ type Stats struct {
 	// ToGuest and FromGuest count frame bytes the switch sent to and
 	// received from the device.
 	ToGuest, FromGuest uint64
+	// Refused counts the guest's TCP connections (answered with an RST)
+	// and UDP datagrams opening a flow (dropped) that the policy
+	// (Config.HostLoopback, Config.Egress) refused.
+	Refused uint64
 }
 
 // Stats returns the byte counts.
 func (n *Network) Stats() Stats {
-	return Stats{ToGuest: n.vn.BytesSent(), FromGuest: n.vn.BytesReceived()}
+	return Stats{ToGuest: atomic.LoadUint64(&n.sw.Sent), FromGuest: atomic.LoadUint64(&n.sw.Received), Refused: n.refused.Load()}
 }
 
 // Close unbinds the published ports, disconnects the device (whose own

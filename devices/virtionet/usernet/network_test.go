@@ -17,6 +17,7 @@ import (
 	"github.com/insomniacslk/dhcp/dhcpv4"
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
+	"github.com/microvm/microvm/devices/virtionet/usernet/netpolicy"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/miekg/dns"
 	"github.com/sirupsen/logrus"
@@ -31,7 +32,15 @@ func quietLog() logrus.FieldLogger {
 
 func newNetwork(t *testing.T, publish ...virtionet.Publish) *usernet.Network {
 	t.Helper()
-	n, err := usernet.New(usernet.Config{GuestMAC: testMAC, Publish: publish, Log: quietLog()})
+	return newNetworkWith(t, usernet.Config{Publish: publish})
+}
+
+// newNetworkWith starts a network on cfg, with the test guest's MAC and a
+// quiet log.
+func newNetworkWith(t *testing.T, cfg usernet.Config) *usernet.Network {
+	t.Helper()
+	cfg.GuestMAC, cfg.Log = testMAC, quietLog()
+	n, err := usernet.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +52,9 @@ func newNetwork(t *testing.T, publish ...virtionet.Publish) *usernet.Network {
 	return n
 }
 
-// TestGuestFetchesFromHost: the guest reaches a server on the host's
-// loopback through usernet.HostIP, and the bytes arrive intact (SHA-256).
+// TestGuestFetchesFromHost: with HostLoopback the guest reaches a server
+// on the host's loopback through usernet.HostIP, and the bytes arrive
+// intact (SHA-256).
 func TestGuestFetchesFromHost(t *testing.T) {
 	body := make([]byte, 4<<20)
 	rand.Read(body)
@@ -58,7 +68,7 @@ func TestGuestFetchesFromHost(t *testing.T) {
 	defer srv.Close()
 	port := uint16(l.Addr().(*net.TCPAddr).Port)
 
-	g := newTestGuest(t, newNetwork(t))
+	g := newTestGuest(t, newNetworkWith(t, usernet.Config{HostLoopback: true}))
 	c := g.dial(t, usernet.HostIP, port)
 	fmt.Fprintf(c, "GET /file HTTP/1.0\r\nHost: %s\r\n\r\n", usernet.HostName)
 	c.SetDeadline(time.Now().Add(30 * time.Second))
@@ -73,10 +83,12 @@ func TestGuestFetchesFromHost(t *testing.T) {
 }
 
 // TestPublishTCP: a host connection to a published port reaches the
-// guest's listener, both directions intact.
+// guest's listener, both directions intact, also with egress none (a
+// published port is inbound).
 func TestPublishTCP(t *testing.T) {
 	hp := testenv.FreePort(t, "tcp")
-	n := newNetwork(t, virtionet.Publish{Proto: "tcp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 8080})
+	n := newNetworkWith(t, usernet.Config{Egress: netpolicy.Egress{Restrict: true},
+		Publish: []virtionet.Publish{{Proto: "tcp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 8080}}})
 	g := newTestGuest(t, n)
 	l := g.listen(t, 8080)
 	go func() {
@@ -106,9 +118,9 @@ func TestPublishTCP(t *testing.T) {
 	}
 }
 
-// TestUDPBothWays: a datagram from the guest to a host echo server and
-// back, and one from the host through a published UDP port to a guest
-// echo server and back.
+// TestUDPBothWays: with HostLoopback, a datagram from the guest to a host
+// echo server and back, and one from the host through a published UDP
+// port to a guest echo server and back.
 func TestUDPBothWays(t *testing.T) {
 	hostEcho, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -126,7 +138,8 @@ func TestUDPBothWays(t *testing.T) {
 		}
 	}()
 	hp := testenv.FreePort(t, "udp")
-	n := newNetwork(t, virtionet.Publish{Proto: "udp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 7000})
+	n := newNetworkWith(t, usernet.Config{HostLoopback: true,
+		Publish: []virtionet.Publish{{Proto: "udp", HostIP: "127.0.0.1", HostPort: hp, GuestPort: 7000}}})
 	g := newTestGuest(t, n)
 
 	out := g.udp(t, 0, usernet.HostIP, uint16(hostEcho.LocalAddr().(*net.UDPAddr).Port))
@@ -165,10 +178,10 @@ func TestUDPBothWays(t *testing.T) {
 }
 
 // TestDNS: the gateway answers the names of its own zone from its records,
-// with no query leaving the machine. (Other names go to the host's
-// resolver; they are not asked here.)
+// with no query leaving the machine, also with egress none. (Other names
+// go to the host's resolver; they are not asked here.)
 func TestDNS(t *testing.T) {
-	g := newTestGuest(t, newNetwork(t))
+	g := newTestGuest(t, newNetworkWith(t, usernet.Config{Egress: netpolicy.Egress{Restrict: true}}))
 	c := g.udp(t, 0, usernet.GatewayIP, 53)
 	ask := func(name string) *dns.Msg {
 		t.Helper()
