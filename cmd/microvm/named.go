@@ -871,16 +871,40 @@ func stopVM(name string, force bool, timeout time.Duration) error {
 		return nil
 	}
 	// The API did not answer, or the VM did not end: its process goes.
-	if g, err := store.Get(name); err == nil && g.Alive && g.PID == e.PID {
-		_ = syscall.Kill(e.PID, syscall.SIGKILL)
-		if wait(10 * time.Second) {
-			return nil
-		}
+	if killVMProcess(store, name, e.PID) == nil && wait(10*time.Second) {
+		return nil
 	}
 	if apiErr != nil {
 		return fmt.Errorf("VM %s: %w (and killing its process %d did not end it)", name, apiErr, e.PID)
 	}
 	return fmt.Errorf("VM %s: still running after it was killed (pid %d)", name, e.PID)
+}
+
+// beforeVMKill, when set (by tests), runs in killVMProcess between the
+// check that pid is still the VM's and the signal.
+var beforeVMKill func()
+
+// killVMProcess sends SIGKILL to the process of the VM named name, pid,
+// through a pidfd opened before checking that the VM is alive with that
+// pid: the check then holds for the process the pidfd names, and a pid
+// that the VM's process left and another process took meanwhile is never
+// signalled (the pidfd's process is gone: ESRCH).
+func killVMProcess(store *vms.Store, name string, pid int) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("VM %s: process %d: %w", name, pid, err)
+	}
+	defer unix.Close(fd)
+	if g, err := store.Get(name); err != nil || !g.Alive || g.PID != pid {
+		return fmt.Errorf("VM %s: process %d is no longer the VM's", name, pid)
+	}
+	if beforeVMKill != nil {
+		beforeVMKill()
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		return fmt.Errorf("VM %s: kill process %d: %w", name, pid, err)
+	}
+	return nil
 }
 
 // listVMs is `microvm ls`.
