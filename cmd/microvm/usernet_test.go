@@ -18,13 +18,14 @@ import (
 	"github.com/microvm/microvm/internal/testenv"
 )
 
-// TestExecUserNet runs `microvm exec --net user,host-loopback` with Linux's virtio-net
-// driver, as its own process (so under the seccomp filter), without root:
-// the kernel takes its address by DHCP, the stack's DNS answers
-// host.microvm.internal, the guest fetches a file from a server on this
-// machine's loopback (HostIP) and checks its SHA-256, asks a host UDP echo
-// server, and serves HTTP and UDP echo that the host reaches through
-// --publish. Nothing leaves the machine, no DNS question either.
+// TestExecUserNet runs `microvm exec --net user,host-loopback` with
+// Linux's virtio-net driver, as its own process (so under the seccomp
+// filter), without root: the kernel takes its address by DHCP, the
+// stack's DNS answers host.microvm.internal, the guest fetches a file from
+// a server on this machine's loopback (HostIP, which host-loopback opens)
+// and checks its SHA-256, asks a host UDP echo server, and serves HTTP and
+// UDP echo that the host reaches through --publish. Nothing leaves the
+// machine, no DNS question either.
 func TestExecUserNet(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	nettest := testenv.NetTest(t)
