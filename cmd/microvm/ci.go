@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -83,6 +84,7 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.StringFlag{Name: "cache-size", Value: "4G", Usage: "size of a new cache disk (SIZE; sparse)"},
 						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the job VM's agent"},
 						&cli.StringFlag{Name: "cache-key", Usage: "the cache namespace of every job of this runner, for a runner that serves one project (default: the project id in GitLab Runner's job response; without either, prepare is refused)"},
+						&cli.StringFlag{Name: "net", Value: "user", Usage: "the job VM's network: user with its options (docs/net.md), e.g. user,egress=none; the runner's choice, never the job's"},
 						&cli.IntFlag{Name: "slots", Value: 64, Usage: "cache slots per project: $CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID must be below it"},
 						&cli.IntFlag{Name: "warm-pool", Usage: "keep up to N VMs booted, one per cache slot: a job's cleanup boots its slot's next VM, the next prepare takes it (0: off)"},
 						&cli.DurationFlag{Name: "warm-ttl", Value: time.Hour, Usage: "with --warm-pool: remove a warm VM no job took for this long (checked at each cleanup)"},
@@ -204,6 +206,10 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 			return usagef("%v", err)
 		}
 	}
+	netSpec := c.String("net")
+	if netSpec != "user" && !strings.HasPrefix(netSpec, "user,") {
+		return usagef("--net %q: want user or user,OPTIONS (the executor runs without root)", netSpec)
+	}
 	if n := c.Int("slots"); n < 1 || n > maxSlots {
 		return usagef("--slots %d: want 1 to %d", n, maxSlots)
 	}
@@ -223,7 +229,7 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	}
 	// run's arguments for the job's VM, --name aside: a warm VM made with
 	// the same ones will do.
-	args := []string{"--detach", "--image", img, "--idle", "--net", "user",
+	args := []string{"--detach", "--image", img, "--idle", "--net", netSpec,
 		"--cpus", strconv.Itoa(c.Int("cpus")), "--memory", microvm.FormatSize(mem),
 		"--disk", "path=" + disk, "--boot-timeout", c.Duration("boot-timeout").String()}
 	if k := c.String("kernel"); k != "" {

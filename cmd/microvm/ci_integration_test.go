@@ -117,8 +117,10 @@ func (j *ciJob) call(args ...string) (int, string) {
 
 func (j *ciJob) prepare(extra ...string) {
 	j.r.t.Helper()
+	// host-loopback: the job clones from and uploads to a server on this
+	// machine's loopback.
 	if code, out := j.call(append([]string{"prepare", "--kernel", j.r.kernel, "--agent", j.r.agent, "--cpus", "1", "--memory", "512M",
-		"--cache-size", "64M"}, extra...)...); code != 0 {
+		"--cache-size", "64M", "--net", "user,host-loopback"}, extra...)...); code != 0 {
 		j.r.t.Fatalf("job %s: prepare: status %d\n%s%s", j.id, code, out, j.lastStderr)
 	}
 }
@@ -328,7 +330,7 @@ func TestGitLabExecutor(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			j := r.job(id, strconv.Itoa(i))
-			code, _ := j.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "1", "--memory", "512M", "--cache-size", "64M")
+			code, _ := j.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "1", "--memory", "512M", "--cache-size", "64M", "--net", "user,host-loopback")
 			if code != 0 {
 				t.Errorf("job %s: prepare: status %d: %s", id, code, j.lastStderr)
 				return

@@ -46,6 +46,7 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
 	wantError(t, 32, []string{"ci", "gitlab", "run", script, "step_script"}, "ci gitlab run: no VM was prepared")
 	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--memory", "lots"}, "--memory")
+	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--net", "tap=tap0"}, "--net")
 	// A bad flag is found before anything is made: no cache disk is left.
 	cacheDir := filepath.Join(t.TempDir(), "cache")
 	wantError(t, 32, []string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--warm-pool", "-1"}, "--warm-pool -1")
