@@ -36,9 +36,12 @@ type PoolOptions struct {
 	// Size is how many clones the pool keeps ready (default 1).
 	Size int
 	// Host returns the host resources of clone n (0, 1, ...), as
-	// Restore's host Config: its console and log, and a vsock CID and
-	// socket of its own when the guest is reached through one. nil: the
-	// snapshot's, which suits clones reached through DialVsock only.
+	// Restore's host Config: its console and log, a vsock CID and socket
+	// of its own when the guest is reached through one, and every disk,
+	// shared directory and TAP the snapshot's machine had, which Restore
+	// never takes from the snapshot (ErrSnapshotHostResource). nil: none,
+	// which suits a snapshot whose machine had none of them (its clones
+	// reached through DialVsock only).
 	Host func(n int) Config
 	// Ready, when set, is called with each clone once it runs; the clone
 	// joins the pool when it returns nil (an agent answered, say), and is

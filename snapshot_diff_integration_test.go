@@ -98,9 +98,14 @@ func TestSnapshotDiff(t *testing.T) {
 	if err := other.m.Snapshot(ctx, full, SnapshotOptions{Overwrite: true, Stop: true}); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := Restore(diff, Config{}); err == nil {
+	// Its own socket given, so that the base, not the host resources, is
+	// what the restore refuses.
+	switch m, err := Restore(diff, Config{Vsock: &VsockConfig{UDSPath: filepath.Join(dirs, "v.sock")}}); {
+	case err == nil:
 		m.Close()
 		t.Error("a diff restored over a base replaced since")
+	case errors.Is(err, ErrSnapshotHostResource):
+		t.Errorf("a diff over a replaced base: %v; want the base refused", err)
 	}
 	// Without tracking: refused.
 	if err := r.m.Snapshot(ctx, filepath.Join(dirs, "x"), SnapshotOptions{Diff: true}); err == nil {
