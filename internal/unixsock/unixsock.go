@@ -14,8 +14,12 @@ import (
 )
 
 // Listen creates a listening socket at path, readable and writable by its
-// owner only (0600). A stale socket file (nobody listening) is replaced; a
-// live socket or any other kind of file is refused. The socket is bound under
+// owner only (0600). A stale socket file (connecting to it is refused:
+// nobody listens) is replaced; a live socket (a connect succeeds, or its
+// queue is full) or any other kind of file is refused. The check and the
+// take-over run under an exclusive flock of path's directory, so two
+// processes given the same path cannot both see it stale and both claim
+// it: the second finds the first's listener. The socket is bound under
 // a private temporary name in path's directory and renamed into place, so it
 // is never reachable with looser permissions and replacing a stale file is
 // atomic. The listener does not remove the file when closed: the caller
@@ -28,8 +32,16 @@ func Listen(path string) (*net.UnixListener, error) {
 // (SOCK_SEQPACKET). The liveness check before replacing a file dials with
 // the same network: a live socket of the other type would look stale.
 func ListenNet(network, path string) (*net.UnixListener, error) {
+	unlock, err := lockDir(path)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := removeStale(network, path); err != nil {
 		return nil, err
+	}
+	if testHookChecked != nil {
+		testHookChecked()
 	}
 	// No prefix: MkdirTemp's random name is at most 10 bytes, so
 	// "<dir>/<random>/s" is at most 12 bytes longer than "<dir>/" and fits
@@ -67,6 +79,11 @@ func ListenNet(network, path string) (*net.UnixListener, error) {
 // socket inode's mode, less the umask). The caller removes the file after
 // closing the socket.
 func ListenDgram(path string) (int, error) {
+	unlock, err := lockDir(path)
+	if err != nil {
+		return -1, err
+	}
+	defer unlock()
 	if err := removeStale("unixgram", path); err != nil {
 		return -1, err
 	}
@@ -92,8 +109,53 @@ func ListenDgram(path string) (int, error) {
 
 // RemoveStale removes a socket file at path that nobody listens on, and
 // refuses (with an error) a live socket or a file that is not a socket.
-func RemoveStale(path string) error { return removeStale("unix", path) }
+func RemoveStale(path string) error {
+	unlock, err := lockDir(path)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return removeStale("unix", path)
+}
 
+// Test hooks: testHookChecked runs between the liveness check and the
+// rename into place; testHookLockWait when the directory's lock is held
+// by another and the caller is about to wait for it.
+var testHookChecked, testHookLockWait func()
+
+// lockDir takes an exclusive flock of path's directory, held while a
+// socket there is checked and taken over (released by unlock). The
+// directory, not a lock file beside the socket, so that nothing is left
+// behind; it is held for a connect and a rename, never longer.
+func lockDir(path string) (unlock func(), err error) {
+	dir := filepath.Dir(path)
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: lock its directory: %w", path, err)
+	}
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		if testHookLockWait != nil {
+			testHookLockWait()
+		}
+		for {
+			if err = unix.Flock(int(f.Fd()), unix.LOCK_EX); !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("socket %s: lock its directory: %w", path, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// removeStale removes path if it is a socket nobody listens on. Only a
+// refused connect (ECONNREFUSED) proves that: a connect that succeeds, or
+// fails with EAGAIN (a listener whose queue is full: busy, not gone) or
+// times out, is a live socket; any other error is reported, and the file
+// kept.
 func removeStale(network, path string) error {
 	fi, err := os.Lstat(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -105,9 +167,19 @@ func removeStale(network, path string) error {
 	if fi.Mode()&os.ModeSocket == 0 {
 		return fmt.Errorf("%s exists and is not a socket; not replacing it", path)
 	}
-	if c, err := net.DialTimeout(network, path, 100*time.Millisecond); err == nil {
+	c, err := net.DialTimeout(network, path, time.Second)
+	switch {
+	case err == nil:
 		c.Close()
-		return fmt.Errorf("%s is in use by another process", path)
+		return fmt.Errorf("%s is in use by another process; not replacing it (stop that process, or choose another path)", path)
+	case errors.Is(err, unix.ENOENT):
+		return nil // removed meanwhile
+	case !errors.Is(err, unix.ECONNREFUSED):
+		var ne net.Error
+		if errors.Is(err, unix.EAGAIN) || errors.As(err, &ne) && ne.Timeout() {
+			return fmt.Errorf("%s is in use by another process (its listener is busy); not replacing it (stop that process, or choose another path)", path)
+		}
+		return fmt.Errorf("socket %s: cannot tell whether it is in use, not replacing it: %w", path, err)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale socket %s: %w", path, err)

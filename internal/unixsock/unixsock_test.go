@@ -103,3 +103,106 @@ func TestListenDgram(t *testing.T) {
 	}
 	unix.Close(fd2)
 }
+
+// TestBusyListenerIsNotStale: a listener that does not accept and whose
+// queue is full answers a connect with EAGAIN; it is alive, and Listen
+// must refuse its path rather than replace it.
+func TestBusyListenerIsNotStale(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Fill its queue: non-blocking connects until one is refused with EAGAIN.
+	for i := 0; ; i++ {
+		c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(c)
+		err = unix.Connect(c, &unix.SockaddrUnix{Name: path})
+		if err == unix.EAGAIN {
+			break
+		}
+		if err != nil || i > 100 {
+			t.Fatalf("connect %d: %v", i, err)
+		}
+	}
+	var before unix.Stat_t
+	if err := unix.Stat(path, &before); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := Listen(path)
+	if err == nil {
+		ln.Close()
+		t.Fatal("Listen replaced a busy listener's socket")
+	}
+	if !strings.Contains(err.Error(), "in use") {
+		t.Errorf("error %v, want it to say the socket is in use", err)
+	}
+	var after unix.Stat_t
+	if err := unix.Stat(path, &after); err != nil || after.Ino != before.Ino {
+		t.Errorf("the busy listener's socket file was replaced or removed: %v", err)
+	}
+}
+
+// TestListenRacing: two Listens on one path, the second starting after
+// the first checked the path and before it renamed its socket there: one
+// of them must fail, not both succeed with one of them orphaned.
+func TestListenRacing(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.sock")
+	type result struct {
+		ln  *net.UnixListener
+		err error
+	}
+	second := make(chan result, 1)
+	waiting := make(chan struct{})
+	testHookLockWait = func() { close(waiting) }
+	first := true
+	testHookChecked = func() {
+		if !first {
+			return
+		}
+		first = false
+		go func() {
+			ln, err := Listen(path)
+			second <- result{ln, err}
+		}()
+		// The second either waits for the directory's lock or, without
+		// one, runs to its end.
+		select {
+		case <-waiting:
+		case r := <-second:
+			second <- r
+		}
+	}
+	defer func() { testHookChecked, testHookLockWait = nil, nil }()
+	ln1, err1 := Listen(path)
+	r := <-second
+	if err1 == nil {
+		defer ln1.Close()
+	}
+	if r.err == nil {
+		defer r.ln.Close()
+	}
+	if err1 == nil && r.err == nil {
+		t.Fatal("both Listens claimed the path; one listener is orphaned")
+	}
+	if err1 != nil {
+		t.Errorf("the first Listen failed: %v", err1)
+	}
+	if r.err != nil && !strings.Contains(r.err.Error(), "in use") {
+		t.Errorf("the second Listen: %v, want in use", r.err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want the socket alone", len(entries))
+	}
+}
