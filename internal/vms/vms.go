@@ -8,7 +8,7 @@
 //	                  never unlinks a lock someone holds (a name starts
 //	                  with a letter or digit: no VM directory is named so)
 //	$MICROVM_STATE_DIR/vms/NAME/
-//	    vm.json       the Record: JSON padded with spaces to RecordSize,
+//	    vm.json       the Record: JSON padded with spaces to RecordSize (or more, up to MaxRecordSize),
 //	                  rewritten in place (the VM's process may be confined
 //	                  by seccomp by then: no open, no rename)
 //	    api.sock      the control API (internal/vmctl)
@@ -268,8 +268,14 @@ func takeLock(path string) (*os.File, error) {
 	}
 }
 
-// RecordSize is vm.json's size: the record's JSON, padded with spaces.
+// RecordSize is vm.json's least size: the record's JSON, padded with
+// spaces. A larger record (an image's whole Env: CUDA images hold several
+// KiB) makes the file larger, up to MaxRecordSize; it never shrinks, so a
+// rewrite in place always covers the longer record before it.
 const RecordSize = 4096
+
+// MaxRecordSize bounds vm.json, which Get reads whole.
+const MaxRecordSize = 1 << 20
 
 // Lease is a created VM's hold on its name: its lock, held until Release,
 // and its record file, open for rewriting in place.
@@ -278,6 +284,7 @@ type Lease struct {
 	lock    *os.File
 	recFile *os.File
 	rec     Record
+	size    int // vm.json's length as last written
 }
 
 // Create claims rec.Name: it makes the VM's directory, takes its lock and
@@ -359,21 +366,23 @@ func (l *Lease) Update(f func(*Record)) error {
 }
 
 // write rewrites vm.json in place: the JSON, padded with spaces to
-// RecordSize, in one pwrite (a reader that meets a write half done retries:
+// RecordSize or the length last written, whichever is more, in one pwrite (a reader that meets a write half done retries:
 // Get).
 func (l *Lease) write() error {
 	b, err := json.MarshalIndent(l.rec, "", "  ")
 	if err != nil {
 		return err
 	}
-	if len(b) >= RecordSize {
-		return fmt.Errorf("VM %s: record of %d bytes, over %d", l.rec.Name, len(b), RecordSize)
+	if len(b) >= MaxRecordSize {
+		return fmt.Errorf("VM %s: record of %d bytes, over %d (an image Env that large?)", l.rec.Name, len(b), MaxRecordSize)
 	}
-	buf := append(b, bytes.Repeat([]byte{' '}, RecordSize-1-len(b))...)
+	size := max(RecordSize, l.size, len(b)+1)
+	buf := append(b, bytes.Repeat([]byte{' '}, size-1-len(b))...)
 	buf = append(buf, '\n')
 	if _, err := l.recFile.WriteAt(buf, 0); err != nil {
 		return fmt.Errorf("VM %s: %w", l.rec.Name, err)
 	}
+	l.size = size
 	return nil
 }
 

@@ -359,3 +359,36 @@ func TestCreateRacingRemoveUnlink(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeRecord: an image with a large Env (CUDA devel images hold
+// several KiB) fits in vm.json; a later, shorter record is read back whole
+// (the file keeps its length, padded); one over MaxRecordSize is refused.
+func TestLargeRecord(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env []string
+	for i := 0; i < 2000; i++ {
+		env = append(env, "VAR_"+strconv.Itoa(i)+"="+strings.Repeat("x", 30))
+	}
+	l, err := s.Create(Record{Name: "big", Image: "nvidia/cuda:devel", Process: &Process{Env: env}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	e, err := s.Get("big")
+	if err != nil || e.Process == nil || len(e.Process.Env) != len(env) || e.Process.Env[1999] != env[1999] {
+		t.Fatalf("Get: %v; want the %d Env entries back", err, len(env))
+	}
+	if err := l.Update(func(r *Record) { r.Process = nil; r.State = StateRunning }); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Get("big"); err != nil || e.Process != nil || e.State != StateRunning {
+		t.Fatalf("Get after a shorter record: %+v, %v", e, err)
+	}
+	err = l.Update(func(r *Record) { r.Process = &Process{Env: []string{strings.Repeat("y", MaxRecordSize)}} })
+	if err == nil || !strings.Contains(err.Error(), "over") {
+		t.Errorf("a record over MaxRecordSize: %v, want refused", err)
+	}
+}
