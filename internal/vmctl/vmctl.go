@@ -131,6 +131,10 @@ type Server struct {
 	served chan struct{}
 }
 
+// writeTimeout bounds writing a reply, but for a snapshot's (a variable,
+// for tests).
+var writeTimeout = time.Minute
+
 // Serve creates the socket at path (0600; a stale socket is replaced) and
 // serves b on it.
 func Serve(path string, b Backend, log logrus.FieldLogger) (*Server, error) {
@@ -190,6 +194,15 @@ func Serve(path string, b Backend, log logrus.FieldLogger) (*Server, error) {
 			fail(w, http.StatusBadRequest, fmt.Sprintf("path %q: want a clean absolute path", req.Path), "")
 			return
 		}
+		// A snapshot takes as long as the memory takes to write: the
+		// server's WriteTimeout would cut the reply after the snapshot was
+		// made (and, with Stop, after the VM ended). The request is read
+		// by now, so only the write deadline goes; a slow client is still
+		// bounded by ReadHeaderTimeout and ReadTimeout.
+		if err := http.NewResponseController(w).SetWriteDeadline(time.Time{}); err != nil {
+			fail(w, http.StatusInternalServerError, "clear the write deadline: "+err.Error(), "")
+			return
+		}
 		if err := b.Snapshot(r.Context(), req); err != nil {
 			failBackend(w, err)
 			return
@@ -209,7 +222,7 @@ func Serve(path string, b Backend, log logrus.FieldLogger) (*Server, error) {
 	})
 	s := &Server{path: path, served: make(chan struct{}),
 		srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: time.Minute, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}}
+			WriteTimeout: writeTimeout, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}}
 	go func() {
 		defer close(s.served)
 		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

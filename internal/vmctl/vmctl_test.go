@@ -13,16 +13,18 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sirupsen/logrus"
 )
 
 // fakeVM is a Backend that records what it was asked.
 type fakeVM struct {
-	mu    sync.Mutex
-	state string
-	asked []StateRequest
-	snaps []SnapshotRequest
+	snapTime time.Duration // how long Snapshot takes
+	mu       sync.Mutex
+	state    string
+	asked    []StateRequest
+	snaps    []SnapshotRequest
 }
 
 func (f *fakeVM) Info() VMInfo {
@@ -44,6 +46,7 @@ func (f *fakeVM) SetState(_ context.Context, req StateRequest) error {
 }
 
 func (f *fakeVM) Snapshot(_ context.Context, req SnapshotRequest) error {
+	time.Sleep(f.snapTime)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.state == "stopping" {
@@ -211,5 +214,23 @@ func TestOpenAPIFile(t *testing.T) {
 		if !strings.Contains(string(doc), "\n  "+p) {
 			t.Errorf("docs/api.yaml has no path %s", p)
 		}
+	}
+}
+
+// TestSlowSnapshotIsNotCut: a snapshot that takes longer than the server's
+// write timeout is reported as made, not cut off with the reply.
+func TestSlowSnapshotIsNotCut(t *testing.T) {
+	writeTimeout = 100 * time.Millisecond
+	defer func() { writeTimeout = time.Minute }()
+	vm, c, _ := serve(t)
+	vm.snapTime = 400 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Snapshot(ctx, SnapshotRequest{Path: "/var/snap/slow"}); err != nil {
+		t.Fatalf("a snapshot slower than the write timeout: %v", err)
+	}
+	// Other replies keep their write timeout.
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
