@@ -64,7 +64,7 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 		return s.importLayout(ctx, p, want, plat, nil, o)
 	}
 	open := archiveOpener(ctx, p, o)
-	kind, err := archiveKind(open)
+	kind, err := archiveKind(open, o)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,10 @@ func (r *readCloser) Close() error { return r.close() }
 // archiveKind tells a docker save tarball ("docker") from an OCI archive
 // ("oci") by their top-level files. An archive with both (docker 25 and
 // later writes both) is read as OCI, which keeps the manifest digest.
-func archiveKind(open tarball.Opener) (string, error) {
+// manifest.json and index.json are read whole into memory later, so each
+// counts against o's MaxMetaBytes.
+func archiveKind(open tarball.Opener, o *Options) (string, error) {
+	_, _, maxMeta := o.limits()
 	rc, err := open()
 	if err != nil {
 		return "", err
@@ -152,7 +155,14 @@ func archiveKind(open tarball.Opener) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("read archive: %w", err)
 		}
-		switch path.Clean(strings.TrimLeft(hdr.Name, "/")) {
+		n := path.Clean(strings.TrimLeft(hdr.Name, "/"))
+		if n == "manifest.json" || n == "index.json" {
+			held := budget{limit: LimitMetaBytes, max: maxMeta, what: "the archive's " + n}
+			if err := held.add(hdr.Size); err != nil {
+				return "", err
+			}
+		}
+		switch n {
 		case "manifest.json":
 			manifest = true
 		case "oci-layout":

@@ -309,3 +309,16 @@ func TestResolveUserLargePasswd(t *testing.T) {
 		t.Errorf("a 1 MiB line in /etc/group: %v", err)
 	}
 }
+
+// TestImportLargeManifestRefused: a docker save archive's manifest.json is
+// read whole into memory, so it counts against MaxMetaBytes.
+func TestImportLargeManifestRefused(t *testing.T) {
+	o := testOptions()
+	o.MaxMetaBytes = 64 << 10
+	in := filepath.Join(t.TempDir(), "save.tar")
+	os.WriteFile(in, tarBytes(t, []entry{file("manifest.json", "["+strings.Repeat(" ", 128<<10)+"]")}), 0o644)
+	s := openStore(t)
+	_, err := s.Import(context.Background(), in, "test/big:1", o)
+	wantLimit(t, err, LimitMetaBytes)
+	noImages(t, s)
+}
