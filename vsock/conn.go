@@ -97,7 +97,8 @@ type conn struct {
 
 	timer *time.Timer // connect or close timeout
 	// wakeRX: the RX worker is to be woken once mu is released (unlock):
-	// budget came back that a starved connection waits for.
+	// budget came back that a starved connection waits for, an RST was
+	// queued, or RX buffers went to the spare list while other work waits.
 	wakeRX bool
 
 	inReady bool // guarded by session.rxMu

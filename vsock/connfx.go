@@ -76,8 +76,8 @@ func (c *conn) applyLocked(a act) {
 		c.releaseLocked()
 		c.env.mux.remove(c)
 	}
-	if a&actRst != 0 {
-		c.env.mux.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ})
+	if a&actRst != 0 && c.env.mux.queueRst(Header{SrcPort: c.key.hostPort, DstPort: c.key.guestPort, Type: c.typ}) {
+		c.wakeRX = true // after unlocking (conn.unlock)
 	}
 }
 
@@ -187,8 +187,9 @@ func (c *conn) hostEventLocked(iov *iovecs, events uint32) {
 	}
 }
 
-// unlock releases c.mu, then wakes the RX worker if work done under it gave
-// budget back that a starved connection waits for (wakeRX). Seed 000's
+// unlock releases c.mu, then wakes the RX worker if work done under it left
+// it something to do (wakeRX: budget given back that a starved connection
+// waits for, an RST queued, RX buffers put on the spare list). Seed 000's
 // rule: wake the other side after unlocking, or the RX worker, whose
 // first step may be to lock this very connection (feedStarved), wakes only
 // to wait for c.mu.

@@ -138,7 +138,8 @@ type Config struct {
 	Dialer         Dialer             // guest-initiated connections; nil refuses them (SEQPACKET ones need a SeqpacketDialer)
 	Log            logrus.FieldLogger // nil: logrus.StandardLogger()
 
-	// Dgram offers VIRTIO_VSOCK_F_DGRAM (experimental, off by default):
+	// Dgram offers FeatureDgram, microvm's own datagram feature (bit 23;
+	// not the RFC's VIRTIO_VSOCK_F_DGRAM; experimental, off by default):
 	// the device gets a datagram queue pair (queues 3 and 4, 5 queues in
 	// all) and New binds the host datagram socket DgramUDS+".dgram".
 	Dgram bool
@@ -337,8 +338,8 @@ func New(cfg Config) (*Device, error) {
 func (d *Device) Type() uint32 { return virtio.DeviceVsock }
 
 // Features implements virtio.Device: SEQPACKET sockets on top of stream
-// sockets (which need no feature bit), and VIRTIO_VSOCK_F_DGRAM with
-// Config.Dgram.
+// sockets (which need no feature bit), and FeatureDgram (microvm's
+// datagrams) with Config.Dgram.
 func (d *Device) Features() uint64 {
 	if d.cfg.Dgram {
 		return FeatureSeqpacket | FeatureDgram

@@ -15,13 +15,21 @@ import (
 	"github.com/microvm/microvm/virtio"
 )
 
-// Datagrams (experimental, off by default): VIRTIO_VSOCK_F_DGRAM as in the
-// virtio-vsock datagram RFC series (feature bit 3, packet type 3). No
-// mainline driver speaks it; microvm's test guest and load generator do.
-// See the package comment for the data path.
+// Datagrams (experimental, off by default): microvm's own, behind a
+// feature bit of their own. The virtio-vsock datagram RFC series (v2)
+// defines VIRTIO_VSOCK_F_DGRAM as bit 3 with datagrams (packet type 3) on
+// the stream queues; microvm gives them a queue pair of their own (as the
+// series' first version did) so that they never take the RX buffers a
+// stream's credit counts on, and so must not claim bit 3: a driver written
+// to the series would put datagrams where this device does not look. No
+// mainline driver speaks either; microvm's test guest and load generator
+// speak this one. See the package comment for the data path.
 const (
-	// FeatureDgram is VIRTIO_VSOCK_F_DGRAM, offered only with Config.Dgram.
-	FeatureDgram = 1 << 3
+	// FeatureDgram is microvm's datagram feature, bit 23 (the top of the
+	// device-specific range 0-23 of the virtio spec, "Reserved Feature
+	// Bits"; vsock uses bits 0-2 and the RFC proposes 3), offered only
+	// with Config.Dgram. It is not VIRTIO_VSOCK_F_DGRAM.
+	FeatureDgram = 1 << 23
 	// TypeDgram is the packet type of a datagram: one packet, one
 	// datagram, op RW; no connection, no credit.
 	TypeDgram = 3
@@ -168,7 +176,8 @@ func (s *session) dgramLoop() {
 }
 
 // dgramTX sends the guest's datagrams to host sockets until the queue is
-// empty, with kicks off while it drains and a final re-check, or until it
+// empty, with kicks off while it drains and a final re-check
+// (Options.KickSuppress; without it kicks stay on), or until it
 // has handled dgramPassBudget of them: then it reports that more may wait
 // (kicks stay off), and the worker serves the RX side and looks at its
 // stop eventfd before the next pass, so a guest that floods the queue
@@ -176,9 +185,12 @@ func (s *session) dgramLoop() {
 func (s *session) dgramTX(st *dgramState) (more bool) {
 	budget := dgramPassBudget
 	for !s.failed.Load() {
-		if err := s.dtx.DisableNotification(); err != nil {
-			s.failDevice(err)
-			return false
+		if s.opts.KickSuppress {
+			if err := s.dtx.DisableNotification(); err != nil {
+				s.failDevice(err)
+				return false
+			}
+			s.d.ctr.kickSuppressions.Add(1)
 		}
 		for {
 			n := 0

@@ -149,13 +149,18 @@
 //
 // A goroutine that hands a connection to the RX worker (the ready list)
 // wakes the worker only after unlocking that connection (emitOrQueueLocked
-// reports the wake-up due): the worker's first step is to lock it. rxMu is
+// reports the wake-up due): the worker's first step is to lock it. Every
+// other wake-up decided under a connection's lock goes out after it too,
+// through conn.unlock (conn.wakeRX: budget given back, an RST its state
+// machine queued, RX buffers put on the spare list); callers that hold no
+// connection lock wake at once (sendRst). The one wake-up under a lock is a
+// transport reset's, under connMu only (event.go). rxMu is
 // never held across a data-moving call: the RX side pops the guest buffers
 // a host read may fill under it, the connection reads into them without it
 // (connread.go) and the RX side pushes them under it again, the empty ones
 // going to a spare list every pop takes from first (rxspare.go). Whoever
 // puts buffers there while other RX work waits wakes the RX worker after
-// unlocking: it may have found none while they were out and gone to sleep
+// unlocking (rxMu, and the connection's lock): it may have found none while they were out and gone to sleep
 // for a guest kick that will not come (TestRxSpareWakesRX). Still held
 // across one: the connection's own lock, over its readv and over its writev
 // to the host socket; it is the connection's owner's lock, which keeps
@@ -362,7 +367,9 @@
 //
 // # Datagrams (experimental, Config.Dgram)
 //
-// VIRTIO_VSOCK_F_DGRAM (bit 3 of the RFC series) is offered only with
+// FeatureDgram, microvm's own datagram feature (bit 23, not the RFC
+// series' VIRTIO_VSOCK_F_DGRAM, bit 3, whose datagrams share the stream
+// queues: dgram.go says why), is offered only with
 // Config.Dgram, which adds queues 3 (datagram RX) and 4 (datagram TX) after
 // the event queue; the default device keeps three queues and offers only
 // SEQPACKET. A packet of type TypeDgram, op RW, is one datagram: no connection
@@ -376,7 +383,7 @@
 // workers but the counters (atomics) and failDevice.
 //
 // Guest to host: the driver writes a datagram into queue 4 and kicks ->
-// datagram worker (woken by the kick eventfd, kicks off while it drains,
+// datagram worker (woken by the kick eventfd, kicks off while it drains with KickSuppress,
 // re-enabled with a final ring re-check) pops the chain, copies the header
 // out once, checks CIDs, type, op, ports (not VMADDR_PORT_ANY) and the
 // length against the chain and MaxDgramPayload (else: GuestErrors, chain

@@ -34,9 +34,11 @@ type mux interface {
 	unwatch(c *conn, fd int)
 	// remove drops closed c from the connection table.
 	remove(c *conn)
-	// queueRst sends the guest an RST for ports that have no connection
-	// any more (h's ports and type).
-	queueRst(h Header)
+	// queueRst queues an RST to the guest for ports that have no
+	// connection any more (h's ports and type) and reports whether the RX
+	// worker must be woken for it: the caller does that once it holds no
+	// connection lock (conn.unlock, through conn.wakeRX).
+	queueRst(h Header) (wake bool)
 	// wakeRX wakes the RX worker if it sleeps (budget came back); the
 	// connection calls it after releasing mu (conn.unlock).
 	wakeRX()

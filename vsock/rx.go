@@ -369,7 +369,7 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 	got, r := c.readHostLocked(&st.iov, st.views, total)
 	clear(st.views)
 	if r != emitSent {
-		s.giveBack(st, popped)
+		s.giveBack(st, c, popped)
 		return r
 	}
 	// The bytes fill the buffers in order; each filled buffer becomes one
@@ -404,12 +404,11 @@ func (s *session) emitData(st *rxState, c *conn) emitResult {
 		s.d.ctr.rxPackets.Add(1)
 		s.d.ctr.rxBytes.Add(k)
 	}
-	wake := s.spareLocked(st, filled, popped)
+	if s.spareLocked(st, filled, popped) {
+		c.wakeRX = true // after unlocking (conn.unlock)
+	}
 	s.rxPushed = true
 	s.rxMu.Unlock()
-	if wake {
-		s.wakeRX()
-	}
 	c.lastFwd, c.lastBufAlloc = c.grantFwd, c.bufAlloc
 	return emitSent
 }
@@ -470,16 +469,16 @@ func (s *session) popForRead(st *rxState, c *conn, credit uint64) int {
 	return popped
 }
 
-// giveBack puts st.chains[:n], popped for a read that filled none of them,
-// on the spare list, and wakes the RX worker after unlocking if it may be
-// asleep waiting for them (spareLocked).
-func (s *session) giveBack(st *rxState, n int) {
+// giveBack puts st.chains[:n], popped for a read on c that filled none of
+// them, on the spare list; if the RX worker may be asleep waiting for them
+// (spareLocked), it is woken once c is unlocked (conn.unlock). Called with
+// c.mu held.
+func (s *session) giveBack(st *rxState, c *conn, n int) {
 	s.rxMu.Lock()
-	wake := s.spareLocked(st, 0, n)
-	s.rxMu.Unlock()
-	if wake {
-		s.wakeRX()
+	if s.spareLocked(st, 0, n) {
+		c.wakeRX = true
 	}
+	s.rxMu.Unlock()
 }
 
 // spareLocked puts st.chains[from:to] on the spare list, newest first (each

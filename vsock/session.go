@@ -339,15 +339,25 @@ func (s *session) remove(c *conn) {
 // (Stats.ConnsRefused).
 func (s *session) refuseGuest(rst Header) {
 	s.d.ctr.connsRefused.Add(1)
-	s.queueRst(rst)
+	s.sendRst(rst)
+}
+
+// sendRst queues an RST (queueRst) and wakes the RX worker for it: for
+// callers that hold no connection lock.
+func (s *session) sendRst(h Header) {
+	if s.queueRst(h) {
+		s.wakeRX()
+	}
 }
 
 // queueRst queues an RST to the guest for a connection that no longer
-// exists (h's ports). It keeps h.Type when it is TypeSeqpacket and the
+// exists (h's ports) and reports whether the RX worker must be woken,
+// which the caller does once it holds no connection lock (sendRst, or
+// conn.unlock). It keeps h.Type when it is TypeSeqpacket and the
 // driver negotiated it (a Linux guest ignores an RST whose type is not its
 // socket's) and sends TypeStream otherwise. The queue is bounded; beyond it RSTs are dropped
 // and counted (the guest's own timeouts then clean up).
-func (s *session) queueRst(h Header) {
+func (s *session) queueRst(h Header) (wake bool) {
 	h.Op = OpRst
 	if h.Type != TypeSeqpacket || !s.seqpacket {
 		h.Type = TypeStream
@@ -357,11 +367,11 @@ func (s *session) queueRst(h Header) {
 	if len(s.rsts) >= s.d.cfg.MaxConns+256 {
 		s.rxMu.Unlock()
 		s.d.ctr.droppedRsts.Add(1)
-		return
+		return false
 	}
 	s.rsts = append(s.rsts, h)
 	s.rxMu.Unlock()
-	s.wakeRX()
+	return true
 }
 
 // markReadyLocked puts c on the RX ready list (once). Called with c.mu held.

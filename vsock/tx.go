@@ -264,7 +264,7 @@ func (s *session) handlePacket(st *txState, p *txPacket) {
 	c := s.beginRun(st, key)
 	if c == nil {
 		if h.Op != OpRst {
-			s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
+			s.sendRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 		}
 		return
 	}
@@ -357,7 +357,7 @@ func (s *session) resetPorts(h *Header, key connKey) {
 	if h.Op == OpRequest {
 		s.d.ctr.connsRefused.Add(1)
 	}
-	s.queueRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
+	s.sendRst(Header{SrcPort: key.hostPort, DstPort: key.guestPort, Type: h.Type})
 }
 
 // beginRun locks the connection for key, reusing the run's lock when the

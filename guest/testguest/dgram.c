@@ -132,10 +132,10 @@ static void dgram_start(const struct tg_config *cfg)
 	if (virtio_find(cfg, VIRTIO_ID_VSOCK, &D.dev) != 0)
 		tg_die(EXIT_NO_DEVICE, "no virtio-vsock device (%d virtio_mmio.device entries)",
 		       cfg->ndevs);
-	if (virtio_negotiate(&D.dev, (1ull << VIRTIO_F_VERSION_1) | (1ull << VIRTIO_VSOCK_F_DGRAM),
+	if (virtio_negotiate(&D.dev, (1ull << VIRTIO_F_VERSION_1) | (1ull << MICROVM_VSOCK_F_DGRAM),
 			     0) != 0)
 		tg_die(EXIT_NO_DEVICE, "virtio-vsock at 0x%lx does not offer datagrams (bit %d)",
-		       D.dev.base, VIRTIO_VSOCK_F_DGRAM);
+		       D.dev.base, MICROVM_VSOCK_F_DGRAM);
 	if (virtq_setup(&D.dev, &D.rxq, 0, STREAM_QSIZE) != 0 ||
 	    virtq_setup(&D.dev, &D.txq, 1, STREAM_QSIZE) != 0 ||
 	    virtq_setup(&D.dev, &D.drx, VSOCK_QUEUE_DGRAM_RX, DGRAM_QSIZE) != 0 ||

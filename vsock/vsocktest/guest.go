@@ -81,7 +81,7 @@ type Options struct {
 	// GuestBuf is the receive buffer new connections advertise (default
 	// DefaultGuestBuf).
 	GuestBuf uint32
-	// Dgram negotiates VIRTIO_VSOCK_F_DGRAM (the device must offer it)
+	// Dgram negotiates vsock.FeatureDgram (the device must offer it)
 	// and drives the datagram queues (dgram.go).
 	Dgram bool
 	// DgramRxBuffers is how many datagram RX buffers are posted at

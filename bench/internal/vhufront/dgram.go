@@ -11,16 +11,16 @@ import (
 	"github.com/microvm/microvm/kvm/eventfd"
 )
 
-// Experimental vsock datagrams (VIRTIO_VSOCK_F_DGRAM, bit 3 of the RFC
-// series): when the back-end offers the feature and Config.Dgram asks for
-// it, the guest also drives the datagram queues, vhost-user rings 2 and 3
+// Experimental vsock datagrams (microvm's own feature bit 23,
+// vsock.FeatureDgram, not the RFC series' VIRTIO_VSOCK_F_DGRAM, bit 3): when
+// the back-end offers the feature and Config.Dgram asks for it, the guest also drives the datagram queues, vhost-user rings 2 and 3
 // (device queues 3 and 4: the front-end keeps the event queue). One packet
 // of type 3, op RW, is one datagram; there is no connection and no credit.
 // The datagram path polls its rings (interrupts off) and is driven by the
 // Dgram* methods, not by Run.
 const (
-	// FeatureDgram is VIRTIO_VSOCK_F_DGRAM.
-	FeatureDgram = 1 << 3
+	// FeatureDgram is microvm's datagram feature (vsock.FeatureDgram).
+	FeatureDgram = 1 << 23
 	typeDgram    = 3
 	// DgramPrefixSize is the host-side address prefix of microvm's
 	// datagram sockets: guest port, host port, u32 little endian.
@@ -135,7 +135,7 @@ func (g *Guest) closeDgram(stop bool) []error {
 // DgramEnabled reports whether datagrams were negotiated.
 func (g *Guest) DgramEnabled() bool { return g.dg != nil }
 
-// ErrNoDgram: the back-end did not offer VIRTIO_VSOCK_F_DGRAM (or
+// ErrNoDgram: the back-end did not offer FeatureDgram (or
 // Config.Dgram did not ask for it).
 var ErrNoDgram = errors.New("vhufront: datagrams not negotiated")
 

@@ -50,7 +50,7 @@ type Config struct {
 	Regions int
 	// Timeout bounds each vhost-user request (default 5 s).
 	Timeout time.Duration
-	// Dgram asks for VIRTIO_VSOCK_F_DGRAM; where the back-end offers it,
+	// Dgram asks for FeatureDgram (microvm's datagrams); where the back-end offers it,
 	// the datagram rings are set up too (dgram.go).
 	Dgram bool
 	// Publish is when TX packets become visible to the device (default
