@@ -372,6 +372,7 @@ func writeVsockFamilies(w *promtext.Writer, s *VsockMetrics) {
 	c("microvm_vsock_rx_handoffs_total", "Connection work another goroutine handed to the RX worker with a wake-up (what direct-enqueue avoids).", func(v *VsockMetrics) uint64 { return v.RxHandoffs })
 	c("microvm_vsock_kick_suppressions_total", "TX passes run with the guest's kicks off across host writes (--vsock-opt kick-suppress).", func(v *VsockMetrics) uint64 { return v.KickSuppressions })
 	c("microvm_vsock_batched_packets_total", "TX packets that joined a run already holding their connection's lock (--vsock-opt batch).", func(v *VsockMetrics) uint64 { return v.BatchedPackets })
+	c("microvm_vsock_tx_passes_cut_total", "TX passes ended at their chain budget with the ring maybe not empty (a guest that keeps posting); the worker looked at its stop eventfd before going on.", func(v *VsockMetrics) uint64 { return v.TxPassesCut })
 	if !s.Dgram {
 		return
 	}
@@ -382,6 +383,7 @@ func writeVsockFamilies(w *promtext.Writer, s *VsockMetrics) {
 	c("microvm_vsock_dgram_tx_dropped_total", "Guest datagrams no host socket took (none bound, or its queue full).", func(v *VsockMetrics) uint64 { return v.DgramTxDropped })
 	c("microvm_vsock_dgram_rx_dropped_total", "Host datagrams dropped because the guest had no datagram buffer posted.", func(v *VsockMetrics) uint64 { return v.DgramRxDropped })
 	c("microvm_vsock_dgram_rx_rejected_total", "Host datagrams shorter than the address prefix or larger than the guest's buffer.", func(v *VsockMetrics) uint64 { return v.DgramRxRejected })
+	c("microvm_vsock_dgram_passes_cut_total", "Datagram TX passes ended at their budget; the worker served host datagrams and looked at its stop eventfd before going on.", func(v *VsockMetrics) uint64 { return v.DgramPassesCut })
 }
 
 // --- rng -----------------------------------------------------------------------
