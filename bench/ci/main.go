@@ -107,11 +107,15 @@ func run(bin, kernel, agent, imageTar string, jobs int, jsonOut string) error {
 		}
 	}
 	prepare := []string{"ci", "gitlab", "prepare", "--kernel", kernel, "--agent", agent,
-		"--cpus", "1", "--memory", "512M", "--cache-size", "64M"}
+		"--cpus", "1", "--memory", "512M", "--cache-size", "64M",
+		// The runner's own word for the project (no job response here), and
+		// the job clones from a server on this host's loopback.
+		"--cache-key", "bench", "--net", "user,host-loopback"}
 	vmTimes := map[string][]time.Duration{}
 	hostTimes := map[string][]time.Duration{}
 	for j := 1; j <= jobs; j++ {
-		jenv := append(slices.Clone(env), "CUSTOM_ENV_CI_JOB_ID="+strconv.Itoa(j))
+		jenv := append(slices.Clone(env), "CUSTOM_ENV_CI_JOB_ID="+strconv.Itoa(j),
+			"CUSTOM_ENV_CI_JOB_TOKEN=bench-token-"+strconv.Itoa(j))
 		fmt.Fprintf(os.Stderr, "%s: job %d of %d in a VM\n", prog, j, jobs)
 		if err := vmJob(jenv, bin, prepare, scripts, vmTimes, ""); err != nil {
 			return fmt.Errorf("job %d: %w", j, err)
