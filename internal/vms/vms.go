@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -415,7 +416,7 @@ func (s *Store) Get(name string) (Entry, error) {
 	dir := s.Dir(name)
 	e := Entry{Dir: dir}
 	for try := 0; ; try++ {
-		b, err := os.ReadFile(filepath.Join(dir, RecordFile))
+		b, err := readRecord(filepath.Join(dir, RecordFile))
 		if errors.Is(err, fs.ErrNotExist) {
 			return Entry{}, fmt.Errorf("VM %s: %w", name, ErrNotFound)
 		} else if err != nil {
@@ -438,6 +439,26 @@ func (s *Store) Get(name string) (Entry, error) {
 		e.State, e.ExitReason = StateExited, "the microvm process ended without saying how (killed?)"
 	}
 	return e, nil
+}
+
+// readRecord reads vm.json, at most MaxRecordSize bytes: a state
+// directory is the user's own, but a record grown past what write ever
+// makes (a file put there by hand, a full disk's garbage) must not make
+// every ls read it whole.
+func readRecord(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxRecordSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxRecordSize {
+		return nil, fmt.Errorf("%s is over %d bytes: not a record microvm wrote", RecordFile, MaxRecordSize)
+	}
+	return b, nil
 }
 
 // locked says whether a process holds the lock at path.

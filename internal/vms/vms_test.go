@@ -392,3 +392,30 @@ func TestLargeRecord(t *testing.T) {
 		t.Errorf("a record over MaxRecordSize: %v, want refused", err)
 	}
 }
+
+// TestGetRefusesOversizedRecord: a vm.json past MaxRecordSize, which
+// write never makes, is refused rather than read whole.
+func TestGetRefusesOversizedRecord(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := s.Dir("big")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, RecordFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"name":"big"}`); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(MaxRecordSize + 4096); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := s.Get("big"); err == nil || !strings.Contains(err.Error(), "over") {
+		t.Fatalf("Get of an oversized vm.json: %v; want a refusal", err)
+	}
+}
