@@ -97,25 +97,10 @@ func createJobRecord(path string, rec ciJobRecord) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".new-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	// link fails when path exists: whole, and exclusive.
-	if err := os.Link(tmp, path); err != nil {
+	if err := atomicfile.Create(path, b, 0o600); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("job record %s exists: a prepare already ran for this job token", path)
 		}

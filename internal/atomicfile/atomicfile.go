@@ -12,18 +12,28 @@ import (
 // to path and syncs the directory. The temporary file is removed when any
 // step fails.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return place(path, data, perm, os.Rename)
+}
+
+// Create is Write for a path that must not exist yet: the temporary file
+// is linked to path, which fails (an error matching fs.ErrExist) when
+// something is there, so of two writers exactly one wins and readers never
+// see part of the file.
+func Create(path string, data []byte, perm os.FileMode) error {
+	return place(path, data, perm, os.Link)
+}
+
+// place writes data to a temporary file beside path, syncs it, puts it at
+// path with put (rename or link) and syncs the directory. The temporary
+// file is removed unless put renamed it.
+func place(path string, data []byte, perm os.FileMode, put func(tmp, path string) error) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return err
 	}
 	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
+	defer os.Remove(tmp) // fails harmlessly once renamed
 	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return err
@@ -39,10 +49,9 @@ func Write(path string, data []byte, perm os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := put(tmp, path); err != nil {
 		return err
 	}
-	ok = true
 	return SyncDir(dir)
 }
 
