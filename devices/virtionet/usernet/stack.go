@@ -195,7 +195,12 @@ func (n *Network) forwardUDP(r *udp.ForwarderRequest) {
 		n.log.Debugf("usernet: udp to %s: %v", to, tcpErr)
 		return
 	}
-	p, _ := forwarder.NewUDPProxy(idleUDP{gonet.NewUDPConn(&wq, ep)}, func() (net.Conn, error) { return net.Dial("udp", to) })
+	p, err := forwarder.NewUDPProxy(idleUDP{gonet.NewUDPConn(&wq, ep)}, func() (net.Conn, error) { return net.Dial("udp", to) })
+	if err != nil { // none today; a nil proxy would panic its goroutine
+		ep.Close()
+		n.log.Debugf("usernet: udp to %s: %v", to, err)
+		return
+	}
 	go func() {
 		p.Run()
 		ep.Close()
