@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/vms"
 )
 
 // Image is a stored image: its ID (the config digest's hex), names, the
@@ -33,7 +34,11 @@ type ImageStore struct{ s *image.Store }
 // (StateDir()/images) when dir is "".
 func OpenImageStore(dir string) (*ImageStore, error) {
 	if dir == "" {
-		dir = filepath.Join(StateDir(), "images")
+		state := StateDir()
+		if err := vms.CheckStateDir(state); err != nil {
+			return nil, err
+		}
+		dir = filepath.Join(state, "images")
 	}
 	s, err := image.Open(dir)
 	if err != nil {

@@ -217,6 +217,11 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
+	// The job records, the pool's offers and the default cache directory
+	// live in the state directory: it must be this user's own.
+	if err := vms.CheckStateDir(vms.StateDir()); err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
 	cacheDir := c.String("cache-dir")
 	if cacheDir == "" {
 		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")

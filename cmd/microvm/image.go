@@ -252,9 +252,14 @@ func limitHint(err error) error {
 	return err
 }
 
-// openImages opens the image store under the state directory.
+// openImages opens the image store under the state directory, which must
+// be one vms.CheckStateDir accepts (as for named VMs).
 func openImages() (*image.Store, error) {
-	return image.Open(filepath.Join(vms.StateDir(), "images"))
+	dir := vms.StateDir()
+	if err := vms.CheckStateDir(dir); err != nil {
+		return nil, err
+	}
+	return image.Open(filepath.Join(dir, "images"))
 }
 
 // shortID is the image ID as ls shows it.
