@@ -1,12 +1,12 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
+	"syscall"
 	"testing"
-	"time"
 
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -20,24 +20,8 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to choose the next pid (ns_last_pid)")
 	}
-	store, err := vms.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm := exec.Command("sleep", "1000")
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer vm.Process.Kill()
-	// This process holds the name; the record says the VM is vm.
-	l, err := store.Create(vms.Record{Name: "vm"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, vm, l := startVMProcess(t)
 	defer l.Release()
-	if err := l.Update(func(r *vms.Record) { r.PID = vm.Process.Pid }); err != nil {
-		t.Fatal(err)
-	}
 	pid := vm.Process.Pid
 	var other *exec.Cmd
 	beforeVMKill = func() {
@@ -63,17 +47,20 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 		}
 	}
 	defer func() { beforeVMKill = nil }()
-	err = killVMProcess(store, "vm", pid)
+	err := killVMProcess(store, "vm", pid)
 	if other == nil {
 		t.Fatalf("the hook did not run: %v", err)
 	}
-	defer func() { other.Process.Kill(); other.Wait() }()
-	time.Sleep(50 * time.Millisecond)
-	// Not reaped yet, a killed process still takes signal 0: its state
-	// tells (Z).
-	stat, err2 := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err2 != nil || strings.Contains(string(stat), ") Z ") {
-		t.Fatalf("the process that took the VM's pid %d was killed", pid)
+	// Ended here with SIGTERM, it dies of that signal unless a SIGKILL
+	// was already on its way: the wait status tells, without waiting for
+	// a kill that may or may not come.
+	other.Process.Signal(syscall.SIGTERM)
+	werr := other.Wait()
+	var ee *exec.ExitError
+	if errors.As(werr, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			t.Fatalf("the process that took the VM's pid %d was killed", pid)
+		}
 	}
 	if err == nil {
 		t.Error("killVMProcess reported success, though the VM's process was gone")
@@ -83,27 +70,12 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 // TestKillVMProcess: a live VM's process is killed; a record whose pid is
 // no longer the VM's (the name's lock is free) is refused.
 func TestKillVMProcess(t *testing.T) {
-	store, err := vms.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm := exec.Command("sleep", "1000")
-	if err := vm.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer vm.Process.Kill()
-	l, err := store.Create(vms.Record{Name: "vm"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Update(func(r *vms.Record) { r.PID = vm.Process.Pid }); err != nil {
-		t.Fatal(err)
-	}
+	store, vm, l := startVMProcess(t)
 	l.Release()
 	if err := killVMProcess(store, "vm", vm.Process.Pid); err == nil {
 		t.Fatal("killed the process of a VM that no longer holds its name")
 	}
-	l, err = store.Create(vms.Record{Name: "vm"})
+	l, err := store.Create(vms.Record{Name: "vm"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,4 +89,29 @@ func TestKillVMProcess(t *testing.T) {
 	if err := vm.Wait(); err == nil {
 		t.Error("the VM's process was not killed")
 	}
+}
+
+// startVMProcess makes a store with a VM named vm whose record names a
+// process of its own (a sleep, killed at the end of the test), the name
+// held by this process's lease.
+func startVMProcess(t *testing.T) (*vms.Store, *exec.Cmd, *vms.Lease) {
+	t.Helper()
+	store, err := vms.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := exec.Command("sleep", "1000")
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { vm.Process.Kill(); vm.Wait() })
+	l, err := store.Create(vms.Record{Name: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Update(func(r *vms.Record) { r.PID = vm.Process.Pid }); err != nil {
+		l.Release()
+		t.Fatal(err)
+	}
+	return store, vm, l
 }
