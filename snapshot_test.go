@@ -19,14 +19,7 @@ import (
 // that changed since the snapshot, with ErrConfig and a line naming why.
 func TestRestoreConfig(t *testing.T) {
 	dir := t.TempDir()
-	disk := filepath.Join(dir, "d.img")
-	if err := os.WriteFile(disk, make([]byte, 4096), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	disk, st := snapshotTestDisk(t, dir)
 	saved := savedConfig{
 		Config: Config{Kernel: "/gone/vmlinux", CPUs: 2, MemoryBytes: 128 << 20, Cmdline: "console=ttyS0",
 			Vsock: &VsockConfig{CID: 3, UDSPath: "/old/v.sock", ConnBuffer: 65536},
@@ -93,14 +86,7 @@ func TestRestoreConfig(t *testing.T) {
 // ports need no word of the caller.
 func TestRestoreConfigHostResources(t *testing.T) {
 	dir := t.TempDir()
-	disk := filepath.Join(dir, "d.img")
-	if err := os.WriteFile(disk, make([]byte, 4096), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := os.Stat(disk)
-	if err != nil {
-		t.Fatal(err)
-	}
+	disk, st := snapshotTestDisk(t, dir)
 	loopback := []virtionet.Publish{{Proto: "tcp", HostIP: "127.0.0.1", HostPort: 8080, GuestPort: 80}}
 	crafted := func() savedConfig {
 		return savedConfig{Config: Config{Kernel: "/gone/vmlinux", MemoryBytes: 128 << 20,
@@ -183,4 +169,19 @@ func TestRestoreConfigHostResources(t *testing.T) {
 			t.Errorf("given %v: nets %+v; want %+v", h, c.Nets, want)
 		}
 	}
+}
+
+// snapshotTestDisk writes a 4 KiB disk image in dir for a saved Config to
+// name, and returns its path and what the snapshot would have seen of it.
+func snapshotTestDisk(t *testing.T, dir string) (string, os.FileInfo) {
+	t.Helper()
+	disk := filepath.Join(dir, "d.img")
+	if err := os.WriteFile(disk, make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(disk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return disk, st
 }
