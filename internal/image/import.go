@@ -64,7 +64,7 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 		return s.importLayout(ctx, p, want, plat, nil, o)
 	}
 	open := archiveOpener(ctx, p, o)
-	kind, err := archiveKind(open, o)
+	kind, entries, err := archiveKind(open, o)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +81,23 @@ func (s *Store) importPath(ctx context.Context, p, want string, plat v1.Platform
 		}
 		return s.importLayout(ctx, dir, want, plat, w, o)
 	case "docker":
-		return s.importDockerSave(ctx, open, want, plat, o)
+		// go-containerregistry's tarball reads the archive from its
+		// start for every file it looks up (about two per layer), so
+		// the archive is bounded in entries and, when gzipped,
+		// uncompressed once to a plain tar whose file contents a
+		// lookup seeks past.
+		if entries > maxSaveEntries {
+			return nil, fmt.Errorf("docker save tarball of %d entries: more than the %d an image is allowed (docker writes about four a layer)", entries, maxSaveEntries)
+		}
+		w, err := newWorkDir(s.path(tmpDir))
+		if err != nil {
+			return nil, err
+		}
+		defer w.remove()
+		if open, err = plainArchive(ctx, open, w.join("save.tar")); err != nil {
+			return nil, fmt.Errorf("uncompress docker save tarball: %w", err)
+		}
+		return s.importDockerSave(ctx, open, want, plat, w, o)
 	}
 	return nil, errors.New("neither a docker save tarball (no manifest.json) nor an OCI archive (no oci-layout and index.json)")
 }
@@ -133,16 +149,58 @@ type readCloser struct {
 
 func (r *readCloser) Close() error { return r.close() }
 
+// Bounds on a docker save tarball, which the tarball package scans once
+// for each file it looks up: at most maxSaveLayers lookups of layers (a
+// manifest can name one layer file any number of times) in an archive of
+// at most maxSaveEntries entries, a few million tar headers in all.
+// Docker itself cannot run an image of more than 127 layers.
+const (
+	maxSaveEntries = 4096
+	maxSaveLayers  = 512
+)
+
+// plainArchive gives an opener of a plain tar with the archive's
+// contents: open itself when the archive is not gzipped, otherwise the
+// archive uncompressed (within open's bounds) to the new file at path.
+func plainArchive(ctx context.Context, open tarball.Opener, path string) (tarball.Opener, error) {
+	rc, err := open()
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	if _, ok := rc.(*ctxFile); ok {
+		return open, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = io.Copy(f, rc)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func() (io.ReadCloser, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		return &ctxFile{ctx: ctx, File: f}, nil
+	}, nil
+}
+
 // archiveKind tells a docker save tarball ("docker") from an OCI archive
-// ("oci") by their top-level files. An archive with both (docker 25 and
-// later writes both) is read as OCI, which keeps the manifest digest.
-// manifest.json and index.json are read whole into memory later, so each
-// counts against o's MaxMetaBytes.
-func archiveKind(open tarball.Opener, o *Options) (string, error) {
+// ("oci") by their top-level files, and counts the archive's entries. An
+// archive with both (docker 25 and later writes both) is read as OCI,
+// which keeps the manifest digest. manifest.json and index.json are read
+// whole into memory later, so each counts against o's MaxMetaBytes.
+func archiveKind(open tarball.Opener, o *Options) (kind string, entries int, err error) {
 	_, _, maxMeta := o.limits()
 	rc, err := open()
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer rc.Close()
 	tr := tar.NewReader(rc)
@@ -153,13 +211,14 @@ func archiveKind(open tarball.Opener, o *Options) (string, error) {
 			break
 		}
 		if err != nil {
-			return "", fmt.Errorf("read archive: %w", err)
+			return "", entries, fmt.Errorf("read archive: %w", err)
 		}
+		entries++
 		n := path.Clean(strings.TrimLeft(hdr.Name, "/"))
 		if n == "manifest.json" || n == "index.json" {
 			held := budget{limit: LimitMetaBytes, max: maxMeta, what: "the archive's " + n}
 			if err := held.add(hdr.Size); err != nil {
-				return "", err
+				return "", entries, err
 			}
 		}
 		switch n {
@@ -173,11 +232,11 @@ func archiveKind(open tarball.Opener, o *Options) (string, error) {
 	}
 	switch {
 	case ociLayout && index:
-		return "oci", nil
+		return "oci", entries, nil
 	case manifest:
-		return "docker", nil
+		return "docker", entries, nil
 	}
-	return "", nil
+	return "", entries, nil
 }
 
 // extractArchive unpacks the directories and regular files of an OCI
@@ -326,13 +385,16 @@ func listOrNone(names []string) string {
 // importDockerSave imports from a `docker save` tarball. It has no
 // manifest, so the image's Digest is left empty (computing one would mean
 // compressing every layer).
-func (s *Store) importDockerSave(ctx context.Context, open tarball.Opener, want string, plat v1.Platform, o *Options) (*Image, error) {
+func (s *Store) importDockerSave(ctx context.Context, open tarball.Opener, want string, plat v1.Platform, w *workDir, o *Options) (*Image, error) {
 	m, err := tarball.LoadManifest(open)
 	if err != nil {
 		return nil, fmt.Errorf("read manifest.json: %w", err)
 	}
 	var offers []named
 	for i, d := range m {
+		if len(d.Layers) > maxSaveLayers {
+			return nil, fmt.Errorf("manifest.json: image %d has %d layers, more than the %d allowed", i+1, len(d.Layers), maxSaveLayers)
+		}
 		var names []string
 		var tag *name.Tag
 		for _, t := range d.RepoTags {
@@ -364,7 +426,7 @@ func (s *Store) importDockerSave(ctx context.Context, open tarball.Opener, want 
 	if err != nil {
 		return nil, err
 	}
-	return s.add(ctx, source{img: img, phase: PhaseRead, platform: plat}, names, nil, o)
+	return s.add(ctx, source{img: img, phase: PhaseRead, platform: plat}, names, w, o)
 }
 
 // importLayout imports from an OCI image layout directory. The images it

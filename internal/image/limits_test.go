@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -321,4 +323,84 @@ func TestImportLargeManifestRefused(t *testing.T) {
 	_, err := s.Import(context.Background(), in, "test/big:1", o)
 	wantLimit(t, err, LimitMetaBytes)
 	noImages(t, s)
+}
+
+// rewriteSave rewrites the docker save tarball at path: each entry passes
+// through edit (which may change manifest.json), and extra entries are
+// appended.
+func rewriteSave(t *testing.T, path string, edit func(name string, b []byte) []byte, extra []entry) {
+	t.Helper()
+	in, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []entry
+	tr := tar.NewReader(bytes.NewReader(in))
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, file(hdr.Name, string(edit(hdr.Name, b))))
+	}
+	if err := os.WriteFile(path, tarBytes(t, append(out, extra...)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestImportDockerSaveBounded: go-containerregistry's tarball scans a
+// docker save archive from its start for each file it looks up, so a
+// manifest naming one layer file thousands of times, or an archive of
+// many entries, cost work in the product of the two (and a gzipped
+// archive was uncompressed again for every scan). Both are refused now.
+func TestImportDockerSaveBounded(t *testing.T) {
+	img := sampleImage(t, "")
+	dir := t.TempDir()
+	s := openStore(t)
+
+	layers := filepath.Join(dir, "layers.tar")
+	writeDockerSave(t, layers, "example.com/test/many:1", img)
+	rewriteSave(t, layers, func(name string, b []byte) []byte {
+		if name != "manifest.json" {
+			return b
+		}
+		var m []map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		l := m[0]["Layers"].([]any)
+		for len(l) <= maxSaveLayers {
+			l = append(l, l[0])
+		}
+		m[0]["Layers"] = l
+		b, _ = json.Marshal(m)
+		return b
+	}, nil)
+	_, err := s.Import(context.Background(), layers, "", testOptions())
+	if err == nil || !strings.Contains(err.Error(), "layers, more than") {
+		t.Errorf("a manifest of %d layers: %v", maxSaveLayers+1, err)
+	}
+	noImages(t, s)
+	tmpEmpty(t, s)
+
+	entries := filepath.Join(dir, "entries.tar")
+	writeDockerSave(t, entries, "example.com/test/entries:1", img)
+	var extra []entry
+	for i := 0; i < maxSaveEntries; i++ {
+		extra = append(extra, file(fmt.Sprintf("pad/%d", i), ""))
+	}
+	rewriteSave(t, entries, func(_ string, b []byte) []byte { return b }, extra)
+	_, err = s.Import(context.Background(), entries, "", testOptions())
+	if err == nil || !strings.Contains(err.Error(), "entries") {
+		t.Errorf("an archive of over %d entries: %v", maxSaveEntries, err)
+	}
+	noImages(t, s)
+	tmpEmpty(t, s)
 }
