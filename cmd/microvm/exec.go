@@ -209,7 +209,11 @@ func (o *execOpts) useImage(c *cli.Context, ref string) error {
 	if isSet(c, "workdir") {
 		workdir = o.cmd.workdir
 	}
-	p, err := applyImage(img.Config, c.Args().Slice(), c.StringSlice("env"), workdir)
+	env, err := envFlags(c.StringSlice("env"))
+	if err != nil {
+		return err
+	}
+	p, err := applyImage(img.Config, c.Args().Slice(), env, workdir)
 	if err != nil {
 		return err
 	}
@@ -491,7 +495,7 @@ func agentDialer(uds string, port uint32) agentapi.DialFunc {
 // by exec and agent exec; readGuestCmd reads them.
 func guestCmdFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment (repeatable)"},
+		&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment; a bare K passes microvm's own $K, off the command line (repeatable)"},
 		&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
 		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
 		&cli.StringFlag{Name: "user", Usage: "UID[:GID] to run the command as (default: the image's User, else the agent's, root)"},
@@ -539,13 +543,11 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 		}
 		cmd.uid, cmd.gid = &uid, &gid
 	}
-	cmd.env = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
-	for _, e := range c.StringSlice("env") {
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return cmd, usagef("--env %q: want K=V", e)
-		}
-		cmd.env = append(cmd.env, e)
+	env, err := envFlags(c.StringSlice("env"))
+	if err != nil {
+		return cmd, err
 	}
+	cmd.env = append([]string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}, env...)
 	return cmd, nil
 }
 

@@ -441,6 +441,27 @@ func withDefaults(d *vms.Process, envFlags []string, workdir string) (env []stri
 	return env, dir, uid, gid
 }
 
+// envFlags reads --env values: K=V sets K; a bare K passes microvm's own
+// $K when it is set, and nothing when not, as docker run -e K does. A
+// secret (a CI runner's registration, a token) so reaches the guest's
+// command without standing on a command line, which every local user can
+// read in /proc; a process's environment only its owner can.
+func envFlags(vals []string) ([]string, error) {
+	var env []string
+	for _, e := range vals {
+		k, _, hasValue := strings.Cut(e, "=")
+		if k == "" || strings.ContainsRune(k, 0) {
+			return nil, usagef("--env %q: want K=V, or K to pass microvm's own $K", e)
+		}
+		if hasValue {
+			env = append(env, e)
+		} else if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env, nil
+}
+
 // mergeEnv is base with each KEY=VALUE of over replacing base's KEY (or
 // appended): one entry per name, so every reader of the environment
 // (getenv takes the first, some shells the last) sees the same value.
@@ -518,7 +539,8 @@ func applyDefaults(cmd *guestCmd, p *vms.Process, c *cli.Context) {
 		workdir = cmd.workdir
 	}
 	var uid, gid *uint32
-	cmd.env, cmd.workdir, uid, gid = withDefaults(p, c.StringSlice("env"), workdir)
+	env, _ := envFlags(c.StringSlice("env")) // checked by readGuestCmd
+	cmd.env, cmd.workdir, uid, gid = withDefaults(p, env, workdir)
 	if cmd.uid == nil { // --user wins
 		cmd.uid, cmd.gid = uid, gid
 	}

@@ -122,3 +122,23 @@ func TestImageErrors(t *testing.T) {
 		t.Errorf("image ls of an empty store: status %d, %q", got, stdout)
 	}
 }
+
+// TestEnvFlags: a bare --env K passes microvm's own $K (and nothing when
+// it is unset), so a secret need not stand on a command line.
+func TestEnvFlags(t *testing.T) {
+	t.Setenv("MICROVM_TEST_SECRET", "s3cret=x")
+	os.Unsetenv("MICROVM_TEST_UNSET")
+	got, err := envFlags([]string{"A=1", "MICROVM_TEST_SECRET", "MICROVM_TEST_UNSET", "B="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"A=1", "MICROVM_TEST_SECRET=s3cret=x", "B="}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("envFlags = %q, want %q", got, want)
+	}
+	for _, bad := range []string{"", "=v", "a\x00b"} {
+		if _, err := envFlags([]string{bad}); err == nil {
+			t.Errorf("envFlags(%q) = nil error", bad)
+		}
+	}
+}

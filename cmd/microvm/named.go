@@ -102,7 +102,11 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		if !c.Bool("idle") {
 			// The image's main process, as docker run starts it; an
 			// image that names none (a root file system import) idles.
-			if p, err := applyImage(img.root.Config, c.Args().Slice(), nil, ""); err == nil {
+			env, err := envFlags(listValues(c, "env"))
+			if err != nil {
+				return err
+			}
+			if p, err := applyImage(img.root.Config, c.Args().Slice(), env, ""); err == nil {
 				img.main = &p
 			} else if c.NArg() > 0 {
 				return err
@@ -110,6 +114,8 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 	} else if isSet(c, "idle") {
 		return usagef("--idle: only with --image")
+	} else if len(listValues(c, "env")) > 0 {
+		return usagef("--env: only with --image (it sets the image's main process's environment)")
 	}
 	if detach && !child {
 		return startDetached(name, c.Duration("boot-timeout"), withAgent)

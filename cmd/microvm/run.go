@@ -274,6 +274,7 @@ func namedFlags() []opt {
 		boolOpt("with-agent", "the guest runs microvm's agent: boot exec's agent image (unless --initrd or --root gives one whose /init is the agent)"),
 		durationOpt("boot-timeout", 2*time.Minute, "with --detach --with-agent: how long to wait for the agent"),
 		boolOpt("idle", "with --image: start no main process (the image's Entrypoint/Cmd); the VM runs until stopped, for exec --vm"),
+		valueOpt("env", &listFlag{}, "", "with --image: set K=V in the main process's environment; a bare K passes microvm's own $K, off the command line (repeatable; not kept in the VM's record)"),
 	}, append(rootImageFlags(), imageFlags()...)...)
 }
 
