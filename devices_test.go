@@ -163,6 +163,7 @@ func TestParseNetUserPolicy(t *testing.T) {
 		{in: "user,egress=none", egress: "none"},
 		{in: "user,egress=10.0.0.0/8:443+192.0.2.0/24,host-loopback,mac=02:00:00:00:00:01", hostLoopback: true, egress: "10.0.0.0/8:443+192.0.2.0/24"},
 		{in: "user,egress=public:443", egress: "public:443"},
+		{in: "user,egress=dns+public:443", egress: "public:443+dns"},
 		{in: "user,egress=10.0.0.1", err: "want a CIDR with its /LEN"},
 		{in: "user,egress=10.0.0.0/8:99999", err: "want 1-65535"},
 		{in: "user,egress=", err: "want user["},

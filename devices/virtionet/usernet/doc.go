@@ -49,13 +49,16 @@
 // HostLoopback; with Egress restricted, only its rules' addresses and
 // ports (a rule lying inside the link-local or metadata ranges opens
 // them). DNS at GatewayIP and published ports are the stack's own and
-// inbound, so no policy applies to them.
+// inbound, so no address policy applies to them.
 //
-// DNS answers the names of the microvm.internal zone (HostName,
+// DNS (dns.go) answers the names of the microvm.internal zone (HostName,
 // gateway.microvm.internal; NXDOMAIN for the rest of it) from its own
 // records, and looks every other name up with the host's resolver, which
 // asks the host's DNS servers: the query is fully qualified, and Go's
-// resolver does not look those up in the host's /etc/hosts.
+// resolver does not look those up in the host's /etc/hosts. A lookup is
+// egress (data can leave in the name asked): under a restricted Egress
+// without its dns rule (netpolicy.Egress.LooksUpNames) the server answers
+// its zone and refuses every other question itself.
 //
 // A frame from the guest reaches the switch only through the virtio-net
 // device, which refuses frames shorter than an Ethernet header (the

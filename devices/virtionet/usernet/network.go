@@ -52,7 +52,8 @@ type Config struct {
 	// Egress limits where else the guest's TCP connections and UDP flows
 	// go (netpolicy.ParseEgress; the zero value: everywhere outside the
 	// blocked ranges, netpolicy.Policy). DNS to GatewayIP is answered by
-	// the network itself, and always works.
+	// the network itself for its own zone; other names are looked up
+	// only when Egress.LooksUpNames.
 	Egress netpolicy.Egress
 	// Log receives diagnostics (nil: logrus.StandardLogger()).
 	Log logrus.FieldLogger

@@ -178,15 +178,17 @@ func TestUDPBothWays(t *testing.T) {
 }
 
 // TestDNS: the gateway answers the names of its own zone from its records,
-// with no query leaving the machine, also with egress none. (Other names
-// go to the host's resolver; they are not asked here.)
+// with no query leaving the machine, also with egress none, which refuses
+// every other name, of every type, instead of asking the host's resolver
+// (a lookup carries data out in its name). (With lookups allowed, other
+// names go to the host's resolver; they are not asked here.)
 func TestDNS(t *testing.T) {
 	g := newTestGuest(t, newNetworkWith(t, usernet.Config{Egress: netpolicy.Egress{Restrict: true}}))
 	c := g.udp(t, 0, usernet.GatewayIP, 53)
-	ask := func(name string) *dns.Msg {
+	askType := func(name string, qtype uint16) *dns.Msg {
 		t.Helper()
 		q := new(dns.Msg)
-		q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		q.SetQuestion(dns.Fqdn(name), qtype)
 		b, err := q.Pack()
 		if err != nil {
 			t.Fatal(err)
@@ -206,6 +208,7 @@ func TestDNS(t *testing.T) {
 		}
 		return r
 	}
+	ask := func(name string) *dns.Msg { t.Helper(); return askType(name, dns.TypeA) }
 	aOf := func(r *dns.Msg) []string {
 		var ips []string
 		for _, rr := range r.Answer {
@@ -225,6 +228,12 @@ func TestDNS(t *testing.T) {
 	// a query to the host's servers.
 	if r := ask("nothing.microvm.internal"); r.Rcode != dns.RcodeNameError || len(r.Answer) != 0 {
 		t.Errorf("nothing.microvm.internal: rcode %d, %d answers; want NXDOMAIN", r.Rcode, len(r.Answer))
+	}
+	for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeTXT, dns.TypeMX} {
+		if r := askType("secret-data.example.com", qt); r.Rcode != dns.RcodeRefused || len(r.Answer) != 0 {
+			t.Errorf("a name outside the zone (type %s) under egress none: rcode %s, %d answers; want REFUSED",
+				dns.TypeToString[qt], dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
 	}
 }
 

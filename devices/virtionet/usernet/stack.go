@@ -3,13 +3,11 @@ package usernet
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"time"
 
 	"github.com/containers/gvisor-tap-vsock/pkg/services/dhcp"
-	"github.com/containers/gvisor-tap-vsock/pkg/services/dns"
 	"github.com/containers/gvisor-tap-vsock/pkg/services/forwarder"
 	"github.com/containers/gvisor-tap-vsock/pkg/tap"
 	"github.com/containers/gvisor-tap-vsock/pkg/types"
@@ -84,7 +82,7 @@ func (n *Network) newStack(mac net.HardwareAddr) error {
 	s.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(s, 0, 10, n.forwardTCP).HandlePacket)
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(s, n.forwardUDP).HandlePacket)
 
-	if err := serveDNS(s); err != nil {
+	if err := serveDNS(s, n.policy.Egress.LooksUpNames()); err != nil {
 		s.Close()
 		return err
 	}
@@ -99,36 +97,6 @@ func (n *Network) newStack(mac net.HardwareAddr) error {
 }
 
 func addr(ip string) tcpip.Address { return tcpip.AddrFrom4Slice(net.ParseIP(ip).To4()) }
-
-// serveDNS answers UDP and TCP port 53 on GatewayIP: the microvm.internal
-// zone from its records, other names through the host's resolver.
-func serveDNS(s *stack.Stack) error {
-	at := tcpip.FullAddress{NIC: nic, Addr: addr(GatewayIP), Port: 53}
-	uc, err := gonet.DialUDP(s, &at, nil, ipv4.ProtocolNumber)
-	if err != nil {
-		return fmt.Errorf("dns: %w", err)
-	}
-	tl, err := gonet.ListenTCP(s, at, ipv4.ProtocolNumber)
-	if err != nil {
-		uc.Close()
-		return fmt.Errorf("dns: %w", err)
-	}
-	srv, err := dns.New(uc, tl, []types.Zone{{
-		Name: zone,
-		Records: []types.Record{
-			{Name: "host", IP: net.ParseIP(HostIP)},
-			{Name: "gateway", IP: net.ParseIP(GatewayIP)},
-		},
-	}})
-	if err != nil {
-		uc.Close()
-		tl.Close()
-		return fmt.Errorf("dns: %w", err)
-	}
-	go func() { _ = srv.Serve() }()
-	go func() { _ = srv.ServeTCP() }()
-	return nil
-}
 
 // dialTarget asks the policy about a guest connection to ip:port: the
 // host address to dial, or the refusal, which is counted and logged.

@@ -51,7 +51,17 @@ type Egress struct {
 	// Allow is empty ("none").
 	Restrict bool
 	Allow    []Rule
+	// DNS, with Restrict, lets the network's DNS server look names
+	// outside its own zone up with the host's resolver. A lookup is
+	// egress too: the names a guest asks about reach the host's DNS
+	// servers and beyond, and can carry data. Without Restrict names are
+	// always looked up.
+	DNS bool
 }
+
+// LooksUpNames says whether the network's DNS server may ask the host's
+// resolver about names outside its own zone.
+func (e Egress) LooksUpNames() bool { return !e.Restrict || e.DNS }
 
 // Rule allows a range of addresses (Prefix, or every public address with
 // Public) on a range of ports, TCP and UDP alike.
@@ -195,13 +205,15 @@ func isPublic(a netip.Addr) bool {
 }
 
 // EgressSyntax is ParseEgress's syntax, for usage lines.
-const EgressSyntax = "all, none, or RULE[+RULE]... with RULE CIDR[:PORT[-PORT]] or public[:PORT[-PORT]]"
+const EgressSyntax = "all, none, or RULE[+RULE]... with RULE CIDR[:PORT[-PORT]], public[:PORT[-PORT]] or dns"
 
 // ParseEgress parses an egress policy, the value of --net user's egress=:
 //
-//	all            every destination outside the blocked ranges (also "")
-//	none           no destination (DNS to the gateway and published ports still work)
-//	RULE[+RULE]... only these, each CIDR[:PORT[-PORT]] or public[:PORT[-PORT]]
+//	all            every destination outside the blocked ranges, and DNS lookups (also "")
+//	none           no destination, no DNS lookup (the gateway still answers its own
+//	               zone, and published ports still work: they are inbound)
+//	RULE[+RULE]... only these, each CIDR[:PORT[-PORT]], public[:PORT[-PORT]], or
+//	               dns: the gateway's DNS server looks other names up
 //
 // A CIDR always has its /LEN (IPv6 ones too, so the port after it is not
 // taken for part of the address); no port is every port. "+" separates
@@ -216,6 +228,13 @@ func ParseEgress(s string) (Egress, error) {
 	}
 	e := Egress{Restrict: true}
 	for _, rs := range strings.Split(s, "+") {
+		if rs == "dns" {
+			if e.DNS {
+				return Egress{}, fmt.Errorf("egress %q: dns given twice", s)
+			}
+			e.DNS = true
+			continue
+		}
 		r, err := parseRule(rs)
 		if err != nil {
 			return Egress{}, fmt.Errorf("egress %q: %w (want %s)", s, err, EgressSyntax)
@@ -286,12 +305,15 @@ func (e Egress) String() string {
 	if !e.Restrict {
 		return "all"
 	}
-	if len(e.Allow) == 0 {
+	if len(e.Allow) == 0 && !e.DNS {
 		return "none"
 	}
-	rs := make([]string, len(e.Allow))
-	for i, r := range e.Allow {
-		rs[i] = r.String()
+	rs := make([]string, 0, len(e.Allow)+1)
+	for _, r := range e.Allow {
+		rs = append(rs, r.String())
+	}
+	if e.DNS {
+		rs = append(rs, "dns")
 	}
 	return strings.Join(rs, "+")
 }

@@ -138,6 +138,8 @@ func TestParseEgress(t *testing.T) {
 		{"10.0.0.0/8:1000-2000+public:443", "10.0.0.0/8:1000-2000+public:443"},
 		{"2001:db8::/32:443", "2001:db8::/32:443"},
 		{"192.0.2.7/32", "192.0.2.7/32"},
+		{"dns", "dns"},
+		{"dns+public:443", "public:443+dns"},
 	} {
 		e, err := ParseEgress(tc.in)
 		if err != nil {
@@ -165,6 +167,8 @@ func TestParseEgress(t *testing.T) {
 		{"publicity", "want a CIDR"},
 		{"none+10.0.0.0/8", "want a CIDR"},
 		{"10.0.0.0/8,mac=x", "rule"},
+		{"dns+dns", "dns given twice"},
+		{"none+dns", "want a CIDR"},
 	} {
 		_, err := ParseEgress(tc.in)
 		if err == nil {
@@ -177,8 +181,22 @@ func TestParseEgress(t *testing.T) {
 	}
 }
 
+// TestLooksUpNames: DNS lookups are egress: allowed with every
+// destination, and under a restricted egress only with its dns rule.
+func TestLooksUpNames(t *testing.T) {
+	for spec, want := range map[string]bool{"all": true, "none": false, "public:443": false, "public:443+dns": true, "dns": true} {
+		e, err := ParseEgress(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.LooksUpNames(); got != want {
+			t.Errorf("egress %q: LooksUpNames = %v, want %v", spec, got, want)
+		}
+	}
+}
+
 func FuzzParseEgress(f *testing.F) {
-	for _, s := range []string{"none", "10.0.0.0/8:443+public", "2001:db8::/32:1-2", "169.254.169.254/32:80"} {
+	for _, s := range []string{"none", "10.0.0.0/8:443+public", "2001:db8::/32:1-2", "169.254.169.254/32:80", "dns+public:53"} {
 		f.Add(s, "169.254.169.254:80")
 	}
 	f.Fuzz(func(t *testing.T, spec, dst string) {
