@@ -419,3 +419,69 @@ func TestGetRefusesOversizedRecord(t *testing.T) {
 		t.Fatalf("Get of an oversized vm.json: %v; want a refusal", err)
 	}
 }
+
+// TestCheckStateDir: the fallback state directory in the shared temporary
+// directory is made private when missing and refused when someone else
+// could have made it (a symlink, a file, open to others, another owner);
+// any other directory is the user's choice.
+func TestCheckStateDir(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	dir := fallbackStateDir()
+	if err := CheckStateDir(dir); err != nil {
+		t.Fatalf("a missing fallback: %v", err)
+	}
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the fallback made: %v, %v", fi, err)
+	}
+	if err := CheckStateDir(dir); err != nil {
+		t.Fatalf("the fallback again: %v", err)
+	}
+	os.Remove(dir)
+
+	elsewhere := t.TempDir()
+	cases := []struct {
+		why  string
+		make func() error
+	}{
+		{"is a symlink", func() error { return os.Symlink(elsewhere, dir) }},
+		{"is not a directory", func() error { return os.WriteFile(dir, nil, 0o600) }},
+		{"open to others", func() error {
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return err
+			}
+			return os.Chmod(dir, 0o755)
+		}},
+	}
+	if os.Geteuid() == 0 {
+		cases = append(cases, struct {
+			why  string
+			make func() error
+		}{"is owned by uid 4242", func() error {
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return err
+			}
+			return os.Chown(dir, 4242, 4242)
+		}})
+	}
+	for _, tc := range cases {
+		if err := tc.make(); err != nil {
+			t.Fatal(err)
+		}
+		err := CheckStateDir(dir)
+		if !errors.Is(err, ErrUnsafeStateDir) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("a fallback that %s: %v", tc.why, err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Not the fallback: taken as it is.
+	open := filepath.Join(t.TempDir(), "mine")
+	if err := os.Mkdir(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckStateDir(open); err != nil {
+		t.Errorf("a chosen directory: %v", err)
+	}
+}
