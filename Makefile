@@ -41,6 +41,9 @@
 #                     cycles through the Go API); minutes each, not in make test
 #   make clean        remove bin/ and the test guest's objects (keeps the kernel cache)
 #   make distclean    also remove build/ (kernel cache, tools)
+#   make clean-cache  empty the artefact cache shared by clones on this machine
+#                     (~/.cache/microvm: kernels and Debian images keyed by the
+#                     hash of their inputs; docs/testing.md, "The artefact cache")
 #
 # Everything generated lives in bin/ or build/ (both git-ignored).
 
@@ -58,7 +61,7 @@ CRICTL      := $(TOOLS)/crictl
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
+.PHONY: clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
@@ -471,3 +474,6 @@ clean:
 
 distclean: clean
 	rm -rf build
+
+clean-cache:
+	. scripts/lib/artefact-cache.sh && rm -rf "$$(artefact_cache_root)"

@@ -12,7 +12,9 @@
 # build/kernel-cache/src and built out of tree in build/kernel-cache/obj-NAME
 # (NAME: the fragment's file name without .config), so a rebuild after a
 # fragment change is incremental. When OUTDIR already holds every target and a
-# stamp matching the hash of the fragment and of this script, nothing is done.
+# stamp matching the hash of the fragment and of this script, nothing is done;
+# when the artefact cache (scripts/lib/artefact-cache.sh, ~/.cache/microvm)
+# holds a kernel built from the same inputs, it is copied.
 #
 # Environment: JOBS (default: nproc) sets make's parallelism.
 set -euo pipefail
@@ -56,6 +58,29 @@ have_all=true
 for t in "${targets[@]}"; do [[ -f "$outdir/$t" ]] || have_all=false; done
 if $have_all && [[ -f "$stamp_file" ]] && [[ "$(cat "$stamp_file")" == "$stamp_want" ]]; then
 	log "up to date: ${targets[*]} in $outdir (stamp $stamp_want)"
+	exit 0
+fi
+
+# --- The artefact cache (scripts/lib/artefact-cache.sh) -------------------------
+# Keyed on the fragment, this script, the targets, the kernel source
+# package's version and the compiler: a second clone on this machine copies
+# the kernel instead of building it.
+. "$root/scripts/lib/artefact-cache.sh"
+cache_key() {
+	{
+		cat "$fragment" "${BASH_SOURCE[0]}"
+		echo "${targets[*]}"
+		dpkg-query -W -f='${Version}\n' "linux-source-$series" 2>/dev/null || echo "no linux-source-$series"
+		gcc --version 2>/dev/null | head -n 1
+	} | artefact_key
+}
+if entry=$(artefact_get kernel "$name-$(cache_key)"); then
+	mkdir -p "$outdir"
+	for t in "${targets[@]}" config; do
+		artefact_copy "$entry" "$t" "$outdir/$t" || die "copying $t from the cache $entry failed"
+	done
+	printf '%s\n' "$stamp_want" >"$stamp_file"
+	log "from the cache: ${targets[*]} in $outdir ($entry)"
 	exit 0
 fi
 
@@ -147,3 +172,6 @@ for t in "${targets[@]}"; do
 done
 cp "$objdir/.config" "$outdir/config"
 printf '%s\n' "$stamp_want" >"$stamp_file"
+cached=()
+for t in "${targets[@]}" config; do cached+=("$outdir/$t"); done
+artefact_put kernel "$name-$(cache_key)" "${cached[@]}"
