@@ -297,9 +297,15 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	default:
 		return Verdict{}, fmt.Errorf("box-test: %s: %w", p.Dir, err)
 	}
+	took := time.Since(begin)
 	boxFailed := status == ExitBoxFailure
 	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.box(),
-		time.Since(begin).Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
+		took.Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])
+	// For make test's table of where the time went (scripts/test-times).
+	if err := appendLine(filepath.Join(c.Record, "boxes.txt"),
+		fmt.Sprintf("%s %d %.3f %d %s", p.box(), round, took.Seconds(), status, strings.Join(p.Tests, " "))); err != nil {
+		return Verdict{}, err
+	}
 	cons, consErr := os.ReadFile(console)
 	l1Oops := L1Oops.Match(cons)
 	if boxFailed || l1Oops {

@@ -206,6 +206,21 @@ func TestRunReruns(t *testing.T) {
 	if string(reruns) != want {
 		t.Errorf("reruns.txt:\n%s\nwant:\n%s", reruns, want)
 	}
+	// One line a box, for make test's table (scripts/test-times): box,
+	// rerun round, seconds, status, tests.
+	boxes, _ := os.ReadFile(filepath.Join(rec, "boxes.txt"))
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(string(boxes)), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 {
+			t.Fatalf("boxes.txt line %q: want BOX ROUND SECONDS STATUS TEST...", l)
+		}
+		got = append(got, strings.Join(append(f[:2:2], f[3:]...), " "))
+	}
+	wantBoxes := []string{"a 0 1 TestX TestY", "b 0 125 TestP TestQ", "a 1 0 TestX", "b 1 125 TestP TestQ", "b 2 1 TestP TestQ"}
+	if strings.Join(got, "|") != strings.Join(wantBoxes, "|") {
+		t.Errorf("boxes.txt (seconds left out):\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantBoxes, "\n"))
+	}
 	if !strings.Contains(out.String(), "L1 console of a fake box") {
 		t.Errorf("a dead box's console was not shown:\n%s", out.String())
 	}
