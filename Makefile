@@ -6,6 +6,9 @@
 #   make run          the demo: the test guest, then Linux with the guest agent
 #                     (commands and a gRPC call over vsock)
 #   make test-net     TestNetLinux alone (make test runs it too; docs/net.md)
+#   make check        the inner loop, about 2 minutes warm: vet, gofmt, staticcheck,
+#                     go test -short ./... (in-process; the test guest where this
+#                     host's KVM runs it); no kernels, no box, no fuzzing
 #   make test         everything CI runs: vet, gofmt, staticcheck, go test -race,
 #                     every fuzz target for 2 s (fuzz-smoke),
 #                     the test guest's host and QEMU tests, the Linux test kernel
@@ -61,7 +64,7 @@ CRICTL      := $(TOOLS)/crictl
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
+.PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
@@ -145,6 +148,12 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 MICROVM_CRICTL=$(CRICTL) \
 	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar \
 	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar
+
+# The inner loop (docs/testing.md, "make check"): what can fail fast, in
+# minutes; go test's cache keeps unchanged packages' results. What needs a
+# kernel, QEMU or the box is make test's.
+check: bin/testguest vet fmt-check staticcheck
+	MICROVM_TESTGUEST=$(CURDIR)/bin/testguest MICROVM_CONFORMANCE=off $(GO) test -short ./...
 
 # make test's stages, in order; scripts/test-stages runs each and times it,
 # scripts/test-times prints the table (and build/test-record/times.json).
