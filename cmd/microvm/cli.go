@@ -16,7 +16,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	app := newApp(stdin, stdout, stderr)
 	var unknown string
 	app.CommandNotFound = func(_ *cli.Context, name string) { unknown = name }
-	err := app.Run(args)
+	err := app.Run(flagsFirst(app, args))
 	if unknown != "" {
 		fmt.Fprintf(stderr, "microvm: unknown command %q (see microvm --help)\n", unknown)
 		return microvm.StatusUsage

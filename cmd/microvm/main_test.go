@@ -121,6 +121,7 @@ func TestUsageErrors(t *testing.T) {
 		{"restore with a bad --publish", []string{"restore", "--net", "user", "--publish", "x", "a"}, "publish"},
 		{"snapshot without --out", []string{"snapshot", "vm1"}, "snapshot: --out DIR is required"},
 		{"snapshot without a name", []string{"snapshot", "--out", "/tmp/s"}, "snapshot: want one VM name"},
+		{"snapshot NAME --out DIR with a bad name", []string{"snapshot", "../vm1", "--out", "/tmp/s"}, "../vm1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { wantError(t, microvm.StatusUsage, tc.args, tc.want) })
