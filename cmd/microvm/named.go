@@ -37,6 +37,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -120,7 +121,13 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if detach && !child {
 		return startDetached(name, c.Duration("boot-timeout"), withAgent)
 	}
-	return runNamedVM(c, bootLaunch(name, cfg, img, withAgent), child, stdin, stdout, log)
+	err = runNamedVM(c, bootLaunch(name, cfg, img, withAgent), child, stdin, stdout, log)
+	if errors.Is(err, unixsock.ErrNoSockets) {
+		// The VM's sockets live in the state directory, which the
+		// user may not know they chose.
+		err = fmt.Errorf("%w; the state directory is %s: set $MICROVM_STATE_DIR to one on a local file system", err, vms.StateDir())
+	}
+	return err
 }
 
 // namedLaunch is what a named VM's process starts: its record, and how
@@ -225,11 +232,15 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 	if cfg.Root != "" && c.Bool("with-agent") && !strings.Contains(cfg.Cmdline, "init=") {
 		cfg.Cmdline = strings.TrimSpace(cfg.Cmdline + " init=/init")
 	}
-	cid := c.Uint64("vsock-cid")
-	if cid == 0 {
-		cid = execCID
+	// runConfigNoKernelCheck made the device from --vsock-cid and the
+	// vsock limits and options; the socket is the state directory's
+	// (runNamed), the CID exec's unless --vsock-cid chose one.
+	if cfg.Vsock == nil {
+		cfg.Vsock = &microvm.VsockConfig{}
 	}
-	cfg.Vsock = &microvm.VsockConfig{CID: cid}
+	if cfg.Vsock.CID == 0 {
+		cfg.Vsock.CID = execCID
+	}
 	return cfg, nil
 }
 

@@ -185,12 +185,16 @@ func runConfigNoKernelCheck(c flagValues) (microvm.Config, error) {
 	if err := readDeviceFlags(c, &cfg); err != nil {
 		return cfg, err
 	}
-	if isSet(c, "vsock-opt") && !isSet(c, "vsock-cid") {
+	// A named VM always has a vsock device, its socket in its state
+	// directory: --vsock-cid (and the limits and options) alone choose
+	// its CID; namedConfig fills in the rest.
+	named := c.String("name") != ""
+	if isSet(c, "vsock-opt") && !isSet(c, "vsock-cid") && !named {
 		return cfg, usagef("--vsock-opt needs a vsock device (--vsock-cid and --vsock-uds)")
 	}
-	if isSet(c, "vsock-cid") || isSet(c, "vsock-uds") {
-		if !isSet(c, "vsock-cid") || !isSet(c, "vsock-uds") {
-			return cfg, usagef("--vsock-cid and --vsock-uds go together")
+	if isSet(c, "vsock-cid") || isSet(c, "vsock-uds") || named {
+		if !named && (!isSet(c, "vsock-cid") || !isSet(c, "vsock-uds")) {
+			return cfg, usagef("--vsock-cid and --vsock-uds go together (a VM with --name needs only --vsock-cid)")
 		}
 		lim, err := readVsockLimits(c, "vsock-")
 		if err != nil {

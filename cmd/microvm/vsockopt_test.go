@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -138,6 +139,46 @@ func TestRunConfigVsockOpt(t *testing.T) {
 		}
 		if diff := cmp.Diff(tc.want, *got.Vsock.Options); diff != "" {
 			t.Errorf("%v (-want +got):\n%s", tc.opt, diff)
+		}
+	}
+}
+
+// TestNamedConfigVsockCID: a named VM takes --vsock-cid (and the vsock
+// limits) without --vsock-uds, whose socket is its state directory's; it
+// keeps exec's CID without one. An unnamed VM still needs both flags.
+func TestNamedConfigVsockCID(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		wantCID   uint64
+		wantConns int
+		wantErr   string
+	}{
+		{[]string{"--name", "vm1", "--vsock-cid", "9", "--vsock-max-conns", "5"}, 9, 5, ""},
+		{[]string{"--name", "vm1"}, execCID, vsock.DefaultMaxConns, ""},
+		{[]string{"--vsock-cid", "9"}, 0, 0, "--vsock-cid and --vsock-uds go together"},
+	} {
+		var got microvm.Config
+		cmd := runCommand(nil, nil, nil)
+		app := newApp(nil, nil, nil)
+		app.Commands = nil
+		app.Flags = cmd.Flags
+		app.Action = func(c *cli.Context) error {
+			var err error
+			got, err = namedConfig(c, imageOpts{})
+			return err
+		}
+		err := app.Run(append([]string{"microvm", "--kernel", "k"}, tc.args...))
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if got.Vsock == nil || got.Vsock.CID != tc.wantCID || got.Vsock.MaxConnections != tc.wantConns {
+			t.Errorf("%v: vsock %+v, want CID %d and %d connections", tc.args, got.Vsock, tc.wantCID, tc.wantConns)
 		}
 	}
 }

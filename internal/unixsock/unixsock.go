@@ -13,6 +13,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrNoSockets is a bind refused by the file system: 9p (a directory
+// shared into a VM) and some FUSE mounts hold no Unix sockets, and say so
+// with ENXIO ("no such device or address") or EOPNOTSUPP, which name
+// neither the file system nor what to do.
+var ErrNoSockets = errors.New("the file system there does not hold Unix sockets (9p and some FUSE mounts refuse them): use a directory on a local file system such as tmpfs or ext4")
+
+// bindError is the error of a bind at path that failed with err.
+func bindError(path string, err error) error {
+	if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("listen on %s: %w (%w)", path, ErrNoSockets, err)
+	}
+	return fmt.Errorf("listen on %s: %w", path, err)
+}
+
 // Listen creates a listening socket at path, readable and writable by its
 // owner only (0600). A stale socket file (connecting to it is refused:
 // nobody listens) is replaced; a live socket (a connect succeeds, or its
@@ -54,7 +68,7 @@ func ListenNet(network, path string) (*net.UnixListener, error) {
 	tmp := filepath.Join(dir, "s")
 	ln, err := net.ListenUnix(network, &net.UnixAddr{Name: tmp, Net: network})
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
+		return nil, bindError(path, err)
 	}
 	ln.SetUnlinkOnClose(false)
 	if err := os.Chmod(tmp, 0o600); err != nil {
@@ -97,7 +111,7 @@ func ListenDgram(path string) (int, error) {
 	}
 	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
 		unix.Close(fd)
-		return -1, fmt.Errorf("bind %s: %w", path, err)
+		return -1, bindError(path, err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		unix.Close(fd)

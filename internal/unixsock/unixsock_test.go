@@ -1,6 +1,7 @@
 package unixsock
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -204,5 +205,24 @@ func TestListenRacing(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Errorf("directory holds %d entries, want the socket alone", len(entries))
+	}
+}
+
+// TestBindErrorNoSockets: a bind the file system refuses (ENXIO from 9p,
+// EOPNOTSUPP from some FUSE mounts) says what is wrong and what to do;
+// other bind errors stay as they were.
+func TestBindErrorNoSockets(t *testing.T) {
+	for _, tc := range []struct {
+		errno unix.Errno
+		want  bool
+	}{{unix.ENXIO, true}, {unix.EOPNOTSUPP, true}, {unix.EADDRINUSE, false}, {unix.EACCES, false}} {
+		bind := &net.OpError{Op: "listen", Net: "unix", Err: os.NewSyscallError("bind", tc.errno)}
+		err := bindError("/x/s", bind)
+		if got := errors.Is(err, ErrNoSockets); got != tc.want {
+			t.Errorf("%v: ErrNoSockets %v, want %v (%v)", tc.errno, got, tc.want, err)
+		}
+		if !errors.Is(err, tc.errno) || !strings.HasPrefix(err.Error(), "listen on /x/s: ") {
+			t.Errorf("%v: %v lost the errno or the path", tc.errno, err)
+		}
 	}
 }
