@@ -446,7 +446,7 @@ bench-vsock: all
 
 # The vsock device itself through vhost-user: a Go front-end and guest driver
 # against `microvm vhost-user-vsock` with each --vsock-opt set, AF_UNIX as the
-# reference, no KVM or QEMU (docs/performance.md); about 2-3 minutes.
+# reference, no KVM or QEMU (docs/notes/performance.md); about 2-3 minutes.
 # PEER=/path/to/vhost-device-vsock adds rust-vmm's back-end;
 # BENCH_DEVICE_FLAGS passes more flags (-pairs, -dur, -mode poll, -quick).
 PEER ?=

@@ -237,7 +237,7 @@ func startBackend(t *testing.T, a artefacts, extraArgs ...string) *backend {
 	args := append([]string{"vhost-user-vsock", "--socket", b.sock, "--guest-cid", strconv.Itoa(guestCID),
 		"--uds-path", b.uds, "--log-level", "info"}, extraArgs...)
 	if o := os.Getenv("MICROVM_CONFORMANCE_VSOCK_OPT"); o != "" {
-		// The device's switches (docs/performance.md), to compare the
+		// The device's switches (docs/notes/performance.md), to compare the
 		// real Linux driver's 16 MiB echo with one of them off.
 		args = append(args, "--vsock-opt", o)
 	}

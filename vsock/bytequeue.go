@@ -13,7 +13,7 @@ import "sync"
 //     reuses the same chunks instead of growing a fresh array each time
 //     (the single growing array this replaces was let go of at every
 //     drain, and refilling it cost more CPU than the data itself:
-//     docs/performance.md, "Buffered guest data");
+//     docs/notes/performance.md, "Buffered guest data");
 //   - an empty queue holds nothing, and a queue under 64 KiB holds 4 KiB
 //     chunks only, so the memory a connection pins beyond its queued bytes
 //     is at most one partly used chunk: 4 KiB while it is small.

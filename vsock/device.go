@@ -91,7 +91,7 @@ type Options struct {
 	// There is no copybreak (seed 004): payloads always go to the host
 	// socket straight from guest memory (writev); only what the socket
 	// does not take is copied. Copying small payloads first was measured
-	// and never won here (docs/performance.md), because guest memory is
+	// and never won here (docs/notes/performance.md), because guest memory is
 	// always mapped: scatter-gather has no per-buffer setup to amortise.
 }
 

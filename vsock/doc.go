@@ -314,7 +314,7 @@
 // host data the RX worker learns of by its own epoll is none, so a
 // ping-pong makes no hand-off either way (TestPingPongNoHandoff). Seed 004's copybreak (copy small payloads
 // rather than scatter-gather) was built, measured and removed: it never won
-// here (docs/performance.md).
+// here (docs/notes/performance.md).
 //
 // Guest data the host socket does not take at once waits in the
 // connection's byteQueue (bounded by the advertised buffer): chunks from

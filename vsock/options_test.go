@@ -207,7 +207,7 @@ func coreScenarios(t *testing.T, e *env) {
 // reaches the guest without a hand-off to the RX worker, with DirectEnqueue
 // on or off: the RX worker itself learns of host data (its epoll) and
 // places it. So seed 001's saving, one goroutine wake-up per reply, has
-// nothing to remove on this path (docs/performance.md). The counters it
+// nothing to remove on this path (docs/notes/performance.md). The counters it
 // reads do move elsewhere: with DirectEnqueue off the RESPONSE to a
 // guest-initiated connection is handed off.
 func TestPingPongNoHandoff(t *testing.T) {

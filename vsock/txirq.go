@@ -17,7 +17,7 @@ package vsock
 // (txBatch chains). Holding longer, to the end of the worker's pass, was
 // measured and lost: a guest whose TX ring fills waits for the completions,
 // and under vhost-user 64 B guest-to-host fell to 0.78x with 2.5x the kicks
-// (docs/performance.md). Without a shared line nothing is held.
+// (docs/notes/performance.md). Without a shared line nothing is held.
 
 // txIRQ is what the TX worker holds back for the end of a batch. Owned by
 // the TX worker.

@@ -1,7 +1,7 @@
 // Command vhostuser is a load generator for vhost-user-vsock back-ends: it
 // plays the front-end (QEMU's part) and the guest driver (Linux's part)
 // against any back-end given its command line, and measures the device
-// itself, with no KVM and no QEMU (docs/performance.md).
+// itself, with no KVM and no QEMU (docs/notes/performance.md).
 //
 //	go run ./bench/vhostuser [-microvm bin/microvm] [-peer PATH] [-pairs 5]
 //	    [-options all-on,all-off,...] [-payloads 64,4096,65536] [-mode event|poll]
@@ -45,7 +45,7 @@ const envServePeer = "VHUBENCH_SERVE_PEER"
 
 // optionSets are the ablation's option sets: the names issue 9 uses, each
 // a --vsock-opt value for microvm. Issue 9's "no-copybreak" set is gone
-// with the copybreak itself (docs/performance.md says why). irq-coalesce
+// with the copybreak itself (docs/notes/performance.md says why). irq-coalesce
 // has no set: it acts only where one interrupt serves every queue
 // (virtio-mmio), never under vhost-user.
 func optionSets() map[string]string {

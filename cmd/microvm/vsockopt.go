@@ -8,7 +8,7 @@ import (
 
 // vsockOptFlag is --vsock-opt, shared by `run` and `vhost-user-vsock`: the
 // vsock device's data-path optimisations (vsock.Options), each switchable so
-// it can be measured on and off (docs/performance.md).
+// it can be measured on and off (docs/notes/performance.md).
 func vsockOptFlag() opt {
 	return stringOpt("vsock-opt", "",
 		"vsock data-path optimisations, a comma list of KEY=VALUE changing the defaults: "+
