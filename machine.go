@@ -34,7 +34,7 @@ const (
 	ExitError       = vmm.ExitError       // the VMM failed
 )
 
-// Exit statuses the CLI uses (README: exit codes).
+// Exit statuses the CLI uses (docs/cli.md, "Exit status").
 const (
 	StatusOK          = vmm.StatusOK
 	StatusError       = vmm.StatusError

@@ -1,4 +1,4 @@
-// Command microvm runs KVM micro-VMs. See the README for usage and exit
+// Command microvm runs KVM micro-VMs. See docs/cli.md for usage and exit
 // codes.
 package main
 

@@ -27,7 +27,7 @@ func (s statusError) Error() string { return fmt.Sprintf("exit status %d", s.sta
 // did not answer or was lost, a guest that had to be stopped. The command's
 // own status passes through unchanged; commands do not normally exit 125
 // (docker run uses it for its own errors too), so a CI driver tells a
-// failed job from a failed runner by it. Usage errors stay 2. README,
+// failed job from a failed runner by it. Usage errors stay 2. docs/cli.md,
 // "Exit status".
 const statusFailure = 125
 

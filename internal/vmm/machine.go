@@ -98,7 +98,7 @@ func (k ExitKind) String() string {
 	return [...]string{"?", "debug-exit", "reset", "power-off", "triple-fault", "canceled", "error", "snapshot"}[k]
 }
 
-// Exit statuses the CLI uses (README: exit codes).
+// Exit statuses the CLI uses (docs/cli.md, "Exit status").
 const (
 	StatusOK          = 0
 	StatusError       = 1
