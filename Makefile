@@ -334,7 +334,7 @@ bench-images: all bench-usernet
 	fi
 
 # Against QEMU and against BASELINE_REV, the last commit before the guest
-# agent (the start-up figures of issue 17: docs/benchmarks.md, "Start-up"),
+# agent (the start-up figures compared in docs/benchmarks.md, "Start-up"),
 # built into build/baseline once; each VMM's peak RSS read as VmHWM at its
 # exit. Without that commit in the history (a shallow clone) the baseline
 # row is left out.

@@ -14,7 +14,7 @@ import (
 	"github.com/microvm/microvm/internal/snapshot"
 )
 
-// Snapshots (issue 22; docs/snapshot.md). A snapshot directory holds the
+// Snapshots (docs/snapshot.md). A snapshot directory holds the
 // machine floor's state and memory (internal/vmm, SaveSnapshot) and this
 // package's part, "config": the Config the machine was built with, less
 // what names host resources of the running process (console, log), with

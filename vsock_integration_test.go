@@ -327,7 +327,7 @@ func TestVsockConnect64MiB(t *testing.T) {
 	}
 }
 
-// TestVsockAcceptance runs the vsock issue's acceptance checks.
+// TestVsockAcceptance runs vsock's acceptance checks.
 func TestVsockAcceptance(t *testing.T) {
 	t.Run("OK port range", func(t *testing.T) {
 		g := startVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=3", vsockTestPort))

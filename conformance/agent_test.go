@@ -24,7 +24,7 @@ import (
 	"github.com/microvm/microvm/vsock/hybrid"
 )
 
-// The agent checks of issue 8 ("done when"), run against the real Linux
+// The agent's acceptance checks, run against the real Linux
 // virtio-vsock driver twice: QEMU TCG with microvm vhost-user-vsock as the
 // back-end (TestAgentQEMU, natively everywhere) and microvm run itself
 // (TestAgentMicrovm, natively on hardware KVM, otherwise in the nested-KVM

@@ -2,7 +2,7 @@ package devices
 
 import "errors"
 
-// Saved state (snapshots, issue 22). Each device that holds guest-visible
+// Saved state (snapshots). Each device that holds guest-visible
 // state has a state type, XState, that is its snapshot form: plain data
 // with exported fields (no pointers, funcs or channels) that
 // internal/snapshot encodes with encoding/json. Fields are matched by name,

@@ -41,7 +41,7 @@
 // driver (vsock's host connects). Every device holds one, so the rules are
 // written once.
 //
-// Snapshots (issue 22; state.go): with the vCPUs stopped, MMIO.Quiesce
+// Snapshots (state.go): with the vCPUs stopped, MMIO.Quiesce
 // stops the device's session without a reset: the device (a Quiescer,
 // usually Lifecycle.Quiesce over a Drainer session) finishes or puts back
 // every chain it popped, so each queue's next available entry equals the

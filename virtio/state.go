@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Saved state of the virtio-mmio transport (snapshots, issue 22; the
+// Saved state of the virtio-mmio transport (snapshots; the
 // package doc traces the sequence). The conventions are those of package
 // devices (devices/state.go): plain data with exported fields, encoded
 // with encoding/json, field names as the format's version; RestoreState

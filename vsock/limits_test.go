@@ -190,7 +190,7 @@ func hostFD(t *testing.T, h *vsocktest.HostConn) int {
 	return fd
 }
 
-// Regression (issue 11, soak finding): a connection was granted its share
+// Regression (found by the soak checks): a connection was granted its share
 // of MaxBuffered, min(ConnBuffer, MaxBuffered / open connections), at its
 // RESPONSE and kept it while idle, since credit is never taken back. So in
 // a burst the first connections took full windows, spent the budget, and

@@ -45,7 +45,7 @@ import (
 	"github.com/microvm/microvm/bench/internal/benchenv"
 )
 
-// Targets from the issues: microvm's boot-to-exit wall time at most 0.34x
+// Targets: microvm's boot-to-exit wall time at most 0.34x
 // QEMU's; its peak RSS (VmHWM) at most 6 MiB with a 64 MiB guest; and wall
 // time and peak RSS at most the baseline's (medians of one run).
 const (

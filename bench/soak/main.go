@@ -1,5 +1,6 @@
-// Command soak runs microvm's scale and soak checks (issue 11, item 3) and
-// prints what they measured; make soak runs all three at full size.
+// Command soak runs microvm's scale and soak checks (many connections at
+// once, bulk data, repeated VM start/stop) and prints what they measured;
+// make soak runs all three at full size.
 //
 //	soak [flags] conns    # -conns 10000: connections open at once through one vsock device
 //	soak [flags] bytes    # -bytes 10G: bulk data each way, SHA-256 checked

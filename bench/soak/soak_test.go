@@ -45,7 +45,7 @@ func TestSoakConnsShort(t *testing.T) {
 }
 
 // TestSoakConnsTightBudget: 200 connections echo 4 KiB each with
-// buffer-total room for only 8 full 256 KiB windows. Regression (issue 11):
+// buffer-total room for only 8 full 256 KiB windows. Regression:
 // the first connections of the burst took full windows and kept them idle,
 // and the rest never got credit to echo.
 func TestSoakConnsTightBudget(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"github.com/microvm/microvm/bench/internal/vhufront"
 )
 
-// Datagram rows (experimental vsock datagrams, issue 9 item 4): microvm's
+// Datagram rows (experimental vsock datagrams): microvm's
 // back-end with datagrams on (--vsock-opt ...,dgram=on) and off (the
 // feature is not offered: the rows say so), per direction and payload:
 // datagrams delivered per second and the fraction lost. Datagrams have no

@@ -43,11 +43,12 @@ import (
 // envServePeer makes the program (or a test binary) the peer process.
 const envServePeer = "VHUBENCH_SERVE_PEER"
 
-// optionSets are the ablation's option sets: the names issue 9 uses, each
-// a --vsock-opt value for microvm. Issue 9's "no-copybreak" set is gone
-// with the copybreak itself (docs/notes/performance.md says why). irq-coalesce
-// has no set: it acts only where one interrupt serves every queue
-// (virtio-mmio), never under vhost-user.
+// optionSets are the ablation's option sets: all on, all off, and each
+// option off alone (no-NAME), each a --vsock-opt value for microvm. A
+// "no-copybreak" set is gone with the copybreak itself
+// (docs/notes/performance.md says why). irq-coalesce has no set: it acts
+// only where one interrupt serves every queue (virtio-mmio), never under
+// vhost-user.
 func optionSets() map[string]string {
 	on := func(kick, direct, batch, short, sndbuf, gate, irq string) string {
 		return fmt.Sprintf("kick-suppress=%s,direct-enqueue=%s,batch=%s,short-read=%s,sndbuf=%s,ready-gate=%s,irq-coalesce=%s",

@@ -9,7 +9,8 @@ import (
 	"text/tabwriter"
 )
 
-// row is one line of build/bench/device.json (issue 9 fixes the fields):
+// row is one line of build/bench/device.json (the fields are the file's format, kept
+// stable so runs compare):
 // medians over the pairs. A throughput row has RTT fields 0; an RTT row has
 // throughput fields 0 and its kicks, interrupts and CPU per MiB of the
 // ping-pong's bytes (both ways).
@@ -176,8 +177,8 @@ func sizeName(n int) string {
 }
 
 // printTable prints one line per target, direction and payload (the
-// throughput row and the RTT row side by side), then the ratios issue 9's
-// targets are stated in.
+// throughput row and the RTT row side by side), then the ratios the device's
+// performance targets are stated in.
 func printTable(w io.Writer, rep *report, rows []aggRow, order []target, cells []cell) {
 	fmt.Fprintf(w, "vhost-user-vsock device benchmark: %d pair(s), medians (min-max); guest driver %s mode, TX published per %s, EVENT_IDX %v, ring %d, RX buffers %d B, window %d B; streams %s, ping-pongs %s\n",
 		rep.Pairs, rep.Mode, rep.TxPublish, rep.EventIdx, rep.QueueSize, rep.RXBuf, rep.BufAlloc, rep.Duration, rep.RTTDuration)
@@ -302,8 +303,8 @@ func printParties(w io.Writer, rows []aggRow, samples []sample) {
 	fmt.Fprintln(w, "per MiB of payload, medians; host = the peer process, guest = this program (the guest driver; for af_unix its end of the socket)")
 }
 
-// ratios are the comparisons issue 9 states its targets in, where this run
-// measured both sides.
+// ratios are the comparisons the device's performance targets are stated
+// in, where this run measured both sides.
 func ratios(rows []aggRow) []string {
 	find := func(backend, options, dir, kind string, payload int) (aggRow, bool) {
 		for _, r := range rows {

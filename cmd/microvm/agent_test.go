@@ -120,7 +120,7 @@ func TestAgentExec(t *testing.T) {
 			t.Errorf("status %d stdout %q stderr %q; want 0 and %q", status, stdout, stderr, want)
 		}
 	})
-	// Regression (issue 18): a working directory the guest does not have
+	// Regression: a working directory the guest does not have
 	// came back as gRPC's "rpc error: code = FailedPrecondition desc = ..."
 	// with status 1, like any failure.
 	t.Run("no such working directory", func(t *testing.T) {
@@ -134,7 +134,7 @@ func TestAgentExec(t *testing.T) {
 			t.Errorf("stderr %q shows gRPC's wrapping", stderr)
 		}
 	})
-	// Regression (issue 18): --uds naming no socket waited the whole
+	// Regression: --uds naming no socket waited the whole
 	// --connect-timeout (5 s by default) before saying so.
 	t.Run("missing socket", func(t *testing.T) {
 		missing := filepath.Join(t.TempDir(), "v.sock")

@@ -15,7 +15,7 @@ import (
 
 // TestExecErrors: what exec's own mistakes and failures say, and with which
 // status (a usage error 2, microvm's or the VM's failure 125), each before
-// anything is built or booted. One case per message of issue 18's list.
+// anything is built or booted. One case per message.
 func TestExecErrors(t *testing.T) {
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "garbage")

@@ -2,7 +2,7 @@
 
 package main
 
-// Named VMs (issue 18, item 3): `microvm run --name NAME [--detach]` and the
+// Named VMs: `microvm run --name NAME [--detach]` and the
 // commands that reach a VM by its name. A named VM's process keeps its
 // state directory (internal/vms: record, lock, sockets, console log) and
 // serves its control API (internal/vmctl) until the VM ends.

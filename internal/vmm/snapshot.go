@@ -12,7 +12,7 @@ import (
 	"github.com/microvm/microvm/virtio"
 )
 
-// Snapshots of a machine (issue 22). The machine floor saves what it owns:
+// Snapshots of a machine. The machine floor saves what it owns:
 // KVM's state (each vCPU's, by its own goroutine, and the VM's), the
 // platform devices, every virtio-mmio transport (which carries its
 // device's state) and guest memory. What the devices are and how they are
