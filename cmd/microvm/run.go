@@ -119,7 +119,7 @@ func runPlain(c flagValues, stdin io.Reader, stdout, stderr io.Writer) error {
 
 // cpuProfileFlag is --cpuprofile, on run and vhost-user-vsock.
 func cpuProfileFlag() opt {
-	return stringOpt("cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file, for go tool pprof (docs/performance.md)")
+	return stringOpt("cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file, for go tool pprof (docs/notes/performance.md)")
 }
 
 // profiled is policy, plus the CPU profiler's calls when --cpuprofile is
