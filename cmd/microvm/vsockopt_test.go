@@ -120,18 +120,13 @@ func TestRunConfigVsockOpt(t *testing.T) {
 			vsock.Options{KickSuppress: false, DirectEnqueue: true, BatchLock: true, ShortReadDrains: true, SendBuffer: true, ReadinessGate: true, IRQCoalesce: true}},
 	} {
 		var got *microvm.Config
-		cmd := runCommand(nil, nil, nil)
-		cmd.Action = nil
-		app := newApp(nil, nil, nil)
-		app.Commands = nil
-		args := append([]string{"microvm", "--kernel", "k", "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock"}, tc.opt...)
-		app.Flags = cmd.Flags
-		app.Action = func(c *cli.Context) error {
+		args := append([]string{"--kernel", "k", "--vsock-cid", "3", "--vsock-uds", "/tmp/x.sock"}, tc.opt...)
+		err := withRunFlags(args, func(c *cli.Context) error {
 			cfg, err := runConfig(c)
 			got = &cfg
 			return err
-		}
-		if err := app.Run(args); err != nil {
+		})
+		if err != nil {
 			t.Fatalf("%v: %v", tc.opt, err)
 		}
 		if got == nil || got.Vsock == nil || got.Vsock.Options == nil {
@@ -158,16 +153,11 @@ func TestNamedConfigVsockCID(t *testing.T) {
 		{[]string{"--vsock-cid", "9"}, 0, 0, "--vsock-cid and --vsock-uds go together"},
 	} {
 		var got microvm.Config
-		cmd := runCommand(nil, nil, nil)
-		app := newApp(nil, nil, nil)
-		app.Commands = nil
-		app.Flags = cmd.Flags
-		app.Action = func(c *cli.Context) error {
+		err := withRunFlags(append([]string{"--kernel", "k"}, tc.args...), func(c *cli.Context) error {
 			var err error
 			got, err = namedConfig(c, imageOpts{})
 			return err
-		}
-		err := app.Run(append([]string{"microvm", "--kernel", "k"}, tc.args...))
+		})
 		if tc.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
@@ -181,4 +171,13 @@ func TestNamedConfigVsockCID(t *testing.T) {
 			t.Errorf("%v: vsock %+v, want CID %d and %d connections", tc.args, got.Vsock, tc.wantCID, tc.wantConns)
 		}
 	}
+}
+
+// withRunFlags parses args as run's flags and calls action with them.
+func withRunFlags(args []string, action cli.ActionFunc) error {
+	app := newApp(nil, nil, nil)
+	app.Commands = nil
+	app.Flags = runCommand(nil, nil, nil).Flags
+	app.Action = action
+	return app.Run(append([]string{"microvm"}, args...))
 }
