@@ -152,7 +152,8 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 # The inner loop (docs/testing.md, "make check"): what can fail fast, in
 # minutes; go test's cache keeps unchanged packages' results. What needs a
 # kernel, QEMU or the box is make test's.
-check: bin/testguest vet fmt-check staticcheck
+# The binaries without the kernel: tests run bin/microvm and its full half.
+check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest vet fmt-check staticcheck
 	MICROVM_TESTGUEST=$(CURDIR)/bin/testguest MICROVM_CONFORMANCE=off $(GO) test -short ./...
 
 # make test's stages, in order; scripts/test-stages runs each and times it,
