@@ -76,7 +76,7 @@ all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containe
 # go build is incremental, so the target is always handed to it.
 # bin/microvm is the lean build of the CLI: `run` and `version`, handing
 # every other command to bin/microvm-full, the full build, beside it
-# (cmd/microvm/handoff.go; docs/benchmarks.md, "Start-up").
+# (cmd/microvm/lean.go, handOff; docs/benchmarks.md, "Start-up").
 LEAN_TAGS := microvm_lean,urfave_cli_no_docs
 bin/microvm:
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags $(LEAN_TAGS) -o $@ ./cmd/microvm
