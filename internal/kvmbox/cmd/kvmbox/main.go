@@ -36,10 +36,18 @@ func Main(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("kvmbox", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o kvmbox.Options
-	fs.IntVar(&o.CPUs, "cpus", 2, "vCPUs of the box (1..8)")
+	cpus := 2
+	if v := os.Getenv("KVMBOX_CPUS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fail("KVMBOX_CPUS=%q: want a number of vCPUs (1..8)", v)
+		}
+		cpus = n
+	}
+	fs.IntVar(&o.CPUs, "cpus", cpus, "vCPUs of the box (1..8; default $KVMBOX_CPUS, else 2)")
 	mem := fs.String("memory", "3G", "memory of the box: a number of MiB, or with an M or G suffix")
 	fs.StringVar(&o.QEMU, "qemu", os.Getenv("KVMBOX_QEMU"), "the qemu-system-x86_64 to run (default $KVMBOX_QEMU, else the one in PATH)")
-	fs.StringVar(&o.TCGThread, "tcg-thread", "multi", "QEMU's TCG threading: multi (a host thread per vCPU) or single")
+	fs.StringVar(&o.TCGThread, "tcg-thread", cmp.Or(os.Getenv("KVMBOX_TCG_THREAD"), "multi"), "QEMU's TCG threading: multi (a host thread per vCPU) or single (default $KVMBOX_TCG_THREAD, else multi)")
 	fs.StringVar(&o.L1Append, "l1-append", os.Getenv("KVMBOX_L1_APPEND"), "added to the L1 kernel's command line, e.g. kvm_amd.npt=1 (default $KVMBOX_L1_APPEND)")
 	fs.StringVar(&o.CPU, "cpu", cmp.Or(os.Getenv("KVMBOX_CPU"), kvmbox.DefaultCPU), "QEMU's -cpu for the box (default $KVMBOX_CPU, else "+kvmbox.DefaultCPU+")")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "end the box after this long (0: no limit)")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -39,5 +40,34 @@ func TestUsageErrors(t *testing.T) {
 		if msg := stderr.String(); !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") != 1 {
 			t.Errorf("Main(%q): stderr %q, want one line containing %q", tc.args, msg, tc.want)
 		}
+	}
+}
+
+// TestEnvDefaults: KVMBOX_CPUS and KVMBOX_TCG_THREAD steer a box that
+// scripts/box-test starts (its command line is fixed), and a bad value is
+// the box's own failure in one line.
+func TestEnvDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		env, value, want string
+	}{
+		{"KVMBOX_CPUS", "two", `KVMBOX_CPUS="two"`},
+		{"KVMBOX_CPUS", "9", "--cpus 9: 1..8"},
+		{"KVMBOX_TCG_THREAD", "many", `--tcg-thread "many"`},
+	} {
+		t.Setenv(tc.env, tc.value)
+		var stderr bytes.Buffer
+		// Files that are there, so the options' own checks are reached.
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--kernel", self, "--init", self, "--repo", t.TempDir(), "--", "true"}
+		if got := Main(args, &stderr); got != 125 {
+			t.Errorf("%s=%s: Main = %d, want 125", tc.env, tc.value, got)
+		}
+		if msg := stderr.String(); !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") != 1 {
+			t.Errorf("%s=%s: stderr %q, want one line containing %q", tc.env, tc.value, msg, tc.want)
+		}
+		os.Unsetenv(tc.env)
 	}
 }
