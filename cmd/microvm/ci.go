@@ -21,6 +21,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -388,7 +389,7 @@ func jobAgent(ctx context.Context, name string) (*agentapi.Client, []string, fun
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cc, err := vmAgentAddr(e, 10*time.Second).dial(ctx)
+	cc, err := vmAgentAddr(e, 10*time.Second).Dial(ctx)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("VM %s: %w", name, err)
 	}
@@ -446,7 +447,7 @@ func runJobCommand(name string, argv []string, stdin io.Reader, stdout, stderr i
 		if status.Code(err) == codes.NotFound {
 			return fmt.Errorf("%s: not found in the job's image", argv[0])
 		}
-		return errors.New(agentMessage(err))
+		return errors.New(agentvm.Message(err))
 	}
 	return exitError(st)
 }

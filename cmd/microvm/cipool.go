@@ -153,7 +153,7 @@ func waitWarmVM(name string, wait time.Duration) error {
 		switch {
 		case err == nil && e.Alive:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Until(deadline))
-			cc, err := vmAgentAddr(e, time.Until(deadline)).dial(ctx)
+			cc, err := vmAgentAddr(e, time.Until(deadline)).Dial(ctx)
 			cancel()
 			if err == nil {
 				cc.Close()

@@ -36,6 +36,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/internal/vmctl"
@@ -459,7 +460,7 @@ func namedEnd(res microvm.Result, err error, stopped bool, sigCtx context.Contex
 	case errors.As(context.Cause(sigCtx), &cs):
 		return 128 + int(cs.sig), "stopped by " + cs.sig.String()
 	}
-	return res.Status, vmEnd(res, nil)
+	return res.Status, agentvm.End(res, nil)
 }
 
 // vmBackend is a named VM behind its control API.
@@ -603,7 +604,7 @@ func (b *vmBackend) shutdownThroughAgent(timeout time.Duration) {
 	_ = t // fires, or the VM ended first and the cancel is harmless
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentPort) })
+	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentvm.Port) })
 	if err != nil {
 		b.log.WithError(err).Warn("stop: the agent did not answer; the VM is stopped after the timeout")
 		return
@@ -637,7 +638,7 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 		b.cancel(fmt.Errorf("main process %s: %w", p.argv[0], err))
 		return mainEnd{err: err, failed: true}
 	}
-	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
+	cc, err := agentvm.Wait(ctx, b.m, timeout, vmDone)
 	if err != nil {
 		return fail(err)
 	}
@@ -645,9 +646,9 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{Argv: p.argv, Env: p.env, Dir: p.workdir, UID: p.uid, GID: p.gid,
 		Stdin: in, Stdout: console, Stderr: console})
 	if err != nil {
-		return fail(errors.New(agentMessage(err)))
+		return fail(errors.New(agentvm.Message(err)))
 	}
-	status := shellStatus(st)
+	status := agentvm.ShellStatus(st)
 	b.mu.Lock()
 	b.stopping = true
 	b.mu.Unlock()
@@ -658,11 +659,11 @@ func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Du
 // waitAgent waits until the VM's agent answers, the boot timeout passes or
 // the VM ends; a restored clone's agent then takes the clone's MACs.
 func (b *vmBackend) waitAgent(ctx context.Context, timeout time.Duration, vmDone <-chan struct{}) error {
-	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
+	cc, err := agentvm.Wait(ctx, b.m, timeout, vmDone)
 	if err != nil {
 		return err
 	}
-	err = setGuestMACs(ctx, b.m, cc)
+	err = agentvm.AdoptMACs(ctx, b.m, cc)
 	if cerr := cc.Close(); err == nil {
 		err = cerr
 	}
@@ -1051,7 +1052,7 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if err != nil {
 				return err
 			}
-			cp.keepSpecial = c.Bool(keepSetuidFlag.Name)
+			cp.KeepSpecial = c.Bool(keepSetuidFlag.Name)
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err
@@ -1070,8 +1071,8 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 
 // vmAgentAddr is where a named VM's agent answers: its vsock socket in
 // the VM's directory, the agent's port.
-func vmAgentAddr(e vms.Entry, timeout time.Duration) agentAddr {
-	return agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: timeout}
+func vmAgentAddr(e vms.Entry, timeout time.Duration) agentvm.Addr {
+	return agentvm.Addr{UDS: e.Dir + "/" + vms.VsockSocket, Port: e.AgentPort, Timeout: timeout}
 }
 
 // splitVMPath splits "NAME:/PATH" (NAME a valid VM name, PATH absolute).

@@ -15,6 +15,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -137,7 +138,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if rec.Agent {
 		// A clone of its own on the network: new MACs, which the agent
 		// takes once it answers (runNamedVM).
-		if host.Nets, err = cloneNets(host.Nets, cfg.Nets); err != nil {
+		if host.Nets, err = agentvm.CloneNets(host.Nets, cfg.Nets); err != nil {
 			return err
 		}
 	}
