@@ -22,6 +22,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -385,7 +386,7 @@ func gitlabCleanup(stderr io.Writer) error {
 // jobAgent dials the job VM's agent and returns the environment a job's
 // commands get (jobEnvironment).
 func jobAgent(ctx context.Context, name string) (*agentapi.Client, []string, func(), error) {
-	e, err := liveVM(name)
+	e, err := namedvm.Live(name)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/atomicfile"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -258,7 +259,7 @@ func discardVM(name string) error {
 		return nil // never started, or removed already
 	}
 	if e.Alive {
-		if err := stopVM(name, true, 0); err != nil {
+		if err := namedvm.Stop(name, true, 0); err != nil {
 			return err
 		}
 	}

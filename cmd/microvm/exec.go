@@ -24,6 +24,7 @@ import (
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -561,7 +562,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 		return err
 	}
 	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
-	e, err := liveVM(name)
+	e, err := namedvm.Live(name)
 	if err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}
