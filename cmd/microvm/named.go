@@ -31,7 +31,6 @@ import (
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
-	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -416,15 +415,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 					if err := vms.CheckName(name); err != nil {
 						return usageError{err}
 					}
-					if c.Bool("force") {
-						if e, err := store.Get(name); err == nil && e.Alive {
-							if err := namedvm.Stop(name, true, 0); err != nil {
-								errs = append(errs, err)
-								continue
-							}
-						}
-					}
-					if err := store.Remove(name); err != nil {
+					if err := namedvm.Remove(store, name, c.Bool("force")); err != nil {
 						errs = append(errs, err)
 					}
 				}
@@ -483,27 +474,9 @@ func withNamedVM(name string, timeout time.Duration, f func(microvm.NamedVM, con
 
 // listVMs is `microvm ls`.
 func listVMs(w io.Writer, asJSON bool) error {
-	store, err := vms.Open(vms.StateDir())
+	list, err := namedvm.List()
 	if err != nil {
 		return err
-	}
-	list, err := store.List()
-	if err != nil {
-		return err
-	}
-	// A running VM's own view of its state (paused, stopping) is fresher
-	// than its record.
-	for i, e := range list {
-		if !e.Alive {
-			continue
-		}
-		c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if info, err := c.Info(ctx); err == nil {
-			list[i].State = info.State
-		}
-		cancel()
-		c.Close()
 	}
 	if asJSON {
 		recs := make([]vms.Record, 0, len(list))

@@ -118,3 +118,41 @@ func killProcess(store *vms.Store, name string, pid int) error {
 	}
 	return nil
 }
+
+// List returns the named VMs in the state directory, by name. A running
+// VM's state is its own view (paused, stopping), fresher than its record,
+// where its control API answers within a moment.
+func List() ([]vms.Entry, error) {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return nil, err
+	}
+	list, err := store.List()
+	if err != nil {
+		return nil, err
+	}
+	for i, e := range list {
+		if !e.Alive {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if v, err := microvm.LookupNamedVM(ctx, e.Name); err == nil && v.Alive {
+			list[i].State = v.State
+		}
+		cancel()
+	}
+	return list, nil
+}
+
+// Remove removes the VM name from store; with force a running one is
+// stopped first (Stop, at once), else refused (vms.ErrRunning).
+func Remove(store *vms.Store, name string, force bool) error {
+	if force {
+		if e, err := store.Get(name); err == nil && e.Alive {
+			if err := Stop(name, true, 0); err != nil {
+				return err
+			}
+		}
+	}
+	return store.Remove(name)
+}

@@ -1,6 +1,7 @@
 // Package namedvm is the process of a named VM (`microvm run --name NAME`,
 // `restore --name`) and its client side beyond the root package's
-// NamedVM: stopping one for good (the API, then its process) and looking
+// NamedVM: stopping one for good (the API, then its process), removing
+// one, listing them with a running VM's own view of its state, and looking
 // a running one up.
 //
 // Data flow of the process (Run): vms.Store.Create takes the name (the
