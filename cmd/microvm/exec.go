@@ -476,7 +476,7 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		}
 		defer tty.restore()
 		ac.Pty, ac.Resize = size, tty.resize
-		if _, ok := lookupEnv(ac.Env, "TERM"); !ok {
+		if _, ok := agentvm.LookupEnv(ac.Env, "TERM"); !ok {
 			t := os.Getenv("TERM")
 			if t == "" {
 				t = "xterm"
@@ -572,7 +572,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := interruptible(context.Background())
 	defer stop()
-	cc, err := vmAgentAddr(e, 10*time.Second).Dial(ctx)
+	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
 	if err != nil {
 		if serr := signalStatus(ctx, log); serr != nil {
 			return serr

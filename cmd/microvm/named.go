@@ -27,7 +27,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
@@ -593,15 +592,9 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if !e.Agent {
 				return failure{fmt.Errorf("cp: VM %s runs no agent (start it with --with-agent)", name)}
 			}
-			return copyWithAgent("cp", cp, vmAgentAddr(e, 5*time.Second), stdin, stdout, log)
+			return copyWithAgent("cp", cp, namedvm.AgentAddr(e, 5*time.Second), stdin, stdout, log)
 		},
 	}
-}
-
-// vmAgentAddr is where a named VM's agent answers: its vsock socket in
-// the VM's directory, the agent's port.
-func vmAgentAddr(e vms.Entry, timeout time.Duration) agentvm.Addr {
-	return agentvm.Addr{UDS: e.Dir + "/" + vms.VsockSocket, Port: e.AgentPort, Timeout: timeout}
 }
 
 // splitVMPath splits "NAME:/PATH" (NAME a valid VM name, PATH absolute).

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -155,4 +156,10 @@ func Remove(store *vms.Store, name string, force bool) error {
 		}
 	}
 	return store.Remove(name)
+}
+
+// AgentAddr is where a named VM's agent answers: its vsock socket in the
+// VM's directory, the agent's port; timeout bounds the wait for it.
+func AgentAddr(e vms.Entry, timeout time.Duration) agentvm.Addr {
+	return agentvm.Addr{UDS: e.Dir + "/" + vms.VsockSocket, Port: e.AgentPort, Timeout: timeout}
 }
