@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/ci/gitlab"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -55,9 +56,9 @@ const ciTestProject = 42
 // response is the job as GitLab's server sent it, which GitLab Runner
 // writes to $JOB_RESPONSE_FILE: the id, token and project the executor
 // trusts (the CUSTOM_ENV_ variables are the job's to change).
-func (j *ciJob) response() jobResponse {
+func (j *ciJob) response() gitlab.JobResponse {
 	id, _ := strconv.ParseInt(j.id, 10, 64)
-	resp := jobResponse{ID: id, Token: "job-token-" + j.id}
+	resp := gitlab.JobResponse{ID: id, Token: "job-token-" + j.id}
 	if j.token != "" {
 		resp.Token = j.token
 	}
@@ -68,11 +69,11 @@ func (j *ciJob) response() jobResponse {
 // vmName is the name the executor gives the job's own VM.
 func (j *ciJob) vmName() string {
 	resp := j.response()
-	id, err := jobIdentityFrom(&resp, func(string) string { return "" })
+	id, err := gitlab.JobIdentityFrom(&resp, func(string) string { return "" })
 	if err != nil {
 		j.r.t.Fatal(err)
 	}
-	return id.vmName()
+	return id.VMName()
 }
 
 func (j *ciJob) env() []string {
@@ -88,7 +89,7 @@ func (j *ciJob) env() []string {
 	return append(os.Environ(),
 		"MICROVM_STATE_DIR="+j.r.state,
 		"BUILD_FAILURE_EXIT_CODE=11", "SYSTEM_FAILURE_EXIT_CODE=12",
-		envJobResponse+"="+respFile,
+		gitlab.EnvJobResponse+"="+respFile,
 		"CUSTOM_ENV_CI_RUNNER_ID=7", "CUSTOM_ENV_CI_JOB_ID="+j.id,
 		"CUSTOM_ENV_CI_JOB_TOKEN="+resp.Token,
 		"CUSTOM_ENV_CI_JOB_IMAGE="+j.r.image,
@@ -363,7 +364,7 @@ func TestGitLabExecutor(t *testing.T) {
 	}
 	j6.mustStage("step_script", "echo from-job-6 > /cache/warm-marker; sync")
 	j6.cleanup()
-	warm := warmVMName("project-" + strconv.Itoa(ciTestProject) + "-2")
+	warm := gitlab.WarmVMName("project-" + strconv.Itoa(ciTestProject) + "-2")
 	if !strings.Contains(j6.lastStderr, "booting VM "+warm) {
 		t.Errorf("job 6 cleanup said %q, want the slot's next VM booted", j6.lastStderr)
 	}

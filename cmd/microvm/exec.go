@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -24,16 +22,16 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
-	"github.com/microvm/microvm/vsock"
-	"github.com/microvm/microvm/vsock/hybrid"
 )
 
 // Exec's fixed choices: the agent's vsock port (also agent's default
 // --port) and the guest's CID.
 const (
-	agentPort = agentapi.DefaultPort
+	agentPort = agentvm.Port
 	execCID   = 3
 	// consoleKeep is how much of the guest console exec keeps, to show
 	// when the agent never answers.
@@ -288,7 +286,7 @@ func runExec(o *execOpts) error {
 			return fmt.Errorf("exec: guest image: %w", err)
 		}
 	}
-	console := &tailBuffer{max: consoleKeep}
+	console := &agentvm.TailBuffer{Max: consoleKeep}
 	m, err := microvm.New(o.machineConfig(initrd, console))
 	if err != nil {
 		return err
@@ -305,7 +303,7 @@ func runExec(o *execOpts) error {
 
 // runInClone is runExec in a clone of --snapshot's snapshot.
 func runInClone(o *execOpts) error {
-	console := &tailBuffer{max: consoleKeep}
+	console := &agentvm.TailBuffer{Max: consoleKeep}
 	m, err := o.warm.restore(o, console)
 	if err != nil {
 		return err
@@ -317,7 +315,7 @@ func runInClone(o *execOpts) error {
 // runExecIn runs m, waits for its agent (then, for exec --snapshot's
 // first run, snapshots it), runs the command and returns its exit status
 // as runInGuest does.
-func runExecIn(o *execOpts, m *microvm.Machine, console *tailBuffer) error {
+func runExecIn(o *execOpts, m *microvm.Machine, console *agentvm.TailBuffer) error {
 	sigCtx, stop := interruptible(context.Background())
 	defer stop()
 	if err := o.confine(); err != nil {
@@ -339,12 +337,12 @@ func runExecIn(o *execOpts, m *microvm.Machine, console *tailBuffer) error {
 		what = "exec: waiting for the restored VM's agent"
 	}
 	stopProgress := startProgress(o.cmd.stderr, o.quiet, what)
-	cc, err := waitAgent(ctx, m, o.bootTimeout, vmDone)
+	cc, err := agentvm.Wait(ctx, m, o.bootTimeout, vmDone)
 	if err == nil && o.warm != nil && o.warm.snap == nil {
 		cc, err = o.warm.save(ctx, o, m, cc, vmDone)
 	}
 	if err == nil {
-		if err = setGuestMACs(ctx, m, cc); err != nil {
+		if err = agentvm.AdoptMACs(ctx, m, cc); err != nil {
 			cc.Close()
 		}
 	}
@@ -355,141 +353,33 @@ func runExecIn(o *execOpts, m *microvm.Machine, console *tailBuffer) error {
 		}
 		select {
 		case <-vmDone:
-			err = fmt.Errorf("%w (the VM ended: %s)", err, vmEnd(res, runErr))
+			err = fmt.Errorf("%w (the VM ended: %s)", err, agentvm.End(res, runErr))
 		default:
 		}
 		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
 	}
 	defer cc.Close()
-	// A VM that ends while the command runs (a guest crash, a triple
-	// fault) takes the agent with it, but the host side of its vsock
-	// connection stays open until Close: end the call instead of waiting
-	// on it for ever.
-	execCtx, cancelExec := context.WithCancelCause(sigCtx)
-	defer cancelExec(nil)
-	go func() {
-		select {
-		case <-vmDone:
-			cancelExec(errVMEnded)
-		case <-execCtx.Done():
-		}
-	}()
-	// --timeout is the guest's to enforce; a guest that cannot (its
-	// kernel hung or panicked without a reboot) would leave exec
-	// waiting for ever, so the host gives it unresponsiveGrace more and
-	// then stops the VM.
-	if o.cmd.timeout > 0 {
-		limit := o.cmd.timeout + unresponsiveGrace
-		t := time.AfterFunc(limit, func() { cancelExec(errGuestUnresponsive{limit}) })
-		defer t.Stop()
-	}
-	err = runInGuest(execCtx, cc, "exec", o.cmd, o.log)
-	var gu errGuestUnresponsive
-	if errors.As(context.Cause(execCtx), &gu) {
+	// --timeout is the guest's to enforce; past it plus unresponsiveGrace
+	// the host gives up on the guest and stops the VM.
+	err, cut := agentvm.Supervise(sigCtx, vmDone, o.cmd.timeout, unresponsiveGrace,
+		func(ctx context.Context) error { return runInGuest(ctx, cc, "exec", o.cmd, o.log) },
+		func(err error) bool { var se statusError; return !errors.As(err, &se) })
+	var gu agentvm.UnresponsiveError
+	if errors.As(cut, &gu) {
 		return fmt.Errorf("exec: %s: %w; the VM was stopped; guest console:\n%s",
 			o.cmd.argv[0], gu, strings.TrimRight(console.String(), "\n"))
 	}
-	var se statusError
-	if err != nil && !errors.As(err, &se) && !errors.Is(context.Cause(execCtx), errVMEnded) {
-		// The call may fail first (the guest reset its connections on
-		// the way down) and the VM end a moment later: name the cause.
-		select {
-		case <-vmDone:
-			cancelExec(errVMEnded)
-		case <-time.After(vmEndGrace):
-		}
-	}
-	if errors.Is(context.Cause(execCtx), errVMEnded) {
-		<-vmDone
+	if errors.Is(cut, agentvm.ErrVMEnded) {
 		return fmt.Errorf("exec: %w while %s ran (%s); guest console:\n%s",
-			errVMEnded, o.cmd.argv[0], vmEnd(res, runErr), strings.TrimRight(console.String(), "\n"))
+			agentvm.ErrVMEnded, o.cmd.argv[0], agentvm.End(res, runErr), strings.TrimRight(console.String(), "\n"))
 	}
 	return err
-}
-
-// vmEnd says how the VM ended, for messages: its exit kind, the status the
-// guest chose when it chose one, and the VMM's error when there was one.
-func vmEnd(res microvm.Result, err error) string {
-	s := res.Kind.String()
-	if res.Kind == microvm.ExitDebugPort || res.Kind == microvm.ExitTripleFault {
-		s += fmt.Sprintf(", status %d", res.Status)
-	}
-	if err != nil {
-		s += ": " + err.Error()
-	}
-	return s
-}
-
-// errVMEnded: the VM stopped before the command's exit status came.
-var errVMEnded = errors.New("the VM ended")
-
-// errGuestUnresponsive: the guest did not report the command's end within
-// --timeout plus unresponsiveGrace.
-type errGuestUnresponsive struct{ after time.Duration }
-
-func (e errGuestUnresponsive) Error() string {
-	return fmt.Sprintf("the guest did not report the command's end within --timeout plus %v (%v)", unresponsiveGrace, e.after)
 }
 
 // unresponsiveGrace is how long past --timeout exec waits for the guest's
 // report (the agent's kill, its output drain and TCG speed in the
 // nested-KVM box fit well inside). A variable for tests.
 var unresponsiveGrace = 30 * time.Second
-
-// vmEndGrace is how long a failed call waits to see whether the VM is
-// ending, to report that rather than the broken connection.
-const vmEndGrace = 2 * time.Second
-
-// waitAgent connects to m's agent once it answers (before it listens the
-// VMM refuses the CONNECT), giving up when the VM ends or the boot timeout
-// passes. A failure names the vsock device's counters: whether the
-// guest's driver ever took a request, refused, or never answered.
-func waitAgent(ctx context.Context, m *microvm.Machine, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
-	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
-		fmt.Errorf("the guest agent did not answer on vsock port %d within %v", agentPort, timeout))
-	defer cancel()
-	go func() {
-		select {
-		case <-vmDone:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, agentPort) })
-	if errors.Is(err, microvm.ErrStopped) {
-		// The machine is stopping: Run returns in a moment, and the
-		// caller reports how it ended.
-		select {
-		case <-vmDone:
-		case <-time.After(10 * time.Second):
-		}
-	}
-	select {
-	case <-vmDone:
-		if err != nil {
-			return nil, errors.New("the VM ended before its agent answered")
-		}
-	default:
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w [%s]", err, vsockBrief(m.VsockStats()))
-	}
-	return cc, nil
-}
-
-// vsockBrief is the part of the vsock device's counters that tells a
-// connection that was never answered from one the guest refused.
-func vsockBrief(st vsock.Stats) string {
-	return fmt.Sprintf("vsock device: %d connections opened, %d refused, %d open; %d packets from the guest, %d to it; "+
-		"%d TX kicks, %d RX kicks, %d RX interrupts, %d passes without RX buffers, %d guest errors",
-		st.ConnsOpened, st.ConnsRefused, st.ConnsOpen, st.TxPackets, st.RxPackets,
-		st.TxKicks, st.RxKicks, st.Interrupts, st.RxQueueFull, st.GuestErrors)
-}
-
-// agentDialer dials port through the hybrid-vsock socket uds.
-func agentDialer(uds string, port uint32) agentapi.DialFunc {
-	return func(ctx context.Context) (net.Conn, error) { return hybrid.Dial(ctx, uds, port) }
-}
 
 // guestCmdFlags are the flags of a command run through the agent, shared
 // by exec and agent exec; readGuestCmd reads them.
@@ -586,7 +476,7 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		}
 		defer tty.restore()
 		ac.Pty, ac.Resize = size, tty.resize
-		if _, ok := lookupEnv(ac.Env, "TERM"); !ok {
+		if _, ok := agentvm.LookupEnv(ac.Env, "TERM"); !ok {
 			t := os.Getenv("TERM")
 			if t == "" {
 				t = "xterm"
@@ -606,13 +496,13 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 		case codes.PermissionDenied, codes.FailedPrecondition:
 			// Found but not runnable (not executable, not a program, no
 			// such working directory): the shell's 126.
-			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentMessage(err))
+			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentvm.Message(err))
 			return statusError{126}
 		}
 		if errors.Is(err, agentapi.ErrAgentLost) {
-			return failure{fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentMessage(err))}
+			return failure{fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentvm.Message(err))}
 		}
-		return failure{fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentMessage(err))}
+		return failure{fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentvm.Message(err))}
 	}
 	if st.TimedOut {
 		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
@@ -620,46 +510,13 @@ func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, c
 	return exitError(st)
 }
 
-// shellStatus is a process's end as a shell tells it: its exit code, or
-// 128+N for signal N.
-func shellStatus(st *agentapi.ExitStatus) int {
-	if st.Signal != 0 {
-		return 128 + int(st.Signal)
-	}
-	return int(st.Code)
-}
-
-// exitError is shellStatus as an error: nil for 0, else statusError.
+// exitError is agentvm.ShellStatus as an error: nil for 0, else
+// statusError.
 func exitError(st *agentapi.ExitStatus) error {
-	if n := shellStatus(st); n != 0 {
+	if n := agentvm.ShellStatus(st); n != 0 {
 		return statusError{n}
 	}
 	return nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	// Trim only once twice the limit is held, so the copy is amortised
-	// over at least max bytes of writes instead of paid on every one.
-	if len(t.b) > 2*t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b[max(0, len(t.b)-t.max):])
 }
 
 // concatFlags joins flag lists.
@@ -669,21 +526,6 @@ func concatFlags(lists ...[]cli.Flag) []cli.Flag {
 		all = append(all, l...)
 	}
 	return all
-}
-
-// agentMessage is an agent call's error as a user reads it: the agent's
-// own message for a gRPC status ("the agent: exec: 64 processes already
-// running"), without gRPC's "rpc error: code = ... desc =" wrapping.
-func agentMessage(err error) string {
-	var se interface{ GRPCStatus() *status.Status }
-	if !errors.As(err, &se) {
-		return err.Error()
-	}
-	msg := se.GRPCStatus().Message()
-	if m, ok := strings.CutPrefix(msg, "agent: "); ok {
-		return "the agent: " + m
-	}
-	return msg
 }
 
 // asFailure marks err a failure unless it is nil, the command's own
@@ -720,7 +562,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 		return err
 	}
 	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
-	e, err := liveVM(name)
+	e, err := namedvm.Live(name)
 	if err != nil {
 		return fmt.Errorf("exec: %w", err)
 	}
@@ -730,7 +572,7 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := interruptible(context.Background())
 	defer stop()
-	cc, err := vmAgentAddr(e, 10*time.Second).dial(ctx)
+	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
 	if err != nil {
 		if serr := signalStatus(ctx, log); serr != nil {
 			return serr

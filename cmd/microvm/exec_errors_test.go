@@ -4,11 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm"
 )
@@ -68,44 +64,6 @@ func TestExecErrors(t *testing.T) {
 		wantError(t, statusFailure, []string{"exec", "--kernel", garbage, "--agent", agentFile, "--busybox", "", "--", "true"},
 			"agent: "+agentFile+": not an ELF executable")
 	})
-}
-
-// TestVMEnd: how exec tells a VM's end; regression: "<nil>" appeared when
-// the VM ended without an error.
-func TestVMEnd(t *testing.T) {
-	for _, tc := range []struct {
-		res  microvm.Result
-		err  error
-		want string
-	}{
-		{microvm.Result{Kind: microvm.ExitReset}, nil, "reset"},
-		{microvm.Result{Kind: microvm.ExitPowerOff}, nil, "power-off"},
-		{microvm.Result{Kind: microvm.ExitTripleFault, Status: 125}, nil, "triple-fault, status 125"},
-		{microvm.Result{Kind: microvm.ExitDebugPort, Status: 3}, nil, "debug-exit, status 3"},
-		{microvm.Result{Kind: microvm.ExitError, Status: 1}, errors.New("kvm: run: bad"), "error: kvm: run: bad"},
-	} {
-		if got := vmEnd(tc.res, tc.err); got != tc.want || strings.Contains(got, "<nil>") {
-			t.Errorf("vmEnd(%+v, %v) = %q, want %q", tc.res, tc.err, got, tc.want)
-		}
-	}
-}
-
-// TestAgentMessage: an agent call's error reads as the agent's own message,
-// never as gRPC's "rpc error: code = ... desc = ...".
-func TestAgentMessage(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want string
-	}{
-		{status.Error(codes.ResourceExhausted, "agent: exec: 64 processes already running"), "the agent: exec: 64 processes already running"},
-		{status.Error(codes.Unavailable, "connection reset"), "connection reset"},
-		{errors.New("plain"), "plain"},
-	} {
-		got := agentMessage(tc.err)
-		if got != tc.want || strings.Contains(got, "rpc error") {
-			t.Errorf("agentMessage(%v) = %q, want %q", tc.err, got, tc.want)
-		}
-	}
 }
 
 // TestStatuses: which errors exit with which status.

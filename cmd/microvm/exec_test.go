@@ -141,25 +141,3 @@ func TestExec(t *testing.T) {
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})
 }
-
-// TestTailBuffer: the buffer keeps exactly the last max bytes, whatever
-// the sizes of the writes.
-func TestTailBuffer(t *testing.T) {
-	tb := &tailBuffer{max: 10}
-	var all strings.Builder
-	for i := 0; i < 100; i++ {
-		s := strings.Repeat(string(rune('a'+i%26)), i%7)
-		tb.Write([]byte(s))
-		all.WriteString(s)
-		want := all.String()
-		if len(want) > 10 {
-			want = want[len(want)-10:]
-		}
-		if got := tb.String(); got != want {
-			t.Fatalf("after %d writes: %q, want %q", i+1, got, want)
-		}
-	}
-	if len(tb.b) > 20 {
-		t.Errorf("holds %d bytes, want at most 2*max", len(tb.b))
-	}
-}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 )
 
 // exec --snapshot DIR (docs/snapshot.md, "Warm start"): the first exec
@@ -138,7 +139,7 @@ func (o *execOpts) machineKey() (string, error) {
 }
 
 // restore is the clone of DIR this exec runs in, with network devices of
-// its own MACs (runExecIn has the agent take them: setGuestMACs). The
+// its own MACs (runExecIn has the agent take them: agentvm.AdoptMACs). The
 // host resources are this exec's flags', never DIR's: its key label
 // digests what anyone may read, so a DIR someone else wrote could carry
 // a matching key beside a machine of their own.
@@ -150,7 +151,7 @@ func (w *warmStart) restore(o *execOpts, console io.Writer) (*microvm.Machine, e
 		n.MAC = nil // the snapshot's guest has it: each clone draws its own
 		given[i] = n
 	}
-	nets, err := cloneNets(given, nil)
+	nets, err := agentvm.CloneNets(given, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -175,5 +176,5 @@ func (w *warmStart) save(ctx context.Context, o *execOpts, m *microvm.Machine, c
 	default:
 		o.log.WithField("dir", w.dir).Info("exec --snapshot: snapshot of the booted VM written")
 	}
-	return waitAgent(ctx, m, o.bootTimeout, vmDone)
+	return agentvm.Wait(ctx, m, o.bootTimeout, vmDone)
 }

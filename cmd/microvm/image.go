@@ -21,6 +21,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -422,8 +423,8 @@ func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imag
 // working directory given, else the image's; the image's user, if it
 // names one (uid and gid nil otherwise).
 func withDefaults(d *vms.Process, envFlags []string, workdir string) (env []string, dir string, uid, gid *uint32) {
-	env = mergeEnv(d.Env, envFlags)
-	if _, ok := lookupEnv(env, "HOME"); !ok {
+	env = agentvm.MergeEnv(d.Env, envFlags)
+	if _, ok := agentvm.LookupEnv(env, "HOME"); !ok {
 		home := "/root"
 		if d.HasUser && d.UID != 0 {
 			home = "/"
@@ -460,35 +461,6 @@ func envFlags(vals []string) ([]string, error) {
 		}
 	}
 	return env, nil
-}
-
-// mergeEnv is base with each KEY=VALUE of over replacing base's KEY (or
-// appended): one entry per name, so every reader of the environment
-// (getenv takes the first, some shells the last) sees the same value.
-func mergeEnv(base, over []string) []string {
-	out := append([]string(nil), base...)
-	for _, e := range over {
-		k, _, _ := strings.Cut(e, "=")
-		replaced := false
-		for i, b := range out {
-			if bk, _, _ := strings.Cut(b, "="); bk == k {
-				out[i], replaced = e, true
-			}
-		}
-		if !replaced {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-func lookupEnv(env []string, key string) (string, bool) {
-	for _, e := range env {
-		if k, v, _ := strings.Cut(e, "="); k == key {
-			return v, true
-		}
-	}
-	return "", false
 }
 
 // readRootImageFlags checks --image and --overlay-size against the other

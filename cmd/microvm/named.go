@@ -2,16 +2,11 @@
 
 package main
 
-// Named VMs: `microvm run --name NAME [--detach]` and the
-// commands that reach a VM by its name. A named VM's process keeps its
-// state directory (internal/vms: record, lock, sockets, console log) and
-// serves its control API (internal/vmctl) until the VM ends.
-//
-// Goroutines of a named VM's process: the caller of runNamed owns the
-// machine and the lease; Run's goroutine runs the vCPUs; the control
-// API's server goroutines call the vmBackend, whose methods only read
-// counters, pause and resume, or cancel the run's context (stop), all safe
-// from any goroutine.
+// Named VMs: `microvm run --name NAME [--detach]` and the commands that
+// reach a VM by its name. A named VM's process (internal/namedvm) keeps
+// its state directory (internal/vms: record, lock, sockets, console log)
+// and serves its control API (internal/vmctl) until the VM ends; the
+// commands reach it through the root package's NamedVM.
 
 import (
 	"context"
@@ -19,26 +14,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
-	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -130,21 +121,9 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	return err
 }
 
-// namedLaunch is what a named VM's process starts: its record, and how
-// its machine is made once the process holds the name.
-type namedLaunch struct {
-	rec vms.Record
-	// build makes the machine, given what the VM's process owns: the
-	// vsock socket in the state directory, the console, its input and
-	// the log (host's other fields zero).
-	build func(host microvm.Config) (*microvm.Machine, error)
-	// main, for an image VM, is its main process.
-	main *imageProcess
-}
-
 // bootLaunch is the launch of `run --name`: cfg booted, from exec's
 // agent image when img says so.
-func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) namedLaunch {
+func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) namedvm.Launch {
 	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
 		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
 	if img.root != nil {
@@ -175,7 +154,11 @@ func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) 
 		cfg.Initrd = f.Name()
 		return microvm.New(cfg)
 	}
-	return namedLaunch{rec: rec, build: build, main: img.main}
+	l := namedvm.Launch{Record: rec, Build: build}
+	if p := img.main; p != nil {
+		l.Main = &namedvm.Process{Argv: p.argv, Env: p.env, Workdir: p.workdir, UID: p.uid, GID: p.gid}
+	}
+	return l
 }
 
 // imageOpts is the agent image a named VM boots, when it boots one.
@@ -308,363 +291,31 @@ func logHint(name string) string {
 	return "its diagnostics: " + vms.StateDir() + "/vms/" + name + "/" + vms.LogFile
 }
 
-// runNamedVM is the process of a named VM: it takes the name, builds the
-// machine, serves the control API and runs the VM until it ends.
-func runNamedVM(c *cli.Context, l namedLaunch, detached bool,
-	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) (err error) {
-	name, withAgent := l.rec.Name, l.rec.Agent
-	var ready *os.File
+// runNamedVM is the process of a named VM (namedvm.Run), detached when
+// the run --detach that started it waits on the descriptor detachFD
+// names.
+func runNamedVM(c *cli.Context, l namedvm.Launch, detached bool,
+	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) error {
+	o := namedvm.Options{
+		Stdin: stdin, Stdout: stdout, Log: log, BootTimeout: c.Duration("boot-timeout"),
+		Interruptible: interruptible,
+		Inspect:       func(ctx context.Context, m *microvm.Machine) { inspectOnSIGUSR1(ctx, log, m) },
+		Confine:       func(cfg microvm.Config) error { return confine(c, vmmPolicy(cfg).WithSnapshots(), log) },
+		FailureStatus: statusFailure,
+	}
 	if detached {
 		fd, _ := strconv.Atoi(os.Getenv(detachFD))
-		ready = os.NewFile(uintptr(fd), "detach")
+		o.Ready = os.NewFile(uintptr(fd), "detach")
 		os.Unsetenv(detachFD)
-		defer func() {
-			if err != nil && ready != nil {
-				fmt.Fprintf(ready, "error: %v\n", err)
-			}
-			if ready != nil {
-				ready.Close()
-			}
-		}()
 	}
-	store, err := vms.Open(vms.StateDir())
-	if err != nil {
-		return err
-	}
-	lease, err := store.Create(l.rec)
-	if err != nil {
+	err := namedvm.Run(l, o)
+	var ee namedvm.ExitError
+	var fe namedvm.FailedError
+	switch {
+	case errors.As(err, &ee):
+		return statusError{ee.Status}
+	case errors.As(err, &fe):
 		return failure{err}
-	}
-	defer lease.Release()
-	if detached {
-		// The detached process's own diagnostics (logrus, a seccomp
-		// report) go to microvm.log in its directory.
-		if f, err := os.OpenFile(lease.Path(vms.LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600); err == nil {
-			_ = unix.Dup3(int(f.Fd()), 2, 0)
-			f.Close()
-		}
-	}
-	exitStatus, exitReason := microvm.StatusError, "microvm failed to start it"
-	defer func() {
-		_ = lease.Update(func(r *vms.Record) {
-			r.State, r.Ended, r.ExitStatus, r.ExitReason = vms.StateExited, time.Now().UTC(), exitStatus, exitReason
-		})
-	}()
-	clog, err := vms.OpenConsoleLog(lease.Dir(), vms.ConsoleMax)
-	if err != nil {
-		return err
-	}
-	defer clog.Close()
-	host := microvm.Config{Log: log, Console: clog, Vsock: &microvm.VsockConfig{UDSPath: lease.Path(vms.VsockSocket)}}
-	if !detached {
-		host.Console = io.MultiWriter(stdout, clog)
-		if l.main == nil { // else stdin is the main process's
-			host.ConsoleInput = stdin
-		}
-	}
-	m, err := l.build(host)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	cfg := m.Config()
-
-	sigCtx, stopSignals := interruptible(context.Background())
-	defer stopSignals()
-	inspectOnSIGUSR1(sigCtx, log, m)
-	runCtx, cancelRun := context.WithCancelCause(sigCtx)
-	defer cancelRun(nil)
-	be := &vmBackend{m: m, lease: lease, cancel: cancelRun, started: time.Now(), log: log}
-	srv, err := vmctl.Serve(lease.Path(vms.APISocket), be, log)
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
-	if err := confine(c, vmmPolicy(cfg).WithSnapshots(), log); err != nil {
-		return err
-	}
-
-	vmDone := make(chan struct{})
-	var res microvm.Result
-	var runErr error
-	go func() {
-		defer close(vmDone)
-		res, runErr = m.Run(runCtx)
-	}()
-	_ = lease.Update(func(r *vms.Record) { r.State = vms.StateRunning })
-	var mainDone chan mainEnd
-	if l.main != nil {
-		mainDone = make(chan mainEnd, 1)
-		var in io.Reader
-		if !detached {
-			in = stdin
-		}
-		go func() {
-			mainDone <- be.runMain(runCtx, *l.main, c.Duration("boot-timeout"), vmDone, in, host.Console)
-		}()
-	}
-	if ready == nil && withAgent && len(m.MACChanges()) > 0 {
-		// In the foreground nothing waits for the agent: the clone's
-		// MACs are set once it answers, meanwhile.
-		go func() {
-			if err := be.waitAgent(runCtx, c.Duration("boot-timeout"), vmDone); err != nil {
-				log.WithError(err).Warn("the restored guest keeps the snapshot's MAC addresses")
-			}
-		}()
-	}
-	if ready != nil {
-		if withAgent {
-			if err := be.waitAgent(runCtx, c.Duration("boot-timeout"), vmDone); err != nil {
-				cancelRun(err)
-				<-vmDone
-				return failure{fmt.Errorf("VM %s: %w (microvm logs %s)", name, err, name)}
-			}
-		}
-		fmt.Fprintln(ready, "ready")
-		ready.Close()
-		ready = nil
-	}
-	<-vmDone
-	exitStatus, exitReason = namedEnd(res, runErr, be.stopRequested(), sigCtx)
-	select {
-	case me := <-mainDone:
-		switch {
-		case runErr != nil:
-		case me.failed:
-			exitStatus, exitReason = statusFailure, fmt.Sprintf("its main process %s could not run: %v", l.main.argv[0], me.err)
-			return failure{fmt.Errorf("VM %s: main process %s: %w", name, l.main.argv[0], me.err)}
-		case me.err == nil:
-			exitStatus, exitReason = me.status, fmt.Sprintf("its main process %s ended with status %d", l.main.argv[0], me.status)
-		}
-	default:
-	}
-	if runErr != nil {
-		return runErr
-	}
-	if exitStatus != 0 {
-		return statusError{exitStatus}
-	}
-	return nil
-}
-
-// namedEnd is a named VM's exit status and what ended it, for its record
-// and the process's status.
-func namedEnd(res microvm.Result, err error, stopped bool, sigCtx context.Context) (int, string) {
-	var cs caughtSignal
-	switch {
-	case err != nil:
-		return microvm.StatusError, err.Error()
-	case stopped && res.Kind == microvm.ExitCanceled:
-		return 0, "stopped through the control API"
-	case errors.As(context.Cause(sigCtx), &cs):
-		return 128 + int(cs.sig), "stopped by " + cs.sig.String()
-	}
-	return res.Status, vmEnd(res, nil)
-}
-
-// vmBackend is a named VM behind its control API.
-type vmBackend struct {
-	m       *microvm.Machine
-	lease   *vms.Lease
-	cancel  context.CancelCauseFunc
-	started time.Time
-	log     logrus.FieldLogger
-
-	mu       sync.Mutex // guards stopping
-	stopping bool
-}
-
-var _ vmctl.Backend = (*vmBackend)(nil)
-
-func (b *vmBackend) stopRequested() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stopping
-}
-
-// Info implements vmctl.Backend.
-func (b *vmBackend) Info() vmctl.VMInfo {
-	rec := b.lease.Record()
-	state := vms.StateRunning
-	switch {
-	case b.stopRequested():
-		state = vms.StateStopping
-	case b.m.Paused():
-		state = vms.StatePaused
-	}
-	mt := b.m.Metrics()
-	info := vmctl.VMInfo{Name: rec.Name, State: state, PID: os.Getpid(), CPUs: rec.CPUs, MemoryBytes: rec.MemoryBytes,
-		Kernel: rec.Kernel, Initrd: rec.Initrd, Agent: rec.Agent, Created: rec.Created,
-		UptimeSeconds: time.Since(b.started).Seconds()}
-	for _, v := range mt.VCPUs {
-		var n uint64
-		for _, c := range v.Exits {
-			n += c
-		}
-		info.Counters.VCPUs = append(info.Counters.VCPUs, vmctl.VCPUCounters{ID: v.ID, Exits: n, CPUSeconds: v.CPUTime.Seconds()})
-	}
-	if v := mt.Vsock; v != nil {
-		info.Counters.VsockTxBytes, info.Counters.VsockRxBytes, info.Counters.VsockConnections = v.TxBytes, v.RxBytes, v.ConnsOpen
-	}
-	return info
-}
-
-// WriteMetrics implements vmctl.Backend.
-func (b *vmBackend) WriteMetrics(w io.Writer) error { return b.m.Metrics().WritePrometheus(w) }
-
-// SetState implements vmctl.Backend.
-func (b *vmBackend) SetState(ctx context.Context, req vmctl.StateRequest) error {
-	if b.stopRequested() && req.State != vmctl.Stopped {
-		return fmt.Errorf("the VM is stopping: %w", vmctl.ErrConflict)
-	}
-	switch req.State {
-	case vmctl.Paused:
-		if err := b.m.Pause(ctx); err != nil {
-			return conflictIfNotRunning(err)
-		}
-		_ = b.lease.Update(func(r *vms.Record) { r.State = vms.StatePaused })
-	case vmctl.Running:
-		if err := b.m.Resume(); err != nil {
-			return conflictIfNotRunning(err)
-		}
-		_ = b.lease.Update(func(r *vms.Record) { r.State = vms.StateRunning })
-	case vmctl.Stopped:
-		b.mu.Lock()
-		b.stopping = true
-		b.mu.Unlock()
-		_ = b.lease.Update(func(r *vms.Record) { r.State = vms.StateStopping })
-		timeout := time.Duration(req.TimeoutMS) * time.Millisecond
-		if req.Force || !b.lease.Record().Agent || timeout == 0 {
-			b.cancel(errStopRequested)
-			return nil
-		}
-		// A paused guest cannot power itself off.
-		_ = b.m.Resume()
-		go b.shutdownThroughAgent(timeout)
-	}
-	return nil
-}
-
-// Snapshot implements vmctl.Backend. The machine pauses for the save and
-// goes on after it, unless req.Stop: then the VM ends as it does when
-// stopped through the API.
-func (b *vmBackend) Snapshot(ctx context.Context, req vmctl.SnapshotRequest) error {
-	if b.stopRequested() {
-		return fmt.Errorf("the VM is stopping: %w", vmctl.ErrConflict)
-	}
-	if req.Stop {
-		b.mu.Lock()
-		b.stopping = true
-		b.mu.Unlock()
-	}
-	rec := b.lease.Record()
-	labels := map[string]string{labelAgent: strconv.FormatBool(rec.Agent)}
-	if rec.Agent {
-		labels[labelAgentPort] = strconv.FormatUint(uint64(rec.AgentPort), 10)
-	}
-	err := b.m.Snapshot(ctx, req.Path, microvm.SnapshotOptions{Stop: req.Stop, Overwrite: req.Overwrite, Diff: req.Diff, Labels: labels})
-	switch {
-	case err != nil && req.Stop:
-		b.mu.Lock()
-		b.stopping = false
-		b.mu.Unlock()
-	case err == nil && req.Stop:
-		_ = b.lease.Update(func(r *vms.Record) { r.State = vms.StateStopping })
-	}
-	if err != nil {
-		b.log.WithError(err).Warn("snapshot failed")
-		return conflictIfNotRunning(err)
-	}
-	b.log.WithField("path", req.Path).Info("snapshot written")
-	return nil
-}
-
-// The labels a named VM's snapshot carries (microvm.SnapshotOptions.Labels),
-// for restore --name: whether its guest runs the agent, and on which port.
-const (
-	labelAgent     = "microvm.agent"
-	labelAgentPort = "microvm.agent-port"
-)
-
-// errStopRequested is the run's cancel cause for a stop through the API.
-var errStopRequested = errors.New("stopped through the control API")
-
-func conflictIfNotRunning(err error) error {
-	if errors.Is(err, microvm.ErrNotRunning) {
-		return fmt.Errorf("%w: %w", err, vmctl.ErrConflict)
-	}
-	return err
-}
-
-// shutdownThroughAgent asks the guest's agent to power the guest off, and
-// stops the VM itself if the guest has not ended within timeout.
-func (b *vmBackend) shutdownThroughAgent(timeout time.Duration) {
-	t := time.AfterFunc(timeout, func() { b.cancel(errStopRequested) })
-	_ = t // fires, or the VM ended first and the cancel is harmless
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return b.m.DialVsock(ctx, agentPort) })
-	if err != nil {
-		b.log.WithError(err).Warn("stop: the agent did not answer; the VM is stopped after the timeout")
-		return
-	}
-	defer cc.Close()
-	if _, err := agentapi.NewAgentClient(cc).Shutdown(ctx, &agentapi.ShutdownRequest{}); err != nil {
-		b.log.WithError(err).Warn("stop: the agent refused to power the guest off; the VM is stopped after the timeout")
-	}
-}
-
-// mainEnd is how an image VM's main process ended: its status (128+N
-// for signal N), or why it could not be run.
-type mainEnd struct {
-	status int
-	err    error
-	// failed: the main process could not be run (or the agent was lost
-	// while the VM was not being stopped), and the VM was stopped for it.
-	failed bool
-}
-
-// runMain runs an image VM's main process through the agent once it
-// answers, its output on the console (and the terminal, in the
-// foreground), stdin from in, and then powers the guest off, as a
-// container ends with its main process.
-func (b *vmBackend) runMain(ctx context.Context, p imageProcess, timeout time.Duration, vmDone <-chan struct{},
-	in io.Reader, console io.Writer) mainEnd {
-	fail := func(err error) mainEnd {
-		if ctx.Err() != nil || b.stopRequested() {
-			return mainEnd{err: err} // the VM is ending anyway: not the cause
-		}
-		b.cancel(fmt.Errorf("main process %s: %w", p.argv[0], err))
-		return mainEnd{err: err, failed: true}
-	}
-	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
-	if err != nil {
-		return fail(err)
-	}
-	defer cc.Close()
-	st, err := agentapi.NewClient(cc).Exec(ctx, &agentapi.Cmd{Argv: p.argv, Env: p.env, Dir: p.workdir, UID: p.uid, GID: p.gid,
-		Stdin: in, Stdout: console, Stderr: console})
-	if err != nil {
-		return fail(errors.New(agentMessage(err)))
-	}
-	status := shellStatus(st)
-	b.mu.Lock()
-	b.stopping = true
-	b.mu.Unlock()
-	go b.shutdownThroughAgent(10 * time.Second)
-	return mainEnd{status: status}
-}
-
-// waitAgent waits until the VM's agent answers, the boot timeout passes or
-// the VM ends; a restored clone's agent then takes the clone's MACs.
-func (b *vmBackend) waitAgent(ctx context.Context, timeout time.Duration, vmDone <-chan struct{}) error {
-	cc, err := waitAgent(ctx, b.m, timeout, vmDone)
-	if err != nil {
-		return err
-	}
-	err = setGuestMACs(ctx, b.m, cc)
-	if cerr := cc.Close(); err == nil {
-		err = cerr
 	}
 	return err
 }
@@ -706,7 +357,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if c.Duration("timeout") < 0 {
 					return usagef("--timeout %v: must not be negative", c.Duration("timeout"))
 				}
-				return stopVM(name, false, c.Duration("timeout"))
+				return namedvm.Stop(name, false, c.Duration("timeout"))
 			},
 		},
 		restoreCommand(stdin, stdout, stderr),
@@ -730,7 +381,11 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return usagef("snapshot: --out %s: %v", c.String("out"), err)
 				}
-				return snapshotVM(name, vmctl.SnapshotRequest{Path: out, Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite"), Diff: c.Bool("diff")})
+				// The VM's own process writes the snapshot (it holds the
+				// VM), so the wait is bounded by the time that takes, not
+				// by a fixed timeout.
+				o := microvm.SnapshotOptions{Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite"), Diff: c.Bool("diff")}
+				return withNamedVM(name, 0, func(v microvm.NamedVM, ctx context.Context) error { return v.Snapshot(ctx, out, o) })
 			},
 		},
 		{
@@ -740,7 +395,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return stopVM(name, true, 0)
+				return namedvm.Stop(name, true, 0)
 			},
 		},
 		{
@@ -759,15 +414,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 					if err := vms.CheckName(name); err != nil {
 						return usageError{err}
 					}
-					if c.Bool("force") {
-						if e, err := store.Get(name); err == nil && e.Alive {
-							if err := stopVM(name, true, 0); err != nil {
-								errs = append(errs, err)
-								continue
-							}
-						}
-					}
-					if err := store.Remove(name); err != nil {
+					if err := namedvm.Remove(store, name, c.Bool("force")); err != nil {
 						errs = append(errs, err)
 					}
 				}
@@ -792,7 +439,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return setVMState(name, vmctl.StateRequest{State: vmctl.Paused})
+				return withNamedVM(name, 30*time.Second, microvm.NamedVM.Pause)
 			},
 		},
 		{
@@ -802,151 +449,33 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return setVMState(name, vmctl.StateRequest{State: vmctl.Running})
+				return withNamedVM(name, 30*time.Second, microvm.NamedVM.Resume)
 			},
 		},
 		namedCpCommand(stdin, stdout, stderr, usage["cp"]),
 	}
 }
 
-// liveVM returns the running VM named name, or an error saying it is not.
-func liveVM(name string) (vms.Entry, error) {
-	store, err := vms.Open(vms.StateDir())
-	if err != nil {
-		return vms.Entry{}, err
-	}
-	e, err := store.Get(name)
-	if err != nil {
-		return e, err
-	}
-	if !e.Alive {
-		return e, fmt.Errorf("VM %s is not running (%s%s)", name, e.State, describeEnd(e))
-	}
-	return e, nil
-}
-
-// describeEnd says how an exited VM ended, for messages.
-func describeEnd(e vms.Entry) string {
-	if e.ExitReason == "" {
-		return ""
-	}
-	return ": " + e.ExitReason
-}
-
-// setVMState asks a running VM's API for a state.
-func setVMState(name string, req vmctl.StateRequest) error {
-	e, err := liveVM(name)
+// withNamedVM calls f, a NamedVM method, with the running VM name
+// (namedvm.Lookup) and a context that ends after timeout (0: none).
+func withNamedVM(name string, timeout time.Duration, f func(microvm.NamedVM, context.Context) error) error {
+	v, err := namedvm.Lookup(name)
 	if err != nil {
 		return err
 	}
-	c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	}
 	defer cancel()
-	if err := c.SetState(ctx, req); err != nil {
-		return fmt.Errorf("VM %s: %w", name, err)
-	}
-	return nil
-}
-
-// snapshotVM is `microvm snapshot`: the VM's own process writes the
-// snapshot (it holds the VM), so the wait is bounded by the time that
-// takes, not by a fixed timeout.
-func snapshotVM(name string, req vmctl.SnapshotRequest) error {
-	e, err := liveVM(name)
-	if err != nil {
-		return err
-	}
-	c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
-	defer c.Close()
-	if err := c.Snapshot(context.Background(), req); err != nil {
-		return fmt.Errorf("VM %s: %w", name, err)
-	}
-	return nil
-}
-
-// stopVM stops a running VM through its API (force: at once; otherwise the
-// agent powers the guest off, and the VM is stopped after timeout), waits
-// for its process to end, and kills the process if the API does not
-// answer.
-func stopVM(name string, force bool, timeout time.Duration) error {
-	e, err := liveVM(name)
-	if err != nil {
-		return err
-	}
-	apiErr := setVMState(name, vmctl.StateRequest{State: vmctl.Stopped, Force: force, TimeoutMS: timeout.Milliseconds()})
-	store, _ := vms.Open(vms.StateDir())
-	wait := func(d time.Duration) bool {
-		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-			if g, err := store.Get(name); err != nil || !g.Alive {
-				return true
-			}
-		}
-		return false
-	}
-	if apiErr == nil && wait(timeout+10*time.Second) {
-		return nil
-	}
-	// The API did not answer, or the VM did not end: its process goes.
-	if killVMProcess(store, name, e.PID) == nil && wait(10*time.Second) {
-		return nil
-	}
-	if apiErr != nil {
-		return fmt.Errorf("VM %s: %w (and killing its process %d did not end it)", name, apiErr, e.PID)
-	}
-	return fmt.Errorf("VM %s: still running after it was killed (pid %d)", name, e.PID)
-}
-
-// beforeVMKill, when set (by tests), runs in killVMProcess between the
-// check that pid is still the VM's and the signal.
-var beforeVMKill func()
-
-// killVMProcess sends SIGKILL to the process of the VM named name, pid,
-// through a pidfd opened before checking that the VM is alive with that
-// pid: the check then holds for the process the pidfd names, and a pid
-// that the VM's process left and another process took meanwhile is never
-// signalled (the pidfd's process is gone: ESRCH).
-func killVMProcess(store *vms.Store, name string, pid int) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return fmt.Errorf("VM %s: process %d: %w", name, pid, err)
-	}
-	defer unix.Close(fd)
-	if g, err := store.Get(name); err != nil || !g.Alive || g.PID != pid {
-		return fmt.Errorf("VM %s: process %d is no longer the VM's", name, pid)
-	}
-	if beforeVMKill != nil {
-		beforeVMKill()
-	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
-		return fmt.Errorf("VM %s: kill process %d: %w", name, pid, err)
-	}
-	return nil
+	return f(v, ctx)
 }
 
 // listVMs is `microvm ls`.
 func listVMs(w io.Writer, asJSON bool) error {
-	store, err := vms.Open(vms.StateDir())
+	list, err := namedvm.List()
 	if err != nil {
 		return err
-	}
-	list, err := store.List()
-	if err != nil {
-		return err
-	}
-	// A running VM's own view of its state (paused, stopping) is fresher
-	// than its record.
-	for i, e := range list {
-		if !e.Alive {
-			continue
-		}
-		c := vmctl.NewClient(e.Dir + "/" + vms.APISocket)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if info, err := c.Info(ctx); err == nil {
-			list[i].State = info.State
-		}
-		cancel()
-		c.Close()
 	}
 	if asJSON {
 		recs := make([]vms.Record, 0, len(list))
@@ -1051,27 +580,21 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if err != nil {
 				return err
 			}
-			cp.keepSpecial = c.Bool(keepSetuidFlag.Name)
+			cp.KeepSpecial = c.Bool(keepSetuidFlag.Name)
 			log, err := setupLog(c, stderr)
 			if err != nil {
 				return err
 			}
-			e, err := liveVM(name)
+			e, err := namedvm.Live(name)
 			if err != nil {
 				return failure{fmt.Errorf("cp: %w", err)}
 			}
 			if !e.Agent {
 				return failure{fmt.Errorf("cp: VM %s runs no agent (start it with --with-agent)", name)}
 			}
-			return copyWithAgent("cp", cp, vmAgentAddr(e, 5*time.Second), stdin, stdout, log)
+			return copyWithAgent("cp", cp, namedvm.AgentAddr(e, 5*time.Second), stdin, stdout, log)
 		},
 	}
-}
-
-// vmAgentAddr is where a named VM's agent answers: its vsock socket in
-// the VM's directory, the agent's port.
-func vmAgentAddr(e vms.Entry, timeout time.Duration) agentAddr {
-	return agentAddr{uds: e.Dir + "/" + vms.VsockSocket, port: e.AgentPort, timeout: timeout}
 }
 
 // splitVMPath splits "NAME:/PATH" (NAME a valid VM name, PATH absolute).

@@ -15,6 +15,8 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices/virtionet"
+	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -117,11 +119,11 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	cfg := info.Config
 	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
 		Initrd: cfg.Initrd, Restored: dir}
-	rec.Agent, _ = strconv.ParseBool(info.Labels[labelAgent])
+	rec.Agent, _ = strconv.ParseBool(info.Labels[namedvm.LabelAgent])
 	if rec.Agent {
-		port, err := strconv.ParseUint(info.Labels[labelAgentPort], 10, 32)
+		port, err := strconv.ParseUint(info.Labels[namedvm.LabelAgentPort], 10, 32)
 		if err != nil {
-			return failure{fmt.Errorf("snapshot %s: its agent port label %q: %w", dir, info.Labels[labelAgentPort], err)}
+			return failure{fmt.Errorf("snapshot %s: its agent port label %q: %w", dir, info.Labels[namedvm.LabelAgentPort], err)}
 		}
 		rec.AgentPort = uint32(port)
 	}
@@ -137,7 +139,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if rec.Agent {
 		// A clone of its own on the network: new MACs, which the agent
 		// takes once it answers (runNamedVM).
-		if host.Nets, err = cloneNets(host.Nets, cfg.Nets); err != nil {
+		if host.Nets, err = agentvm.CloneNets(host.Nets, cfg.Nets); err != nil {
 			return err
 		}
 	}
@@ -166,7 +168,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		return microvm.Restore(dir, withOwn(own))
 	}
-	return runNamedVM(c, namedLaunch{rec: rec, build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
+	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and

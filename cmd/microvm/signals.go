@@ -16,6 +16,10 @@ type caughtSignal struct{ sig syscall.Signal }
 
 func (c caughtSignal) Error() string { return "stopped by " + c.sig.String() }
 
+// Signal is the signal caught: a named VM's process (namedvm.Run) ends
+// with status 128+N for it.
+func (c caughtSignal) Signal() syscall.Signal { return c.sig }
+
 // interruptible returns a copy of parent that a SIGINT or SIGTERM cancels
 // with cause caughtSignal, and a function that stops catching them and
 // cancels the copy. The goroutine it starts ends with the copy.

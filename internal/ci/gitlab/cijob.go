@@ -1,6 +1,6 @@
 //go:build !microvm_lean
 
-package main
+package gitlab
 
 import (
 	"crypto/sha256"
@@ -38,18 +38,18 @@ import (
 // next to the token's hash; the slot picks among the proven project's own
 // cache disks, bounded by --slots.
 
-// envJobResponse names the file in which GitLab Runner gives the custom
+// EnvJobResponse names the file in which GitLab Runner gives the custom
 // executor the job as the server sent it (not a CUSTOM_ENV_ variable: the
 // job cannot set it).
-const envJobResponse = "JOB_RESPONSE_FILE"
+const EnvJobResponse = "JOB_RESPONSE_FILE"
 
 // jobResponseLimit bounds how much of the job response is read: it holds
 // the job's variables and script, and only three fields are wanted.
 const jobResponseLimit = 16 << 20
 
-// jobResponse is the part of GitLab Runner's job response the executor
+// JobResponse is the part of GitLab Runner's job response the executor
 // trusts.
-type jobResponse struct {
+type JobResponse struct {
 	ID      int64  `json:"id"`
 	Token   string `json:"token"`
 	JobInfo struct {
@@ -57,8 +57,8 @@ type jobResponse struct {
 	} `json:"job_info"`
 }
 
-// ciIdentity is what a job is known by on this host.
-type ciIdentity struct {
+// Identity is what a job is known by on this host.
+type Identity struct {
 	// Hash is 16 hex digits of the SHA-256 of the job's token: it names
 	// the job's record and VM.
 	Hash string
@@ -73,8 +73,8 @@ type ciIdentity struct {
 
 // parseJobResponse reads the fields the executor trusts from a job
 // response, at most jobResponseLimit bytes of it.
-func parseJobResponse(r io.Reader) (jobResponse, error) {
-	var resp jobResponse
+func parseJobResponse(r io.Reader) (JobResponse, error) {
+	var resp JobResponse
 	lr := &io.LimitedReader{R: r, N: jobResponseLimit + 1}
 	b, err := io.ReadAll(lr)
 	if err != nil {
@@ -95,12 +95,12 @@ func parseJobResponse(r io.Reader) (jobResponse, error) {
 	return resp, nil
 }
 
-// jobIdentityFrom derives a job's identity from the runner's job response
+// JobIdentityFrom derives a job's identity from the runner's job response
 // (nil when the runner gave none) and the job's variables (env looks up
 // NAME in CUSTOM_ENV_NAME). A job with no token is refused: nothing else
 // tells it apart from another job that names the same id.
-func jobIdentityFrom(resp *jobResponse, env func(string) string) (ciIdentity, error) {
-	var id ciIdentity
+func JobIdentityFrom(resp *JobResponse, env func(string) string) (Identity, error) {
+	var id Identity
 	token := env("CI_JOB_TOKEN")
 	if resp != nil {
 		token = resp.Token
@@ -114,7 +114,7 @@ func jobIdentityFrom(resp *jobResponse, env func(string) string) (ciIdentity, er
 		id.ID = j
 	}
 	if token == "" {
-		return id, fmt.Errorf("no job token ($%s and $%sCI_JOB_TOKEN are unset): the executor keys each job's VM on it; run it from GitLab Runner", envJobResponse, envJobPrefix)
+		return id, fmt.Errorf("no job token ($%s and $%sCI_JOB_TOKEN are unset): the executor keys each job's VM on it; run it from GitLab Runner", EnvJobResponse, envJobPrefix)
 	}
 	// A prefix of its own, so that the hash is of no use elsewhere.
 	sum := sha256.Sum256([]byte("microvm ci gitlab job\x00" + token))
@@ -135,28 +135,28 @@ func isDecimal(s string, max int) bool {
 	return true
 }
 
-// jobIdentity is this job's identity, from $JOB_RESPONSE_FILE when the
+// JobIdentity is this job's identity, from $JOB_RESPONSE_FILE when the
 // runner set it and the job's variables.
-func jobIdentity() (ciIdentity, error) {
-	var resp *jobResponse
-	if p := os.Getenv(envJobResponse); p != "" {
+func JobIdentity() (Identity, error) {
+	var resp *JobResponse
+	if p := os.Getenv(EnvJobResponse); p != "" {
 		f, err := os.Open(p)
 		if err != nil {
-			return ciIdentity{}, fmt.Errorf("job response: %w", err)
+			return Identity{}, fmt.Errorf("job response: %w", err)
 		}
 		r, err := parseJobResponse(f)
 		f.Close()
 		if err != nil {
-			return ciIdentity{}, fmt.Errorf("job response %s: %w", p, err)
+			return Identity{}, fmt.Errorf("job response %s: %w", p, err)
 		}
 		resp = &r
 	}
-	return jobIdentityFrom(resp, func(name string) string { return os.Getenv(envJobPrefix + name) })
+	return JobIdentityFrom(resp, func(name string) string { return os.Getenv(envJobPrefix + name) })
 }
 
-// vmName is the name of the job's own VM: gitlab-ID-HASH, or gitlab-HASH
+// VMName is the name of the job's own VM: gitlab-ID-HASH, or gitlab-HASH
 // without an id (at most 7+19+1+16 = 43 characters).
-func (id ciIdentity) vmName() string {
+func (id Identity) VMName() string {
 	if id.ID == "" {
 		return "gitlab-" + id.Hash
 	}
@@ -167,44 +167,44 @@ func (id ciIdentity) vmName() string {
 func ciJobsDir(stateDir string) string { return filepath.Join(stateDir, "ci-jobs") }
 
 // jobRecordPath is where prepare records what it made for the job.
-func jobRecordPath(stateDir string, id ciIdentity) string {
+func jobRecordPath(stateDir string, id Identity) string {
 	return filepath.Join(ciJobsDir(stateDir), id.Hash+".json")
 }
 
 // Cache keys: a --cache-key is a file-name part of at most this many bytes.
 const maxCacheKey = 32
 
-// checkCacheKey: a --cache-key is 1 to 32 letters, digits, '_', '.' or '-',
+// CheckCacheKey: a --cache-key is 1 to 32 letters, digits, '_', '.' or '-',
 // starting with a letter or digit (it is part of file and VM names).
-func checkCacheKey(k string) error {
+func CheckCacheKey(k string) error {
 	if len(k) > maxCacheKey || vms.CheckName(k) != nil {
 		return fmt.Errorf("--cache-key %q: want 1 to %d letters, digits, '_', '.' or '-', starting with a letter or digit", k, maxCacheKey)
 	}
 	return nil
 }
 
-// maxSlots bounds --slots, so that a slot number stays short.
-const maxSlots = 1000
+// MaxSlots bounds --slots, so that a slot number stays short.
+const MaxSlots = 1000
 
 // cacheSlot is the job's cache slot: the project's namespace (the runner's
 // --cache-key, else the project id the server gave), a '-', and the job's
 // concurrency slot ($CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID, below slots).
 // Without either namespace the project cannot be proven, and prepare is
 // refused rather than guessing from variables the job sets.
-func cacheSlot(id ciIdentity, cacheKey string, slots int, env func(string) string) (string, error) {
+func cacheSlot(id Identity, cacheKey string, slots int, env func(string) string) (string, error) {
 	ns := cacheKey
 	switch {
 	case cacheKey != "":
-		if err := checkCacheKey(cacheKey); err != nil {
+		if err := CheckCacheKey(cacheKey); err != nil {
 			return "", err
 		}
 	case id.Project != "":
 		ns = "project-" + id.Project
 	default:
-		return "", fmt.Errorf("the job's project cannot be proven (GitLab Runner gave no $%s): give prepare --cache-key NAME on a runner that serves one project (docs/ci.md, \"Isolation\")", envJobResponse)
+		return "", fmt.Errorf("the job's project cannot be proven (GitLab Runner gave no $%s): give prepare --cache-key NAME on a runner that serves one project (docs/ci.md, \"Isolation\")", EnvJobResponse)
 	}
-	if slots < 1 || slots > maxSlots {
-		return "", fmt.Errorf("--slots %d: want 1 to %d", slots, maxSlots)
+	if slots < 1 || slots > MaxSlots {
+		return "", fmt.Errorf("--slots %d: want 1 to %d", slots, MaxSlots)
 	}
 	s := env("CI_CONCURRENT_PROJECT_ID")
 	if s == "" {

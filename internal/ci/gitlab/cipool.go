@@ -1,6 +1,6 @@
 //go:build !microvm_lean
 
-package main
+package gitlab
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/atomicfile"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -64,14 +65,14 @@ func ciPoolDir() string { return filepath.Join(vms.StateDir(), "ci-pool") }
 
 func offerPath(slot string) string { return filepath.Join(ciPoolDir(), "offer-"+slot+".json") }
 
-// warmVMName is the name of a slot's warm VM (at most 5+32+1+3 = 41
+// WarmVMName is the name of a slot's warm VM (at most 5+32+1+3 = 41
 // characters: cacheSlot bounds the slot).
-func warmVMName(slot string) string { return "warm-" + slot }
+func WarmVMName(slot string) string { return "warm-" + slot }
 
 // jobVM reads the record this job's prepare wrote; nil (and no error)
 // when there is none.
 func jobVM() (*ciJobRecord, string, error) {
-	id, err := jobIdentity()
+	id, err := JobIdentity()
 	if err != nil {
 		return nil, "", err
 	}
@@ -153,7 +154,7 @@ func waitWarmVM(name string, wait time.Duration) error {
 		switch {
 		case err == nil && e.Alive:
 			ctx, cancel := context.WithTimeout(context.Background(), time.Until(deadline))
-			cc, err := vmAgentAddr(e, time.Until(deadline)).dial(ctx)
+			cc, err := namedvm.AgentAddr(e, time.Until(deadline)).Dial(ctx)
 			cancel()
 			if err == nil {
 				cc.Close()
@@ -200,7 +201,7 @@ func refillPool(rec *ciJobRecord, stderr io.Writer) {
 	if _, err := os.Stat(offer); err == nil || live >= rec.Pool {
 		return
 	}
-	name := warmVMName(rec.Slot)
+	name := WarmVMName(rec.Slot)
 	_ = discardVM(name) // a leftover of the same name, if any
 	if err := writeJSON(offer, ciOffer{VM: name, Args: rec.Args, Created: time.Now()}); err != nil {
 		fmt.Fprintf(stderr, "microvm: warm pool: %v\n", err)
@@ -225,9 +226,9 @@ func takeOffer(path string) bool {
 	return true
 }
 
-// drainPool removes every offered VM: `microvm ci gitlab drain`, when the
+// Drain removes every offered VM: `microvm ci gitlab drain`, when the
 // runner stops. A VM still booting is waited for (up to wait) first.
-func drainPool(stdout io.Writer, wait time.Duration) error {
+func Drain(stdout io.Writer, wait time.Duration) error {
 	offers, err := filepath.Glob(filepath.Join(ciPoolDir(), "offer-*.json"))
 	if err != nil {
 		return err
@@ -258,7 +259,7 @@ func discardVM(name string) error {
 		return nil // never started, or removed already
 	}
 	if e.Alive {
-		if err := stopVM(name, true, 0); err != nil {
+		if err := namedvm.Stop(name, true, 0); err != nil {
 			return err
 		}
 	}

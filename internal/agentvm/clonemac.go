@@ -1,6 +1,4 @@
-//go:build !microvm_lean
-
-package main
+package agentvm
 
 import (
 	"context"
@@ -14,18 +12,17 @@ import (
 // A clone's own MAC addresses (docs/snapshot.md, "Clone identity"). A
 // restore that runs a clone of an agent VM (exec --snapshot, restore
 // --name of a snapshot whose VM ran the agent) gives each network device
-// a new random address (cloneNets); once the clone's agent answers, the
-// agent moves the guest's interface to it and announces it
-// (setGuestMACs), before the clone is handed to a command or reported
-// ready.
+// a new random address (CloneNets); once the clone's agent answers, the
+// agent moves the guest's interface to it and announces it (AdoptMACs),
+// before the clone is handed to a command or reported ready.
 
-// cloneNets returns the network devices of a clone: given (restore's
+// CloneNets returns the network devices of a clone: given (restore's
 // --net) or else one entry per saved device holding only a MAC, which
 // Restore takes as the snapshot's device with that address (and refuses
 // where the device names a host resource: a TAP, a namespace, a port
 // published beyond loopback); each without a MAC of its own given gets a
 // new random locally administered one; nil when there are none.
-func cloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
+func CloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
 	nets := append([]microvm.NetConfig(nil), given...)
 	if given == nil {
 		nets = make([]microvm.NetConfig, len(saved))
@@ -46,9 +43,9 @@ func cloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
 	return nets, nil
 }
 
-// setGuestMACs has the restored guest's agent, on cc, take each MAC the
-// restore changed.
-func setGuestMACs(ctx context.Context, m *microvm.Machine, cc *agentapi.Conn) error {
+// AdoptMACs has the restored guest's agent, on cc, take each MAC the
+// restore changed (Machine.MACChanges).
+func AdoptMACs(ctx context.Context, m *microvm.Machine, cc *agentapi.Conn) error {
 	changes := m.MACChanges()
 	if len(changes) == 0 {
 		return nil

@@ -1,4 +1,6 @@
-package main
+//go:build !microvm_lean
+
+package namedvm
 
 import (
 	"errors"
@@ -11,12 +13,12 @@ import (
 	"github.com/microvm/microvm/internal/vms"
 )
 
-// TestKillVMProcessPIDReuse: when the VM's process ends between the check
+// TestKillProcessPIDReuse: when the VM's process ends between the check
 // that pid is the VM's and the kill, and another process takes its pid,
 // that process must not be killed. The new process is given the pid
 // through /proc/sys/kernel/ns_last_pid (root only; other processes forking
 // meanwhile can take the pid first, so it is tried a number of times).
-func TestKillVMProcessPIDReuse(t *testing.T) {
+func TestKillProcessPIDReuse(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to choose the next pid (ns_last_pid)")
 	}
@@ -24,7 +26,7 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 	defer l.Release()
 	pid := vm.Process.Pid
 	var other *exec.Cmd
-	beforeVMKill = func() {
+	beforeKill = func() {
 		vm.Process.Kill()
 		vm.Wait()
 		for try := 0; try < 200 && other == nil; try++ {
@@ -46,8 +48,8 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 			t.Skip("another process kept taking the pid")
 		}
 	}
-	defer func() { beforeVMKill = nil }()
-	err := killVMProcess(store, "vm", pid)
+	defer func() { beforeKill = nil }()
+	err := killProcess(store, "vm", pid)
 	if other == nil {
 		t.Fatalf("the hook did not run: %v", err)
 	}
@@ -63,16 +65,16 @@ func TestKillVMProcessPIDReuse(t *testing.T) {
 		}
 	}
 	if err == nil {
-		t.Error("killVMProcess reported success, though the VM's process was gone")
+		t.Error("killProcess reported success, though the VM's process was gone")
 	}
 }
 
-// TestKillVMProcess: a live VM's process is killed; a record whose pid is
+// TestKillProcess: a live VM's process is killed; a record whose pid is
 // no longer the VM's (the name's lock is free) is refused.
-func TestKillVMProcess(t *testing.T) {
+func TestKillProcess(t *testing.T) {
 	store, vm, l := startVMProcess(t)
 	l.Release()
-	if err := killVMProcess(store, "vm", vm.Process.Pid); err == nil {
+	if err := killProcess(store, "vm", vm.Process.Pid); err == nil {
 		t.Fatal("killed the process of a VM that no longer holds its name")
 	}
 	l, err := store.Create(vms.Record{Name: "vm"})
@@ -83,7 +85,7 @@ func TestKillVMProcess(t *testing.T) {
 	if err := l.Update(func(r *vms.Record) { r.PID = vm.Process.Pid }); err != nil {
 		t.Fatal(err)
 	}
-	if err := killVMProcess(store, "vm", vm.Process.Pid); err != nil {
+	if err := killProcess(store, "vm", vm.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
 	if err := vm.Wait(); err == nil {

@@ -1,6 +1,6 @@
 //go:build !microvm_lean
 
-package main
+package gitlab
 
 import (
 	"bytes"
@@ -42,7 +42,7 @@ func FuzzJobEnv(f *testing.F) {
 		vars := map[string]string{"CI_JOB_TOKEN": token, "CI_JOB_ID": jobID, "CI_CONCURRENT_PROJECT_ID": slot,
 			"CI_PROJECT_PATH_SLUG": slug, "CI_PROJECT_ID": slug}
 		env := func(n string) string { return vars[n] }
-		var resp *jobResponse
+		var resp *JobResponse
 		if len(respJSON) > 0 {
 			r, err := parseJobResponse(bytes.NewReader(respJSON))
 			if err != nil {
@@ -50,14 +50,14 @@ func FuzzJobEnv(f *testing.F) {
 			}
 			resp = &r
 		}
-		id, err := jobIdentityFrom(resp, env)
+		id, err := JobIdentityFrom(resp, env)
 		if err != nil {
 			return
 		}
 		if len(id.Hash) != 16 || strings.Trim(id.Hash, "0123456789abcdef") != "" {
 			t.Fatalf("hash %q", id.Hash)
 		}
-		name := id.vmName()
+		name := id.VMName()
 		if err := vms.CheckName(name); err != nil {
 			t.Fatalf("job VM name: %v", err)
 		}
@@ -73,7 +73,7 @@ func FuzzJobEnv(f *testing.F) {
 		if resp != nil {
 			forged["CI_JOB_TOKEN"], forged["CI_JOB_ID"] = "victim-token", "1"
 		}
-		id2, err := jobIdentityFrom(resp, func(n string) string { return forged[n] })
+		id2, err := JobIdentityFrom(resp, func(n string) string { return forged[n] })
 		if err != nil || id2 != id {
 			t.Fatalf("forged variables changed the job: %+v, want %+v (%v)", id2, id, err)
 		}
@@ -86,7 +86,7 @@ func FuzzJobEnv(f *testing.F) {
 			if len(s) > maxCacheKey+1+3 {
 				t.Fatalf("slot %q: %d bytes", s, len(s))
 			}
-			if err := vms.CheckName(warmVMName(s)); err != nil {
+			if err := vms.CheckName(WarmVMName(s)); err != nil {
 				t.Fatalf("warm VM name: %v", err)
 			}
 			inDir(t, "cache disk", cacheDiskPath(cacheDir, s), cacheDir)
@@ -105,7 +105,7 @@ func FuzzJobEnv(f *testing.F) {
 		}
 		defer os.Remove(rec)
 		if err == nil {
-			if err := writeJSON(offerPath(s), ciOffer{VM: warmVMName(s)}); err != nil {
+			if err := writeJSON(offerPath(s), ciOffer{VM: WarmVMName(s)}); err != nil {
 				t.Fatal(err)
 			}
 			defer os.Remove(offerPath(s))

@@ -1,0 +1,29 @@
+// Package agentvm is the host side of a VM that runs microvm's guest
+// agent (guest/agent): what microvm exec, run --name --with-agent, agent
+// exec and cp, restore of an agent VM's snapshot and the CI executor do
+// with such a VM, beside the machine itself (package microvm) and the
+// agent's wire API (guest/agentapi).
+//
+// Data flow, for a command in a fresh or restored VM:
+//
+//	Machine.Run (the caller's goroutine; vmDone closes when it returns)
+//	  -> Wait: agentapi.Connect over Machine.DialVsock, retried until the
+//	     agent listens, the timeout passes or the VM ends
+//	  -> AdoptMACs: a restored clone's agent takes the clone's own MACs
+//	     (CloneNets drew them for Restore)
+//	  -> Supervise: the agent call runs in a context that ends when the VM
+//	     does (ErrVMEnded) or when the guest outlives the command's limit
+//	     (UnresponsiveError)
+//	  -> End: how the VM ended, for messages
+//
+// and for a copy into or out of a running VM (Copy): the host side is
+// opened first, then Addr dials the agent through the VM's hybrid-vsock
+// socket, and PutFile/GetFile (a file) or PutTree/GetTree (a directory
+// tree, as tar through internal/dirtar) carry the bytes; GuestError and
+// HostSideError tell which side a failure was on.
+//
+// Goroutines: Wait and Supervise each start one that ends when they
+// return; Copy's tree transfers run one producer or consumer of the tar
+// stream that ends with the transfer. TailBuffer is safe from any
+// goroutine.
+package agentvm

@@ -1,0 +1,363 @@
+//go:build !microvm_lean
+
+package gitlab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// envJobPrefix starts the names of the job's variables in GitLab's
+// custom executor contract.
+const envJobPrefix = "CUSTOM_ENV_"
+
+// In the guest: where jobs build, where the cache disk is mounted, and
+// where run puts each stage's script.
+const (
+	ciBuildsDir = "/builds"
+	ciCacheDir  = "/cache"
+	ciScriptDir = "/tmp/microvm-ci"
+)
+
+// BuildFailure: the job's script ran and failed (the contract's
+// $BUILD_FAILURE_EXIT_CODE, where other errors are the runner's).
+type BuildFailure struct {
+	Stage  string
+	Status int
+}
+
+func (b BuildFailure) Error() string {
+	return fmt.Sprintf("stage %s: the script exited with status %d", b.Stage, b.Status)
+}
+
+// exitStatusError is a job command that ran and exited with a status
+// other than 0.
+type exitStatusError struct{ status int }
+
+func (e exitStatusError) Error() string { return fmt.Sprintf("exit status %d", e.status) }
+
+// Runtime is what the executor takes from the program it runs in, the
+// microvm CLI.
+type Runtime struct {
+	// Executable is the microvm program prepare starts the job's VM with
+	// (run --name --detach ...).
+	Executable func() (string, error)
+	// Interruptible derives the context of one call into the job's VM
+	// that SIGINT or SIGTERM (GitLab cancelling the job) cancels, with a
+	// cause that has a Signal method; it returns what stops it.
+	Interruptible func(context.Context) (context.Context, func())
+}
+
+// jobEnv is a variable of the job (CUSTOM_ENV_NAME), or def.
+func jobEnv(name, def string) string {
+	if v := os.Getenv(envJobPrefix + name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Config prints config_exec's JSON; version is microvm's.
+func Config(stdout io.Writer, version string) error {
+	host, _ := os.Hostname()
+	cfg := map[string]any{
+		"builds_dir":           ciBuildsDir,
+		"cache_dir":            ciCacheDir,
+		"builds_dir_is_shared": false,
+		"hostname":             "microvm-" + host,
+		"driver":               map[string]string{"name": "microvm", "version": version},
+	}
+	return json.NewEncoder(stdout).Encode(cfg)
+}
+
+// PrepareOptions are prepare's flags, checked.
+type PrepareOptions struct {
+	// DefaultImage is the image of a job that names none.
+	DefaultImage string
+	CPUs         int
+	Memory       uint64
+	// Kernel and Agent are the job VM's (empty: exec's defaults).
+	Kernel, Agent string
+	// CacheDir holds the cache disks (empty: $MICROVM_STATE_DIR/ci-cache);
+	// CacheSize is a new one's size.
+	CacheDir    string
+	CacheSize   uint64
+	BootTimeout time.Duration
+	// CacheKey is the cache namespace of a runner that serves one project
+	// (CheckCacheKey), or empty.
+	CacheKey string
+	// Net is the job VM's --net (user, with options).
+	Net string
+	// Slots is the number of cache slots per project (1 to MaxSlots).
+	Slots int
+	// WarmPool is the warm pool's size (0: off); WarmTTL how long an
+	// offered VM may wait.
+	WarmPool int
+	WarmTTL  time.Duration
+}
+
+// Prepare starts the job's VM (run --name --detach --image --idle --net
+// user, with the cache disk) and mounts the cache and makes the builds
+// directory in it. It first records the job (createJobRecord): run and
+// cleanup act only on the VM a record names, and prepare removes a VM
+// only when it made it or claimed it. A VM that did not come up is
+// removed.
+func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error {
+	key, err := cacheSlot(id, o.CacheKey, o.Slots, func(n string) string { return os.Getenv(envJobPrefix + n) })
+	if err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	// The job records, the pool's offers and the default cache directory
+	// live in the state directory: it must be this user's own.
+	if err := vms.CheckStateDir(vms.StateDir()); err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	cacheDir := o.CacheDir
+	if cacheDir == "" {
+		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")
+	}
+	disk := cacheDiskPath(cacheDir, key)
+	img := jobEnv("CI_JOB_IMAGE", o.DefaultImage)
+	mem, pool := o.Memory, o.WarmPool
+	exe, err := rt.Executable()
+	if err != nil {
+		return err
+	}
+	// run's arguments for the job's VM, --name aside: a warm VM made with
+	// the same ones will do.
+	args := []string{"--detach", "--image", img, "--idle", "--net", o.Net,
+		"--cpus", strconv.Itoa(o.CPUs), "--memory", microvm.FormatSize(mem),
+		"--disk", "path=" + disk, "--boot-timeout", o.BootTimeout.String()}
+	if k := o.Kernel; k != "" {
+		args = append(args, "--kernel", k)
+	}
+	if a := o.Agent; a != "" {
+		args = append(args, "--agent", a)
+	}
+	name := id.VMName()
+	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL}
+	recPath := jobRecordPath(vms.StateDir(), id)
+	if err := createJobRecord(recPath, rec); err != nil {
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	// A VM of the job's name that is there already was not made by this
+	// job: it is neither used nor removed, here or by cleanup.
+	if there, err := vmExists(name); err != nil || there {
+		os.Remove(recPath)
+		if err == nil {
+			err = fmt.Errorf("VM %s exists and was not made by this job's prepare: refusing to use or remove it", name)
+		}
+		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	if err := ensureCacheDisk(disk, o.CacheSize); err != nil {
+		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
+	}
+	if pool > 0 {
+		if warm := claimWarm(id.Hash, key, args, o.BootTimeout, stderr); warm != "" {
+			rec.VM = warm
+			if err := writeJSON(recPath, rec); err != nil {
+				_ = discardVM(warm)
+				return fmt.Errorf("ci gitlab prepare: %w", err)
+			}
+		}
+	}
+	if rec.VM == name {
+		fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, o.CPUs, microvm.FormatSize(mem), key)
+		cmd := exec.Command(exe, append([]string{"run", "--name", name}, args...)...)
+		cmd.Stdout, cmd.Stderr = stderr, stderr
+		if err := cmd.Run(); err != nil {
+			_ = discardVM(name) // the name was free: what is there, this run made
+			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%w)", name, err)
+		}
+	}
+	// The cache disk is the second disk (/dev/vdb: the image is the first).
+	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
+	if err := rt.runJobCommand(rec.VM, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
+		_ = discardVM(rec.VM)
+		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", rec.VM, err)
+	}
+	return nil
+}
+
+// vmExists says whether a VM of that name is in the store, running or not.
+func vmExists(name string) (bool, error) {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return false, err
+	}
+	_, err = store.Get(name)
+	if errors.Is(err, vms.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// ensureCacheDisk makes a sparse ext4 image at path unless one is there:
+// written beside it and renamed, so that two jobs never see half a disk.
+func ensureCacheDisk(path string, size uint64) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	empty, err := os.MkdirTemp(filepath.Dir(path), ".empty-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(empty)
+	tmp := path + ".new"
+	if err := image.WriteDirExt4(context.Background(), tmp, empty, size, "microvm-cache"); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Run copies the stage's script into the job's VM and runs it with bash,
+// its output streamed: the script's own failure is a BuildFailure.
+func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
+	rec, _, err := jobVM()
+	if err != nil {
+		return fmt.Errorf("ci gitlab run: %w", err)
+	}
+	if rec == nil {
+		return errors.New("ci gitlab run: no VM was prepared for this job (its prepare failed or did not run)")
+	}
+	name := rec.VM
+	f, err := os.Open(script)
+	if err != nil {
+		return fmt.Errorf("ci gitlab run: %w", err)
+	}
+	defer f.Close()
+	guestScript := stageScriptPath(stage)
+	if err := rt.putJobFile(name, guestScript, f); err != nil {
+		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
+	}
+	err = rt.runJobCommand(name, []string{"bash", guestScript}, nil, stdout, stderr)
+	var se exitStatusError
+	if errors.As(err, &se) {
+		return BuildFailure{Stage: stage, Status: se.status}
+	}
+	if err != nil {
+		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
+	}
+	return nil
+}
+
+// Cleanup removes the VM the job's prepare recorded, stopping it
+// first; a VM that is already gone is fine, and a job with no record (its
+// prepare never began) has nothing to remove. With the warm pool it then
+// boots the slot's next VM in the background (refillPool).
+func Cleanup(stderr io.Writer) error {
+	rec, recPath, err := jobVM()
+	if err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	if rec == nil {
+		return nil
+	}
+	if err := discardVM(rec.VM); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	if err := os.Remove(recPath); err != nil {
+		return fmt.Errorf("ci gitlab cleanup: %w", err)
+	}
+	if rec.Pool > 0 {
+		refillPool(rec, stderr)
+	}
+	return nil
+}
+
+// jobAgent dials the job VM's agent and returns the environment a job's
+// commands get (jobEnvironment).
+func jobAgent(ctx context.Context, name string) (*agentapi.Client, []string, func(), error) {
+	e, err := namedvm.Live(name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("VM %s: %w", name, err)
+	}
+	return agentapi.NewClient(cc), jobEnvironment(e.Process), func() { cc.Close() }, nil
+}
+
+// jobEnvironment is what a job's scripts run with, as GitLab's docker
+// executor gives them: the image's environment (its PATH, GOPATH, ...),
+// with a usual PATH when it names none, and root's HOME. The scripts set
+// the job's own variables themselves.
+func jobEnvironment(p *vms.Process) []string {
+	var env []string
+	if p != nil {
+		env = agentvm.MergeEnv(p.Env, nil)
+	}
+	if _, ok := agentvm.LookupEnv(env, "PATH"); !ok {
+		env = append(env, "PATH="+ciPath)
+	}
+	return agentvm.MergeEnv(env, []string{"HOME=/root"})
+}
+
+// putJobFile writes r to path in the job's VM (mode 0755, parents made).
+func (rt Runtime) putJobFile(name, path string, r io.Reader) error {
+	ctx, stop := rt.Interruptible(context.Background())
+	defer stop()
+	c, _, done, err := jobAgent(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	_, err = c.PutFile(ctx, path, 0o755, true, r)
+	return err
+}
+
+// runJobCommand runs argv in the job's VM as root in / with the image's
+// environment (jobEnvironment), its output
+// streamed; SIGINT or SIGTERM (GitLab cancelling the job) ends it, killing
+// its process group in the guest. A command that ran and failed is a
+// exitStatusError; a missing program or a lost VM is another error.
+func (rt Runtime) runJobCommand(name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	ctx, stop := rt.Interruptible(context.Background())
+	defer stop()
+	c, env, done, err := jobAgent(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer done()
+	st, err := c.Exec(ctx, &agentapi.Cmd{Argv: argv, Env: env,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	var sig interface{ Signal() syscall.Signal }
+	if errors.As(context.Cause(ctx), &sig) {
+		return fmt.Errorf("cancelled by %v", sig.Signal())
+	}
+	if err != nil {
+		if status.Code(err) == codes.NotFound {
+			return fmt.Errorf("%s: not found in the job's image", argv[0])
+		}
+		return errors.New(agentvm.Message(err))
+	}
+	if n := agentvm.ShellStatus(st); n != 0 {
+		return exitStatusError{n}
+	}
+	return nil
+}
+
+// ciPath is a job's PATH: the usual one of a Debian-like image.
+const ciPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

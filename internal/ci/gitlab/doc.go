@@ -1,0 +1,22 @@
+// Package gitlab is the GitLab Runner custom executor (docs/ci.md):
+// GitLab Runner calls `microvm ci gitlab config`, then `prepare` once per
+// job, `run SCRIPT STAGE` once per sub-stage (prepare_script,
+// get_sources, restore_cache, step_script, after_script, archive_cache,
+// upload_artifacts_on_*, ...), and `cleanup` at the end, whatever
+// happened. The job's variables come as CUSTOM_ENV_*; a failure of the
+// job's own script exits $BUILD_FAILURE_EXIT_CODE, a failure of microvm
+// or the VM $SYSTEM_FAILURE_EXIT_CODE, so GitLab tells a failed job from
+// a broken runner.
+//
+// One named VM per job (gitlab-JOB-HASH, HASH from the job's token: see
+// cijob.go for what keys isolation) from the job's image (or
+// --default-image) with --net user, and a cache disk per project and
+// concurrency slot, an ext4 image kept under --cache-dir and mounted at
+// /cache, so that caches survive from one job to the next. With
+// --warm-pool, the slot's next VM is booted by cleanup and taken by the
+// next prepare (cipool.go).
+//
+// The executor drives microvm's own CLI for the job's VM (run --name
+// --detach, started through Runtime.Executable) and reaches the VM by its
+// name (internal/namedvm) and its agent (internal/agentvm).
+package gitlab

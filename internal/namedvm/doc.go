@@ -1,0 +1,24 @@
+// Package namedvm is the process of a named VM (`microvm run --name NAME`,
+// `restore --name`) and its client side beyond the root package's
+// NamedVM: stopping one for good (the API, then its process), removing
+// one, listing them with a running VM's own view of its state, and looking
+// a running one up.
+//
+// Data flow of the process (Run): vms.Store.Create takes the name (the
+// record and the lock in the state directory) -> Launch.Build makes the
+// machine with the state directory's vsock socket and the console log ->
+// vmctl.Serve answers the control API through backend (info, metrics,
+// pause, resume, stop, snapshot) -> Machine.Run until the guest ends, the
+// API stops it, or the caller's context is cancelled -> the record says
+// how it ended. With the agent, a detached process reports ready once the
+// agent answers (and a restored clone's agent took its MACs:
+// agentvm.AdoptMACs); an image VM's main process runs through the agent
+// (backend.runMain), and the VM powers off when it ends.
+//
+// Goroutines of the process: Run's caller owns the machine and the lease;
+// Run's goroutine for Machine.Run runs the vCPUs; the control API's server
+// goroutines call the backend, whose methods only read counters, pause
+// and resume, or cancel the run's context (stop), all safe from any
+// goroutine; the main process and a foreground clone's MAC adoption each
+// have a goroutine that ends with the VM.
+package namedvm
