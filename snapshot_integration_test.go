@@ -95,7 +95,7 @@ func TestSnapshotRestore(t *testing.T) {
 		r := restoreVsockGuest(t, dir, cid, func(c *Config) { c.PrefaultMemory = i == 1 })
 		r.start()
 		echoOnce(r, fmt.Sprintf("restore %d", i+1))
-		if got := r.m.cfg.Vsock.CID; got != cid {
+		if got := r.m.Config().Vsock.CID; got != cid {
 			t.Errorf("restore %d runs with CID %d, want %d", i+1, got, cid)
 		}
 	}
@@ -180,7 +180,7 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 	readID := func(g *vsockGuest, who string) [devices.VMGenIDSize]byte {
 		t.Helper()
 		var id [devices.VMGenIDSize]byte
-		if err := g.m.vm.ReadMemory(devices.VMGenIDAddr, id[:]); err != nil {
+		if err := g.m.ReadMemory(devices.VMGenIDAddr, id[:]); err != nil {
 			t.Fatalf("%s: %v", who, err)
 		}
 		return id
