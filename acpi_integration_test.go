@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/devices/acpi"
 	"github.com/microvm/microvm/internal/testenv"
@@ -25,15 +26,15 @@ func TestACPIPowerControl(t *testing.T) {
 		name   string
 		noACPI bool
 		prog   testenv.Program
-		want   Result
+		want   microvm.Result
 	}{
-		{"S5 powers off", false, testenv.Program{}.Out(ctl, s5).Exit(9).Halt(), Result{Kind: ExitPowerOff, Status: StatusOK}},
-		{"S3 is ignored", false, testenv.Program{}.Out(ctl, acpi.SleepEnable|3<<acpi.SleepTypeShift).Exit(9).Halt(), Result{Kind: ExitDebugPort, Status: 9}},
-		{"reset register", false, testenv.Program{}.Out(rst, devices.ResetValue).Exit(9).Halt(), Result{Kind: ExitReset, Status: StatusOK}},
-		{"acpi=off: no power control", true, testenv.Program{}.Out(ctl, s5).Out(rst, devices.ResetValue).Exit(9).Halt(), Result{Kind: ExitDebugPort, Status: 9}},
+		{"S5 powers off", false, testenv.Program{}.Out(ctl, s5).Exit(9).Halt(), microvm.Result{Kind: microvm.ExitPowerOff, Status: microvm.StatusOK}},
+		{"S3 is ignored", false, testenv.Program{}.Out(ctl, acpi.SleepEnable|3<<acpi.SleepTypeShift).Exit(9).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 9}},
+		{"reset register", false, testenv.Program{}.Out(rst, devices.ResetValue).Exit(9).Halt(), microvm.Result{Kind: microvm.ExitReset, Status: microvm.StatusOK}},
+		{"acpi=off: no power control", true, testenv.Program{}.Out(ctl, s5).Out(rst, devices.ResetValue).Exit(9).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 9}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res, _, err := runGuest(t, Config{Kernel: testenv.TinyGuest(t, tc.prog), MemoryBytes: 16 << 20, NoACPI: tc.noACPI}, 30*time.Second)
+			res, _, err := runGuest(t, microvm.Config{Kernel: testenv.TinyGuest(t, tc.prog), MemoryBytes: 16 << 20, NoACPI: tc.noACPI}, 30*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,7 +51,7 @@ func TestACPITablesInGuestMemory(t *testing.T) {
 	testenv.RequireKVM(t)
 	kernel := testenv.TinyGuest(t, testenv.Program{}.Exit(0).Halt())
 	for _, noACPI := range []bool{false, true} {
-		m, err := New(Config{Kernel: kernel, MemoryBytes: 16 << 20, CPUs: 2, NoACPI: noACPI, Log: quietLog()})
+		m, err := microvm.New(microvm.Config{Kernel: kernel, MemoryBytes: 16 << 20, CPUs: 2, NoACPI: noACPI, Log: quietLog()})
 		if err != nil {
 			t.Fatal(err)
 		}

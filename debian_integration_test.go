@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 )
@@ -30,10 +31,10 @@ func TestDebianCloudKernel(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	out := consoletest.New()
 	log, logged := logBuffer()
-	m, err := New(Config{
+	m, err := microvm.New(microvm.Config{
 		Kernel: kernel, Initrd: initrd, CPUs: 2, MemoryBytes: 512 << 20, Console: out, Log: log,
 		Cmdline: "console=ttyS0 panic=-1 microvm.scenarios=echo microvm.echo.conns=1 microvm.timeout=600s",
-		Vsock:   &VsockConfig{CID: 3, UDSPath: filepath.Join(t.TempDir(), "v.sock")},
+		Vsock:   &microvm.VsockConfig{CID: 3, UDSPath: filepath.Join(t.TempDir(), "v.sock")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +44,7 @@ func TestDebianCloudKernel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	type ran struct {
-		res Result
+		res microvm.Result
 		err error
 	}
 	done := make(chan ran, 1)
@@ -84,7 +85,7 @@ func TestDebianCloudKernel(t *testing.T) {
 	}
 
 	r := <-done
-	if r.err != nil || r.res.Kind != ExitPowerOff {
+	if r.err != nil || r.res.Kind != microvm.ExitPowerOff {
 		t.Fatalf("run ended with %v, err %v; want an ACPI power-off; log:\n%s\nconsole:\n%s", r.res.Kind, r.err, logged, out)
 	}
 	c := out.String()

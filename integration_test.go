@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/kvm"
@@ -29,14 +30,14 @@ func logBuffer() (*logrus.Logger, *consoletest.Console) {
 
 // runGuest boots cfg to completion with a deadline and returns the result and
 // the console output.
-func runGuest(t *testing.T, cfg Config, timeout time.Duration) (Result, string, error) {
+func runGuest(t *testing.T, cfg microvm.Config, timeout time.Duration) (microvm.Result, string, error) {
 	t.Helper()
 	out := consoletest.New()
 	cfg.Console = out
 	if cfg.Log == nil {
 		cfg.Log = quietLog()
 	}
-	m, err := New(cfg)
+	m, err := microvm.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -48,36 +49,36 @@ func runGuest(t *testing.T, cfg Config, timeout time.Duration) (Result, string, 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	res, err := m.Run(ctx)
-	if res.Kind == ExitCanceled {
+	if res.Kind == microvm.ExitCanceled {
 		t.Fatalf("guest still running after %v; console:\n%s", timeout, out.String())
 	}
 	return res, out.String(), err
 }
 
 // resultOpts compares Results without their error value.
-var resultOpts = cmpopts.IgnoreFields(Result{}, "Err")
+var resultOpts = cmpopts.IgnoreFields(microvm.Result{}, "Err")
 
 func TestTinyGuestExits(t *testing.T) {
 	testenv.RequireKVM(t)
 	tests := []struct {
 		name    string
 		prog    testenv.Program
-		want    Result
+		want    microvm.Result
 		console string
 		log     string // substring of the VMM log
 	}{
-		{"debug exit 0", testenv.Program{}.Exit(0).Halt(), Result{Kind: ExitDebugPort, Status: 0}, "", ""},
-		{"debug exit 42", testenv.Program{}.Exit(42).Halt(), Result{Kind: ExitDebugPort, Status: 42}, "", ""},
-		{"debug exit 255", testenv.Program{}.Exit(255).Halt(), Result{Kind: ExitDebugPort, Status: 255}, "", ""},
-		{"console then exit", testenv.Program{}.Print("hi there\n").Exit(7).Halt(), Result{Kind: ExitDebugPort, Status: 7}, "hi there\n", ""},
-		{"partial line flushed at exit", testenv.Program{}.Print("no newline").Exit(0).Halt(), Result{Kind: ExitDebugPort, Status: 0}, "no newline", ""},
-		{"i8042 reset", testenv.Program{}.Print("resetting\n").Reset().Halt(), Result{Kind: ExitReset, Status: StatusOK}, "resetting\n", ""},
-		{"triple fault", testenv.Program{}.UD2(), Result{Kind: ExitTripleFault, Status: StatusTripleFault}, "", "guest triple fault (KVM_EXIT_SHUTDOWN): vCPU 0 rip="},
+		{"debug exit 0", testenv.Program{}.Exit(0).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 0}, "", ""},
+		{"debug exit 42", testenv.Program{}.Exit(42).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 42}, "", ""},
+		{"debug exit 255", testenv.Program{}.Exit(255).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 255}, "", ""},
+		{"console then exit", testenv.Program{}.Print("hi there\n").Exit(7).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 7}, "hi there\n", ""},
+		{"partial line flushed at exit", testenv.Program{}.Print("no newline").Exit(0).Halt(), microvm.Result{Kind: microvm.ExitDebugPort, Status: 0}, "no newline", ""},
+		{"i8042 reset", testenv.Program{}.Print("resetting\n").Reset().Halt(), microvm.Result{Kind: microvm.ExitReset, Status: microvm.StatusOK}, "resetting\n", ""},
+		{"triple fault", testenv.Program{}.UD2(), microvm.Result{Kind: microvm.ExitTripleFault, Status: microvm.StatusTripleFault}, "", "guest triple fault (KVM_EXIT_SHUTDOWN): vCPU 0 rip="},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			log, logged := logBuffer()
-			res, out, err := runGuest(t, Config{Kernel: testenv.TinyGuest(t, tc.prog), MemoryBytes: 16 << 20, Log: log}, 30*time.Second)
+			res, out, err := runGuest(t, microvm.Config{Kernel: testenv.TinyGuest(t, tc.prog), MemoryBytes: 16 << 20, Log: log}, 30*time.Second)
 			if err != nil {
 				t.Fatalf("Run: %v; log:\n%s", err, logged)
 			}
@@ -101,7 +102,7 @@ func TestCancelStopsGuest(t *testing.T) {
 	for _, cpus := range []int{1, 3} {
 		t.Run(fmt.Sprintf("cpus=%d", cpus), func(t *testing.T) {
 			out := consoletest.New()
-			m, err := New(Config{
+			m, err := microvm.New(microvm.Config{
 				Kernel:  testenv.TinyGuest(t, testenv.Program{}.Print("up\n").Halt()),
 				CPUs:    cpus,
 				Console: out, Log: quietLog(), MemoryBytes: 16 << 20,
@@ -112,7 +113,7 @@ func TestCancelStopsGuest(t *testing.T) {
 			defer m.Close()
 			ctx, cancel := context.WithCancel(context.Background())
 			type ran struct {
-				res Result
+				res microvm.Result
 				err error
 			}
 			done := make(chan ran, 1)
@@ -127,8 +128,8 @@ func TestCancelStopsGuest(t *testing.T) {
 			cancel()
 			select {
 			case r := <-done:
-				if r.err != nil || r.res.Kind != ExitCanceled || r.res.Status != StatusError {
-					t.Errorf("Run = %+v, %v; want canceled with status %d", r.res, r.err, StatusError)
+				if r.err != nil || r.res.Kind != microvm.ExitCanceled || r.res.Status != microvm.StatusError {
+					t.Errorf("Run = %+v, %v; want canceled with status %d", r.res, r.err, microvm.StatusError)
 				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("Run did not return after cancel")
@@ -145,19 +146,19 @@ func TestTestGuest(t *testing.T) {
 		name    string
 		cmdline string
 		cpus    int
-		want    Result
+		want    microvm.Result
 		line    string
 	}
 	tests := []tc{
-		{"fail", "testguest.mode=fail", 1, Result{Kind: ExitDebugPort, Status: 3}, "testguest: fail mode: exiting with status 3"},
-		{"bad cmdline", "testguest.mode=nope", 1, Result{Kind: ExitDebugPort, Status: 8}, "testguest: bad command line: unknown mode in 'testguest.mode=nope'"},
+		{"fail", "testguest.mode=fail", 1, microvm.Result{Kind: microvm.ExitDebugPort, Status: 3}, "testguest: fail mode: exiting with status 3"},
+		{"bad cmdline", "testguest.mode=nope", 1, microvm.Result{Kind: microvm.ExitDebugPort, Status: 8}, "testguest: bad command line: unknown mode in 'testguest.mode=nope'"},
 	}
 	for n := 1; n <= 4; n++ {
-		tests = append(tests, tc{fmt.Sprintf("hello cpus=%d", n), "testguest.mode=hello", n, Result{Kind: ExitDebugPort, Status: 0}, fmt.Sprintf("testguest: hello cpus=%d", n)})
+		tests = append(tests, tc{fmt.Sprintf("hello cpus=%d", n), "testguest.mode=hello", n, microvm.Result{Kind: microvm.ExitDebugPort, Status: 0}, fmt.Sprintf("testguest: hello cpus=%d", n)})
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, out, err := runGuest(t, Config{Kernel: guest, Cmdline: tc.cmdline, CPUs: tc.cpus, MemoryBytes: 64 << 20}, 60*time.Second)
+			res, out, err := runGuest(t, microvm.Config{Kernel: guest, Cmdline: tc.cmdline, CPUs: tc.cpus, MemoryBytes: 64 << 20}, 60*time.Second)
 			if err != nil {
 				t.Fatalf("Run: %v; console:\n%s", err, out)
 			}
@@ -175,7 +176,7 @@ func TestTestGuest(t *testing.T) {
 // (the command line at 0x20000, docs/machine.md).
 func TestGuestMemoryVisible(t *testing.T) {
 	testenv.RequireKVM(t)
-	m, err := New(Config{Kernel: testenv.TinyGuest(t, testenv.Program{}.Exit(0)), Cmdline: "hello=world", MemoryBytes: 16 << 20, Log: quietLog()})
+	m, err := microvm.New(microvm.Config{Kernel: testenv.TinyGuest(t, testenv.Program{}.Exit(0)), Cmdline: "hello=world", MemoryBytes: 16 << 20, Log: quietLog()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +217,7 @@ func TestGarbageKernels(t *testing.T) {
 			if err := os.WriteFile(path, tc.data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			m, err := New(Config{Kernel: path, MemoryBytes: 16 << 20, Log: quietLog()})
+			m, err := microvm.New(microvm.Config{Kernel: path, MemoryBytes: 16 << 20, Log: quietLog()})
 			if err == nil {
 				m.Close()
 				t.Fatal("New accepted a garbage kernel")
@@ -257,36 +258,36 @@ func TestLinuxBoot(t *testing.T) {
 	initrd := testenv.Initrd(t)
 	type boot struct {
 		kernel struct{ name, path string }
-		chip   IRQChip
+		chip   microvm.IRQChip
 		cpus   int
 		noACPI bool
 	}
 	var boots []boot
 	for _, k := range kernels {
-		for _, chip := range []IRQChip{IRQChipSplit, IRQChipKernel} {
+		for _, chip := range []microvm.IRQChip{microvm.IRQChipSplit, microvm.IRQChipKernel} {
 			for _, cpus := range []int{1, 2} {
 				boots = append(boots, boot{k, chip, cpus, false})
 			}
 		}
 	}
-	boots = append(boots, boot{kernels[0], IRQChipSplit, 2, true})
+	boots = append(boots, boot{kernels[0], microvm.IRQChipSplit, 2, true})
 	for _, b := range boots {
 		k, chip, cpus := b.kernel, b.chip, b.cpus
 		name := fmt.Sprintf("%s/%s/cpus=%d", k.name, chip, cpus)
-		wantKind, wantLine := ExitPowerOff, "reboot: Power down"
+		wantKind, wantLine := microvm.ExitPowerOff, "reboot: Power down"
 		if b.noACPI {
 			name += "/acpi=off"
-			wantKind, wantLine = ExitReset, "reboot: Restarting system"
+			wantKind, wantLine = microvm.ExitReset, "reboot: Restarting system"
 		}
 		t.Run(name, func(t *testing.T) {
 			start := time.Now()
 			log, logged := logBuffer()
 			log.SetLevel(logrus.WarnLevel)
-			res, out, err := runGuest(t, Config{
+			res, out, err := runGuest(t, microvm.Config{
 				Kernel: k.path, Initrd: initrd, Cmdline: linuxCmdline,
 				CPUs: cpus, IRQChip: chip, MemoryBytes: 256 << 20, NoACPI: b.noACPI, Log: log,
 			}, 3*time.Minute)
-			if err != nil || res.Kind != wantKind || res.Status != StatusOK {
+			if err != nil || res.Kind != wantKind || res.Status != microvm.StatusOK {
 				t.Fatalf("run ended with %v status %d, err %v; want %v from /init; log:\n%s\nconsole:\n%s", res.Kind, res.Status, err, wantKind, logged, out)
 			}
 			for _, want := range []string{"init: ready", "init: done ok", wantLine} {
@@ -318,8 +319,8 @@ func leaf1ECXBit(t *testing.T, bit byte) func(hide []string) int {
 	kernel := testenv.TinyGuest(t, prog)
 	return func(hide []string) int {
 		t.Helper()
-		res, _, err := runGuest(t, Config{Kernel: kernel, MemoryBytes: 16 << 20, HideCPUFeatures: hide, Log: quietLog()}, 30*time.Second)
-		if err != nil || res.Kind != ExitDebugPort {
+		res, _, err := runGuest(t, microvm.Config{Kernel: kernel, MemoryBytes: 16 << 20, HideCPUFeatures: hide, Log: quietLog()}, 30*time.Second)
+		if err != nil || res.Kind != microvm.ExitDebugPort {
 			t.Fatalf("guest did not report: %+v, %v", res, err)
 		}
 		return res.Status

@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 // KVM integration tests of the metrics: a vsock transfer through the test
 // guest read through the Go API and the Unix socket while it runs, and the
@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/kvm"
 )
@@ -39,7 +40,7 @@ func TestMetricsVsockTransfer(t *testing.T) {
 	const n = 16 << 20
 	sock := filepath.Join(shortDir(t), "m.sock")
 	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort),
-		func(c *Config) { c.MetricsSocket = sock })
+		func(c *microvm.Config) { c.MetricsSocket = sock })
 	g.start()
 
 	// The scraper: as fast as it can until the transfer is done.
@@ -235,7 +236,7 @@ func TestMetricsExits(t *testing.T) {
 	testenv.RequireKVM(t)
 	const k = 300
 	sock := filepath.Join(shortDir(t), "m.sock")
-	m, err := New(Config{Kernel: testenv.TinyGuest(t, testenv.Program{}.Print(strings.Repeat("x", k)).Exit(0).Halt()),
+	m, err := microvm.New(microvm.Config{Kernel: testenv.TinyGuest(t, testenv.Program{}.Print(strings.Repeat("x", k)).Exit(0).Halt()),
 		MemoryBytes: 16 << 20, Log: quietLog(), MetricsSocket: sock})
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +249,7 @@ func TestMetricsExits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := m.Run(ctx)
-	if err != nil || res.Kind != ExitDebugPort {
+	if err != nil || res.Kind != microvm.ExitDebugPort {
 		t.Fatalf("Run: %v, %v", res, err)
 	}
 	after := m.Metrics().VCPUs[0]

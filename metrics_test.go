@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm/devices/blk"
 	"github.com/microvm/microvm/devices/rng"
@@ -427,6 +428,13 @@ func (f *fakeTB) Fatalf(string, ...any) { f.failed = true; panic("fatal") }
 // no KVM.
 func bareMachine() *Machine {
 	return &Machine{vm: vmm.NewCountersOnly(1)}
+}
+
+// quietLog is a logger that writes nowhere.
+func quietLog() *logrus.Logger {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return l
 }
 
 // unixClient is an HTTP client whose every request goes to the Unix socket

@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"errors"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sirupsen/logrus"
+
+	"github.com/microvm/microvm"
 )
 
 func TestParseSize(t *testing.T) {
@@ -50,7 +52,7 @@ func TestParseSize(t *testing.T) {
 		{in: "1E", wantErr: "bad size"},
 	}
 	for _, tc := range tests {
-		got, err := ParseSize(tc.in)
+		got, err := microvm.ParseSize(tc.in)
 		switch {
 		case tc.wantErr != "":
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -76,7 +78,7 @@ func TestFormatSize(t *testing.T) {
 		{1536, "1536B"},
 		{1025 << 10, "1025K"},
 		{64 << 20, "64M"},
-		{DefaultMemory, "256M"},
+		{microvm.DefaultMemory, "256M"},
 		{3 << 30, "3G"},
 		{3<<30 + 2<<20, "3074M"},
 		{1 << 40, "1T"},
@@ -84,7 +86,7 @@ func TestFormatSize(t *testing.T) {
 		{1<<64 - 1, "18446744073709551615B"},
 	}
 	for _, tc := range tests {
-		if got := FormatSize(tc.in); got != tc.want {
+		if got := microvm.FormatSize(tc.in); got != tc.want {
 			t.Errorf("FormatSize(%d) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
@@ -94,8 +96,8 @@ func TestFormatSize(t *testing.T) {
 // Regression: "1536B" used to parse as 1536 MiB.
 func TestParseSizeRoundTrip(t *testing.T) {
 	for _, v := range []uint64{0, 1, 512, 1536, 1 << 10, 3 << 20, 64 << 20, 1<<20 + 1<<10, 7 << 30, 1 << 40, 1<<64 - 1} {
-		s := FormatSize(v)
-		got, err := ParseSize(s)
+		s := microvm.FormatSize(v)
+		got, err := microvm.ParseSize(s)
 		if err != nil || got != v {
 			t.Errorf("ParseSize(FormatSize(%d) = %q) = %d, %v", v, s, got, err)
 		}
@@ -117,38 +119,38 @@ func TestConfigErrors(t *testing.T) {
 	}
 	tests := []struct {
 		name       string
-		cfg        Config
+		cfg        microvm.Config
 		wantConfig bool   // errors.Is(err, ErrConfig): the CLI exits 2
 		wantMsg    string // substring of the message
 	}{
-		{"no kernel", Config{}, true, "no kernel given"},
-		{"too many vCPUs", Config{Kernel: kernel, CPUs: MaxCPUs + 1}, true, "33 vCPUs; microvm supports 1..32"},
-		{"negative vCPUs", Config{Kernel: kernel, CPUs: -1}, true, "-1 vCPUs"},
-		{"too little memory", Config{Kernel: kernel, MemoryBytes: 4 << 20}, true, "memory 4M; microvm supports 8M..1T"},
-		{"too much memory", Config{Kernel: kernel, MemoryBytes: 2 << 40}, true, "memory 2T"},
-		{"memory not 2 MiB aligned", Config{Kernel: kernel, MemoryBytes: 9 << 20}, true, "not a multiple of 2 MiB"},
-		{"unknown CPU feature", Config{Kernel: kernel, HideCPUFeatures: []string{"cx16", "warp"}}, true, `unknown CPU feature "warp"`},
-		{"vsock CID reserved", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 2, UDSPath: "/tmp/x"}}, true, "vsock CID 2"},
-		{"vsock datagrams without socket", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, Dgram: true}}, true, "Unix socket path"},
+		{"no kernel", microvm.Config{}, true, "no kernel given"},
+		{"too many vCPUs", microvm.Config{Kernel: kernel, CPUs: microvm.MaxCPUs + 1}, true, "33 vCPUs; microvm supports 1..32"},
+		{"negative vCPUs", microvm.Config{Kernel: kernel, CPUs: -1}, true, "-1 vCPUs"},
+		{"too little memory", microvm.Config{Kernel: kernel, MemoryBytes: 4 << 20}, true, "memory 4M; microvm supports 8M..1T"},
+		{"too much memory", microvm.Config{Kernel: kernel, MemoryBytes: 2 << 40}, true, "memory 2T"},
+		{"memory not 2 MiB aligned", microvm.Config{Kernel: kernel, MemoryBytes: 9 << 20}, true, "not a multiple of 2 MiB"},
+		{"unknown CPU feature", microvm.Config{Kernel: kernel, HideCPUFeatures: []string{"cx16", "warp"}}, true, `unknown CPU feature "warp"`},
+		{"vsock CID reserved", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 2, UDSPath: "/tmp/x"}}, true, "vsock CID 2"},
+		{"vsock datagrams without socket", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 3, Dgram: true}}, true, "Unix socket path"},
 		// Regression: ConnBuffer was converted to uint32 unchecked, so 4G
 		// silently became the 64 KiB default and 5G became 1 GiB.
-		{"vsock buffer wraps uint32", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 4 << 30}}, true, "vsock connection buffer 4294967296"},
-		{"vsock buffer over 1G", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 1<<30 + 1}}, true, "vsock connection buffer 1073741825"},
-		{"vsock buffer negative", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: -1}}, true, "vsock connection buffer -1"},
-		{"vsock connections negative", Config{Kernel: kernel, Vsock: &VsockConfig{CID: 3, UDSPath: "/tmp/x", MaxConnections: -5}}, true, "vsock connection limit -5"},
-		{"missing kernel file", Config{Kernel: "/nonexistent/bzImage"}, false, "kernel /nonexistent/bzImage: no such file or directory"},
-		{"missing initrd file", Config{Kernel: kernel, Initrd: "/nonexistent/initrd"}, false, "initrd /nonexistent/initrd: no such file or directory"},
-		{"garbage kernel", Config{Kernel: kernel}, false, "kernel " + kernel + ": not a bzImage or ELF kernel"},
+		{"vsock buffer wraps uint32", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 4 << 30}}, true, "vsock connection buffer 4294967296"},
+		{"vsock buffer over 1G", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: 1<<30 + 1}}, true, "vsock connection buffer 1073741825"},
+		{"vsock buffer negative", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 3, UDSPath: "/tmp/x", ConnBuffer: -1}}, true, "vsock connection buffer -1"},
+		{"vsock connections negative", microvm.Config{Kernel: kernel, Vsock: &microvm.VsockConfig{CID: 3, UDSPath: "/tmp/x", MaxConnections: -5}}, true, "vsock connection limit -5"},
+		{"missing kernel file", microvm.Config{Kernel: "/nonexistent/bzImage"}, false, "kernel /nonexistent/bzImage: no such file or directory"},
+		{"missing initrd file", microvm.Config{Kernel: kernel, Initrd: "/nonexistent/initrd"}, false, "initrd /nonexistent/initrd: no such file or directory"},
+		{"garbage kernel", microvm.Config{Kernel: kernel}, false, "kernel " + kernel + ": not a bzImage or ELF kernel"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Log = quietLog()
-			m, err := New(tc.cfg)
+			m, err := microvm.New(tc.cfg)
 			if err == nil {
 				m.Close()
 				t.Fatal("New succeeded")
 			}
-			if got := errors.Is(err, ErrConfig); got != tc.wantConfig {
+			if got := errors.Is(err, microvm.ErrConfig); got != tc.wantConfig {
 				t.Errorf("errors.Is(%q, ErrConfig) = %v, want %v", err, got, tc.wantConfig)
 			}
 			if !strings.Contains(err.Error(), tc.wantMsg) {
@@ -160,20 +162,20 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 	// A missing file is recognisable as such.
-	_, err := New(Config{Kernel: "/nonexistent/bzImage", Log: quietLog()})
+	_, err := microvm.New(microvm.Config{Kernel: "/nonexistent/bzImage", Log: quietLog()})
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing kernel: errors.Is(%v, fs.ErrNotExist) = false", err)
 	}
 }
 
 func TestExitKindString(t *testing.T) {
-	got := map[ExitKind]string{}
-	for k := ExitDebugPort; k <= ExitError; k++ {
+	got := map[microvm.ExitKind]string{}
+	for k := microvm.ExitDebugPort; k <= microvm.ExitError; k++ {
 		got[k] = k.String()
 	}
-	want := map[ExitKind]string{
-		ExitDebugPort: "debug-exit", ExitReset: "reset", ExitPowerOff: "power-off",
-		ExitTripleFault: "triple-fault", ExitCanceled: "canceled", ExitError: "error",
+	want := map[microvm.ExitKind]string{
+		microvm.ExitDebugPort: "debug-exit", microvm.ExitReset: "reset", microvm.ExitPowerOff: "power-off",
+		microvm.ExitTripleFault: "triple-fault", microvm.ExitCanceled: "canceled", microvm.ExitError: "error",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ExitKind names (-want +got):\n%s", diff)

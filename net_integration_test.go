@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"bufio"
@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/consoletest"
@@ -114,12 +115,12 @@ func TestNetLinux(t *testing.T) {
 	mac, _ := net.ParseMAC(netMAC)
 	log, logged := logBuffer()
 	cons := consoletest.New()
-	m, err := New(Config{
+	m, err := microvm.New(microvm.Config{
 		Kernel: testenv.BzImage(t), Initrd: initrd, CPUs: 2, MemoryBytes: 768 << 20,
 		Cmdline: "console=ttyS0 reboot=k panic=-1 quiet",
 		Console: cons, Log: log,
-		Vsock: &VsockConfig{CID: 3, UDSPath: filepath.Join(dir, "v.sock")},
-		Nets:  []NetConfig{{TAP: netTAP, MAC: mac}},
+		Vsock: &microvm.VsockConfig{CID: 3, UDSPath: filepath.Join(dir, "v.sock")},
+		Nets:  []microvm.NetConfig{{TAP: netTAP, MAC: mac}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"context"
@@ -7,11 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/kvm"
 )
 
 // exitsTotal sums every vCPU's exits.
-func exitsTotal(m *Machine) uint64 {
+func exitsTotal(m *microvm.Machine) uint64 {
 	var n uint64
 	for _, v := range m.Metrics().VCPUs {
 		for _, c := range v.Exits {
@@ -27,7 +28,7 @@ func exitsTotal(m *Machine) uint64 {
 // afterwards; Pause before Run and after the end is ErrNotRunning.
 func TestPauseResume(t *testing.T) {
 	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
-	if err := g.m.Pause(context.Background()); !errors.Is(err, ErrNotRunning) {
+	if err := g.m.Pause(context.Background()); !errors.Is(err, microvm.ErrNotRunning) {
 		t.Errorf("Pause before Run: %v, want ErrNotRunning", err)
 	}
 	g.start()
@@ -62,7 +63,7 @@ func TestPauseResume(t *testing.T) {
 	}
 	c.Close()
 	g.wait(0, 30*time.Second)
-	if err := g.m.Resume(); !errors.Is(err, ErrNotRunning) {
+	if err := g.m.Resume(); !errors.Is(err, microvm.ErrNotRunning) {
 		t.Errorf("Resume after the end: %v, want ErrNotRunning", err)
 	}
 	if n := g.m.Metrics().VCPUs[0].Exits[kvm.ExitIO]; n == 0 {

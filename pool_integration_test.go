@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestPool(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "snap")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Stop: true}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{Stop: true}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	socks, err := os.MkdirTemp("", "mvpool")
@@ -36,12 +37,12 @@ func TestPool(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(socks) })
 	_, log := newGuestHost(t)
 	var readied atomic.Int32
-	pool, err := NewPool(dir, PoolOptions{
+	pool, err := microvm.NewPool(dir, microvm.PoolOptions{
 		Size: 2,
-		Host: func(n int) Config {
-			return Config{Log: log, Vsock: &VsockConfig{CID: uint64(10 + n), UDSPath: filepath.Join(socks, fmt.Sprintf("c%d", n))}}
+		Host: func(n int) microvm.Config {
+			return microvm.Config{Log: log, Vsock: &microvm.VsockConfig{CID: uint64(10 + n), UDSPath: filepath.Join(socks, fmt.Sprintf("c%d", n))}}
 		},
-		Ready: func(ctx context.Context, m *Machine) error { readied.Add(1); return nil },
+		Ready: func(ctx context.Context, m *microvm.Machine) error { readied.Add(1); return nil },
 	})
 	if err != nil {
 		t.Fatalf("NewPool: %v", err)
@@ -72,7 +73,7 @@ func TestPool(t *testing.T) {
 		}
 		conn.Close()
 		res, err := c.Wait()
-		if err != nil || res.Kind != ExitDebugPort || res.Status != 0 {
+		if err != nil || res.Kind != microvm.ExitDebugPort || res.Status != 0 {
 			t.Errorf("clone %d ended with %+v, %v; want the guest's exit 0", i, res, err)
 		}
 	}
@@ -80,13 +81,13 @@ func TestPool(t *testing.T) {
 		t.Errorf("Ready called %d times for 3 clones handed out", n)
 	}
 	pool.Close()
-	if _, err := pool.Get(ctx); !errors.Is(err, ErrPoolClosed) {
+	if _, err := pool.Get(ctx); !errors.Is(err, microvm.ErrPoolClosed) {
 		t.Errorf("Get after Close: %v; want ErrPoolClosed", err)
 	}
 
-	bad, err := NewPool(dir, PoolOptions{Host: func(n int) Config {
-		return Config{Log: log, Vsock: &VsockConfig{CID: uint64(20 + n), UDSPath: filepath.Join(socks, fmt.Sprintf("b%d", n))}}
-	}, Ready: func(ctx context.Context, m *Machine) error { return errors.New("no agent") }})
+	bad, err := microvm.NewPool(dir, microvm.PoolOptions{Host: func(n int) microvm.Config {
+		return microvm.Config{Log: log, Vsock: &microvm.VsockConfig{CID: uint64(20 + n), UDSPath: filepath.Join(socks, fmt.Sprintf("b%d", n))}}
+	}, Ready: func(ctx context.Context, m *microvm.Machine) error { return errors.New("no agent") }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestPool(t *testing.T) {
 	if c, err := bad.Get(ctx); c != nil || err == nil || !strings.Contains(err.Error(), "no agent") {
 		t.Errorf("Get from a pool whose clones are never ready: %v, %v; want the Ready error", c, err)
 	}
-	if _, err := NewPool(t.TempDir(), PoolOptions{}); err == nil {
+	if _, err := microvm.NewPool(t.TempDir(), microvm.PoolOptions{}); err == nil {
 		t.Error("NewPool of a directory without a snapshot: no error")
 	}
 }

@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/snapshot"
 )
 
@@ -23,20 +24,20 @@ import (
 // base, and over a base replaced since.
 func TestSnapshotDiff(t *testing.T) {
 	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=2", vsockTestPort),
-		func(c *Config) { c.TrackDirtyPages = true })
+		func(c *microvm.Config) { c.TrackDirtyPages = true })
 	g.start()
 	g.waitListening(vsockTestPort)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dirs := t.TempDir()
 	full, diff := filepath.Join(dirs, "full"), filepath.Join(dirs, "diff")
-	if err := g.m.Snapshot(ctx, diff+"-early", SnapshotOptions{Diff: true}); !errors.Is(err, ErrConfig) {
+	if err := g.m.Snapshot(ctx, diff+"-early", microvm.SnapshotOptions{Diff: true}); !errors.Is(err, microvm.ErrConfig) {
 		t.Errorf("a diff before any snapshot: %v; want ErrConfig", err)
 	}
-	if err := g.m.Snapshot(ctx, full, SnapshotOptions{}); err != nil {
+	if err := g.m.Snapshot(ctx, full, microvm.SnapshotOptions{}); err != nil {
 		t.Fatalf("full snapshot: %v", err)
 	}
-	if err := g.m.Snapshot(ctx, full, SnapshotOptions{Diff: true, Overwrite: true}); !errors.Is(err, ErrConfig) {
+	if err := g.m.Snapshot(ctx, full, microvm.SnapshotOptions{Diff: true, Overwrite: true}); !errors.Is(err, microvm.ErrConfig) {
 		t.Errorf("a diff over its own base: %v; want ErrConfig", err)
 	}
 	c, err := g.connect(vsockTestPort)
@@ -47,14 +48,14 @@ func TestSnapshotDiff(t *testing.T) {
 		t.Fatalf("echo: %v", err)
 	}
 	c.Close()
-	if err := g.m.Snapshot(ctx, diff, SnapshotOptions{Diff: true, Stop: true}); err != nil {
+	if err := g.m.Snapshot(ctx, diff, microvm.SnapshotOptions{Diff: true, Stop: true}); err != nil {
 		t.Fatalf("diff snapshot: %v; console:\n%s\nlog:\n%s", err, g.console, g.log)
 	}
 	<-g.done
-	if g.res.Kind != ExitSnapshot {
+	if g.res.Kind != microvm.ExitSnapshot {
 		t.Fatalf("the original ended with %v, want the snapshot's stop", g.res.Kind)
 	}
-	info, err := ReadSnapshot(diff)
+	info, err := microvm.ReadSnapshot(diff)
 	if err != nil || info.Base != full {
 		t.Fatalf("ReadSnapshot(diff): base %q, %v; want %s", info.Base, err, full)
 	}
@@ -95,20 +96,20 @@ func TestSnapshotDiff(t *testing.T) {
 	other := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
 	other.start()
 	other.waitListening(vsockTestPort)
-	if err := other.m.Snapshot(ctx, full, SnapshotOptions{Overwrite: true, Stop: true}); err != nil {
+	if err := other.m.Snapshot(ctx, full, microvm.SnapshotOptions{Overwrite: true, Stop: true}); err != nil {
 		t.Fatal(err)
 	}
 	// Its own socket given, so that the base, not the host resources, is
 	// what the restore refuses.
-	switch m, err := Restore(diff, Config{Vsock: &VsockConfig{UDSPath: filepath.Join(dirs, "v.sock")}}); {
+	switch m, err := microvm.Restore(diff, microvm.Config{Vsock: &microvm.VsockConfig{UDSPath: filepath.Join(dirs, "v.sock")}}); {
 	case err == nil:
 		m.Close()
 		t.Error("a diff restored over a base replaced since")
-	case errors.Is(err, ErrSnapshotHostResource):
+	case errors.Is(err, microvm.ErrSnapshotHostResource):
 		t.Errorf("a diff over a replaced base: %v; want the base refused", err)
 	}
 	// Without tracking: refused.
-	if err := r.m.Snapshot(ctx, filepath.Join(dirs, "x"), SnapshotOptions{Diff: true}); err == nil {
+	if err := r.m.Snapshot(ctx, filepath.Join(dirs, "x"), microvm.SnapshotOptions{Diff: true}); err == nil {
 		t.Error("a diff of a stopped machine: no error")
 	}
 }

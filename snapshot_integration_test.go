@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/internal/testenv"
 )
@@ -25,15 +26,15 @@ import (
 // restoreVsockGuest restores the snapshot in dir as a vsockGuest with its
 // own host socket and CID (and the host settings adjust makes). Cleanup
 // stops and closes it.
-func restoreVsockGuest(t *testing.T, dir string, cid uint64, adjust ...func(*Config)) *vsockGuest {
+func restoreVsockGuest(t *testing.T, dir string, cid uint64, adjust ...func(*microvm.Config)) *vsockGuest {
 	t.Helper()
 	g, log := newGuestHost(t)
-	host := Config{Console: g.console, Log: log, Vsock: &VsockConfig{CID: cid, UDSPath: g.uds}}
+	host := microvm.Config{Console: g.console, Log: log, Vsock: &microvm.VsockConfig{CID: cid, UDSPath: g.uds}}
 	for _, f := range adjust {
 		f(&host)
 	}
 	var err error
-	if g.m, err = Restore(dir, host); err != nil {
+	if g.m, err = microvm.Restore(dir, host); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
 	g.closeOnCleanup()
@@ -52,10 +53,10 @@ func TestSnapshotRestore(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "snap")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Labels: map[string]string{"job": "echo"}}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{Labels: map[string]string{"job": "echo"}}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
-	if info, err := ReadSnapshot(dir); err != nil || info.Labels["job"] != "echo" || len(info.Labels) != 1 ||
+	if info, err := microvm.ReadSnapshot(dir); err != nil || info.Labels["job"] != "echo" || len(info.Labels) != 1 ||
 		info.Config.MemoryBytes != g.m.Config().MemoryBytes || info.Created.IsZero() {
 		t.Errorf("ReadSnapshot: %+v, %v; want the label job=echo, the machine's memory size and a creation time", info, err)
 	}
@@ -92,10 +93,10 @@ func TestSnapshotRestore(t *testing.T) {
 	echoOnce(g, "original")
 	for i, cid := range []uint64{4, 5} {
 		// The second reads guest memory in at restore (PrefaultMemory).
-		r := restoreVsockGuest(t, dir, cid, func(c *Config) { c.PrefaultMemory = i == 1 })
+		r := restoreVsockGuest(t, dir, cid, func(c *microvm.Config) { c.PrefaultMemory = i == 1 })
 		r.start()
 		echoOnce(r, fmt.Sprintf("restore %d", i+1))
-		if got := r.m.cfg.Vsock.CID; got != cid {
+		if got := r.m.Config().Vsock.CID; got != cid {
 			t.Errorf("restore %d runs with CID %d, want %d", i+1, got, cid)
 		}
 	}
@@ -120,7 +121,7 @@ func TestSnapshotLinux(t *testing.T) {
 	kernel, initrd := testenv.BzImage(t), testenv.Initrd(t)
 	const port = 1024
 	cmdline := fmt.Sprintf("%s microvm.scenarios=echo microvm.echo.port=%d microvm.echo.conns=1", linuxCmdline, port)
-	g := newVsockGuestConfig(t, "", func(c *Config) {
+	g := newVsockGuestConfig(t, "", func(c *microvm.Config) {
 		c.Kernel, c.Initrd, c.Cmdline, c.CPUs, c.MemoryBytes = kernel, initrd, cmdline, 2, 256<<20
 	})
 	g.start()
@@ -132,7 +133,7 @@ func TestSnapshotLinux(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	t.Logf("snapshot of a 256 MiB Linux guest written in %v", time.Since(start).Round(time.Millisecond))
@@ -155,7 +156,7 @@ func TestSnapshotLinux(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatalf("%s: the machine did not end; console:\n%s", who, g.console)
 		}
-		if g.err != nil || g.res.Kind != ExitPowerOff {
+		if g.err != nil || g.res.Kind != microvm.ExitPowerOff {
 			t.Errorf("%s: ended with %v, %v; want a power-off", who, g.res.Kind, g.err)
 		}
 	}
@@ -180,7 +181,7 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 	readID := func(g *vsockGuest, who string) [devices.VMGenIDSize]byte {
 		t.Helper()
 		var id [devices.VMGenIDSize]byte
-		if err := g.m.vm.ReadMemory(devices.VMGenIDAddr, id[:]); err != nil {
+		if err := g.m.ReadMemory(devices.VMGenIDAddr, id[:]); err != nil {
 			t.Fatalf("%s: %v", who, err)
 		}
 		return id
@@ -189,16 +190,16 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 	g.start()
 	g.waitListening(vsockTestPort)
 	orig := readID(g, "original")
-	if orig == ([devices.VMGenIDSize]byte{}) || orig != g.m.vm.VMGenID().ID() {
-		t.Fatalf("booted machine's generation ID in memory % x, device's % x", orig, g.m.vm.VMGenID().ID())
+	if orig == ([devices.VMGenIDSize]byte{}) || orig != microvm.VMGenIDOf(g.m).ID() {
+		t.Fatalf("booted machine's generation ID in memory % x, device's % x", orig, microvm.VMGenIDOf(g.m).ID())
 	}
-	if _, notified := g.m.vm.VMGenID().Counts(); notified != 0 {
+	if _, notified := microvm.VMGenIDOf(g.m).Counts(); notified != 0 {
 		t.Errorf("a booted machine raised the generation ID's interrupt %d times", notified)
 	}
 	dir := filepath.Join(t.TempDir(), "snap")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Stop: true}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{Stop: true}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	seen := map[[devices.VMGenIDSize]byte]string{orig: "the original"}
@@ -210,7 +211,7 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 			t.Errorf("%s has the generation ID of %s: % x", who, prev, id)
 		}
 		seen[id] = who
-		gen := r.m.vm.VMGenID()
+		gen := microvm.VMGenIDOf(r.m)
 		if _, notified := gen.Counts(); notified != 0 {
 			t.Errorf("%s raised the interrupt before it ran", who)
 		}
@@ -231,8 +232,8 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 	}
 
 	off := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort),
-		func(c *Config) { c.NoACPI = true })
-	if off.m.vm.VMGenID() != nil {
+		func(c *microvm.Config) { c.NoACPI = true })
+	if microvm.VMGenIDOf(off.m) != nil {
 		t.Error("a machine without ACPI has a VM generation ID")
 	}
 	if id := readID(off, "--acpi=off"); id != ([devices.VMGenIDSize]byte{}) {
@@ -262,7 +263,7 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 func TestSnapshotLinuxClonesReseed(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	kernel, initrd := testenv.BzImage(t), testenv.Initrd(t)
-	for _, chip := range []IRQChip{IRQChipSplit, IRQChipKernel} {
+	for _, chip := range []microvm.IRQChip{microvm.IRQChipSplit, microvm.IRQChipKernel} {
 		t.Run(string(chip), func(t *testing.T) {
 			t.Parallel()
 			const port = 1024
@@ -270,7 +271,7 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 			// snapshot (a restore moves the guest's clock on).
 			cmdline := fmt.Sprintf("%s microvm.scenarios=urandom microvm.urandom.port=%d microvm.urandom.conns=1 microvm.urandom.uptime=2m microvm.timeout=10m",
 				linuxCmdline, port)
-			g := newVsockGuestConfig(t, "", func(c *Config) {
+			g := newVsockGuestConfig(t, "", func(c *microvm.Config) {
 				c.Kernel, c.Initrd, c.Cmdline, c.CPUs, c.MemoryBytes, c.IRQChip = kernel, initrd, cmdline, 2, 128<<20, chip
 			})
 			g.start()
@@ -282,7 +283,7 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			start := time.Now()
-			if err := g.m.Snapshot(ctx, dir, SnapshotOptions{Stop: true}); err != nil {
+			if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{Stop: true}); err != nil {
 				t.Fatalf("Snapshot: %v", err)
 			}
 			t.Logf("snapshot taken in %v", time.Since(start).Round(time.Millisecond))
@@ -332,7 +333,7 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 				case <-time.After(time.Minute):
 					t.Fatalf("clone %d: the machine did not end; console:\n%s", i+1, r.console)
 				}
-				if r.err != nil || r.res.Kind != ExitPowerOff {
+				if r.err != nil || r.res.Kind != microvm.ExitPowerOff {
 					t.Errorf("clone %d: ended with %v, %v; want a power-off", i+1, r.res.Kind, r.err)
 				}
 				if strings.Contains(r.console.String(), "init: ready") {
@@ -360,30 +361,30 @@ func TestSnapshotNewMAC(t *testing.T) {
 	nsPath := "/var/run/netns/" + ns
 	macA, _ := net.ParseMAC("02:00:00:00:0a:01")
 	macB, _ := net.ParseMAC("02:00:00:00:0b:01")
-	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort), func(c *Config) {
-		c.Nets = []NetConfig{{TAP: "snapmac0", NetNS: nsPath, MAC: macA}}
+	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort), func(c *microvm.Config) {
+		c.Nets = []microvm.NetConfig{{TAP: "snapmac0", NetNS: nsPath, MAC: macA}}
 	})
 	g.start()
 	g.waitListening(vsockTestPort)
 	dir := filepath.Join(t.TempDir(), "snap")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := g.m.Snapshot(ctx, dir, SnapshotOptions{}); err != nil {
+	if err := g.m.Snapshot(ctx, dir, microvm.SnapshotOptions{}); err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 
-	clone := restoreVsockGuest(t, dir, 7, func(h *Config) {
-		h.Nets = []NetConfig{{TAP: "snapmac1", NetNS: nsPath, MAC: macB}}
+	clone := restoreVsockGuest(t, dir, 7, func(h *microvm.Config) {
+		h.Nets = []microvm.NetConfig{{TAP: "snapmac1", NetNS: nsPath, MAC: macB}}
 	})
 	if got := clone.m.NetMAC(0); !bytes.Equal(got, macB) {
 		t.Errorf("the clone's device reports MAC %v; want its own %v", got, macB)
 	}
-	want := []MACChange{{Net: 0, Old: macA, New: macB}}
+	want := []microvm.MACChange{{Net: 0, Old: macA, New: macB}}
 	if got := clone.m.MACChanges(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("MACChanges %v; want %v", got, want)
 	}
-	same := restoreVsockGuest(t, dir, 8, func(h *Config) {
-		h.Nets = []NetConfig{{TAP: "snapmac2", NetNS: nsPath}}
+	same := restoreVsockGuest(t, dir, 8, func(h *microvm.Config) {
+		h.Nets = []microvm.NetConfig{{TAP: "snapmac2", NetNS: nsPath}}
 	})
 	if got := same.m.NetMAC(0); !bytes.Equal(got, macA) || same.m.MACChanges() != nil {
 		t.Errorf("a restore given no MAC: device MAC %v, changes %v; want the snapshot's %v and none", got, same.m.MACChanges(), macA)

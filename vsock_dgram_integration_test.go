@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 // KVM integration test of the experimental vsock datagrams with the test
 // guest's dgram mode (docs/testguest.md): guest->host datagrams reach
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -22,7 +23,7 @@ func TestVsockDgram(t *testing.T) {
 		size  = 256
 	)
 	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=dgram testguest.port=%d testguest.count=%d testguest.bytes=%d testguest.timeout=30", port, count, size),
-		func(c *Config) { c.Vsock.Dgram = true })
+		func(c *microvm.Config) { c.Vsock.Dgram = true })
 	host, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: vsock.DgramHostPath(g.uds, port), Net: "unixgram"})
 	if err != nil {
 		t.Fatal(err)

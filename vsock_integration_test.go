@@ -1,4 +1,4 @@
-package microvm
+package microvm_test
 
 // KVM integration tests of the virtio-vsock device with the bundled test
 // guest (docs/testguest.md): bulk data both ways, the Firecracker host
@@ -27,6 +27,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/consoletest"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/vsock"
@@ -44,13 +45,13 @@ const (
 // and err before closing done.
 type vsockGuest struct {
 	t       *testing.T
-	m       *Machine
+	m       *microvm.Machine
 	uds     string
 	console *consoletest.Console
 	log     *consoletest.Console
 	stuck   bool          // Run did not return after cancel: do not Close
 	done    chan struct{} // closed when Run returned
-	res     Result
+	res     microvm.Result
 	err     error
 }
 
@@ -73,21 +74,21 @@ func newVsockGuest(t *testing.T, cmdline string) *vsockGuest {
 }
 
 // newVsockGuestConfig is newVsockGuest with a hook that adjusts the Config.
-func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*Config)) *vsockGuest {
+func newVsockGuestConfig(t *testing.T, cmdline string, adjust func(*microvm.Config)) *vsockGuest {
 	t.Helper()
 	testenv.RequireKVM(t)
 	kernel := testenv.TestGuest(t)
 	g, log := newGuestHost(t)
-	cfg := Config{
+	cfg := microvm.Config{
 		Kernel: kernel, Cmdline: cmdline, MemoryBytes: 64 << 20,
 		Console: g.console, Log: log,
-		Vsock: &VsockConfig{CID: 3, UDSPath: g.uds},
+		Vsock: &microvm.VsockConfig{CID: 3, UDSPath: g.uds},
 	}
 	if adjust != nil {
 		adjust(&cfg)
 	}
 	var err error
-	if g.m, err = New(cfg); err != nil {
+	if g.m, err = microvm.New(cfg); err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	g.closeOnCleanup()
@@ -159,7 +160,7 @@ func (g *vsockGuest) wait(status int, timeout time.Duration) {
 	if g.err != nil {
 		g.t.Fatalf("Run: %v; console:\n%s\nlog:\n%s", g.err, g.console, g.log)
 	}
-	if g.res.Kind != ExitDebugPort || g.res.Status != status {
+	if g.res.Kind != microvm.ExitDebugPort || g.res.Status != status {
 		g.t.Fatalf("guest ended with %v status %d, want debug-exit status %d; console:\n%s\nlog:\n%s",
 			g.res.Kind, g.res.Status, status, g.console, g.log)
 	}
@@ -549,13 +550,13 @@ func TestVsockIRQMode(t *testing.T) {
 	noCoalesce.IRQCoalesce = false
 	for _, tc := range []struct {
 		name string
-		chip IRQChip
+		chip microvm.IRQChip
 		opts *vsock.Options
-	}{{string(IRQChipSplit), IRQChipSplit, nil}, {string(IRQChipKernel), IRQChipKernel, nil}, {"split-no-irq-coalesce", IRQChipSplit, &noCoalesce}} {
+	}{{string(microvm.IRQChipSplit), microvm.IRQChipSplit, nil}, {string(microvm.IRQChipKernel), microvm.IRQChipKernel, nil}, {"split-no-irq-coalesce", microvm.IRQChipSplit, &noCoalesce}} {
 		chip := tc.chip
 		t.Run(tc.name, func(t *testing.T) {
 			g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1 testguest.irq=1", vsockTestPort),
-				func(c *Config) { c.IRQChip = chip; c.Vsock.Options = tc.opts })
+				func(c *microvm.Config) { c.IRQChip = chip; c.Vsock.Options = tc.opts })
 			g.start()
 			select {
 			case <-g.done:
@@ -620,8 +621,8 @@ func TestVsockReservedCID(t *testing.T) {
 	}
 	const want = "vsock CID 2: must be at least 3"
 
-	_, err = New(Config{Kernel: kernel, MemoryBytes: 16 << 20, Log: quietLog(), Vsock: &VsockConfig{CID: 2, UDSPath: uds}})
-	if !errors.Is(err, ErrConfig) || !strings.Contains(fmt.Sprint(err), want) {
+	_, err = microvm.New(microvm.Config{Kernel: kernel, MemoryBytes: 16 << 20, Log: quietLog(), Vsock: &microvm.VsockConfig{CID: 2, UDSPath: uds}})
+	if !errors.Is(err, microvm.ErrConfig) || !strings.Contains(fmt.Sprint(err), want) {
 		t.Errorf("New with CID 2: %v; want ErrConfig containing %q", err, want)
 	}
 
@@ -644,8 +645,8 @@ func TestVsockReservedCID(t *testing.T) {
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err = cmd.Run()
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != StatusUsage {
-		t.Errorf("microvm run --vsock-cid 2: %v, want exit status %d; stderr:\n%s", err, StatusUsage, &stderr)
+	if !errors.As(err, &ee) || ee.ExitCode() != microvm.StatusUsage {
+		t.Errorf("microvm run --vsock-cid 2: %v, want exit status %d; stderr:\n%s", err, microvm.StatusUsage, &stderr)
 	}
 	lines := strings.Split(strings.TrimRight(stderr.String(), "\n"), "\n")
 	if len(lines) != 1 || !strings.HasPrefix(lines[0], "microvm: ") || !strings.Contains(lines[0], want) {
