@@ -5,16 +5,16 @@ package microvm
 // New builds it, what it adds to the kernel command line, and its metrics.
 // Each kind is one file: vsockdev.go, rng.go, disk.go, net.go, share.go.
 // This file is what they share: deviceKind, the kinds in slot order, the
-// machine's deviceSet, DeviceMetrics, and the command-line Flag. Its
+// machine's deviceSet, DeviceMetrics, and the command-line Flag. A device's
 // virtio-mmio slot, interrupt, virtio_mmio.device= entry and ACPI
 // description follow from the slot (internal/vmm), whatever the kind.
 //
-// Adding a device is adding its package under devices/ and its file here
-// (its config type, its deviceKind, its part of deviceSet), its entry in
-// deviceKinds and deviceSet, its DeviceMetrics field, and its field in
-// Config (config.go): nothing else in the root package, the CLI
-// (cmd/microvm makes its flags from DeviceFlags) or the metrics server
-// changes.
+// Adding a device is adding its package under devices/ and its file in
+// this package (its config type, its deviceKind, its part of deviceSet,
+// named in rootConcepts, layout_test.go), its entry in deviceKinds and
+// deviceSet, its DeviceMetrics field, and its field in Config (config.go):
+// nothing else in the root package, the CLI (cmd/microvm makes its flags
+// from DeviceFlags) or the metrics server changes.
 
 import (
 	"fmt"

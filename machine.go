@@ -48,7 +48,7 @@ type Machine struct {
 	cfg       Config
 	log       logrus.FieldLogger
 	vm        *vmm.Machine // memory, irqchip, platform devices, slots, vCPUs
-	deviceSet              // the virtio devices (devices.go)
+	deviceSet              // the virtio devices (devices.go, a part per kind)
 
 	metricsSrv *metricsrv.Server // Config.MetricsSocket; nil without
 
