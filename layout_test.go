@@ -25,10 +25,11 @@ var otherRoots = []string{"docs", "scripts", "testdata", "build", "bin"}
 // rootConcepts is the root package, the embedding API, as concepts: each
 // product file with the one concept it holds (a concept with a
 // build-tagged twin for the lean CLI, as usernet.go and usernet_lean.go,
-// has two files). TestLayout fails on a root product file that is not
-// here, and on an entry whose file is gone: a new file is a new concept of
-// the embedding API, named here (and in docs/architecture.md's root row)
-// on purpose, not a section pushed into an old file to keep a count down.
+// has two files, one in each build). TestLayout fails on a root product
+// file that is not here, on two files of one concept in one build, and on
+// an entry whose file is gone: a new file is a new concept of the
+// embedding API, named here (and in docs/architecture.md's root row) on
+// purpose, not a section pushed into an old file to keep a count down.
 // Each virtio device kind is a concept, in a file of its own.
 var rootConcepts = map[string]string{
 	"doc.go":          "the package's documentation and data flow",
@@ -113,6 +114,18 @@ func rootFileViolations(p goPackage, concepts map[string]string) []string {
 		if _, ok := concepts[f]; !ok {
 			bad = append(bad, fmt.Sprintf("the root package's %s holds no concept of rootConcepts (layout_test.go): add its concept there (one concept a file), or move its code to the file of the concept it belongs to", f))
 		}
+	}
+	// One file a concept in a build: two only as build-tagged twins.
+	inBuild := map[string]string{}
+	for _, f := range p.GoFiles {
+		c, ok := concepts[f]
+		if !ok {
+			continue
+		}
+		if g, dup := inBuild[c]; dup {
+			bad = append(bad, fmt.Sprintf("the root package's %s and %s both hold %q in one build: one file a concept", g, f, c))
+		}
+		inBuild[c] = f
 	}
 	for f, c := range concepts {
 		if !have[f] {
@@ -285,6 +298,7 @@ func TestLayoutViolations(t *testing.T) {
 		{"product imports tooling", goPackage{ImportPath: m + "/internal/q", Imports: []string{m + "/bench/y"}}, "product code does not import tooling"},
 		{"root file without a concept", goPackage{ImportPath: m, GoFiles: []string{"a.go", "gadget.go"}, IgnoredGoFiles: []string{"a_lean.go"}}, "gadget.go holds no concept of rootConcepts"},
 		{"tagged root file without a concept", goPackage{ImportPath: m, GoFiles: []string{"a.go"}, IgnoredGoFiles: []string{"a_lean.go", "b_lean.go"}}, "b_lean.go holds no concept"},
+		{"concept in two files", goPackage{ImportPath: m, GoFiles: []string{"a.go", "a_lean.go"}}, "a.go and a_lean.go both hold \"the API\" in one build"},
 		{"concept without its file", goPackage{ImportPath: m, GoFiles: []string{"a.go"}}, "names a_lean.go (the API), which the root package does not have"},
 	} {
 		v := layoutViolations(m, concepts, append(append([]goPackage{}, good...), tc.pkg))
