@@ -7,8 +7,8 @@
 //	defer m.Close()
 //	res, err := m.Run(ctx) // res.Status is what the microvm CLI exits with
 //
-// Data flow: New checks the Config (each device kind checks its own part,
-// devices.go), builds the machine floor (internal/vmm: the kernel checked,
+// Data flow: New checks the Config (each device kind checks its own part),
+// builds the machine floor (internal/vmm: the kernel checked,
 // KVM's VM, guest memory, interrupt controllers, platform devices), then
 // each device kind creates its devices and puts them in virtio-mmio slots
 // in slot order (vsock, rng, disks, network devices), then the floor loads
@@ -17,11 +17,13 @@
 // the vsock device's Unix socket accept loop and the vCPUs, and returns how
 // the guest ended (Result).
 //
-// The device kinds (devices.go): each kind of virtio device is one entry
-// of deviceKinds holding all that New, Metrics and the CLI need to know
+// The device kinds: each kind of virtio device is one file (vsockdev.go,
+// rng.go, disk.go, net.go, share.go) holding its config type and its
+// entry of deviceKinds, all that New, Metrics and the CLI need to know
 // about it: its checks, its construction, what it adds to the kernel
 // command line, its metrics, and its command-line flags (DeviceFlags,
-// which cmd/microvm turns into its flags). The slot's interrupt, its
+// which cmd/microvm turns into its flags); devices.go is what the kinds
+// share and walks them in slot order. The slot's interrupt, its
 // virtio_mmio.device= entry and its ACPI description follow from the slot.
 //
 // Goroutines and ownership: the goroutine calling Run owns the Machine;

@@ -3,18 +3,13 @@ package microvm
 import (
 	"context"
 	"errors"
-	"net"
 	"sync"
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/devices/blk"
-	"github.com/microvm/microvm/devices/rng"
-	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/snapshot"
 	"github.com/microvm/microvm/internal/vmm"
-	"github.com/microvm/microvm/vsock"
 )
 
 // ExitKind says why a machine stopped (Result.Kind): ExitDebugPort,
@@ -53,7 +48,7 @@ type Machine struct {
 	cfg       Config
 	log       logrus.FieldLogger
 	vm        *vmm.Machine // memory, irqchip, platform devices, slots, vCPUs
-	deviceSet              // the virtio devices (devices.go)
+	deviceSet              // the virtio devices (devices.go, a part per kind)
 
 	metricsSrv *metricsrv.Server // Config.MetricsSocket; nil without
 
@@ -184,47 +179,6 @@ func (m *Machine) Close() error {
 	}
 	m.bases = nil
 	return errors.Join(errs...)
-}
-
-// VsockStats returns the vsock device's counters (zero without one).
-func (m *Machine) VsockStats() vsock.Stats {
-	if m.vsock == nil {
-		return vsock.Stats{}
-	}
-	return m.vsock.Stats()
-}
-
-// DiskStats returns the counters of disk i (Config.Disks[i]); zero when
-// there is no such disk.
-func (m *Machine) DiskStats(i int) blk.Stats {
-	if i < 0 || i >= len(m.disks) {
-		return blk.Stats{}
-	}
-	return m.disks[i].Stats()
-}
-
-// RNGStats returns the rng device's counters (zero without one).
-func (m *Machine) RNGStats() rng.Stats {
-	if m.rng == nil {
-		return rng.Stats{}
-	}
-	return m.rng.Stats()
-}
-
-// NetStats returns the counters of virtio-net device i (Config.Nets[i]).
-func (m *Machine) NetStats(i int) virtionet.Stats {
-	if i < 0 || i >= len(m.nets) {
-		return virtionet.Stats{}
-	}
-	return m.nets[i].Stats()
-}
-
-// NetMAC returns the guest MAC address of virtio-net device i.
-func (m *Machine) NetMAC(i int) net.HardwareAddr {
-	if i < 0 || i >= len(m.nets) {
-		return nil
-	}
-	return m.nets[i].MAC()
 }
 
 // Config returns the configuration the machine was built with (for a
