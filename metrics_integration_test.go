@@ -18,15 +18,16 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/promtext/promtexttest"
 	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/kvm"
 )
 
 // vsockBytes reads the vsock byte counters from an exposition.
-func vsockBytes(tb testing.TB, e exposition) (tx, rx uint64) {
+func vsockBytes(tb testing.TB, e promtexttest.Exposition) (tx, rx uint64) {
 	tb.Helper()
-	return uint64(e.get(tb, `microvm_vsock_tx_bytes_total{device="vsock0"}`)),
-		uint64(e.get(tb, `microvm_vsock_rx_bytes_total{device="vsock0"}`))
+	return uint64(e.Get(tb, `microvm_vsock_tx_bytes_total{device="vsock0"}`)),
+		uint64(e.Get(tb, `microvm_vsock_rx_bytes_total{device="vsock0"}`))
 }
 
 // TestMetricsVsockTransfer: N bytes echoed through the test guest show as
@@ -38,7 +39,7 @@ func vsockBytes(tb testing.TB, e exposition) (tx, rx uint64) {
 // counters moved, and the socket goes away with Close.
 func TestMetricsVsockTransfer(t *testing.T) {
 	const n = 16 << 20
-	sock := filepath.Join(shortDir(t), "m.sock")
+	sock := filepath.Join(testenv.ShortDir(t), "m.sock")
 	g := newVsockGuestConfig(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort),
 		func(c *microvm.Config) { c.MetricsSocket = sock })
 	g.start()
@@ -63,14 +64,14 @@ func TestMetricsVsockTransfer(t *testing.T) {
 				scrapeErr = errors.New(text)
 				return
 			}
-			ft := &fakeTB{}
+			ft := &testenv.FakeTB{}
 			var tx, rx uint64
 			func() {
 				defer func() { _ = recover() }()
-				tx, rx = vsockBytes(ft, parseExposition(ft, text))
+				tx, rx = vsockBytes(ft, promtexttest.Parse(ft, text))
 			}()
 			switch {
-			case ft.failed:
+			case ft.Failed():
 				scrapeErr = fmt.Errorf("scrape %d is malformed or lacks the vsock byte counters:\n%s", scrapes, text)
 				return
 			case tx < lastTx || rx < lastRx:
@@ -102,8 +103,8 @@ func TestMetricsVsockTransfer(t *testing.T) {
 		if api.TxBytes != want || api.RxBytes != want {
 			t.Errorf("%s: Metrics().Vsock tx %d rx %d bytes, want %d each", when, api.TxBytes, api.RxBytes, want)
 		}
-		text, _ := scrape(t, sock)
-		tx, rx := vsockBytes(t, parseExposition(t, text))
+		text, _ := promtexttest.Scrape(t, sock)
+		tx, rx := vsockBytes(t, promtexttest.Parse(t, text))
 		if tx != want || rx != want {
 			t.Errorf("%s: GET /metrics tx %d rx %d bytes, want %d each", when, tx, rx, want)
 		}
@@ -178,9 +179,9 @@ func TestMetricsVsockTransfer(t *testing.T) {
 	if len(m.VCPUs) != 1 || m.VCPUs[0].Exits[kvm.ExitIO] == 0 || m.VCPUs[0].CPUTime <= 0 {
 		t.Errorf("vCPUs %+v: want one, with port I/O exits and CPU time", m.VCPUs)
 	}
-	text, _ := scrape(t, sock)
-	e := parseExposition(t, text)
-	if got := e.get(t, `microvm_vcpu_exits_total{vcpu="0",reason="io"}`); uint64(got) != m.VCPUs[0].Exits[kvm.ExitIO] {
+	text, _ := promtexttest.Scrape(t, sock)
+	e := promtexttest.Parse(t, text)
+	if got := e.Get(t, `microvm_vcpu_exits_total{vcpu="0",reason="io"}`); uint64(got) != m.VCPUs[0].Exits[kvm.ExitIO] {
 		t.Errorf("io exits: %v through the socket, %d through Metrics, of a stopped machine", got, m.VCPUs[0].Exits[kvm.ExitIO])
 	}
 
@@ -199,7 +200,7 @@ func TestMetricsVsockTransfer(t *testing.T) {
 // scrapeNoFail is scrape for a goroutine other than the test's: an error
 // comes back as the text, with a nil response.
 func scrapeNoFail(path string) (string, *struct{}) {
-	c := unixClient(path)
+	c := testenv.UnixClient(path)
 	defer c.CloseIdleConnections()
 	resp, err := c.Get("http://microvm/metrics")
 	if err != nil {
@@ -235,7 +236,7 @@ func readFull(c *hostConn, p []byte) (int, error) {
 func TestMetricsExits(t *testing.T) {
 	testenv.RequireKVM(t)
 	const k = 300
-	sock := filepath.Join(shortDir(t), "m.sock")
+	sock := filepath.Join(testenv.ShortDir(t), "m.sock")
 	m, err := microvm.New(microvm.Config{Kernel: testenv.TinyGuest(t, testenv.Program{}.Print(strings.Repeat("x", k)).Exit(0).Halt()),
 		MemoryBytes: 16 << 20, Log: quietLog(), MetricsSocket: sock})
 	if err != nil {
@@ -259,12 +260,12 @@ func TestMetricsExits(t *testing.T) {
 	if after.CPUTime <= 0 {
 		t.Errorf("CPU time %v, want some", after.CPUTime)
 	}
-	text, _ := scrape(t, sock)
-	e := parseExposition(t, text)
-	if got := e.get(t, `microvm_vcpu_exits_total{vcpu="0",reason="io"}`); uint64(got) != after.Exits[kvm.ExitIO] {
+	text, _ := promtexttest.Scrape(t, sock)
+	e := promtexttest.Parse(t, text)
+	if got := e.Get(t, `microvm_vcpu_exits_total{vcpu="0",reason="io"}`); uint64(got) != after.Exits[kvm.ExitIO] {
 		t.Errorf("io exits: %v through the socket, %d through Metrics", got, after.Exits[kvm.ExitIO])
 	}
-	if got := e.get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != after.CPUTime.Seconds() {
+	if got := e.Get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != after.CPUTime.Seconds() {
 		t.Errorf("CPU seconds: %v through the socket, %v through Metrics (the thread has ended: it should not move)", got, after.CPUTime.Seconds())
 	}
 	t.Logf("vCPU 0: %v, CPU time %v", after.Exits, after.CPUTime)

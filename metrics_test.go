@@ -3,7 +3,6 @@ package microvm
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -29,6 +27,8 @@ import (
 	"github.com/microvm/microvm/devices/virtio9p"
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
+	"github.com/microvm/microvm/internal/promtext/promtexttest"
+	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/internal/vmm"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/virtio"
@@ -36,91 +36,6 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/metrics.golden")
-
-// exposition is a parsed Prometheus text exposition: each series (name and
-// labels as written) with its value, and each family's type.
-type exposition struct {
-	values map[string]float64
-	types  map[string]string
-	order  []string // families in order
-}
-
-var (
-	helpRE   = regexp.MustCompile(`^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)$`)
-	typeRE   = regexp.MustCompile(`^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$`)
-	sampleRE = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*")*)?\})? (\S+)$`)
-)
-
-// parseExposition checks text against the format, version 0.0.4, as
-// strictly as microvm writes it: every family is HELP then TYPE then at
-// least one sample of that family, families and series appear once,
-// counters end in _total and gauges do not, and every value parses.
-func parseExposition(tb testing.TB, text string) exposition {
-	tb.Helper()
-	e := exposition{values: map[string]float64{}, types: map[string]string{}}
-	if !strings.HasSuffix(text, "\n") {
-		tb.Fatalf("exposition does not end with a newline")
-	}
-	lines := strings.Split(strings.TrimSuffix(text, "\n"), "\n")
-	family, samples := "", 0
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if m := helpRE.FindStringSubmatch(l); m != nil {
-			if family != "" && samples == 0 {
-				tb.Errorf("family %s has no samples", family)
-			}
-			family, samples = m[1], 0
-			if _, dup := e.types[family]; dup {
-				tb.Errorf("family %s appears twice", family)
-			}
-			if i+1 >= len(lines) {
-				tb.Fatalf("line %d: HELP without TYPE", i+1)
-			}
-			i++
-			t := typeRE.FindStringSubmatch(lines[i])
-			if t == nil || t[1] != family {
-				tb.Fatalf("line %d: %q: want the TYPE line of %s", i+1, lines[i], family)
-			}
-			e.types[family] = t[2]
-			e.order = append(e.order, family)
-			if (t[2] == "counter") != strings.HasSuffix(family, "_total") {
-				tb.Errorf("family %s of type %s: counters and only counters end in _total", family, t[2])
-			}
-			continue
-		}
-		m := sampleRE.FindStringSubmatch(l)
-		if m == nil {
-			tb.Fatalf("line %d: %q is neither HELP, TYPE nor a sample", i+1, l)
-		}
-		if m[1] != family {
-			tb.Fatalf("line %d: sample of %s inside family %q", i+1, m[1], family)
-		}
-		v, err := strconv.ParseFloat(m[3], 64)
-		if err != nil {
-			tb.Fatalf("line %d: value %q: %v", i+1, m[3], err)
-		}
-		key := m[1] + m[2]
-		if _, dup := e.values[key]; dup {
-			tb.Errorf("series %s appears twice", key)
-		}
-		e.values[key] = v
-		samples++
-	}
-	if family != "" && samples == 0 {
-		tb.Errorf("family %s has no samples", family)
-	}
-	return e
-}
-
-// get returns a series' value, failing the test if it is absent.
-func (e exposition) get(tb testing.TB, series string) float64 {
-	tb.Helper()
-	v, ok := e.values[series]
-	if !ok {
-		tb.Fatalf("series %s not in the exposition", series)
-	}
-	return v
-}
 
 // fill sets every integer field of the struct at p (recursively, arrays
 // included) to distinct values from next, and returns them by path.
@@ -245,7 +160,7 @@ func notExported(path string) bool { return strings.HasSuffix(path, "/Stats.Inte
 // the file), parses it, and counts how often each sample value appears:
 // the sample metrics give every counter a value of its own, so a count
 // other than one shows a counter left out or shown twice.
-func checkGolden(t *testing.T, name string, got []byte) (exposition, map[uint64]int) {
+func checkGolden(t *testing.T, name string, got []byte) (promtexttest.Exposition, map[uint64]int) {
 	t.Helper()
 	golden := filepath.Join("testdata", name)
 	if *update {
@@ -260,9 +175,9 @@ func checkGolden(t *testing.T, name string, got []byte) (exposition, map[uint64]
 	if diff := cmp.Diff(string(want), string(got)); diff != "" {
 		t.Errorf("exposition (-%s +got):\n%s", golden, diff)
 	}
-	e := parseExposition(t, string(got))
+	e := promtexttest.Parse(t, string(got))
 	seen := map[uint64]int{}
-	for _, v := range e.values {
+	for _, v := range e.Values {
 		seen[uint64(v)]++
 	}
 	return e, seen
@@ -311,12 +226,12 @@ func TestPrometheusGolden(t *testing.T) {
 		`microvm_bus_unclaimed_accesses_total{bus="mmio"}`:                             8,
 		`microvm_vsock_seqpacket_messages_total{device="vsock0",direction="to_guest"}`: m.Vsock.SeqToGuest,
 	} {
-		got, ok := e.values[series]
+		got, ok := e.Values[series]
 		if !ok || uint64(got) != want {
 			t.Errorf("%s = %v (present %v), want %d", series, got, ok, want)
 		}
 	}
-	if got := e.get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != 1.5 {
+	if got := e.Get(t, `microvm_vcpu_cpu_seconds_total{vcpu="0"}`); got != 1.5 {
 		t.Errorf("vCPU 0 CPU seconds %v, want 1.5", got)
 	}
 }
@@ -350,7 +265,7 @@ func TestPrometheusVhostUser(t *testing.T) {
 			t.Errorf("%s (%d) appears %d times in the exposition, want %d", path, v, seen[v], want)
 		}
 	}
-	for _, f := range e.order {
+	for _, f := range e.Order {
 		if strings.HasPrefix(f, "microvm_vcpu") || f == "microvm_virtio_interrupts_total" || f == "microvm_virtio_guest_errors_total" {
 			t.Errorf("family %s in a vhost-user exposition", f)
 		}
@@ -362,7 +277,7 @@ func TestPrometheusVhostUser(t *testing.T) {
 		`microvm_vhost_user_frontend_errors_total`:               m.FrontendErrors,
 		`microvm_vhost_user_device_failures_total`:               m.DeviceFailures,
 	} {
-		if got := e.get(t, series); uint64(got) != want {
+		if got := e.Get(t, series); uint64(got) != want {
 			t.Errorf("%s = %v, want %d", series, got, want)
 		}
 	}
@@ -376,13 +291,13 @@ func TestPrometheusMinimal(t *testing.T) {
 	if err := m.WritePrometheus(&b); err != nil {
 		t.Fatal(err)
 	}
-	e := parseExposition(t, b.String())
+	e := promtexttest.Parse(t, b.String())
 	want := []string{"microvm_vcpu_exits_total", "microvm_vcpu_cpu_seconds_total", "microvm_bus_unclaimed_accesses_total",
 		"microvm_pvwait_waits_total", "microvm_pvwait_wakeups_total"}
-	if diff := cmp.Diff(want, e.order); diff != "" {
+	if diff := cmp.Diff(want, e.Order); diff != "" {
 		t.Errorf("families (-want +got):\n%s", diff)
 	}
-	if got := e.get(t, `microvm_vcpu_exits_total{vcpu="0",reason="hlt"}`); got != 0 {
+	if got := e.Get(t, `microvm_vcpu_exits_total{vcpu="0",reason="hlt"}`); got != 0 {
 		t.Errorf("hlt exits %v, want a zero sample", got)
 	}
 }
@@ -402,27 +317,17 @@ func TestParseExpositionRejects(t *testing.T) {
 		"duplicate series": "# HELP a_total x\n# TYPE a_total counter\na_total 1\na_total 2\n",
 	} {
 		t.Run(name, func(t *testing.T) {
-			ft := &fakeTB{}
+			ft := &testenv.FakeTB{}
 			func() {
 				defer func() { _ = recover() }()
-				parseExposition(ft, text)
+				promtexttest.Parse(ft, text)
 			}()
-			if !ft.failed {
+			if !ft.Failed() {
 				t.Errorf("accepted %q", text)
 			}
 		})
 	}
 }
-
-// fakeTB records failures; Fatalf ends the check with a panic.
-type fakeTB struct {
-	testing.TB
-	failed bool
-}
-
-func (f *fakeTB) Helper()               {}
-func (f *fakeTB) Errorf(string, ...any) { f.failed = true }
-func (f *fakeTB) Fatalf(string, ...any) { f.failed = true; panic("fatal") }
 
 // bareMachine is a Machine with the parts Metrics reads and nothing else:
 // no KVM.
@@ -437,52 +342,12 @@ func quietLog() *logrus.Logger {
 	return l
 }
 
-// unixClient is an HTTP client whose every request goes to the Unix socket
-// path, as curl --unix-socket does.
-func unixClient(path string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		},
-	}}
-}
-
-// scrape GETs /metrics from the server at path.
-func scrape(tb testing.TB, path string) (string, *http.Response) {
-	tb.Helper()
-	c := unixClient(path)
-	defer c.CloseIdleConnections()
-	resp, err := c.Get("http://microvm/metrics")
-	if err != nil {
-		tb.Fatalf("GET /metrics on %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return string(b), resp
-}
-
-// shortDir is a fresh directory with a short path (sun_path holds 107
-// bytes; t.TempDir() names can be longer).
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "mvm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestMetricsServer: the server answers GET and HEAD at /metrics with the
 // format's content type, refuses other methods and paths, and close waits
 // for a request in flight, then removes the socket.
 func TestMetricsServer(t *testing.T) {
 	m := bareMachine()
-	path := filepath.Join(shortDir(t), "m.sock")
+	path := filepath.Join(testenv.ShortDir(t), "m.sock")
 	entered, release := make(chan struct{}), make(chan struct{})
 	var slow atomic.Bool
 	s, err := metricsrv.Start(path, func(w io.Writer) error {
@@ -504,13 +369,13 @@ func TestMetricsServer(t *testing.T) {
 	if fi, err := os.Stat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("socket %s: %v, %v; want a socket with mode 0600", path, fi, err)
 	}
-	text, resp := scrape(t, path)
+	text, resp := promtexttest.Scrape(t, path)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != promtext.ContentType {
 		t.Errorf("GET: %s, Content-Type %q", resp.Status, resp.Header.Get("Content-Type"))
 	}
-	parseExposition(t, text)
+	promtexttest.Parse(t, text)
 
-	c := unixClient(path)
+	c := testenv.UnixClient(path)
 	defer c.CloseIdleConnections()
 	for _, tc := range []struct {
 		method, path string
@@ -570,7 +435,7 @@ func TestMetricsServer(t *testing.T) {
 // TestMetricsSocketErrors: paths the server cannot use are refused with a
 // message naming the path and what is wrong, and nothing is left behind.
 func TestMetricsSocketErrors(t *testing.T) {
-	dir := shortDir(t)
+	dir := testenv.ShortDir(t)
 	file := filepath.Join(dir, "regular")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -617,15 +482,15 @@ func TestMetricsDocs(t *testing.T) {
 	if err := m.WritePrometheus(&b); err != nil {
 		t.Fatal(err)
 	}
-	e := parseExposition(t, b.String())
+	e := promtexttest.Parse(t, b.String())
 	b.Reset()
 	if err := (VhostUserVsockMetrics{Vsock: VsockMetrics{Name: "vsock0", Dgram: true}}).WritePrometheus(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range parseExposition(t, b.String()).order {
-		if _, ok := e.types[f]; !ok {
-			e.order = append(e.order, f)
-			e.types[f] = ""
+	for _, f := range promtexttest.Parse(t, b.String()).Order {
+		if _, ok := e.Types[f]; !ok {
+			e.Order = append(e.Order, f)
+			e.Types[f] = ""
 		}
 	}
 	doc, err := os.ReadFile(filepath.Join("docs", "metrics.md"))
@@ -640,7 +505,7 @@ func TestMetricsDocs(t *testing.T) {
 			documented[m[1]] = true
 		}
 	}
-	for _, f := range e.order {
+	for _, f := range e.Order {
 		if !documented[f] {
 			t.Errorf("family %s is not in docs/metrics.md's tables", f)
 		}

@@ -204,7 +204,7 @@ func TestListenVsock(t *testing.T) {
 			t.Errorf("Addr = %q", got)
 		}
 		g.start()
-		c, err := acceptWithin(t, l, 20*time.Second)
+		c, err := testenv.AcceptWithin(t, l, 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

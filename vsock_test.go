@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -79,27 +80,6 @@ func newTestRouter(t *testing.T) (*vsockRouter, *fakeDialer) {
 	return r, fb
 }
 
-func acceptWithin(t *testing.T, l net.Listener, d time.Duration) (net.Conn, error) {
-	t.Helper()
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		c, err := l.Accept()
-		ch <- res{c, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.c, r.err
-	case <-time.After(d):
-		l.Close() // releases the Accept goroutine
-		t.Fatalf("Accept did not return within %v", d)
-		return nil, nil
-	}
-}
-
 // TestVsockRouterDelivers: a guest connection to a listened port arrives at
 // Accept as a VsockConn with vsock addresses; the device's end is a
 // non-blocking socket connected to it; the fallback is not called.
@@ -121,7 +101,7 @@ func TestVsockRouterDelivers(t *testing.T) {
 		t.Errorf("device end flags %#x (%v): want O_NONBLOCK", fl, err)
 	}
 	dev := fdConn(t, fd)
-	c, err := acceptWithin(t, l, 5*time.Second)
+	c, err := testenv.AcceptWithin(t, l, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +208,7 @@ func TestVsockRouterQueueFull(t *testing.T) {
 	if d < timeout || d > timeout+2*time.Second {
 		t.Errorf("delivery to a full queue failed after %v, want about %v", d, timeout)
 	}
-	c, err := acceptWithin(t, l, 5*time.Second)
+	c, err := testenv.AcceptWithin(t, l, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,11 @@
 // benchmarks share it. vsock.go adds what the vsock tests, the conformance
 // suite and the vsock benchmark program share: the host side of the
 // Firecracker handshake, a goroutine-safe output buffer and the test guest's
-// stats line. testenv imports vsock/vsocktest, so the tests of packages
-// below it (eventfd, guestmem, virtio, vsock) cannot import testenv.
+// stats line. socket.go and faketb.go hold generic helpers: a short
+// directory for Unix sockets, an HTTP client over one, Accept with a time
+// limit, and a testing.TB that records failures. testenv imports
+// vsock/vsocktest, so the tests of packages below it (eventfd, guestmem,
+// virtio, vsock) cannot import testenv.
 package testenv
 
 import (
