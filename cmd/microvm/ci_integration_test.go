@@ -398,6 +398,58 @@ func TestGitLabExecutor(t *testing.T) {
 	}
 }
 
+// TestGitLabExecutorShOnly: a job in a busybox image, which has sh and
+// no bash, runs its stages with sh and says so in its log; in an image
+// with neither (its sh whited out) prepare is a system failure with one
+// line and leaves no VM.
+func TestGitLabExecutorShOnly(t *testing.T) {
+	testenv.RequireKVM(t, testenv.NeedLinux)
+	r := &ciRunner{t: t, bin: testenv.Binary(t), kernel: testenv.BzImage(t), agent: testenv.Agent(t),
+		state: t.TempDir(), scripts: t.TempDir()}
+	mkdir := tarEntry{Hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/mkdir", Linkname: "busybox", Mode: 0o777}}
+	noSh := tarEntry{Hdr: tar.Header{Typeflag: tar.TypeReg, Name: "bin/.wh.sh", Mode: 0o644}}
+	for name, oci := range map[string]string{"busybox-ci:1": writeBusyboxImage(t, mkdir), "no-shell:1": writeBusyboxImage(t, mkdir, noSh)} {
+		imp := exec.Command(r.bin, "image", "import", "--name", name, oci)
+		imp.Env = append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
+		if out, err := imp.CombinedOutput(); err != nil {
+			t.Fatalf("image import %s: %v\n%s", name, err, out)
+		}
+	}
+
+	r.image = "busybox-ci:1"
+	j := r.job("1", "0")
+	j.prepare()
+	if !strings.Contains(j.lastStderr, "microvm: running the job with sh (the image has no bash)\n") {
+		t.Errorf("prepare said %q, want the shell named", j.lastStderr)
+	}
+	// Scripts for sh: no bash header.
+	shStage := func(stage, body string) (int, string) {
+		script := filepath.Join(r.scripts, "job1-"+stage+".sh")
+		if err := os.WriteFile(script, []byte("set -e\n"+body+"\n"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return j.call("run", script, stage)
+	}
+	if code, out := shStage("step_script", `echo "shell=${BASH_VERSION:-none}"; echo kept > /cache/kept; cat /cache/kept`); code != 0 || out != "shell=none\nkept\n" {
+		t.Errorf("step_script: status %d, %q\n%s", code, out, j.lastStderr)
+	}
+	if code, _ := shStage("after_script", "exit 3"); code != testBuildFailure {
+		t.Errorf("a failing script under sh: status %d, want the build failure %d\n%s", code, testBuildFailure, j.lastStderr)
+	}
+	j.cleanup()
+
+	r.image = "no-shell:1"
+	j2 := r.job("2", "0")
+	code, _ := j2.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "1", "--memory", "256M", "--cache-size", "64M")
+	if code != testSystemFailure || !strings.HasSuffix(j2.lastStderr, ": neither bash nor sh found in the job's image\n") {
+		t.Errorf("prepare in an image without a shell: status %d, %q; want %d and a last line naming both shells", code, j2.lastStderr, testSystemFailure)
+	}
+	if err := vmGone(t, r, j2.vmName()); err != nil {
+		t.Errorf("after a prepare without a shell: %v", err)
+	}
+	j2.cleanup()
+}
+
 // vmGone says nil when no VM of that name is listed.
 func vmGone(t *testing.T, r *ciRunner, name string) error {
 	t.Helper()

@@ -1,3 +1,5 @@
+//go:build !microvm_lean
+
 package main
 
 import (

@@ -188,9 +188,19 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%w)", name, err)
 		}
 	}
+	shell, err := jobShell(func(argv []string) error { return rt.runJobCommand(rec.VM, argv, nil, io.Discard, stderr) })
+	if err == nil && shell != jobShells[0] {
+		fmt.Fprintf(stderr, "microvm: running the job with %s (the image has no %s)\n", shell, jobShells[0])
+		rec.Shell = shell
+		err = writeJSON(recPath, rec)
+	}
+	if err != nil {
+		_ = discardVM(rec.VM)
+		return fmt.Errorf("ci gitlab prepare: VM %s: %w", rec.VM, err)
+	}
 	// The cache disk is the second disk (/dev/vdb: the image is the first).
 	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
-	if err := rt.runJobCommand(rec.VM, []string{"sh", "-c", setup}, nil, io.Discard, stderr); err != nil {
+	if err := rt.runJobCommand(rec.VM, []string{shell, "-c", setup}, nil, io.Discard, stderr); err != nil {
 		_ = discardVM(rec.VM)
 		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", rec.VM, err)
 	}
@@ -231,8 +241,9 @@ func ensureCacheDisk(path string, size uint64) error {
 	return os.Rename(tmp, path)
 }
 
-// Run copies the stage's script into the job's VM and runs it with bash,
-// its output streamed: the script's own failure is a BuildFailure.
+// Run copies the stage's script into the job's VM and runs it with the
+// shell Prepare chose (jobShell), its output streamed: the script's own
+// failure is a BuildFailure.
 func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 	rec, _, err := jobVM()
 	if err != nil {
@@ -251,7 +262,7 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 	if err := rt.putJobFile(name, guestScript, f); err != nil {
 		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
 	}
-	err = rt.runJobCommand(name, []string{"bash", guestScript}, nil, stdout, stderr)
+	err = rt.runJobCommand(name, []string{rec.shell(), guestScript}, nil, stdout, stderr)
 	var se exitStatusError
 	if errors.As(err, &se) {
 		return BuildFailure{Stage: stage, Status: se.status}
@@ -349,7 +360,7 @@ func (rt Runtime) runJobCommand(name string, argv []string, stdin io.Reader, std
 	}
 	if err != nil {
 		if status.Code(err) == codes.NotFound {
-			return fmt.Errorf("%s: not found in the job's image", argv[0])
+			return fmt.Errorf("%s: %w", argv[0], errNotInImage)
 		}
 		return errors.New(agentvm.Message(err))
 	}
@@ -357,6 +368,33 @@ func (rt Runtime) runJobCommand(name string, argv []string, stdin io.Reader, std
 		return exitStatusError{n}
 	}
 	return nil
+}
+
+// errNotInImage: the agent found no program of a job command's name in
+// the image's PATH.
+var errNotInImage = errors.New("not found in the job's image")
+
+// jobShells are the shells a job's scripts may run with, the one
+// preferred first: GitLab writes its scripts to run under either, and its
+// docker executor picks between them in this order.
+var jobShells = [...]string{"bash", "sh"}
+
+// jobShell is the first of jobShells that the job's image has. run runs
+// argv in the job's VM (runJobCommand): each shell is looked for there,
+// in the image's PATH by the guest agent, never in the image's files on
+// this host, whose links the image's author chose. A shell that is there
+// but does not run is an error, not a reason to try the next.
+func jobShell(run func(argv []string) error) (string, error) {
+	for _, sh := range jobShells {
+		err := run([]string{sh, "-c", ":"})
+		if err == nil {
+			return sh, nil
+		}
+		if !errors.Is(err, errNotInImage) {
+			return "", fmt.Errorf("trying %s: %w", sh, err)
+		}
+	}
+	return "", errors.New("neither bash nor sh found in the job's image")
 }
 
 // ciPath is a job's PATH: the usual one of a Debian-like image.

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/guest/agent"
+	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -337,5 +342,144 @@ func TestGitLabJobIdentity(t *testing.T) {
 		if !strings.Contains(got, tc.want) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// agentSocket stands for a VM's hybrid-vsock socket in front of an agent
+// that this process serves: Accept answers a client's "CONNECT <port>\n"
+// line with "OK <host port>\n" when port is the agent's and drops the
+// connection otherwise, as a VMM with nothing listening there does.
+type agentSocket struct {
+	net.Listener
+	port uint32
+}
+
+func (l agentSocket) Accept() (net.Conn, error) {
+	want := fmt.Sprintf("CONNECT %d\n", l.port)
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		// Byte by byte: what follows the line is the agent's stream.
+		var line []byte
+		b := make([]byte, 1)
+		for len(line) < len(want) && !strings.HasSuffix(string(line), "\n") {
+			if _, err := c.Read(b); err != nil {
+				break
+			}
+			line = append(line, b[0])
+		}
+		if string(line) != want {
+			c.Close()
+			continue
+		}
+		if _, err := io.WriteString(c, "OK 1073741824\n"); err != nil {
+			c.Close()
+			continue
+		}
+		_ = c.SetDeadline(time.Time{})
+		return c, nil
+	}
+}
+
+// startJobVM puts a running VM of that name in the store whose agent this
+// process serves: its commands run on this host, with an image
+// environment of env, whose PATH stands in for the image's programs.
+func startJobVM(t *testing.T, name string, env []string) {
+	t.Helper()
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := store.Create(vms.Record{Name: name, Agent: true, AgentPort: agentvm.Port, Process: &vms.Process{Env: env}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Release() })
+	ln, err := net.Listen("unix", filepath.Join(store.Dir(name), vms.VsockSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := agent.New(agent.Options{})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(agentSocket{ln, agentvm.Port}) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+}
+
+// TestJobShell: prepare runs a job with bash when the image has it, else
+// with sh (busybox's, a link in the image), and refuses an image with
+// neither in one line; the shells are looked for by the VM's agent in the
+// image's PATH. A bash that is there but fails is an error, and so is a
+// VM that is gone: neither passes for a missing bash.
+func TestJobShell(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	hostSh, err := exec.LookPath("sh")
+	if err != nil {
+		testenv.Missing(t, "no sh on this host: %v", err)
+	}
+	// image makes a PATH directory of programs: name -> a link's target,
+	// or a script's body after "#!".
+	image := func(t *testing.T, progs map[string]string) []string {
+		dir := t.TempDir()
+		for name, p := range progs {
+			var err error
+			if body, ok := strings.CutPrefix(p, "#!"); ok {
+				err = os.WriteFile(filepath.Join(dir, name), []byte("#!"+hostSh+"\n"+body+"\n"), 0o755)
+			} else {
+				err = os.Symlink(p, filepath.Join(dir, name))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return []string{"PATH=" + dir}
+	}
+	probe := func(name string) func([]string) error {
+		return func(argv []string) error { return fakeVMStarter.runJobCommand(name, argv, nil, io.Discard, io.Discard) }
+	}
+	for i, tc := range []struct {
+		name  string
+		progs map[string]string
+		want  string // the shell, or the error
+	}{
+		{"bash and sh", map[string]string{"bash": "#!echo bash ran", "sh": hostSh}, "bash"},
+		{"busybox sh only", map[string]string{"busybox": hostSh, "sh": "busybox"}, "sh"},
+		{"bash a dangling link", map[string]string{"bash": "/no/such/bash", "sh": hostSh}, "sh"},
+		{"neither", map[string]string{"ls": hostSh}, "neither bash nor sh found in the job's image"},
+		{"bash fails", map[string]string{"bash": "#!exit 3", "sh": hostSh}, "trying bash: exit status 3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vm := "job" + strconv.Itoa(i)
+			startJobVM(t, vm, image(t, tc.progs))
+			got, err := jobShell(probe(vm))
+			if err != nil {
+				got = err.Error()
+			}
+			if got != tc.want {
+				t.Errorf("jobShell: %q, want %q", got, tc.want)
+			}
+		})
+	}
+	t.Run("no VM", func(t *testing.T) {
+		if got, err := jobShell(probe("gone")); err == nil || strings.Contains(err.Error(), "neither") {
+			t.Errorf("jobShell of a VM that is not there: %q, %v; want the VM's error", got, err)
+		}
+	})
+	// The shell that runs the stages: prepare records one other than
+	// bash; a record without one (bash, or from before prepare looked)
+	// runs them with bash.
+	var old ciJobRecord
+	if err := json.Unmarshal([]byte(`{"vm":"gitlab-1-ab","slot":"p-0"}`), &old); err != nil || old.shell() != "bash" {
+		t.Errorf("a record without a shell: %q, %v; want bash", old.shell(), err)
+	}
+	if r := (ciJobRecord{Shell: "sh"}); r.shell() != "sh" {
+		t.Errorf("a record with sh: %q", r.shell())
 	}
 }

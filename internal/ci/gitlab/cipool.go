@@ -52,6 +52,17 @@ type ciJobRecord struct {
 	Args []string      `json:"args"` // run's arguments for a VM like it, --name aside
 	Pool int           `json:"pool"` // --warm-pool
 	TTL  time.Duration `json:"ttl"`  // --warm-ttl
+	// Shell runs the job's scripts when the image has not the preferred
+	// one (jobShell); "" for that one.
+	Shell string `json:"shell,omitempty"`
+}
+
+// shell is the shell that runs the job's scripts.
+func (r ciJobRecord) shell() string {
+	if r.Shell == "" {
+		return jobShells[0]
+	}
+	return r.Shell
 }
 
 // ciOffer is a warm VM on offer.
