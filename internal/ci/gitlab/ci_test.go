@@ -119,8 +119,8 @@ var fakeVMStarter = Runtime{
 
 // prepare is `microvm ci gitlab prepare` with its default flags, as set
 // changes them, and fakeVMStarter: the job's identity, then Prepare. It
-// returns Prepare's error and what it said on stderr.
-func prepare(t *testing.T, set func(*PrepareOptions)) (error, string) {
+// returns what Prepare said on stderr and its error.
+func prepare(t *testing.T, set func(*PrepareOptions)) (string, error) {
 	t.Helper()
 	o := PrepareOptions{DefaultImage: "debian:12", CPUs: 2, Memory: 2 << 30, CacheSize: 4 << 30,
 		BootTimeout: 2 * time.Minute, Net: "user", Slots: 64, WarmTTL: time.Hour}
@@ -128,17 +128,17 @@ func prepare(t *testing.T, set func(*PrepareOptions)) (error, string) {
 	var msgs strings.Builder
 	id, err := JobIdentity()
 	if err != nil {
-		return fmt.Errorf("ci gitlab prepare: %w", err), ""
+		return "", fmt.Errorf("ci gitlab prepare: %w", err)
 	}
 	err = fakeVMStarter.Prepare(id, o, &msgs)
-	return err, msgs.String()
+	return msgs.String(), err
 }
 
-// cleanup is `microvm ci gitlab cleanup`: its error, and what it said.
-func cleanup() (error, string) {
+// cleanup is `microvm ci gitlab cleanup`: what it said, and its error.
+func cleanup() (string, error) {
 	var msgs strings.Builder
 	err := Cleanup(&msgs)
-	return err, msgs.String()
+	return msgs.String(), err
 }
 
 // shortStateDir is a state directory whose VM socket paths fit a Unix
@@ -189,11 +189,11 @@ func TestGitLabJobForgedIDRemovesNoOtherVM(t *testing.T) {
 		makeStoredVM(t, name)
 	}
 	ciJobEnv(t, "attacker-token", 41, 0, map[string]string{"CI_RUNNER_ID": "7"})
-	if err, msgs := cleanup(); err != nil {
+	if msgs, err := cleanup(); err != nil {
 		t.Errorf("cleanup of a job that prepared nothing: %v, %q", err, msgs)
 	}
 	cacheDir := t.TempDir()
-	err, msgs := prepare(t, func(o *PrepareOptions) {
+	msgs, err := prepare(t, func(o *PrepareOptions) {
 		o.CacheKey, o.CacheSize, o.CacheDir, o.BootTimeout = "p", 16<<20, cacheDir, 100*time.Millisecond
 	})
 	if err == nil || !strings.Contains(err.Error(), "did not start") {
@@ -221,7 +221,7 @@ func TestGitLabPrepareLeavesForeignVM(t *testing.T) {
 	makeStoredVM(t, id.VMName())
 	cacheDir := t.TempDir()
 	flags := func(o *PrepareOptions) { o.CacheKey, o.CacheDir = "p", cacheDir }
-	err, msgs := prepare(t, flags)
+	msgs, err := prepare(t, flags)
 	if err == nil || !strings.Contains(err.Error(), "was not made by this job's prepare") {
 		t.Errorf("prepare over a foreign VM: %v, %q", err, msgs)
 	}
@@ -236,7 +236,7 @@ func TestGitLabPrepareLeavesForeignVM(t *testing.T) {
 	}
 	// Refused as microvm's own error (status 1, not a build failure), in
 	// one line: prepare said nothing else.
-	err, msgs = prepare(t, flags)
+	msgs, err = prepare(t, flags)
 	var bf BuildFailure
 	if err == nil || errors.As(err, &bf) || !strings.Contains(err.Error(), "a prepare already ran for this job token") ||
 		strings.Contains(err.Error(), "\n") || msgs != "" {
@@ -271,7 +271,7 @@ func TestGitLabJobForgedProjectTakesNoOtherCache(t *testing.T) {
 	}
 	ciJobEnv(t, "attacker", 5, 2, map[string]string{"CI_PROJECT_PATH_SLUG": "victim", "CI_PROJECT_ID": "1",
 		"CI_CONCURRENT_PROJECT_ID": "0"})
-	err, msgs := prepare(t, func(o *PrepareOptions) { o.CacheDir, o.WarmPool, o.BootTimeout = cacheDir, 1, 100*time.Millisecond })
+	msgs, err := prepare(t, func(o *PrepareOptions) { o.CacheDir, o.WarmPool, o.BootTimeout = cacheDir, 1, 100*time.Millisecond })
 	if err == nil || !strings.Contains(msgs, "cache project-2-0") {
 		t.Errorf("prepare: %v, %q; want the job's own project's slot", err, msgs)
 	}
