@@ -138,7 +138,7 @@ deps-run deps-test: deps-%:
 # --- tests -------------------------------------------------------------------
 
 # Where tests record which layer ran where, and which tests wait for the box
-# (internal/testenv: RequireKVM, Record); reset by every make test.
+# (internal/testing/testenv: RequireKVM, Record); reset by every make test.
 RECORD      := $(CURDIR)/build/test-record
 # Prebuilt artefacts for the tests, so nothing is built inside the box.
 TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/testguest \

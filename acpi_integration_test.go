@@ -10,7 +10,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices"
 	"github.com/microvm/microvm/devices/acpi"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/kvm/loader"
 )
 

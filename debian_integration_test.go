@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/consoletest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/consoletest"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestDebianCloudKernel boots Debian's own linux-image-cloud-amd64 under

@@ -19,7 +19,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/promtext/promtexttest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/kvm"
 )
 

@@ -28,7 +28,7 @@ import (
 	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/promtext"
 	"github.com/microvm/microvm/internal/promtext/promtexttest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vmm"
 	"github.com/microvm/microvm/kvm"
 	"github.com/microvm/microvm/virtio"

@@ -25,8 +25,8 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/internal/consoletest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/consoletest"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // envNetNS marks the child process TestNetLinux re-executes itself as, in

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestPool: a pool of clones of the echo guest's snapshot hands out

@@ -15,7 +15,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // KVM integration test of snapshots with the bundled test guest: a running

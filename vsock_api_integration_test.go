@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/vsock"
 	"github.com/microvm/microvm/vsock/hybrid"
 )

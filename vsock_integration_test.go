@@ -28,8 +28,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/consoletest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/consoletest"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/vsock"
 )
 

@@ -18,7 +18,7 @@
 // The package has no non-test code beyond this comment. bin/microvm and the
 // initramfs come from $MICROVM_BINARY and $MICROVM_INITRD when set (make
 // test sets both; nothing may be built inside the box), otherwise from make
-// bin/microvm and make initramfs (internal/testenv). Missing prerequisites
+// bin/microvm and make initramfs (internal/testing/testenv). Missing prerequisites
 // skip a test with a message, and fail it when CI=true. See
 // docs/vhost-user.md for what each test checks and how to run the suite.
 //

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // Bounds on every wait. TCG boots the guest to /init in about a second; these
@@ -78,7 +78,7 @@ func scaled(d time.Duration) time.Duration {
 // artefacts are what a test boots: prebuilt when $MICROVM_BINARY and
 // $MICROVM_INITRD name them (make test sets both, and nothing may be built
 // inside the nested-KVM box), otherwise brought up to date by make
-// (internal/testenv).
+// (internal/testing/testenv).
 type artefacts struct {
 	microvm string // bin/microvm
 	initrd  string // the guest's initramfs with the Go /init

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // microvmConfig is one machine configuration of microvm run.

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestLayoutSizes checks every struct that mirrors a kernel layout against

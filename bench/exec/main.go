@@ -49,7 +49,7 @@ import (
 	"github.com/microvm/microvm/bench/internal/agentguest"
 	"github.com/microvm/microvm/bench/internal/benchenv"
 	"github.com/microvm/microvm/guest/agentapi"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 const prog = "exec-bench"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/microvm/microvm/bench/internal/benchenv"
 	"github.com/microvm/microvm/bench/internal/ioproto"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // metric is one row of the table: a figure computed from one guest result

@@ -58,7 +58,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/bench/internal/benchenv"
-	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/internal/testing/kvmbox"
 )
 
 const prog = "bench-linuxboot"

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // clone is one `microvm restore` process of the snapshot.

@@ -11,8 +11,8 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/bench/internal/agentguest"
-	"github.com/microvm/microvm/internal/consoletest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/consoletest"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // vm is one machine in this process, booted (microvm.New) or restored

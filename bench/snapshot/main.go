@@ -58,7 +58,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/bench/internal/benchenv"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 const prog = "snapshot-bench"

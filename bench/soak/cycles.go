@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // cyclesConfig is one start/stop soak: Cycles machines started and stopped

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/virtio"
 	"github.com/microvm/microvm/virtio/vhostuser"
 	"github.com/microvm/microvm/vsock"

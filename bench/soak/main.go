@@ -34,7 +34,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/bench/internal/benchenv"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 func main() {

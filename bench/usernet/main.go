@@ -33,7 +33,7 @@ import (
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
 	"github.com/microvm/microvm/devices/virtionet/usernet/usernettest"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 type row struct {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/bench/internal/vhufront"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestVhostUserChroot: `microvm vhost-user-vsock --chroot DIR` (bin/microvm,

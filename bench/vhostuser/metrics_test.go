@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/bench/internal/vhufront"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // metricsClient is an HTTP client of the Unix socket path.

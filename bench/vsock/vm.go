@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // guestPort is the vsock port the test guest listens on.

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/containerdshim"
-	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/internal/testimage"
+	"github.com/microvm/microvm/internal/testing/testenv"
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // EnvBench turns TestContainerdBench on: its value is where the JSON goes

@@ -21,8 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/microvm/microvm/internal/containerdshim"
-	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/internal/testimage"
+	"github.com/microvm/microvm/internal/testing/testenv"
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // runtimeName is what ctr's --runtime and containerd's config call the shim.

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/guest/agent"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // vsockListener plays the VMM's hybrid-vsock socket in front of an

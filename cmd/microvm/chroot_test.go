@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // jailDir makes a short directory for --chroot (socket paths must fit in

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/ci/gitlab"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // GitLab's exit-code variables as this scenario sets them: distinct, so

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // checkProfile: go tool pprof reads path as a CPU profile of the binary.

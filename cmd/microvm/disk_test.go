@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // rootDir lays out a root file system for exec --root: the agent as /init,

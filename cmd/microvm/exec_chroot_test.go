@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestExecChroot runs `microvm exec --chroot DIR` as its own process (so

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestExecUsage: exec's flag and argument errors exit 2 with one line and

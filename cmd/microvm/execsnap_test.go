@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestExecSnapshotUsage: what exec --snapshot cannot do yet is a usage

@@ -20,8 +20,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm/internal/testenv"
-	"github.com/microvm/microvm/internal/testimage"
+	"github.com/microvm/microvm/internal/testing/testenv"
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // tarEntry is one entry of a test layer.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/image"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestApplyImage: an image's configuration applies as docker run applies

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // envExecNetNS marks the child TestExecNetSeccomp re-executes itself as, in

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/seccomp"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
 

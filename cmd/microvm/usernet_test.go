@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestExecUserNet runs `microvm exec --net user,host-loopback` with

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestStructSizes pins every layout struct to the length the specification

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestOpenTAPIn creates a TAP inside a network namespace the test made

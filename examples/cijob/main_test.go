@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestCIJob runs the example's job for real: a fresh VM, the script in,

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 func TestParseAdd(t *testing.T) {

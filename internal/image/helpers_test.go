@@ -23,7 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/microvm/microvm/internal/testimage"
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // anonymous is a keychain that never reads docker's config: tests must not

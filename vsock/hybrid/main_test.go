@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestMain keeps a dying fuzzing worker's output (scripts/fuzz).

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // HostInfo describes the machine: OS, architecture, CPU count and model,

@@ -18,7 +18,7 @@ import (
 	"github.com/microvm/microvm/devices/virtionet"
 	"github.com/microvm/microvm/devices/virtionet/usernet"
 	"github.com/microvm/microvm/devices/virtionet/usernet/netpolicy"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/miekg/dns"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestGreeter boots the example's VM, starts the user's gRPC service in it

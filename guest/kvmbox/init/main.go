@@ -35,7 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm/guest/pid1"
-	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/internal/testing/kvmbox"
 	"github.com/microvm/microvm/kvm"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/internal/testing/kvmbox"
 )
 
 // A box whose command goes silent is ended by the host after

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/internal/testing/kvmbox"
 )
 
 func TestTaskStat(t *testing.T) {

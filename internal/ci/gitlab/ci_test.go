@@ -21,7 +21,7 @@ import (
 
 	"github.com/microvm/microvm/guest/agent"
 	"github.com/microvm/microvm/internal/agentvm"
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
 

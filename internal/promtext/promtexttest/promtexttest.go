@@ -16,7 +16,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // Exposition is a parsed Prometheus text exposition: each series (name and

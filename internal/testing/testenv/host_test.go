@@ -40,14 +40,14 @@ func TestRecordAndQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(rec), "kvm native internal/testenv TestRecordAndQueue\n"; got != want {
+	if got, want := string(rec), "kvm native internal/testing/testenv TestRecordAndQueue\n"; got != want {
 		t.Errorf("record.txt = %q, want %q", got, want)
 	}
 	q, err := os.ReadFile(filepath.Join(dir, "queue.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(q), "internal/testenv TestRecordAndQueue\ninternal/testenv TestRecordAndQueue alone\n"; got != want {
+	if got, want := string(q), "internal/testing/testenv TestRecordAndQueue\ninternal/testing/testenv TestRecordAndQueue alone\n"; got != want {
 		t.Errorf("queue.txt = %q, want %q", got, want)
 	}
 	t.Setenv(EnvTestRecord, "")

@@ -22,7 +22,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/microvm/microvm/internal/kvmbox"
+	"github.com/microvm/microvm/internal/testing/kvmbox"
 )
 
 func main() { os.Exit(Main(os.Args[1:], os.Stderr)) }

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/microvm/microvm/internal/boxtest"
+	"github.com/microvm/microvm/internal/testing/boxtest"
 )
 
 func main() {

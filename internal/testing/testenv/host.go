@@ -40,7 +40,7 @@ func (h HostKVM) String() string {
 // host can pretend to be a PVM or KVM-less one, to exercise the box paths.
 const EnvHostKVM = "MICROVM_HOST_KVM"
 
-// EnvInBox is set to 1 inside the nested-KVM box (internal/kvmbox).
+// EnvInBox is set to 1 inside the nested-KVM box (internal/testing/kvmbox).
 const EnvInBox = "MICROVM_IN_BOX"
 
 // EnvTestRecord names a directory where tests record which layer ran where
@@ -182,7 +182,7 @@ func Record(tb testing.TB, layer, where string) {
 }
 
 // queue adds tb's top-level test to the box's queue ("DIR Test", or
-// "DIR Test alone" for a box of its own: internal/boxtest reads it); false
+// "DIR Test alone" for a box of its own: internal/testing/boxtest reads it); false
 // when there is no queue (the test runs outside make test).
 func queue(tb testing.TB, alone bool) bool {
 	line := fmt.Sprintf("%s %s", packageDir(tb), topName(tb))
