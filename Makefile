@@ -64,7 +64,7 @@ CRICTL      := $(TOOLS)/crictl
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel conformance fuzz fuzz-smoke \
+.PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel docker-check-config conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
@@ -158,7 +158,7 @@ check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/contai
 
 # make test's stages, in order; scripts/test-stages runs each and times it,
 # scripts/test-times prints the table (and build/test-record/times.json).
-TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image kernel initramfs kvmbox conformance \
+TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image kernel docker-check-config initramfs kvmbox conformance \
 	vet fmt-check staticcheck go-test fuzz-smoke guest-test box-test
 
 test:
@@ -226,6 +226,11 @@ guest-test: bin/testguest bin/microvm bin/microvm-full
 
 kernel:
 	guest/kernel/build.sh build/kernel
+
+# Docker's own kernel check (contrib/check-config.sh of Debian's docker.io,
+# the script only), which guest/kernel's test runs against the kernel's config.
+docker-check-config:
+	scripts/docker-check-config build/docker/check-config.sh
 
 # Debian's linux-image-cloud-amd64 and an initramfs for it (TestDebianCloudKernel).
 debian-kernel:
