@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/microvm/microvm/internal/testenv"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // dockerNeeds is what Docker in the guest needs beyond check-config.sh's
