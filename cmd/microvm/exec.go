@@ -282,7 +282,7 @@ func runExec(o *execOpts) error {
 		initrd = f.Name()
 		f.Close()
 		defer os.Remove(initrd) // gone already unless New failed
-		if err := writeImage(initrd, o.image); err != nil {
+		if err := agentimage.WriteFile(initrd, o.image); err != nil {
 			return fmt.Errorf("exec: guest image: %w", err)
 		}
 	}
