@@ -38,7 +38,7 @@ type Options struct {
 	Hooks
 }
 
-// Hooks are what only the caller has.
+// Hooks are what only the caller has; Run calls each, so none may be nil.
 type Hooks struct {
 	// Interruptible returns a context that a signal cancels and its stop;
 	// Run calls it once the machine is made.
