@@ -23,6 +23,7 @@ import (
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
@@ -33,9 +34,6 @@ import (
 const (
 	agentPort = agentvm.Port
 	execCID   = 3
-	// consoleKeep is how much of the guest console exec keeps, to show
-	// when the agent never answers.
-	consoleKeep = 64 << 10
 )
 
 func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
@@ -127,7 +125,7 @@ type execOpts struct {
 	// New and Run.
 	confine func() error
 	// warm is --snapshot's warm start, or nil.
-	warm *warmStart
+	warm *execvm.WarmStart
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
@@ -261,119 +259,33 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// runExec boots the VM, waits for the agent, runs the command and returns
-// its exit status as runInGuest does. exec reaches the agent in-process
-// (Machine.DialVsock): the vsock device has no Unix socket, and nothing of
-// exec's lies in the file system once the VM is set up, so --chroot and
-// the seccomp filter need no room for it.
+// runExec is exec in a fresh VM (or a clone of --snapshot's): the
+// machine, the command and exec's hooks, handed to execvm.Run; its error
+// is the command's exit status as runInGuest returns it, or why the VM
+// could not run it.
 func runExec(o *execOpts) error {
-	// With --root the guest boots from the disk, whose /init must be
-	// the agent; otherwise from the agent's initramfs, written to a
-	// temporary file that is removed once New has loaded it.
-	initrd := ""
-	if o.warm != nil && o.warm.snap != nil {
-		return runInClone(o)
+	name := ""
+	if len(o.cmd.argv) > 0 {
+		name = o.cmd.argv[0]
 	}
-	if o.devices.Root == "" {
-		f, err := os.CreateTemp("", "microvm-exec-*.cpio")
-		if err != nil {
-			return fmt.Errorf("exec: guest image: %w", err)
-		}
-		initrd = f.Name()
-		f.Close()
-		defer os.Remove(initrd) // gone already unless New failed
-		if err := writeImage(initrd, o.image); err != nil {
-			return fmt.Errorf("exec: guest image: %w", err)
-		}
-	}
-	console := &agentvm.TailBuffer{Max: consoleKeep}
-	m, err := microvm.New(o.machineConfig(initrd, console))
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	if initrd != "" {
-		// Loaded into guest memory by New.
-		if err := os.Remove(initrd); err != nil {
-			return fmt.Errorf("exec: %w", err)
-		}
-	}
-	return runExecIn(o, m, console)
-}
-
-// runInClone is runExec in a clone of --snapshot's snapshot.
-func runInClone(o *execOpts) error {
-	console := &agentvm.TailBuffer{Max: consoleKeep}
-	m, err := o.warm.restore(o, console)
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	return runExecIn(o, m, console)
-}
-
-// runExecIn runs m, waits for its agent (then, for exec --snapshot's
-// first run, snapshots it), runs the command and returns its exit status
-// as runInGuest does.
-func runExecIn(o *execOpts, m *microvm.Machine, console *agentvm.TailBuffer) error {
-	sigCtx, stop := interruptible(context.Background())
-	defer stop()
-	if err := o.confine(); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(sigCtx)
-	defer cancel()
-	vmDone := make(chan struct{})
-	var res microvm.Result
-	var runErr error
-	go func() {
-		defer close(vmDone)
-		res, runErr = m.Run(ctx)
-	}()
-	defer func() { cancel(); <-vmDone }()
-
-	what := "exec: booting the VM and waiting for its agent"
-	if o.warm != nil && o.warm.snap != nil {
-		what = "exec: waiting for the restored VM's agent"
-	}
-	stopProgress := startProgress(o.cmd.stderr, o.quiet, what)
-	cc, err := agentvm.Wait(ctx, m, o.bootTimeout, vmDone)
-	if err == nil && o.warm != nil && o.warm.snap == nil {
-		cc, err = o.warm.save(ctx, o, m, cc, vmDone)
-	}
-	if err == nil {
-		if err = agentvm.AdoptMACs(ctx, m, cc); err != nil {
-			cc.Close()
-		}
-	}
-	stopProgress()
-	if err != nil {
-		if serr := signalStatus(sigCtx, o.log); serr != nil {
-			return serr
-		}
-		select {
-		case <-vmDone:
-			err = fmt.Errorf("%w (the VM ended: %s)", err, agentvm.End(res, runErr))
-		default:
-		}
-		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
-	}
-	defer cc.Close()
-	// --timeout is the guest's to enforce; past it plus unresponsiveGrace
-	// the host gives up on the guest and stops the VM.
-	err, cut := agentvm.Supervise(sigCtx, vmDone, o.cmd.timeout, unresponsiveGrace,
-		func(ctx context.Context) error { return runInGuest(ctx, cc, "exec", o.cmd, o.log) },
-		func(err error) bool { var se statusError; return !errors.As(err, &se) })
-	var gu agentvm.UnresponsiveError
-	if errors.As(cut, &gu) {
-		return fmt.Errorf("exec: %s: %w; the VM was stopped; guest console:\n%s",
-			o.cmd.argv[0], gu, strings.TrimRight(console.String(), "\n"))
-	}
-	if errors.Is(cut, agentvm.ErrVMEnded) {
-		return fmt.Errorf("exec: %w while %s ran (%s); guest console:\n%s",
-			agentvm.ErrVMEnded, o.cmd.argv[0], agentvm.End(res, runErr), strings.TrimRight(console.String(), "\n"))
-	}
-	return err
+	return execvm.Run(execvm.Options{
+		Config: o.machineConfig("", nil), Image: o.image, Warm: o.warm,
+		BootTimeout: o.bootTimeout,
+		// --timeout is the guest's to enforce; past it plus
+		// unresponsiveGrace the host gives up on the guest and stops the VM.
+		Timeout: o.cmd.timeout, Grace: unresponsiveGrace,
+		Name: name,
+		Hooks: execvm.Hooks{
+			Interruptible: interruptible,
+			SignalStatus:  func(ctx context.Context) error { return signalStatus(ctx, o.log) },
+			Confine:       o.confine,
+			Progress:      func(what string) func() { return startProgress(o.cmd.stderr, o.quiet, what) },
+			Command: func(ctx context.Context, cc *agentapi.Conn) error {
+				return runInGuest(ctx, cc, "exec", o.cmd, o.log)
+			},
+			CommandEnded: func(err error) bool { var se statusError; return errors.As(err, &se) },
+		},
+	})
 }
 
 // unresponsiveGrace is how long past --timeout exec waits for the guest's

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
@@ -75,7 +76,7 @@ func TestExecSnapshot(t *testing.T) {
 		t.Fatalf("first exec: status %d, stdout %q, stderr %q", status, stdout, stderr)
 	}
 	info, err := microvm.ReadSnapshot(dir)
-	if err != nil || info.Labels[labelExecKey] == "" {
+	if err != nil || info.Labels[execvm.LabelExecKey] == "" {
 		t.Fatalf("the first exec's snapshot: %+v, %v; want one with its key", info.Labels, err)
 	}
 	// Let time pass between the save and the restores, so that a clock

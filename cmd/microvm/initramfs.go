@@ -43,7 +43,7 @@ func initramfsCommand() *cli.Command {
 			if st, err := os.Stat(out); err == nil && st.IsDir() {
 				return fmt.Errorf("initramfs: -o %s: is a directory", out)
 			}
-			if err := writeImage(out, img); err != nil {
+			if err := agentimage.WriteFile(out, img); err != nil {
 				return fmt.Errorf("initramfs: %w", err)
 			}
 			return nil
@@ -64,29 +64,6 @@ func readImageFlags(c *cli.Context) (agentimage.Options, error) {
 		o.Agent = filepath.Join(binDir(), "microvm-agent")
 	}
 	return o, nil
-}
-
-// writeImage writes the exec image to path.tmp and renames it to path once
-// it is complete; on failure path.tmp is removed and path is left alone.
-func writeImage(path string, o agentimage.Options) (err error) {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp)
-		}
-	}()
-	err = agentimage.Build(f, o)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // listValues is a listFlag's values (nil when the flag is not defined).

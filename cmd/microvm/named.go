@@ -27,6 +27,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
@@ -148,7 +149,7 @@ func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) 
 		}
 		f.Close()
 		defer os.Remove(f.Name()) // in guest memory once New returns
-		if err := writeImage(f.Name(), img.exec.image); err != nil {
+		if err := agentimage.WriteFile(f.Name(), img.exec.image); err != nil {
 			return nil, failure{fmt.Errorf("run: guest image: %w", err)}
 		}
 		cfg.Initrd = f.Name()

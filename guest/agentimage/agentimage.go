@@ -69,6 +69,29 @@ func Build(w io.Writer, o Options) error {
 	return err
 }
 
+// WriteFile writes the image to path.tmp and renames it to path once
+// it is complete; on failure path.tmp is removed and path is left alone.
+func WriteFile(path string, o Options) (err error) {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	err = Build(f, o)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 func build(cw *initramfs.Writer, o Options) error {
 	for _, d := range []string{"dev", "proc", "sys", "tmp", "run", "root", "bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc"} {
 		if err := cw.Dir(d, 0o755); err != nil {
