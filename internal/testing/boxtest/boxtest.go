@@ -35,6 +35,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -122,7 +123,11 @@ type Config struct {
 	QuietTimeout time.Duration
 	// Reruns is how many more rounds the box's artefacts get.
 	Reruns int
-	Out    io.Writer
+	// Parallel is how many boxes run at once (0 or 1: one at a time, each
+	// box's output streamed as it comes). With more, a box's output goes
+	// to Out whole when the box ends, so boxes do not interleave.
+	Parallel int
+	Out      io.Writer
 	// Build makes pkg's test binary at bin (nil: go test -c).
 	Build func(ctx context.Context, pkg, bin string) error
 }
@@ -166,46 +171,15 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d box(es), one fresh box per package and per lone test (box timeout %v, test timeout %v, quiet timeout %v, stage budget %v)\n",
 		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.QuietTimeout, c.Budget)
 
+	if c.Parallel > 1 {
+		c.Out = &lockedWriter{w: c.Out}
+	}
 	failed := map[string]string{} // "pkg Test" -> why
 	pending := pkgs
 	for round := 0; round <= c.Reruns && len(pending) > 0; round++ {
-		var next []Package
-		for i, p := range pending {
-			elapsed := time.Since(start)
-			lim, ok := c.limits(round, elapsed)
-			if !ok {
-				for _, q := range pending[i:] {
-					for _, t := range q.Tests {
-						failed[q.Dir+" "+t] = fmt.Sprintf("not run: the box stage's budget (%v) ran out after %v", c.Budget, elapsed.Round(time.Second))
-					}
-				}
-				break
-			}
-			if lim.box < c.BoxTimeout {
-				fmt.Fprintf(c.Out, "box-test: %s: box timeout %v, test timeout %v: what the stage's budget has left\n",
-					p.box(), lim.box.Round(time.Second), lim.test.Round(time.Second))
-			}
-			v, err := c.runBox(ctx, p, bins[p.Dir], round, lim)
-			if err != nil {
-				return err
-			}
-			for t, why := range v.Failed {
-				failed[p.Dir+" "+t] = why
-			}
-			if len(v.Rerun) == 0 {
-				continue
-			}
-			q := Package{Dir: p.Dir, Alone: p.Alone}
-			for _, t := range p.Tests {
-				if r, ok := v.Rerun[t]; ok {
-					q.Tests = append(q.Tests, t)
-					if err := appendLine(filepath.Join(c.Record, "reruns.txt"), fmt.Sprintf("%s %s %s", p.Dir, t, r)); err != nil {
-						return err
-					}
-					fmt.Fprintf(c.Out, "box-test: %s %s: %s\n", p.Dir, t, r)
-				}
-			}
-			next = append(next, q)
+		next, err := c.runRound(ctx, pending, bins, round, start, failed)
+		if err != nil {
+			return err
 		}
 		if round == c.Reruns {
 			for _, q := range next {
@@ -232,6 +206,97 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 		fmt.Fprintf(&b, "\n  %s: %s", k, failed[k])
 	}
 	return fmt.Errorf("box-test: %d test(s) failed in the box:%s", len(keys), b.String())
+}
+
+// runRound runs one round's boxes, c.Parallel at a time, adding to failed
+// what failed for good, and returns the packages whose tests the boxes'
+// own artefacts explain (to rerun), in pending's order. A box starts only
+// while the stage's budget lasts (limits); the tests of those that cannot
+// start fail as not run.
+func (c Config) runRound(ctx context.Context, pending []Package, bins map[string]string, round int, start time.Time, failed map[string]string) ([]Package, error) {
+	var (
+		mu    sync.Mutex // guards failed, reruns, firstErr and the reruns record
+		wg    sync.WaitGroup
+		slots = make(chan struct{}, max(c.Parallel, 1))
+	)
+	reruns := make([]Package, len(pending))
+	var firstErr error
+	for i, p := range pending {
+		slots <- struct{}{}
+		mu.Lock()
+		stop := firstErr != nil
+		mu.Unlock()
+		elapsed := time.Since(start)
+		lim, ok := c.limits(round, elapsed)
+		if stop || !ok {
+			<-slots
+			if !ok {
+				mu.Lock()
+				for _, q := range pending[i:] {
+					for _, t := range q.Tests {
+						failed[q.Dir+" "+t] = fmt.Sprintf("not run: the box stage's budget (%v) ran out after %v", c.Budget, elapsed.Round(time.Second))
+					}
+				}
+				mu.Unlock()
+			}
+			break
+		}
+		if lim.box < c.BoxTimeout {
+			fmt.Fprintf(c.Out, "box-test: %s: box timeout %v, test timeout %v: what the stage's budget has left\n",
+				p.box(), lim.box.Round(time.Second), lim.test.Round(time.Second))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			v, err := c.runBox(ctx, p, bins[p.Dir], round, lim)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				return
+			}
+			for t, why := range v.Failed {
+				failed[p.Dir+" "+t] = why
+			}
+			q := Package{Dir: p.Dir, Alone: p.Alone}
+			for _, t := range p.Tests {
+				if r, ok := v.Rerun[t]; ok {
+					q.Tests = append(q.Tests, t)
+					if err := appendLine(filepath.Join(c.Record, "reruns.txt"), fmt.Sprintf("%s %s %s", p.Dir, t, r)); err != nil && firstErr == nil {
+						firstErr = err
+					}
+					fmt.Fprintf(c.Out, "box-test: %s %s: %s\n", p.Dir, t, r)
+				}
+			}
+			reruns[i] = q
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	var next []Package
+	for _, q := range reruns {
+		if len(q.Tests) > 0 {
+			next = append(next, q)
+		}
+	}
+	return next, nil
+}
+
+// lockedWriter serializes the writes of boxes that run at once.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 // boxLimits are one box's timeouts.
@@ -283,7 +348,10 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	args = append(args, "--", "sh", "-c", script)
 	cmd := exec.CommandContext(ctx, c.Kvmbox[0], args...)
 	cmd.Dir = c.Root
-	w := io.MultiWriter(c.Out, logf)
+	var w io.Writer = logf
+	if c.Parallel <= 1 {
+		w = io.MultiWriter(c.Out, logf)
+	}
 	cmd.Stdout, cmd.Stderr = w, w
 	fmt.Fprintf(c.Out, "box-test: %s: box for %s\n", p.box(), strings.Join(p.Tests, " "))
 	begin := time.Now()
@@ -298,6 +366,12 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 		return Verdict{}, fmt.Errorf("box-test: %s: %w", p.Dir, err)
 	}
 	took := time.Since(begin)
+	if c.Parallel > 1 {
+		// The box's whole output at once (one write: c.Out is locked).
+		if b, err := os.ReadFile(logPath); err == nil {
+			fmt.Fprintf(c.Out, "box-test: %s: the box's output:\n%s", p.box(), b)
+		}
+	}
 	boxFailed := status == ExitBoxFailure
 	fmt.Fprintf(c.Out, "box-test: %s: box ended in %v with status %d%s\n", p.box(),
 		took.Round(time.Second), status, map[bool]string{true: " (the box itself failed)"}[boxFailed])

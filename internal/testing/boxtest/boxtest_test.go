@@ -373,3 +373,61 @@ func TestL1Oops(t *testing.T) {
 		}
 	}
 }
+
+// TestRunParallel: with Parallel 2 two boxes run at once (package a's
+// test passes only if b's box starts while a's is running), a rerun still
+// follows its box's artefacts, and each box's output reaches Out whole.
+func TestRunParallel(t *testing.T) {
+	root := t.TempDir()
+	rec := filepath.Join(root, "build", "rec")
+	for _, d := range []string{rec, filepath.Join(root, "a"), filepath.Join(root, "b")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marker := filepath.Join(root, "b-started")
+	build := func(_ context.Context, pkg, bin string) error {
+		var script string
+		switch pkg {
+		case "a": // waits at most 20 s for b's box to start
+			script = fmt.Sprintf(`#!/bin/sh
+echo "=== RUN   TestA"
+i=0
+while [ ! -e %q ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done
+if [ -e %q ]; then echo "--- PASS: TestA (0.00s)"; exit 0; fi
+echo "    a_test.go:1: b's box never ran beside this one"
+echo "--- FAIL: TestA (20.00s)"; exit 1
+`, marker, marker)
+		case "b": // marks its start; its first run's box dies (a rerun)
+			script = fmt.Sprintf(`#!/bin/sh
+touch %q
+n=$(cat %q 2>/dev/null || echo 0); echo $((n+1)) >%q
+echo "=== RUN   TestB"
+if [ "$n" = 0 ]; then echo BOXDIE; exit 0; fi
+echo "--- PASS: TestB (0.00s)"
+`, marker, bin+".count", bin+".count")
+		}
+		return os.WriteFile(bin, []byte(script), 0o755)
+	}
+	var out bytes.Buffer
+	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Minute,
+		TestTimeout: 30 * time.Second, Budget: time.Hour, Reruns: 1, Parallel: 2, Out: &out, Build: build}
+	if err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestA"}}, {Dir: "b", Tests: []string{"TestB"}}}); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	if reruns, _ := os.ReadFile(filepath.Join(rec, "reruns.txt")); string(reruns) != "b TestB box-failed\n" {
+		t.Errorf("reruns.txt = %q, want b TestB box-failed", reruns)
+	}
+	// Each box's output is one block: its RUN line right after the header.
+	for _, box := range []string{"a", "b"} {
+		hdr := "box-test: " + box + ": the box's output:\n"
+		i := strings.Index(out.String(), hdr)
+		if i < 0 {
+			t.Fatalf("no output block for box %s:\n%s", box, out.String())
+		}
+		rest := out.String()[i+len(hdr):]
+		if !strings.Contains(rest[:strings.Index(rest, "=== RUN")+len("=== RUN   Test")+1], "fakebox:") {
+			t.Errorf("box %s's block does not start with its own output:\n%s", box, rest)
+		}
+	}
+}

@@ -9,7 +9,7 @@
 // scenario under TCG takes minutes), BOX_QUIET_TIMEOUT (a box whose tests
 // printed nothing for this long is ended and rerun, default 8m, 0: never),
 // BOX_BUDGET (no box starts after this long, default 40m), BOX_RERUNS
-// (default 3).
+// (default 3), BOX_PARALLEL (boxes at once, default 1).
 // Exit status: 0 when every queued test passed in the box, 1 when one
 // failed, 2 on bad usage.
 package main
@@ -89,6 +89,14 @@ func run(ctx context.Context, args []string) int {
 			return fail(2, "BOX_RERUNS=%q: want 0..5", s)
 		}
 		c.Reruns = n
+	}
+	c.Parallel = 1
+	if s := os.Getenv("BOX_PARALLEL"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 4 {
+			return fail(2, "BOX_PARALLEL=%q: want 1..4 boxes at once", s)
+		}
+		c.Parallel = n
 	}
 	f, err := os.Open(filepath.Join(rec, "queue.txt"))
 	if os.IsNotExist(err) {
