@@ -479,6 +479,9 @@ func TestJobShell(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"vm":"gitlab-1-ab","slot":"p-0"}`), &old); err != nil || old.shell() != "bash" {
 		t.Errorf("a record without a shell: %q, %v; want bash", old.shell(), err)
 	}
+	if r := (ciJobRecord{Shell: "/bin/evil"}); r.shell() != "bash" {
+		t.Errorf("a record naming another program: %q, want bash (only the shells prepare chooses from)", r.shell())
+	}
 	if r := (ciJobRecord{Shell: "sh"}); r.shell() != "sh" {
 		t.Errorf("a record with sh: %q", r.shell())
 	}

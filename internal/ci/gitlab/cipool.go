@@ -57,12 +57,13 @@ type ciJobRecord struct {
 	Shell string `json:"shell,omitempty"`
 }
 
-// shell is the shell that runs the job's scripts.
+// shell is the shell that runs the job's scripts: only one of jobShells,
+// whatever the record file says, so an edited record cannot pick the program.
 func (r ciJobRecord) shell() string {
-	if r.Shell == "" {
-		return jobShells[0]
+	if slices.Contains(jobShells[:], r.Shell) {
+		return r.Shell
 	}
-	return r.Shell
+	return jobShells[0]
 }
 
 // ciOffer is a warm VM on offer.
