@@ -20,8 +20,9 @@ const (
 )
 
 // cloneFile makes dst (which must not exist) a private copy of src:
-// a reflink where the file system allows one, else a sparse copy. dst is
-// synced; on error it is removed.
+// a reflink where the file system allows one, else a sparse copy; on
+// error dst is removed. dst is not synced: a clone lost to a host crash
+// is lost with its job, and Commit syncs what it keeps.
 func cloneFile(dst, src string) (cloneMethod, error) {
 	in, err := os.Open(src)
 	if err != nil {
@@ -33,9 +34,6 @@ func cloneFile(dst, src string) (cloneMethod, error) {
 		return "", err
 	}
 	method, err := cloneInto(out, in)
-	if err == nil {
-		err = out.Sync()
-	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
