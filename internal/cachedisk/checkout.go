@@ -75,32 +75,56 @@ func (s *Store) Checkout(ctx context.Context, name string, size int64) (Clone, e
 	if err != nil {
 		return Clone{}, err
 	}
-	l, err := s.lock(name, true)
+	src, base, err := s.newest(name)
 	if err != nil {
 		return Clone{}, err
 	}
-	defer l.Close()
-	good, err := s.scan(name)
-	if err != nil {
-		return Clone{}, fmt.Errorf("cache %s: %w", name, err)
-	}
 	if err := os.MkdirAll(s.clonesDir(name), 0o700); err != nil {
+		if src != nil {
+			src.Close()
+		}
 		return Clone{}, fmt.Errorf("cache %s: %w", name, err)
 	}
-	if len(good) == 0 {
+	if src == nil {
 		if err := s.newDisk(ctx, path, size); err != nil {
 			return Clone{}, fmt.Errorf("cache %s: new disk: %w", name, err)
 		}
 		c.Method = cloneNew
 		return c, nil
 	}
-	v := good[len(good)-1]
-	method, err := cloneFile(path, filepath.Join(s.nameDir(name), imageName(v.n)))
+	defer src.Close()
+	method, err := cloneFile(path, src)
 	if err != nil {
-		return Clone{}, fmt.Errorf("cache %s: version %d: %w", name, v.n, err)
+		return Clone{}, fmt.Errorf("cache %s: version %d: %w", name, base, err)
 	}
-	c.Base, c.Method = v.n, string(method)
+	c.Base, c.Method = base, string(method)
 	return c, nil
+}
+
+// newest opens name's newest good version's image, found under name's
+// lock, and returns it with its number; nil when there is none. The copy
+// is made from the open file without the lock, so that jobs checking out
+// at once do not wait for each other's copies: a version is never
+// written, and one evicted meanwhile stays readable through the file.
+func (s *Store) newest(name string) (*os.File, int, error) {
+	l, err := s.lock(name, true)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer l.Close()
+	good, err := s.scan(name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("cache %s: %w", name, err)
+	}
+	if len(good) == 0 {
+		return nil, 0, nil
+	}
+	v := good[len(good)-1]
+	f, err := os.Open(filepath.Join(s.nameDir(name), imageName(v.n)))
+	if err != nil {
+		return nil, 0, fmt.Errorf("cache %s: version %d: %w", name, v.n, err)
+	}
+	return f, v.n, nil
 }
 
 // Discard removes a clone without committing it: a failed or killed job.

@@ -19,27 +19,22 @@ const (
 	cloneSparse cloneMethod = "sparse copy"
 )
 
-// cloneFile makes dst (which must not exist) a private copy of src:
-// a reflink where the file system allows one, else a sparse copy; on
-// error dst is removed. dst is not synced: a clone lost to a host crash
-// is lost with its job, and Commit syncs what it keeps.
-func cloneFile(dst, src string) (cloneMethod, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return "", err
-	}
-	defer in.Close()
+// cloneFile makes dst (which must not exist) a private copy of the open
+// file src: a reflink where the file system allows one, else a sparse
+// copy; on error dst is removed. dst is not synced: a clone lost to a
+// host crash is lost with its job, and Commit syncs what it keeps.
+func cloneFile(dst string, src *os.File) (cloneMethod, error) {
 	out, err := os.OpenFile(dst, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return "", err
 	}
-	method, err := cloneInto(out, in)
+	method, err := cloneInto(out, src)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		os.Remove(dst)
-		return "", fmt.Errorf("clone %s: %w", src, err)
+		return "", fmt.Errorf("clone %s: %w", src.Name(), err)
 	}
 	return method, nil
 }

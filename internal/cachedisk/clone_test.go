@@ -30,13 +30,16 @@ func TestSparseCopy(t *testing.T) {
 	for _, method := range []string{"cloneFile", "sparseCopy"} {
 		t.Run(method, func(t *testing.T) {
 			dst := filepath.Join(dir, method)
+			in, err := os.Open(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
 			if method == "cloneFile" {
-				if _, err := cloneFile(dst, src); err != nil {
+				if _, err := cloneFile(dst, in); err != nil {
 					t.Fatal(err)
 				}
 			} else {
-				in, _ := os.Open(src)
-				defer in.Close()
 				out, err := os.Create(dst)
 				if err != nil {
 					t.Fatal(err)
@@ -57,7 +60,12 @@ func TestSparseCopy(t *testing.T) {
 			}
 		})
 	}
-	if _, err := cloneFile(filepath.Join(dir, "cloneFile"), src); err == nil {
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := cloneFile(filepath.Join(dir, "cloneFile"), in); err == nil {
 		t.Error("cloneFile over an existing file succeeded")
 	}
 }

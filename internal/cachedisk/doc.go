@@ -49,4 +49,13 @@
 // Lock order: a name's lock is taken blocking by the operation on that
 // name; the locks of other names are only tried (eviction across the
 // store skips a name that is busy), so two commits cannot deadlock.
+// Checkout holds the lock only to find and open the newest version; it
+// copies from the open file after letting go, so jobs checking out at
+// once do not queue behind each other's copies.
+//
+// What the checks catch: a missing or torn manifest, an image of another
+// length, a head (superblock and group descriptors) that changed or lost
+// its ext4 magic. A flipped bit further in is not looked for (that would
+// read the whole image on every use); ext4's own metadata checksums in
+// the guest are the check there.
 package cachedisk
