@@ -1,7 +1,7 @@
 // Package dockervm starts Docker inside a VM that runs microvm's guest
 // agent, before the user's command: what exec, run and the CI executors
 // do for --docker. It is the host side only; everything in the guest runs
-// as shell commands through the agent (a Runner), so the image's own
+// as shell commands through the agent (an agentvm.Runner), so the image's own
 // dockerd, containerd, mount and setsid do the work.
 //
 // Data flow:

@@ -1,6 +1,6 @@
 package dockervm
 
-// The guest side: each step is one sh -c script run through the Runner,
+// The guest side: each step is one sh -c script run through the agentvm.Runner,
 // its variable parts passed as arguments ($1...), never spliced into the
 // script. The scripts need only POSIX sh and the programs probe checks
 // for, plus cat, mkdir, grep, kill, rm, sleep and tail.
@@ -43,18 +43,6 @@ const pingScript = sbinPath + `docker version --format '{{.Server.Version}}' 2>&
 pid=$(cat "$1" 2>/dev/null) || exit 1
 kill -0 "$pid" 2>/dev/null || exit 4
 exit 1
-`
-
-// mountScript ($1: the serial, $2: the directory) mounts the virtio disk
-// whose serial is $1 at $2, unless it is mounted there already.
-const mountScript = sbinPath + `dev=
-for s in /sys/block/*/serial; do
-	[ -r "$s" ] || continue
-	if [ "$(cat "$s")" = "$1" ]; then d=${s%/serial}; dev=/dev/${d##*/}; fi
-done
-[ -n "$dev" ] || { echo "no disk with serial $1 in the guest"; exit 1; }
-grep -q "^$dev $2 " /proc/mounts && exit 0
-mkdir -p "$2" && mount -t ext4 "$dev" "$2"
 `
 
 // startScript ($1: the pid file, $2: the log, then dockerd's arguments)

@@ -132,19 +132,6 @@ func TestPingScript(t *testing.T) {
 	}
 }
 
-func TestMountScriptNoDisk(t *testing.T) {
-	needHostTools(t)
-	r := hostRunner{t.TempDir()}
-	target := filepath.Join(t.TempDir(), "docker")
-	st, out, err := sh(context.Background(), r, mountScript, "no-such-serial-7c1e", target)
-	if err != nil || st != 1 || !strings.Contains(out, "no disk with serial no-such-serial-7c1e") {
-		t.Errorf("status %d, %v, output %q: want 1 and the serial named", st, err, out)
-	}
-	if _, err := os.Stat(target); err == nil {
-		t.Errorf("%s made though no disk was found", target)
-	}
-}
-
 func TestTailScript(t *testing.T) {
 	needHostTools(t)
 	dir := t.TempDir()

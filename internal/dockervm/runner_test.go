@@ -17,11 +17,12 @@ import (
 
 	"github.com/microvm/microvm/guest/agent"
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 )
 
-// hostAgent serves a guest agent on this host and returns a Runner of it
+// hostAgent serves a guest agent on this host and returns an agentvm.Runner of it
 // whose PATH starts with dir.
-func hostAgent(t *testing.T, dir string) AgentRunner {
+func hostAgent(t *testing.T, dir string) agentvm.AgentRunner {
 	t.Helper()
 	sockDir, err := os.MkdirTemp("", "dockervm") // short: sun_path has 108 bytes
 	if err != nil {
@@ -47,7 +48,7 @@ func hostAgent(t *testing.T, dir string) AgentRunner {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return AgentRunner{Client: agentapi.NewClient(conn), Env: []string{"PATH=" + dir + ":/usr/bin:/bin"}}
+	return agentvm.AgentRunner{Client: agentapi.NewClient(conn), Env: []string{"PATH=" + dir + ":/usr/bin:/bin"}}
 }
 
 func agentCtx(t *testing.T) context.Context {
@@ -67,8 +68,8 @@ func TestAgentRunner(t *testing.T) {
 	if err != nil || st != 128+int(syscall.SIGTERM) {
 		t.Errorf("killed by SIGTERM: status %d, %v; want %d", st, err, 128+int(syscall.SIGTERM))
 	}
-	if _, _, err := r.Run(agentCtx(t), []string{"no-such-program-5d1a"}); !errors.Is(err, ErrNotInImage) {
-		t.Errorf("a missing program: %v, want ErrNotInImage", err)
+	if _, _, err := r.Run(agentCtx(t), []string{"no-such-program-5d1a"}); !errors.Is(err, agentvm.ErrNotInImage) {
+		t.Errorf("a missing program: %v, want agentvm.ErrNotInImage", err)
 	}
 	// The whole of Start's probe through the agent: an image without
 	// dockerd is Docker's one-line error, not the agent's.

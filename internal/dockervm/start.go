@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/microvm/microvm/internal/agentvm"
 )
 
 // DefaultTimeout bounds the wait for the daemon when Options.Timeout is
@@ -45,11 +47,11 @@ func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) 
 // once the daemon answers on /var/run/docker.sock: the user's command can
 // run docker then. A daemon that answers already is left as it is. Docker's
 // failures are an *Error (ExitStatus); r's own are returned wrapped.
-func Start(ctx context.Context, r Runner, o Options) error {
+func Start(ctx context.Context, r agentvm.Runner, o Options) error {
 	return start(ctx, r, o, realClock{})
 }
 
-func start(ctx context.Context, r Runner, o Options, c clock) error {
+func start(ctx context.Context, r agentvm.Runner, o Options, c clock) error {
 	if err := probe(ctx, r); err != nil {
 		return err
 	}
@@ -59,7 +61,7 @@ func start(ctx context.Context, r Runner, o Options, c clock) error {
 	if err != nil || up {
 		return err
 	}
-	if st, out, err := sh(ctx, r, mountScript, DiskSerial, DataRoot); err != nil {
+	if st, out, err := agentvm.MountDisk(ctx, r, DiskSerial, DataRoot); err != nil {
 		return fmt.Errorf("docker: mounting its data disk: %w", err)
 	} else if st != 0 {
 		return &Error{Reason: fmt.Sprintf("mounting the data disk at %s failed (status %d): %s", DataRoot, st, lastLine(out))}
@@ -74,10 +76,10 @@ func start(ctx context.Context, r Runner, o Options, c clock) error {
 }
 
 // probe checks that the image has dockerd and what starting it takes.
-func probe(ctx context.Context, r Runner) error {
+func probe(ctx context.Context, r agentvm.Runner) error {
 	st, out, err := sh(ctx, r, probeScript)
 	switch {
-	case errors.Is(err, ErrNotInImage):
+	case errors.Is(err, agentvm.ErrNotInImage):
 		return noProgram("sh")
 	case err != nil:
 		return fmt.Errorf("docker: checking the image for dockerd: %w", err)
@@ -96,7 +98,7 @@ func noProgram(program string) *Error {
 
 // ping asks whether the daemon answers (up) or, if not, whether the
 // dockerd that startScript started has exited.
-func ping(ctx context.Context, r Runner) (up, exited bool, err error) {
+func ping(ctx context.Context, r agentvm.Runner) (up, exited bool, err error) {
 	st, _, err := sh(ctx, r, pingScript, pidPath)
 	if err != nil {
 		return false, false, fmt.Errorf("docker: asking dockerd: %w", err)
@@ -106,7 +108,7 @@ func ping(ctx context.Context, r Runner) (up, exited bool, err error) {
 
 // wait pings with backoff until the daemon answers, dockerd exits or
 // timeout (0: DefaultTimeout) passes.
-func wait(ctx context.Context, r Runner, timeout time.Duration, c clock) error {
+func wait(ctx context.Context, r agentvm.Runner, timeout time.Duration, c clock) error {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
@@ -137,7 +139,7 @@ func wait(ctx context.Context, r Runner, timeout time.Duration, c clock) error {
 
 // tail is the end of dockerd's log for an Error, or a line saying why
 // there is none.
-func tail(ctx context.Context, r Runner) string {
+func tail(ctx context.Context, r agentvm.Runner) string {
 	st, out, err := sh(ctx, r, tailScript, LogPath)
 	switch {
 	case err != nil:
@@ -152,7 +154,7 @@ func tail(ctx context.Context, r Runner) string {
 }
 
 // sh runs script with args as $1... through r.
-func sh(ctx context.Context, r Runner, script string, args ...string) (int, string, error) {
+func sh(ctx context.Context, r agentvm.Runner, script string, args ...string) (int, string, error) {
 	return r.Run(ctx, append([]string{"sh", "-c", script, "sh"}, args...))
 }
 

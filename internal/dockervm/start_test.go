@@ -8,17 +8,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/microvm/microvm/internal/agentvm"
 )
 
 // step names a guest script, for the fake runner's record.
 func step(script string) string {
+	if strings.Contains(script, "/sys/block/") { // agentvm.MountDisk's
+		return "mount"
+	}
 	switch script {
 	case probeScript:
 		return "probe"
 	case pingScript:
 		return "ping"
-	case mountScript:
-		return "mount"
 	case startScript:
 		return "start"
 	case tailScript:
@@ -117,7 +120,7 @@ func TestStartNoDockerd(t *testing.T) {
 }
 
 func TestStartNoShell(t *testing.T) {
-	f := &fakeRunner{replies: map[string][]reply{"probe": {{err: fmt.Errorf("sh: %w", ErrNotInImage)}}}}
+	f := &fakeRunner{replies: map[string][]reply{"probe": {{err: fmt.Errorf("sh: %w", agentvm.ErrNotInImage)}}}}
 	err := start(context.Background(), f, Options{}, newClock())
 	if de := asError(t, err); !strings.Contains(de.Reason, "the image has no sh;") {
 		t.Errorf("reason %q, want the image has no sh", de.Reason)

@@ -1,4 +1,4 @@
-package dockervm
+package agentvm
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm/guest/agentapi"
-	"github.com/microvm/microvm/internal/agentvm"
 )
 
 // Runner runs a command in the guest, as the guest agent's Exec does.
@@ -26,7 +25,8 @@ type Runner interface {
 var ErrNotInImage = errors.New("not found in the image")
 
 // maxOutput bounds what AgentRunner keeps of a command's output: the
-// steps print a line or two, and the log tail logLines lines.
+// set-up steps run through a Runner (mounts, starting a daemon) print a
+// line or two, or a log's tail.
 const maxOutput = 64 << 10
 
 // AgentRunner is the Runner of a VM whose agent Client answers; Env is the
@@ -38,7 +38,7 @@ type AgentRunner struct {
 
 // Run runs argv through the agent.
 func (a AgentRunner) Run(ctx context.Context, argv []string) (int, string, error) {
-	out := &agentvm.TailBuffer{Max: maxOutput}
+	out := &TailBuffer{Max: maxOutput}
 	st, err := a.Client.Exec(ctx, &agentapi.Cmd{Argv: argv, Env: a.Env, Stdout: out, Stderr: out})
 	if status.Code(err) == codes.NotFound {
 		return 0, "", fmt.Errorf("%s: %w", argv[0], ErrNotInImage)
@@ -46,5 +46,5 @@ func (a AgentRunner) Run(ctx context.Context, argv []string) (int, string, error
 	if err != nil {
 		return 0, "", fmt.Errorf("%s: %w", argv[0], err)
 	}
-	return agentvm.ShellStatus(st), out.String(), nil
+	return ShellStatus(st), out.String(), nil
 }
