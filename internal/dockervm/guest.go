@@ -66,3 +66,17 @@ done
 // tailScript ($1: the log) prints the log's last lines.
 const tailScript = `tail -n 20 "$1" 2>&1
 `
+
+// stopScript ($1: the pid file) stops the dockerd Start started and waits
+// for it to end, so that nothing holds its data root open: dockerd stops
+// its containers first (their stop timeout, ten seconds by default). It
+// exits 0 when no dockerd was running, 1 when it outlived the wait.
+const stopScript = `pid=$(cat "$1" 2>/dev/null) || exit 0
+kill -TERM "$pid" 2>/dev/null || exit 0
+i=0
+while kill -0 "$pid" 2>/dev/null; do
+	i=$((i + 1))
+	[ "$i" -le 3000 ] || { echo "dockerd did not stop within 30s of SIGTERM"; exit 1; }
+	sleep 0.01
+done
+`

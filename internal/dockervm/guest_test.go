@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // hostRunner runs the guest scripts on this host, as the agent runs them in
@@ -145,5 +146,37 @@ func TestTailScript(t *testing.T) {
 	}
 	if n := strings.Count(out, "\n"); n != 20 || !strings.HasPrefix(out, "time=\"2026-01-01\" level=info msg=\"line 11\"") {
 		t.Errorf("%d lines:\n%s", n, out)
+	}
+}
+
+func TestStopScript(t *testing.T) {
+	needHostTools(t)
+	dir := t.TempDir()
+	pidf := filepath.Join(dir, "dockerd.pid")
+	if st, out, err := sh(context.Background(), hostRunner{dir}, stopScript, pidf); err != nil || st != 0 {
+		t.Errorf("no pid file (none started): status %d, %v: %s", st, err, out)
+	}
+	// A stand-in dockerd: a process of this test's that SIGTERM ends.
+	d := exec.Command("sleep", "600")
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() { d.Wait(); close(ended) }()
+	defer d.Process.Kill()
+	if err := os.WriteFile(pidf, []byte(strconv.Itoa(d.Process.Pid)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The script waits with kill -0, which a zombie passes until it is
+	// reaped; the waiter above reaps it.
+	if st, out, err := sh(context.Background(), hostRunner{dir}, stopScript, pidf); err != nil || st != 0 {
+		t.Errorf("running: status %d, %v: %s", st, err, out)
+	}
+	// The script saw the pid gone, so the waiter has reaped it and is
+	// about to say so; the bound only keeps a broken script from hanging.
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Error("the stand-in dockerd still runs after the stop script returned")
 	}
 }
