@@ -23,32 +23,31 @@ var toolingRoots = []string{"bench", "examples", "conformance"}
 var otherRoots = []string{"docs", "scripts", "testdata", "build", "bin"}
 
 // rootConcepts is the root package, the embedding API, as concepts: each
-// product file with the one concept it holds (a concept with a
-// build-tagged twin for the lean CLI, as usernet.go and usernet_lean.go,
-// has two files, one in each build). TestLayout fails on a root product
+// product file with the one concept it holds (the root has no build tags,
+// so every program that imports it gets the same API; a concept with a
+// build-tagged twin would have two files, one in each build). TestLayout fails on a root product
 // file that is not here, on two files of one concept in one build, and on
 // an entry whose file is gone: a new file is a new concept of the
 // embedding API, named here (and in docs/architecture.md's root row) on
 // purpose, not a section pushed into an old file to keep a count down.
 // Each virtio device kind is a concept, in a file of its own.
 var rootConcepts = map[string]string{
-	"doc.go":          "the package's documentation and data flow",
-	"config.go":       "Config, its checks and the size syntax",
-	"machine.go":      "Machine: New, Run, Pause, Resume, Close",
-	"devices.go":      "what the device kinds share: deviceKind, slot order, deviceSet, DeviceMetrics, Flag",
-	"vsockdev.go":     "the vsock device kind",
-	"rng.go":          "the rng device kind",
-	"disk.go":         "the disk (virtio-blk) device kind",
-	"net.go":          "the network (virtio-net) device kind",
-	"share.go":        "the shared directory (virtio-9p) device kind",
-	"usernet.go":      "the user-mode network's helper process",
-	"usernet_lean.go": "the user-mode network's helper process",
-	"vsock.go":        "the in-process vsock API: DialVsock, ListenVsock",
-	"metrics.go":      "Metrics and its Prometheus text",
-	"snapshot.go":     "Snapshot and Restore",
-	"pool.go":         "Pool: snapshot clones kept ready",
-	"images.go":       "the images API: UseImage, the image store",
-	"named.go":        "named VMs' client",
+	"doc.go":      "the package's documentation and data flow",
+	"config.go":   "Config, its checks and the size syntax",
+	"machine.go":  "Machine: New, Run, Pause, Resume, Close",
+	"devices.go":  "what the device kinds share: deviceKind, slot order, deviceSet, DeviceMetrics, Flag",
+	"vsockdev.go": "the vsock device kind",
+	"rng.go":      "the rng device kind",
+	"disk.go":     "the disk (virtio-blk) device kind",
+	"net.go":      "the network (virtio-net) device kind",
+	"share.go":    "the shared directory (virtio-9p) device kind",
+	"usernet.go":  "the user-mode network's helper process",
+	"vsock.go":    "the in-process vsock API: DialVsock, ListenVsock",
+	"metrics.go":  "Metrics and its Prometheus text",
+	"snapshot.go": "Snapshot and Restore",
+	"pool.go":     "Pool: snapshot clones kept ready",
+	"images.go":   "the images API: UseImage, the image store",
+	"named.go":    "named VMs' client",
 }
 
 // layoutRules says which top-level folders a package under each may not
