@@ -15,6 +15,13 @@ import (
 // live under these top-level folders, or are the root package.
 var productRoots = []string{"cmd", "kvm", "devices", "virtio", "vsock", "guest", "internal"}
 
+// Feature packages of the embedding API: public packages beside the root
+// package, each of one feature (images, named VMs) that only the programs
+// wanting it import. They may import the root package and internal/; the
+// root package and the lower layers do not import them (and the lean CLI,
+// cmd/microvm, links none of them: cmd/microvm/deps_test.go).
+var featureRoots = []string{"images", "named"}
+
 // Tooling folders a Go project normally has; their packages may import
 // any product package, and no product package imports them.
 var toolingRoots = []string{"bench", "examples", "conformance"}
@@ -46,7 +53,7 @@ var rootConcepts = map[string]string{
 	"metrics.go":  "Metrics and its Prometheus text",
 	"snapshot.go": "Snapshot and Restore",
 	"pool.go":     "Pool: snapshot clones kept ready",
-	"images.go":   "the images API: UseImage, the image store",
+	"rootfs.go":   "UseRootfs: an ext4 file as the root file system",
 	"named.go":    "named VMs' client",
 }
 
@@ -55,12 +62,14 @@ var rootConcepts = map[string]string{
 // (internal/ holds packages of several floors and is checked by what
 // imports it, not by what it imports; nothing may import cmd/.)
 var layoutRules = map[string][]string{
-	"kvm":     {".", "cmd", "devices", "virtio", "vsock", "guest", "internal/vmm"},
-	"virtio":  {".", "cmd", "devices", "vsock", "guest", "internal/vmm"},
-	"devices": {".", "cmd", "vsock", "guest", "internal/vmm"},
-	"vsock":   {".", "cmd", "devices", "guest", "internal/vmm"},
-	".":       {"cmd", "guest"},
-	"guest":   {".", "cmd", "devices", "internal/vmm"},
+	"kvm":     {".", "cmd", "devices", "virtio", "vsock", "guest", "internal/vmm", "images", "named"},
+	"virtio":  {".", "cmd", "devices", "vsock", "guest", "internal/vmm", "images", "named"},
+	"devices": {".", "cmd", "vsock", "guest", "internal/vmm", "images", "named"},
+	"vsock":   {".", "cmd", "devices", "guest", "internal/vmm", "images", "named"},
+	".":       {"cmd", "guest", "images", "named"},
+	"guest":   {".", "cmd", "devices", "internal/vmm", "images", "named"},
+	"images":  {"cmd", "guest", "named"},
+	"named":   {"cmd", "guest", "images"},
 }
 
 // goPackage is what the layout rules need of `go list`.
@@ -153,9 +162,9 @@ func layoutViolations(module string, concepts map[string]string, pkgs []goPackag
 			continue
 		}
 		t := top(r)
-		if r != "." && !in(t, productRoots) && !in(t, toolingRoots) {
-			bad = append(bad, fmt.Sprintf("package %s lies outside the card's folders (%s) and the tooling folders (%s)",
-				r, strings.Join(productRoots, ", "), strings.Join(toolingRoots, ", ")))
+		if r != "." && !in(t, productRoots) && !in(t, featureRoots) && !in(t, toolingRoots) {
+			bad = append(bad, fmt.Sprintf("package %s lies outside the card's folders (%s), the API's feature packages (%s) and the tooling folders (%s)",
+				r, strings.Join(productRoots, ", "), strings.Join(featureRoots, ", "), strings.Join(toolingRoots, ", ")))
 		}
 		if r == "." {
 			bad = append(bad, rootFileViolations(p, concepts)...)
@@ -213,7 +222,7 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := append(append(append([]string{}, productRoots...), toolingRoots...), otherRoots...)
+	allowed := append(append(append(append([]string{}, productRoots...), featureRoots...), toolingRoots...), otherRoots...)
 	for _, e := range entries {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
@@ -223,8 +232,8 @@ func TestLayout(t *testing.T) {
 			ok = ok || e.Name() == a
 		}
 		if !ok {
-			t.Errorf("top-level folder %s/ is none of the card's (%s) or the tooling folders (%s)",
-				e.Name(), strings.Join(productRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
+			t.Errorf("top-level folder %s/ is none of the card's (%s), the API's feature packages (%s) or the tooling folders (%s)",
+				e.Name(), strings.Join(productRoots, ", "), strings.Join(featureRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
 		}
 	}
 }

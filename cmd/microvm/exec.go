@@ -22,6 +22,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
@@ -244,7 +245,7 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 		Shares: o.devices.Shares, MetricsSocket: o.devices.MetricsSocket,
 	}
 	if o.img != nil {
-		cfg.UseImage(o.img, o.overlay)
+		images.Use(&cfg, o.img, o.overlay)
 	}
 	return cfg
 }

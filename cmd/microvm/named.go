@@ -28,6 +28,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
@@ -128,7 +129,7 @@ func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) 
 	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
 		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
 	if img.root != nil {
-		cfg.UseImage(img.root, img.overlay)
+		images.Use(&cfg, img.root, img.overlay)
 		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
 	}
 	if img.build {

@@ -1,6 +1,4 @@
-//go:build !microvm_lean
-
-package microvm
+package images
 
 import (
 	"archive/tar"
@@ -10,14 +8,16 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/microvm/microvm"
 )
 
-// TestUseImage: the image is the first disk, read-only, and the kernel
+// TestUse: the image is the first disk, read-only, and the kernel
 // command line names it and the overlay's size.
-func TestUseImage(t *testing.T) {
-	cfg := Config{Cmdline: "console=ttyS0", Disks: []DiskConfig{{Path: "/data.img"}}}
-	cfg.UseImage(&Image{Rootfs: "/state/images/abc/rootfs.ext4"}, 64<<20)
-	if len(cfg.Disks) != 2 || cfg.Disks[0] != (DiskConfig{Path: "/state/images/abc/rootfs.ext4", ReadOnly: true}) ||
+func TestUse(t *testing.T) {
+	cfg := microvm.Config{Cmdline: "console=ttyS0", Disks: []microvm.DiskConfig{{Path: "/data.img"}}}
+	Use(&cfg, &Image{Rootfs: "/state/images/abc/rootfs.ext4"}, 64<<20)
+	if len(cfg.Disks) != 2 || cfg.Disks[0] != (microvm.DiskConfig{Path: "/state/images/abc/rootfs.ext4", ReadOnly: true}) ||
 		cfg.Disks[1].Path != "/data.img" {
 		t.Errorf("disks %+v: want the image first, read-only, then /data.img", cfg.Disks)
 	}
@@ -29,7 +29,7 @@ func TestUseImage(t *testing.T) {
 // TestImageStore: the Go API stores a root file system tarball, finds it
 // by name, lists and removes it.
 func TestImageStore(t *testing.T) {
-	s, err := OpenImageStore(t.TempDir())
+	s, err := Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestImageStore(t *testing.T) {
 	if err := os.WriteFile(tarball, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	img, err := s.ImportRootfs(context.Background(), tarball, "example/tiny:1", ImageConfig{Cmd: []string{"/bin/sh"}})
+	img, err := s.ImportRootfs(context.Background(), tarball, "example/tiny:1", Config{Cmd: []string{"/bin/sh"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestImageStore(t *testing.T) {
 	if err := s.Remove("example/tiny:1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get("example/tiny:1"); !errors.Is(err, ErrImageNotFound) {
-		t.Errorf("after Remove: %v, want ErrImageNotFound", err)
+	if _, err := s.Get("example/tiny:1"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after Remove: %v, want ErrNotFound", err)
 	}
 }
