@@ -54,7 +54,6 @@ var rootConcepts = map[string]string{
 	"snapshot.go": "Snapshot and Restore",
 	"pool.go":     "Pool: snapshot clones kept ready",
 	"rootfs.go":   "UseRootfs: an ext4 file as the root file system",
-	"named.go":    "named VMs' client",
 }
 
 // layoutRules says which top-level folders a package under each may not

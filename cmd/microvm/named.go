@@ -6,7 +6,7 @@ package main
 // reach a VM by its name. A named VM's process (internal/namedvm) keeps
 // its state directory (internal/vms: record, lock, sockets, console log)
 // and serves its control API (internal/vmctl) until the VM ends; the
-// commands reach it through the root package's NamedVM.
+// commands reach it through package named's VM.
 
 import (
 	"context"
@@ -33,6 +33,7 @@ import (
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/internal/vms"
+	"github.com/microvm/microvm/named"
 )
 
 // detachFD is set, in the environment of a detached VM's process, to the
@@ -387,7 +388,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				// VM), so the wait is bounded by the time that takes, not
 				// by a fixed timeout.
 				o := microvm.SnapshotOptions{Stop: c.Bool("stop"), Overwrite: c.Bool("overwrite"), Diff: c.Bool("diff")}
-				return withNamedVM(name, 0, func(v microvm.NamedVM, ctx context.Context) error { return v.Snapshot(ctx, out, o) })
+				return withNamedVM(name, 0, func(v named.VM, ctx context.Context) error { return v.Snapshot(ctx, out, o) })
 			},
 		},
 		{
@@ -441,7 +442,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return withNamedVM(name, 30*time.Second, microvm.NamedVM.Pause)
+				return withNamedVM(name, 30*time.Second, named.VM.Pause)
 			},
 		},
 		{
@@ -451,7 +452,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return withNamedVM(name, 30*time.Second, microvm.NamedVM.Resume)
+				return withNamedVM(name, 30*time.Second, named.VM.Resume)
 			},
 		},
 		namedCpCommand(stdin, stdout, stderr, usage["cp"]),
@@ -460,7 +461,7 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 
 // withNamedVM calls f, a NamedVM method, with the running VM name
 // (namedvm.Lookup) and a context that ends after timeout (0: none).
-func withNamedVM(name string, timeout time.Duration, f func(microvm.NamedVM, context.Context) error) error {
+func withNamedVM(name string, timeout time.Duration, f func(named.VM, context.Context) error) error {
 	v, err := namedvm.Lookup(name)
 	if err != nil {
 		return err

@@ -1,6 +1,4 @@
-//go:build !microvm_lean
-
-package microvm
+package named
 
 import (
 	"context"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -43,10 +42,10 @@ func (r *recordingVM) WriteMetrics(w io.Writer) error {
 	return err
 }
 
-// TestNamedVMClient: the Go API finds a named VM by its record and lock,
+// TestClient: the Go API finds a named VM by its record and lock,
 // reads its live state from its control API, and sends it state changes;
 // an exited VM refuses them with ErrNotRunning.
-func TestNamedVMClient(t *testing.T) {
+func TestClient(t *testing.T) {
 	state, err := os.MkdirTemp("", "mvn")
 	if err != nil {
 		t.Fatal(err)
@@ -69,9 +68,9 @@ func TestNamedVMClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	v, err := LookupNamedVM(ctx, "g1")
+	v, err := Lookup(ctx, "g1")
 	if err != nil || !v.Alive || v.State != "paused" || v.CPUs != 2 || !v.Agent {
-		t.Fatalf("LookupNamedVM: %+v, %v", v, err)
+		t.Fatalf("Lookup: %+v, %v", v, err)
 	}
 	if err := v.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -79,7 +78,7 @@ func TestNamedVMClient(t *testing.T) {
 	if err := v.Stop(ctx, false, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := v.Snapshot(ctx, "rel/snap", SnapshotOptions{Stop: true}); err != nil {
+	if err := v.Snapshot(ctx, "rel/snap", microvm.SnapshotOptions{Stop: true}); err != nil {
 		t.Fatal(err)
 	}
 	wd, _ := os.Getwd()
@@ -99,14 +98,14 @@ func TestNamedVMClient(t *testing.T) {
 	be.mu.Unlock()
 	srv.Close()
 	lease.Release()
-	list, err := ListNamedVMs()
+	list, err := List()
 	if err != nil || len(list) != 1 || list[0].Alive || list[0].State != vms.StateExited {
-		t.Fatalf("ListNamedVMs after its process let go: %+v, %v", list, err)
+		t.Fatalf("List after its process let go: %+v, %v", list, err)
 	}
-	if err := list[0].Pause(ctx); !errors.Is(err, ErrNotRunning) {
+	if err := list[0].Pause(ctx); !errors.Is(err, microvm.ErrNotRunning) {
 		t.Errorf("Pause of an exited VM: %v, want ErrNotRunning", err)
 	}
-	if err := list[0].Snapshot(ctx, "/tmp/s", SnapshotOptions{}); !errors.Is(err, ErrNotRunning) {
+	if err := list[0].Snapshot(ctx, "/tmp/s", microvm.SnapshotOptions{}); !errors.Is(err, microvm.ErrNotRunning) {
 		t.Errorf("Snapshot of an exited VM: %v, want ErrNotRunning", err)
 	}
 }

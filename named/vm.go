@@ -1,12 +1,4 @@
-//go:build !microvm_lean
-
-package microvm
-
-// The Go API of named VMs: those `microvm run --name NAME` started, reached
-// through their control API (internal/vmctl, docs/api.yaml) and their state
-// directory (internal/vms), as the CLI's ls, pause, resume, stop and kill
-// reach them. Left out of the lean build of the CLI (bin/microvm: tag
-// microvm_lean), which neither lists nor controls named VMs itself.
+package named
 
 import (
 	"context"
@@ -16,13 +8,14 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/vsock/hybrid"
 )
 
-// NamedVM is a running or ended named VM.
-type NamedVM struct {
+// VM is a running or ended named VM.
+type VM struct {
 	// Name is the VM's name; Dir its state directory.
 	Name, Dir string
 	// State is "starting", "running", "paused", "stopping" or "exited";
@@ -43,21 +36,21 @@ type NamedVM struct {
 	ExitReason string
 }
 
-// StateDir is where named VMs (and, later, images) are kept:
+// StateDir is where named VMs (and the images of package images) are kept:
 // $MICROVM_STATE_DIR, else /var/lib/microvm for root, else
 // $XDG_DATA_HOME/microvm.
 func StateDir() string { return vms.StateDir() }
 
-func namedVM(e vms.Entry) NamedVM {
-	return NamedVM{Name: e.Name, Dir: e.Dir, State: e.State, Alive: e.Alive, PID: e.PID, CPUs: e.CPUs,
+func vmOf(e vms.Entry) VM {
+	return VM{Name: e.Name, Dir: e.Dir, State: e.State, Alive: e.Alive, PID: e.PID, CPUs: e.CPUs,
 		MemoryBytes: e.MemoryBytes, Kernel: e.Kernel, Agent: e.Agent, AgentPort: e.AgentPort, Created: e.Created,
 		ExitStatus: e.ExitStatus, ExitReason: e.ExitReason}
 }
 
-// ListNamedVMs returns the named VMs under StateDir, by name, each in the
+// List returns the named VMs under StateDir, by name, each in the
 // state its record and its lock tell (a VM whose process died reads as
 // exited).
-func ListNamedVMs() ([]NamedVM, error) {
+func List() ([]VM, error) {
 	s, err := vms.Open(vms.StateDir())
 	if err != nil {
 		return nil, err
@@ -66,25 +59,25 @@ func ListNamedVMs() ([]NamedVM, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]NamedVM, 0, len(list))
+	out := make([]VM, 0, len(list))
 	for _, e := range list {
-		out = append(out, namedVM(e))
+		out = append(out, vmOf(e))
 	}
 	return out, nil
 }
 
-// LookupNamedVM returns the named VM name. Its State is the live one,
+// Lookup returns the named VM name. Its State is the live one,
 // from its control API, when it runs.
-func LookupNamedVM(ctx context.Context, name string) (NamedVM, error) {
+func Lookup(ctx context.Context, name string) (VM, error) {
 	s, err := vms.Open(vms.StateDir())
 	if err != nil {
-		return NamedVM{}, err
+		return VM{}, err
 	}
 	e, err := s.Get(name)
 	if err != nil {
-		return NamedVM{}, err
+		return VM{}, err
 	}
-	v := namedVM(e)
+	v := vmOf(e)
 	if v.Alive {
 		c := v.client()
 		defer c.Close()
@@ -95,13 +88,13 @@ func LookupNamedVM(ctx context.Context, name string) (NamedVM, error) {
 	return v, nil
 }
 
-func (v NamedVM) client() *vmctl.Client {
+func (v VM) client() *vmctl.Client {
 	return vmctl.NewClient(filepath.Join(v.Dir, vms.APISocket))
 }
 
-func (v NamedVM) setState(ctx context.Context, req vmctl.StateRequest) error {
+func (v VM) setState(ctx context.Context, req vmctl.StateRequest) error {
 	if !v.Alive {
-		return fmt.Errorf("VM %s: %w", v.Name, ErrNotRunning)
+		return fmt.Errorf("VM %s: %w", v.Name, microvm.ErrNotRunning)
 	}
 	c := v.client()
 	defer c.Close()
@@ -112,30 +105,30 @@ func (v NamedVM) setState(ctx context.Context, req vmctl.StateRequest) error {
 }
 
 // Pause holds the VM's vCPUs (PUT /vm/state paused).
-func (v NamedVM) Pause(ctx context.Context) error {
+func (v VM) Pause(ctx context.Context) error {
 	return v.setState(ctx, vmctl.StateRequest{State: vmctl.Paused})
 }
 
 // Resume lets a paused VM run.
-func (v NamedVM) Resume(ctx context.Context) error {
+func (v VM) Resume(ctx context.Context) error {
 	return v.setState(ctx, vmctl.StateRequest{State: vmctl.Running})
 }
 
 // Stop asks the VM to stop: with force, at once; otherwise its agent powers
 // the guest off, and the VM is stopped after timeout if the guest has not
 // ended by then (at once without an agent). It returns once the stop has
-// begun; LookupNamedVM tells when the VM has exited.
-func (v NamedVM) Stop(ctx context.Context, force bool, timeout time.Duration) error {
+// begun; Lookup tells when the VM has exited.
+func (v VM) Stop(ctx context.Context, force bool, timeout time.Duration) error {
 	return v.setState(ctx, vmctl.StateRequest{State: vmctl.Stopped, Force: force, TimeoutMS: timeout.Milliseconds()})
 }
 
 // Snapshot saves the VM into dir, a path that must not exist (or hold a
 // snapshot, with o.Overwrite), through its control API (PUT /vm/snapshot):
 // the VM's own process writes it, and it goes on afterwards, or ends with
-// o.Stop. Restore runs the snapshot (docs/snapshot.md).
-func (v NamedVM) Snapshot(ctx context.Context, dir string, o SnapshotOptions) error {
+// o.Stop. microvm.Restore runs the snapshot (docs/snapshot.md).
+func (v VM) Snapshot(ctx context.Context, dir string, o microvm.SnapshotOptions) error {
 	if !v.Alive {
-		return fmt.Errorf("VM %s: %w", v.Name, ErrNotRunning)
+		return fmt.Errorf("VM %s: %w", v.Name, microvm.ErrNotRunning)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -151,9 +144,9 @@ func (v NamedVM) Snapshot(ctx context.Context, dir string, o SnapshotOptions) er
 
 // WriteMetrics writes the VM's counters in the Prometheus text format
 // (GET /metrics).
-func (v NamedVM) WriteMetrics(ctx context.Context, w io.Writer) error {
+func (v VM) WriteMetrics(ctx context.Context, w io.Writer) error {
 	if !v.Alive {
-		return fmt.Errorf("VM %s: %w", v.Name, ErrNotRunning)
+		return fmt.Errorf("VM %s: %w", v.Name, microvm.ErrNotRunning)
 	}
 	c := v.client()
 	defer c.Close()
@@ -163,6 +156,6 @@ func (v NamedVM) WriteMetrics(ctx context.Context, w io.Writer) error {
 // DialVsock connects to guest port port through the VM's vsock socket
 // (hybrid.Dial: "CONNECT port", then the guest's stream). A caller of the
 // agent passes it to agentapi.Connect.
-func (v NamedVM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
+func (v VM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
 	return hybrid.Dial(ctx, filepath.Join(v.Dir, vms.VsockSocket), port)
 }
