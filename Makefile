@@ -15,6 +15,8 @@
 #   make kernel       build/kernel/{vmlinux,bzImage} (cached; minutes the first time)
 #   make debian-image build/images/debian-12.tar: Debian 12 (minbase) from Debian's
 #                     archive with mmdebstrap, for microvm image import --rootfs
+#                     (make debian-docker-image: build/images/debian-12-docker.tar,
+#                     the CI image with Docker, docs/ci.md)
 #   make initramfs    build/linux/initramfs.cpio.gz: the Linux test guest's Go /init
 #   make kvmbox       the nested-KVM box's L1 kernel and init (build/kvmbox; 7 min once)
 #   make debian-kernel build/debian: Debian's cloud kernel (apt-get download, once) and
@@ -66,7 +68,7 @@ BENCH_RUNS  ?= 20
 
 .PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel docker-check-config conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-ci bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
-	build/nettest debian-image debian-build-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
+	build/nettest debian-image debian-build-image debian-docker-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
 
 # The binaries and the guest kernel that exec, run --with-agent and
@@ -120,6 +122,12 @@ debian-image:
 # The same with what a CI job needs (the GitLab executor's test image).
 debian-build-image:
 	scripts/debian-image build/images/debian-12-build.tar bash,git,gcc,libc6-dev,make,curl,ca-certificates
+
+# The CI image with Docker (docs/ci.md): the build image's packages plus
+# Debian's docker.io (which pulls containerd and runc), iptables for its
+# bridge network, e2fsprogs and procps. Not in make test: no test uses it.
+debian-docker-image:
+	scripts/debian-image build/images/debian-12-docker.tar bash,git,gcc,libc6-dev,make,curl,ca-certificates,docker.io,containerd,iptables,e2fsprogs,procps
 
 bin/testguest:
 	$(MAKE) -C guest/testguest OUT=$(CURDIR)/bin/testguest

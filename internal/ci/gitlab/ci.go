@@ -8,7 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -19,7 +19,6 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/agentvm"
-	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -94,8 +93,8 @@ type PrepareOptions struct {
 	Memory       uint64
 	// Kernel and Agent are the job VM's (empty: exec's defaults).
 	Kernel, Agent string
-	// CacheDir holds the cache disks (empty: $MICROVM_STATE_DIR/ci-cache);
-	// CacheSize is a new one's size.
+	// CacheDir holds the cache store (internal/cachedisk; empty:
+	// $MICROVM_STATE_DIR/ci-cache); CacheSize is a new cache's size.
 	CacheDir    string
 	CacheSize   uint64
 	BootTimeout time.Duration
@@ -113,11 +112,12 @@ type PrepareOptions struct {
 }
 
 // Prepare starts the job's VM (run --name --detach --image --idle --net
-// user, with the cache disk) and mounts the cache and makes the builds
-// directory in it. It first records the job (createJobRecord): run and
-// cleanup act only on the VM a record names, and prepare removes a VM
-// only when it made it or claimed it. A VM that did not come up is
-// removed.
+// user, with a clone of the slot's cache as its disk: cicache.go) and
+// mounts the cache and makes the builds directory in it. It first records
+// the job (createJobRecord): run and cleanup act only on the VM a record
+// names, and prepare removes a VM only when it made it or claimed it. A
+// VM that did not come up is removed; the clone stays in the record for
+// cleanup to discard.
 func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error {
 	key, err := cacheSlot(id, o.CacheKey, o.Slots, func(n string) string { return os.Getenv(envJobPrefix + n) })
 	if err != nil {
@@ -128,22 +128,18 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 	if err := vms.CheckStateDir(vms.StateDir()); err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
-	cacheDir := o.CacheDir
-	if cacheDir == "" {
-		cacheDir = filepath.Join(vms.StateDir(), "ci-cache")
-	}
-	disk := cacheDiskPath(cacheDir, key)
+	cacheDir := cacheStoreDir(o.CacheDir)
 	img := jobEnv("CI_JOB_IMAGE", o.DefaultImage)
 	mem, pool := o.Memory, o.WarmPool
 	exe, err := rt.Executable()
 	if err != nil {
 		return err
 	}
-	// run's arguments for the job's VM, --name aside: a warm VM made with
-	// the same ones will do.
+	// run's arguments for the job's VM, --name and the cache disk aside: a
+	// warm VM made with the same ones will do.
 	args := []string{"--detach", "--image", img, "--idle", "--net", o.Net,
 		"--cpus", strconv.Itoa(o.CPUs), "--memory", microvm.FormatSize(mem),
-		"--disk", "path=" + disk, "--boot-timeout", o.BootTimeout.String()}
+		"--boot-timeout", o.BootTimeout.String()}
 	if k := o.Kernel; k != "" {
 		args = append(args, "--kernel", k)
 	}
@@ -151,7 +147,7 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 		args = append(args, "--agent", a)
 	}
 	name := id.VMName()
-	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL}
+	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL, CacheSize: o.CacheSize}
 	recPath := jobRecordPath(vms.StateDir(), id)
 	if err := createJobRecord(recPath, rec); err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
@@ -165,21 +161,27 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 		}
 		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
-	if err := ensureCacheDisk(disk, o.CacheSize); err != nil {
-		return fmt.Errorf("ci gitlab prepare: cache disk: %w", err)
-	}
 	if pool > 0 {
-		if warm := claimWarm(id.Hash, key, args, o.BootTimeout, stderr); warm != "" {
-			rec.VM = warm
+		if warm, cache := claimWarm(id.Hash, key, args, o.BootTimeout, stderr); warm != "" {
+			rec.VM, rec.Cache = warm, cache
 			if err := writeJSON(recPath, rec); err != nil {
-				_ = discardVM(warm)
+				discardOffered(ciOffer{VM: warm, Cache: cache})
 				return fmt.Errorf("ci gitlab prepare: %w", err)
 			}
 		}
 	}
 	if rec.VM == name {
+		cache, disk, err := checkoutCache(cacheDir, key, o.CacheSize, stderr)
+		if err != nil {
+			return fmt.Errorf("ci gitlab prepare: cache %s: %w", key, err)
+		}
+		rec.Cache = cache
+		if err := writeJSON(recPath, rec); err != nil {
+			_ = cache.discard()
+			return fmt.Errorf("ci gitlab prepare: %w", err)
+		}
 		fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, o.CPUs, microvm.FormatSize(mem), key)
-		cmd := exec.Command(exe, append([]string{"run", "--name", name}, args...)...)
+		cmd := exec.Command(exe, append([]string{"run", "--name", name}, withDisk(args, disk)...)...)
 		cmd.Stdout, cmd.Stderr = stderr, stderr
 		if err := cmd.Run(); err != nil {
 			_ = discardVM(name) // the name was free: what is there, this run made
@@ -218,32 +220,18 @@ func vmExists(name string) (bool, error) {
 	return err == nil, err
 }
 
-// ensureCacheDisk makes a sparse ext4 image at path unless one is there:
-// written beside it and renamed, so that two jobs never see half a disk.
-func ensureCacheDisk(path string, size uint64) error {
-	if _, err := os.Stat(path); err == nil {
-		return nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	empty, err := os.MkdirTemp(filepath.Dir(path), ".empty-*")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(empty)
-	tmp := path + ".new"
-	if err := image.WriteDirExt4(context.Background(), tmp, empty, size, "microvm-cache"); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+// withDisk is run's arguments with the cache disk added (the second
+// disk, /dev/vdb: the image is the first).
+func withDisk(args []string, disk string) []string {
+	return append(slices.Clip(args), "--disk", "path="+disk)
 }
 
 // Run copies the stage's script into the job's VM and runs it with the
 // shell Prepare chose (jobShell), its output streamed: the script's own
-// failure is a BuildFailure.
+// failure is a BuildFailure. What the stage's end says about the job
+// (stageOutcome) goes into the record, for cleanup's cache commit.
 func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
-	rec, _, err := jobVM()
+	rec, recPath, err := jobVM()
 	if err != nil {
 		return fmt.Errorf("ci gitlab run: %w", err)
 	}
@@ -257,10 +245,15 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 	}
 	defer f.Close()
 	guestScript := stageScriptPath(stage)
-	if err := rt.putJobFile(name, guestScript, f); err != nil {
-		return fmt.Errorf("ci gitlab run: %s: %w", stage, err)
+	err = rt.putJobFile(name, guestScript, f)
+	if err == nil {
+		err = rt.runJobCommand(name, []string{rec.shell(), guestScript}, nil, stdout, stderr)
 	}
-	err = rt.runJobCommand(name, []string{rec.shell(), guestScript}, nil, stdout, stderr)
+	if rec.stageOutcome(stage, err) {
+		if werr := writeJSON(recPath, rec); werr != nil {
+			fmt.Fprintf(stderr, "microvm: recording the job's state for its cache: %v\n", werr)
+		}
+	}
 	var se exitStatusError
 	if errors.As(err, &se) {
 		return BuildFailure{Stage: stage, Status: se.status}
@@ -273,8 +266,10 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 
 // Cleanup removes the VM the job's prepare recorded, stopping it
 // first; a VM that is already gone is fine, and a job with no record (its
-// prepare never began) has nothing to remove. With the warm pool it then
-// boots the slot's next VM in the background (refillPool).
+// prepare never began) has nothing to remove. It then commits the job's
+// cache clone when the job passed, or discards it (finishCache). With the
+// warm pool it then boots the slot's next VM in the background
+// (refillPool).
 func Cleanup(stderr io.Writer) error {
 	rec, recPath, err := jobVM()
 	if err != nil {
@@ -283,9 +278,15 @@ func Cleanup(stderr io.Writer) error {
 	if rec == nil {
 		return nil
 	}
+	if rec.Cache != nil && rec.passed() {
+		_ = flushCache(rec) // best effort: see flushCache
+	}
 	if err := discardVM(rec.VM); err != nil {
+		// The VM may still be writing its clone: commit none of it.
+		_ = rec.Cache.discard()
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}
+	finishCache(rec, stderr)
 	if err := os.Remove(recPath); err != nil {
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/microvm/microvm/internal/cachedisk"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -16,7 +17,7 @@ import (
 // job response GitLab Runner writes, the job's CUSTOM_ENV_ variables, the
 // runner's --cache-key and the stage name. Whatever they hold, the job's
 // VM and warm VM names are valid VM names, its record, offer and cache
-// disk are files directly inside their directories (the records and
+// (a cache store's name) are directly inside their directories (the records and
 // offers written under a temporary state directory, nothing outside it),
 // the stage's script stays in the guest's script directory, every name is
 // bounded in length, and the variables a job may forge (project path,
@@ -87,7 +88,10 @@ func FuzzJobEnv(f *testing.F) {
 			if err := vms.CheckName(WarmVMName(s)); err != nil {
 				t.Fatalf("warm VM name: %v", err)
 			}
-			inDir(t, "cache disk", cacheDiskPath(cacheDir, s), cacheDir)
+			if err := cachedisk.CheckName(s); err != nil {
+				t.Fatalf("slot %q is no cache name: %v", s, err)
+			}
+			inDir(t, "cache", filepath.Join(cacheDir, s), cacheDir)
 			inDir(t, "offer", offerPath(s), ciPoolDir())
 		}
 		gs := stageScriptPath(stage)

@@ -48,13 +48,13 @@ func TestWarmPoolOffers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var msgs strings.Builder
-	if got := claimWarm("gitlab-1-1", "s1", args, 100*time.Millisecond, &msgs); got != "" {
+	if got, _ := claimWarm("gitlab-1-1", "s1", args, 100*time.Millisecond, &msgs); got != "" {
 		t.Errorf("claimed %q, a VM that never ran", got)
 	}
 	if !strings.Contains(msgs.String(), "not running after") {
 		t.Errorf("claim said %q", msgs.String())
 	}
-	if got := claimWarm("gitlab-1-2", "s1", args, 100*time.Millisecond, &msgs); got != "" {
+	if got, _ := claimWarm("gitlab-1-2", "s1", args, 100*time.Millisecond, &msgs); got != "" {
 		t.Errorf("second claim took %q from a claimed offer", got)
 	}
 	if left, _ := filepath.Glob(filepath.Join(ciPoolDir(), "*")); len(left) != 0 {
@@ -248,14 +248,17 @@ func TestGitLabPrepareLeavesForeignVM(t *testing.T) {
 
 // TestGitLabJobForgedProjectTakesNoOtherCache: a job that sets
 // CI_PROJECT_PATH_SLUG to another project's gets neither that project's
-// cache disk nor its warm VM: the cache slot is the project id GitLab's
+// cache (its committed versions, or a disk of the single-file layout
+// before them) nor its warm VM: the cache slot is the project id GitLab's
 // server put in the job response.
 func TestGitLabJobForgedProjectTakesNoOtherCache(t *testing.T) {
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	cacheDir := t.TempDir()
+	cacheDiskPath := func(cacheDir, slot string) string { return filepath.Join(cacheDir, slot+".ext4") }
 	// The victim project's disk and warm VM offer, keyed by its slug (the
 	// old key) and by its id (the new one).
 	for _, slot := range []string{"victim-0", "project-1-0"} {
+		commitCache(t, cacheDir, slot, "victim's cache", true)
 		if err := os.WriteFile(cacheDiskPath(cacheDir, slot), []byte("victim's cache"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -280,6 +283,12 @@ func TestGitLabJobForgedProjectTakesNoOtherCache(t *testing.T) {
 		if b, err := os.ReadFile(cacheDiskPath(cacheDir, slot)); err != nil || string(b) != "victim's cache" {
 			t.Errorf("the victim's cache %s: %q, %v", slot, b, err)
 		}
+		if info := cacheInfo(t, cacheDir, slot); info.Versions != 1 || info.Clones != 0 {
+			t.Errorf("the victim's cache %s: %+v; want its one version, and no clone of it", slot, info)
+		}
+	}
+	if info := cacheInfo(t, cacheDir, "project-2-0"); info.Clones != 1 {
+		t.Errorf("the job's own cache: %+v; want its clone checked out", info)
 	}
 	cleanup()
 }

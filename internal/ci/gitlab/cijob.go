@@ -224,9 +224,6 @@ func quoteShort(s string) string {
 	return strconv.Quote(s)
 }
 
-// cacheDiskPath is the slot's cache disk.
-func cacheDiskPath(cacheDir, slot string) string { return filepath.Join(cacheDir, slot+".ext4") }
-
 // stageScriptPath is where run puts a stage's script in the guest: the
 // stage name (GitLab Runner's, not the job's) kept to file-name
 // characters and 64 bytes.

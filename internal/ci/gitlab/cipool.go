@@ -22,8 +22,10 @@ import (
 // The CI executor's warm pool (docs/ci.md, "Warm pool"): with prepare
 // --warm-pool N, a job's cleanup boots the next VM for the job's cache
 // slot (project and concurrency slot) in the background, from the same
-// image, size and cache disk, and offers it; the slot's next prepare
-// claims the offer and pays a cache mount instead of a boot.
+// image and size, with a clone of the slot's cache checked out after the
+// job's commit (cicache.go), and offers it; the slot's next prepare
+// claims the offer, VM and clone, and pays a cache mount instead of a
+// boot.
 //
 // Files, under $MICROVM_STATE_DIR:
 //
@@ -34,12 +36,10 @@ import (
 //
 // SLOT is the proven project's (or the runner's --cache-key) and the
 // concurrency slot (cacheSlot): a job cannot name another project's slot.
-// The rename is the claim: of two processes, one wins. A slot is used by
-// one job at a time (GitLab's CI_CONCURRENT_PROJECT_ID), so the warm VM
-// may hold the slot's cache disk while nothing else does (a job of the
-// same project that forges its slot number finds the disk locked); a prepare that
-// finds an offer it cannot use (another image or size, a VM that died)
-// removes that VM before it boots its own, which frees the disk.
+// The rename is the claim: of two processes, one wins. The warm VM's
+// cache disk is a clone of its own, so it shares no writable disk with a
+// job; a prepare that finds an offer it cannot use (another image or
+// size, a VM that died) removes that VM and then its clone.
 
 // ciJobRecord is what prepare tells run and cleanup about a job. Only
 // prepare writes it, so the VM it names is one that prepare made or
@@ -53,6 +53,15 @@ type ciJobRecord struct {
 	// Shell runs the job's scripts when the image has not the preferred
 	// one (jobShell); "" for that one.
 	Shell string `json:"shell,omitempty"`
+	// Cache is the job's clone of the slot's cache (cicache.go); nil until
+	// prepare checked one out. CacheSize is a fresh cache's size, for the
+	// warm VM that cleanup boots.
+	Cache     *jobCache `json:"cache,omitempty"`
+	CacheSize uint64    `json:"cache_size,omitempty"`
+	// Passed and Failed are what run saw of the job (stageOutcome):
+	// cleanup commits the cache when it passed and nothing failed.
+	Passed bool `json:"passed,omitempty"`
+	Failed bool `json:"failed,omitempty"`
 }
 
 // shell is the shell that runs the job's scripts: only one of jobShells,
@@ -69,6 +78,9 @@ type ciOffer struct {
 	VM      string    `json:"vm"`
 	Args    []string  `json:"args"`
 	Created time.Time `json:"created"`
+	// Cache is the warm VM's clone of the slot's cache, its disk: the job
+	// that claims the VM takes it over.
+	Cache *jobCache `json:"cache,omitempty"`
 }
 
 func ciPoolDir() string { return filepath.Join(vms.StateDir(), "ci-pool") }
@@ -121,34 +133,43 @@ func createJobRecord(path string, rec ciJobRecord) error {
 }
 
 // claimWarm takes the slot's offered VM when it was made with args and
-// answers within wait; it returns the VM's name, or "" when there was none
-// to take (an unusable one is removed, so that its cache disk is free).
-func claimWarm(job, slot string, args []string, wait time.Duration, stderr io.Writer) string {
+// answers within wait; it returns the VM's name and its cache clone, or
+// "" when there was none to take (an unusable one is removed with its
+// clone).
+func claimWarm(job, slot string, args []string, wait time.Duration, stderr io.Writer) (string, *jobCache) {
 	offer := offerPath(slot)
 	claimed := offer + ".claimed-" + job
 	if err := os.Rename(offer, claimed); err != nil {
-		return "" // none on offer
+		return "", nil // none on offer
 	}
 	defer os.Remove(claimed)
 	var o ciOffer
 	if err := readJSON(claimed, &o); err != nil || vms.CheckName(o.VM) != nil {
 		fmt.Fprintf(stderr, "microvm: warm pool: unreadable offer %s (%v): booting a VM\n", offer, err)
-		return ""
+		return "", nil
 	}
 	// Wait even for a VM that will not do: removed while it still boots,
-	// it would come up afterwards holding the slot's cache disk.
+	// it would come up afterwards, holding its cache clone.
 	if err := waitWarmVM(o.VM, wait); err != nil {
 		fmt.Fprintf(stderr, "microvm: warm pool: VM %s: %v: removing it, booting a VM\n", o.VM, err)
-		_ = discardVM(o.VM)
-		return ""
+		discardOffered(o)
+		return "", nil
 	}
-	if !slices.Equal(o.Args, args) {
+	if !slices.Equal(o.Args, args) || o.Cache == nil {
 		fmt.Fprintf(stderr, "microvm: warm pool: VM %s was made for another image or size: removing it, booting a VM\n", o.VM)
-		_ = discardVM(o.VM)
-		return ""
+		discardOffered(o)
+		return "", nil
 	}
 	fmt.Fprintf(stderr, "microvm: warm pool: took VM %s (offered %v ago)\n", o.VM, time.Since(o.Created).Round(time.Millisecond))
-	return o.VM
+	return o.VM, o.Cache
+}
+
+// discardOffered removes an offered VM that no job will take, and then
+// its cache clone.
+func discardOffered(o ciOffer) {
+	if discardVM(o.VM) == nil {
+		_ = o.Cache.discard()
+	}
 }
 
 // waitWarmVM waits until the named VM's agent answers: a warm VM may still
@@ -201,7 +222,7 @@ func refillPool(rec *ciJobRecord, stderr io.Writer) {
 		if rec.TTL > 0 && time.Since(o.Created) > rec.TTL {
 			if takeOffer(p) {
 				fmt.Fprintf(stderr, "microvm: warm pool: VM %s unused for %v: removing it\n", o.VM, rec.TTL)
-				_ = discardVM(o.VM)
+				discardOffered(o)
 			}
 			continue
 		}
@@ -213,13 +234,23 @@ func refillPool(rec *ciJobRecord, stderr io.Writer) {
 	}
 	name := WarmVMName(rec.Slot)
 	_ = discardVM(name) // a leftover of the same name, if any
-	if err := writeJSON(offer, ciOffer{VM: name, Args: rec.Args, Created: time.Now()}); err != nil {
-		fmt.Fprintf(stderr, "microvm: warm pool: %v\n", err)
+	if rec.Cache == nil {
+		return // a record from before prepare checked caches out
+	}
+	cache, disk, err := checkoutCache(rec.Cache.Dir, rec.Slot, rec.CacheSize, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: cache %s: %v\n", rec.Slot, err)
 		return
 	}
-	if err := startBackground(filepath.Join(dir, name+".log"), append([]string{"run", "--name", name}, rec.Args...)); err != nil {
+	if err := writeJSON(offer, ciOffer{VM: name, Args: rec.Args, Created: time.Now(), Cache: cache}); err != nil {
+		fmt.Fprintf(stderr, "microvm: warm pool: %v\n", err)
+		_ = cache.discard()
+		return
+	}
+	if err := startBackground(filepath.Join(dir, name+".log"), append([]string{"run", "--name", name}, withDisk(rec.Args, disk)...)); err != nil {
 		fmt.Fprintf(stderr, "microvm: warm pool: starting VM %s: %v\n", name, err)
 		os.Remove(offer)
+		_ = cache.discard()
 		return
 	}
 	fmt.Fprintf(stderr, "microvm: warm pool: booting VM %s for the slot's next job\n", name)
@@ -251,6 +282,9 @@ func Drain(stdout io.Writer, wait time.Duration) error {
 		_ = waitWarmVM(o.VM, wait)
 		if err := discardVM(o.VM); err != nil {
 			return fmt.Errorf("ci gitlab drain: %w", err)
+		}
+		if err := o.Cache.discard(); err != nil {
+			return fmt.Errorf("ci gitlab drain: VM %s's cache: %w", o.VM, err)
 		}
 		fmt.Fprintf(stdout, "removed warm VM %s\n", o.VM)
 	}

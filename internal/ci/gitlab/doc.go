@@ -10,9 +10,12 @@
 //
 // One named VM per job (gitlab-JOB-HASH, HASH from the job's token: see
 // cijob.go for what keys isolation) from the job's image (or
-// --default-image) with --net user, and a cache disk per project and
-// concurrency slot, an ext4 image kept under --cache-dir and mounted at
-// /cache, so that caches survive from one job to the next. With
+// --default-image) with --net user, and a cache per project and
+// concurrency slot (cicache.go): a private clone of the slot's newest
+// committed version (internal/cachedisk, under --cache-dir) mounted at
+// /cache, committed by cleanup as the next version when the job passed
+// and discarded when it did not, so that caches survive from one passing
+// job to the next. With
 // --warm-pool, the slot's next VM is booted by cleanup and taken by the
 // next prepare (cipool.go).
 //

@@ -1,0 +1,162 @@
+package dockervm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// hostRunner runs the guest scripts on this host, as the agent runs them in
+// the guest: each command the leader of a process group of its own, which
+// is killed once the leader has exited. PATH has dir, with the test's fake
+// programs, before the host's own.
+type hostRunner struct{ dir string }
+
+func (h hostRunner) Run(ctx context.Context, argv []string) (int, string, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=" + h.dir + ":/usr/bin:/bin"}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err := cmd.Run()
+	if cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // as the agent does
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), out.String(), nil
+	}
+	return 0, out.String(), err
+}
+
+// fakeProgram writes an executable shell script named name into dir.
+func fakeProgram(t *testing.T, dir, name, body string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// needHostTools skips a test on a host without the programs the guest
+// scripts run.
+func needHostTools(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"sh", "setsid", "mount", "tail", "grep", "mv", "sleep"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not on this host", p)
+		}
+	}
+}
+
+func TestProbeScript(t *testing.T) {
+	needHostTools(t)
+	dir := t.TempDir()
+	r := hostRunner{dir}
+	fakeProgram(t, dir, "docker", "exit 0\n")
+	for _, d := range []string{"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+		if _, err := os.Stat(filepath.Join(d, "dockerd")); err == nil {
+			t.Skipf("this host has %s/dockerd", d)
+		}
+	}
+	err := probe(context.Background(), r)
+	if de := asError(t, err); !strings.Contains(de.Reason, "the image has no dockerd;") {
+		t.Errorf("without dockerd: %v", err)
+	}
+	fakeProgram(t, dir, "dockerd", "exit 0\n")
+	if err := probe(context.Background(), r); err != nil {
+		t.Errorf("with every program: %v", err)
+	}
+}
+
+func TestStartScriptDetaches(t *testing.T) {
+	needHostTools(t)
+	dir := t.TempDir()
+	r := hostRunner{dir}
+	fakeProgram(t, dir, "dockerd", "echo \"dockerd $*\"\nexec sleep 60\n")
+	pidf, logf := filepath.Join(dir, "dockerd.pid"), filepath.Join(dir, "log", "dockerd.log")
+	st, out, err := sh(context.Background(), r, startScript, pidf, logf, "--debug", "--iptables=false")
+	if err != nil || st != 0 {
+		t.Fatalf("start: status %d, %v: %s", st, err, out)
+	}
+	b, err := os.ReadFile(pidf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file %q: %v", b, err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	// Alive after its launcher's group was killed, in a session of its own.
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		t.Fatalf("dockerd (pid %d) is gone: %v", pid, err)
+	}
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	if f[0] == "Z" || f[3] != strconv.Itoa(pid) {
+		t.Errorf("dockerd's state %s, session %s: want running, the leader of session %d", f[0], f[3], pid)
+	}
+	// Its output goes to the log; the script waited until the pid was
+	// written, and exec keeps the pid, so the log may still be empty here.
+	if st, out, _ := sh(context.Background(), r, pingScript, pidf); st != 1 {
+		t.Errorf("ping with dockerd running and no answer: status %d (%s), want 1", st, out)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+}
+
+func TestPingScript(t *testing.T) {
+	needHostTools(t)
+	dir := t.TempDir()
+	r := hostRunner{dir}
+	pidf := filepath.Join(dir, "pid")
+	fakeProgram(t, dir, "docker", "echo 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
+	if st, _, _ := sh(context.Background(), r, pingScript, pidf); st != 1 {
+		t.Errorf("no pid file (never started): status %d, want 1", st)
+	}
+	if err := os.WriteFile(pidf, []byte("999999999\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := sh(context.Background(), r, pingScript, pidf); st != statusExited {
+		t.Errorf("dockerd gone: status %d, want %d", st, statusExited)
+	}
+	fakeProgram(t, dir, "docker", "[ \"$*\" = \"version --format {{.Server.Version}}\" ] || exit 9\necho 20.10.24\n")
+	if st, out, _ := sh(context.Background(), r, pingScript, pidf); st != 0 || strings.TrimSpace(out) != "20.10.24" {
+		t.Errorf("daemon answering: status %d, output %q", st, out)
+	}
+}
+
+func TestMountScriptNoDisk(t *testing.T) {
+	needHostTools(t)
+	r := hostRunner{t.TempDir()}
+	target := filepath.Join(t.TempDir(), "docker")
+	st, out, err := sh(context.Background(), r, mountScript, "no-such-serial-7c1e", target)
+	if err != nil || st != 1 || !strings.Contains(out, "no disk with serial no-such-serial-7c1e") {
+		t.Errorf("status %d, %v, output %q: want 1 and the serial named", st, err, out)
+	}
+	if _, err := os.Stat(target); err == nil {
+		t.Errorf("%s made though no disk was found", target)
+	}
+}
+
+func TestTailScript(t *testing.T) {
+	needHostTools(t)
+	dir := t.TempDir()
+	logf := filepath.Join(dir, "dockerd.log")
+	if err := os.WriteFile(logf, []byte(longLog(30)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, out, err := sh(context.Background(), hostRunner{dir}, tailScript, logf)
+	if err != nil || st != 0 {
+		t.Fatalf("status %d, %v: %s", st, err, out)
+	}
+	if n := strings.Count(out, "\n"); n != 20 || !strings.HasPrefix(out, "time=\"2026-01-01\" level=info msg=\"line 11\"") {
+		t.Errorf("%d lines:\n%s", n, out)
+	}
+}
