@@ -76,15 +76,16 @@ BENCH_RUNS  ?= 20
 all: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest kernel
 
 # go build is incremental, so the target is always handed to it.
-# bin/microvm is the lean build of the CLI: `run` and `version`, handing
-# every other command to bin/microvm-full, the full build, beside it
-# (cmd/microvm/lean.go, handOff; docs/benchmarks.md, "Start-up").
-LEAN_TAGS := microvm_lean,urfave_cli_no_docs
+# bin/microvm is the lean CLI (cmd/microvm): `run` and `version`, handing
+# every other command to bin/microvm-full (cmd/microvm-full), every
+# command, beside it (cmd/microvm/lean.go, handOff; docs/benchmarks.md,
+# "Start-up"). urfave_cli_no_docs is urfave/cli's own tag: no man page or
+# markdown writers.
 bin/microvm:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags $(LEAN_TAGS) -o $@ ./cmd/microvm
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -o $@ ./cmd/microvm
 
 bin/microvm-full:
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags urfave_cli_no_docs -o $@ ./cmd/microvm
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BIN) -tags urfave_cli_no_docs -o $@ ./cmd/microvm-full
 
 # The guest agent (docs/agent.md): static, the /init of `microvm exec`'s guest.
 bin/microvm-agent:
@@ -198,11 +199,8 @@ $(STATICCHECK):
 $(CRICTL):
 	GOBIN=$(TOOLS) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@$(CRICTL_VERSION)
 
-# The lean build of cmd/microvm (bin/microvm) too: its files differ by tag.
-# Its tests are the full build's (TestLeanBuild builds it), so -tests=false.
 staticcheck: $(STATICCHECK)
 	$(STATICCHECK) ./...
-	$(STATICCHECK) -tests=false -tags $(LEAN_TAGS) ./cmd/microvm
 
 # MICROVM_TESTGUEST and the kernel in build/kernel are what the KVM
 # integration tests boot; under CI=true they fail rather than skip when

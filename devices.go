@@ -13,8 +13,8 @@ package microvm
 // this package (its config type, its deviceKind, its part of deviceSet,
 // named in rootConcepts, layout_test.go), its entry in deviceKinds and
 // deviceSet, its DeviceMetrics field, and its field in Config (config.go):
-// nothing else in the root package, the CLI (cmd/microvm makes its flags
-// from DeviceFlags) or the metrics server changes.
+// nothing else in the root package, the CLI (internal/clibase makes its
+// flags from DeviceFlags) or the metrics server changes.
 
 import (
 	"fmt"
@@ -86,7 +86,7 @@ type DeviceMetrics struct {
 }
 
 // Flag is a device's command-line flag, as DeviceFlags returns it for a
-// CLI to offer (cmd/microvm makes urfave/cli flags of them).
+// CLI to offer (internal/clibase makes both CLIs' flags of them).
 type Flag struct {
 	// Name is the flag's name without dashes ("disk").
 	Name string

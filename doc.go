@@ -22,8 +22,8 @@
 // entry of deviceKinds, all that New, Metrics and the CLI need to know
 // about it: its checks, its construction, what it adds to the kernel
 // command line, its metrics, and its command-line flags (DeviceFlags,
-// which cmd/microvm turns into its flags); devices.go is what the kinds
-// share and walks them in slot order. The slot's interrupt, its
+// which internal/clibase turns into the CLI's flags); devices.go is what
+// the kinds share and walks them in slot order. The slot's interrupt, its
 // virtio_mmio.device= entry and its ACPI description follow from the slot.
 //
 // Goroutines and ownership: the goroutine calling Run owns the Machine;

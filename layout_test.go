@@ -15,6 +15,13 @@ import (
 // live under these top-level folders, or are the root package.
 var productRoots = []string{"cmd", "kvm", "devices", "virtio", "vsock", "guest", "internal"}
 
+// Feature packages of the embedding API: public packages beside the root
+// package, each of one feature (images, named VMs) that only the programs
+// wanting it import. They may import the root package and internal/; the
+// root package and the lower layers do not import them (and the lean CLI,
+// cmd/microvm, links none of them: cmd/microvm/deps_test.go).
+var featureRoots = []string{"images", "named"}
+
 // Tooling folders a Go project normally has; their packages may import
 // any product package, and no product package imports them.
 var toolingRoots = []string{"bench", "examples", "conformance"}
@@ -23,32 +30,30 @@ var toolingRoots = []string{"bench", "examples", "conformance"}
 var otherRoots = []string{"docs", "scripts", "testdata", "build", "bin"}
 
 // rootConcepts is the root package, the embedding API, as concepts: each
-// product file with the one concept it holds (a concept with a
-// build-tagged twin for the lean CLI, as usernet.go and usernet_lean.go,
-// has two files, one in each build). TestLayout fails on a root product
+// product file with the one concept it holds (the root has no build tags,
+// so every program that imports it gets the same API; a concept with a
+// build-tagged twin would have two files, one in each build). TestLayout fails on a root product
 // file that is not here, on two files of one concept in one build, and on
 // an entry whose file is gone: a new file is a new concept of the
 // embedding API, named here (and in docs/architecture.md's root row) on
 // purpose, not a section pushed into an old file to keep a count down.
 // Each virtio device kind is a concept, in a file of its own.
 var rootConcepts = map[string]string{
-	"doc.go":          "the package's documentation and data flow",
-	"config.go":       "Config, its checks and the size syntax",
-	"machine.go":      "Machine: New, Run, Pause, Resume, Close",
-	"devices.go":      "what the device kinds share: deviceKind, slot order, deviceSet, DeviceMetrics, Flag",
-	"vsockdev.go":     "the vsock device kind",
-	"rng.go":          "the rng device kind",
-	"disk.go":         "the disk (virtio-blk) device kind",
-	"net.go":          "the network (virtio-net) device kind",
-	"share.go":        "the shared directory (virtio-9p) device kind",
-	"usernet.go":      "the user-mode network's helper process",
-	"usernet_lean.go": "the user-mode network's helper process",
-	"vsock.go":        "the in-process vsock API: DialVsock, ListenVsock",
-	"metrics.go":      "Metrics and its Prometheus text",
-	"snapshot.go":     "Snapshot and Restore",
-	"pool.go":         "Pool: snapshot clones kept ready",
-	"images.go":       "the images API: UseImage, the image store",
-	"named.go":        "named VMs' client",
+	"doc.go":      "the package's documentation and data flow",
+	"config.go":   "Config, its checks and the size syntax",
+	"machine.go":  "Machine: New, Run, Pause, Resume, Close",
+	"devices.go":  "what the device kinds share: deviceKind, slot order, deviceSet, DeviceMetrics, Flag",
+	"vsockdev.go": "the vsock device kind",
+	"rng.go":      "the rng device kind",
+	"disk.go":     "the disk (virtio-blk) device kind",
+	"net.go":      "the network (virtio-net) device kind",
+	"share.go":    "the shared directory (virtio-9p) device kind",
+	"usernet.go":  "the user-mode network's helper process",
+	"vsock.go":    "the in-process vsock API: DialVsock, ListenVsock",
+	"metrics.go":  "Metrics and its Prometheus text",
+	"snapshot.go": "Snapshot and Restore",
+	"pool.go":     "Pool: snapshot clones kept ready",
+	"rootfs.go":   "UseRootfs: an ext4 file as the root file system",
 }
 
 // layoutRules says which top-level folders a package under each may not
@@ -56,12 +61,14 @@ var rootConcepts = map[string]string{
 // (internal/ holds packages of several floors and is checked by what
 // imports it, not by what it imports; nothing may import cmd/.)
 var layoutRules = map[string][]string{
-	"kvm":     {".", "cmd", "devices", "virtio", "vsock", "guest", "internal/vmm"},
-	"virtio":  {".", "cmd", "devices", "vsock", "guest", "internal/vmm"},
-	"devices": {".", "cmd", "vsock", "guest", "internal/vmm"},
-	"vsock":   {".", "cmd", "devices", "guest", "internal/vmm"},
-	".":       {"cmd", "guest"},
-	"guest":   {".", "cmd", "devices", "internal/vmm"},
+	"kvm":     {".", "cmd", "devices", "virtio", "vsock", "guest", "internal/vmm", "images", "named"},
+	"virtio":  {".", "cmd", "devices", "vsock", "guest", "internal/vmm", "images", "named"},
+	"devices": {".", "cmd", "vsock", "guest", "internal/vmm", "images", "named"},
+	"vsock":   {".", "cmd", "devices", "guest", "internal/vmm", "images", "named"},
+	".":       {"cmd", "guest", "images", "named"},
+	"guest":   {".", "cmd", "devices", "internal/vmm", "images", "named"},
+	"images":  {"cmd", "guest", "named"},
+	"named":   {"cmd", "guest", "images"},
 }
 
 // goPackage is what the layout rules need of `go list`.
@@ -154,9 +161,9 @@ func layoutViolations(module string, concepts map[string]string, pkgs []goPackag
 			continue
 		}
 		t := top(r)
-		if r != "." && !in(t, productRoots) && !in(t, toolingRoots) {
-			bad = append(bad, fmt.Sprintf("package %s lies outside the card's folders (%s) and the tooling folders (%s)",
-				r, strings.Join(productRoots, ", "), strings.Join(toolingRoots, ", ")))
+		if r != "." && !in(t, productRoots) && !in(t, featureRoots) && !in(t, toolingRoots) {
+			bad = append(bad, fmt.Sprintf("package %s lies outside the card's folders (%s), the API's feature packages (%s) and the tooling folders (%s)",
+				r, strings.Join(productRoots, ", "), strings.Join(featureRoots, ", "), strings.Join(toolingRoots, ", ")))
 		}
 		if r == "." {
 			bad = append(bad, rootFileViolations(p, concepts)...)
@@ -214,7 +221,7 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := append(append(append([]string{}, productRoots...), toolingRoots...), otherRoots...)
+	allowed := append(append(append(append([]string{}, productRoots...), featureRoots...), toolingRoots...), otherRoots...)
 	for _, e := range entries {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
@@ -224,8 +231,8 @@ func TestLayout(t *testing.T) {
 			ok = ok || e.Name() == a
 		}
 		if !ok {
-			t.Errorf("top-level folder %s/ is none of the card's (%s) or the tooling folders (%s)",
-				e.Name(), strings.Join(productRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
+			t.Errorf("top-level folder %s/ is none of the card's (%s), the API's feature packages (%s) or the tooling folders (%s)",
+				e.Name(), strings.Join(productRoots, ", "), strings.Join(featureRoots, ", "), strings.Join(append(toolingRoots, otherRoots...), ", "))
 		}
 	}
 }

@@ -43,8 +43,7 @@ type NetConfig struct {
 	// own sockets, no privilege needed. The kernel command line gets
 	// ip=...:ethN:dhcp, so a Linux guest with IP_PNP (the project
 	// kernel) has the address before /init. At most one device has it.
-	// Not in the lean build of the CLI, which hands such runs to
-	// microvm-full.
+	// The lean CLI (bin/microvm) hands such runs to microvm-full.
 	User bool
 	// Publish forwards host ports to the guest (User only).
 	Publish []virtionet.Publish

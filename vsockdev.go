@@ -78,8 +78,8 @@ func (v *VsockMetrics) transport() transport {
 	return t
 }
 
-// The vsock device's command-line flags are cmd/microvm's own
-// (vsockflags.go): `run` and `vhost-user-vsock` share them under two sets
+// The vsock device's command-line flags are the CLI's own
+// (internal/clibase): `run` and `vhost-user-vsock` share them under two sets
 // of names.
 var vsockKind = deviceKind{
 	validate: func(c *Config) error {

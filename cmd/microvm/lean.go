@@ -1,5 +1,3 @@
-//go:build microvm_lean
-
 package main
 
 import (
@@ -10,22 +8,21 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/clibase"
 )
 
-// Main, in the lean build, runs `run` and `version` and hands every other
-// command line, help and version flags included, to microvm-full (main.go):
-// the full build parses it with urfave/cli, so help, usage errors and the
-// other commands read as they always have.
+// Main runs `run` and `version` and hands every other command line, help
+// and version flags included, to microvm-full (cmd/microvm-full), which
+// parses it with urfave/cli, so help, usage errors and the other commands
+// read as they always have.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) < 2 {
-		return exitStatus(handOff("help"), stderr)
+		return clibase.ExitStatus(handOff("help"), stderr)
 	}
 	switch cmd, rest := args[1], args[2:]; {
 	case cmd == "run":
-		return exitStatus(leanRun(rest, stdin, stdout, stderr), stderr)
+		return clibase.ExitStatus(leanRun(rest, stdin, stdout, stderr), stderr)
 	case cmd == "version" && len(rest) == 0:
 		fmt.Fprintf(stdout, "microvm %s\n", Version)
 		return 0
@@ -34,7 +31,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "microvm version %s\n", Version)
 		return 0
 	default:
-		return exitStatus(handOff(cmd), stderr)
+		return clibase.ExitStatus(handOff(cmd), stderr)
 	}
 }
 
@@ -43,36 +40,33 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // whose urfave/cli says what is wrong, or shows the help, as before; so
 // does one for a named VM.
 func leanRun(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	c, rest, err := parseLeanFlags("run", runOpts(), args)
+	c, rest, err := clibase.ParseLeanFlags("run", clibase.RunOpts(), args)
 	if err != nil {
 		if herr := handOff("run"); !errors.Is(herr, errNoFullBuild) {
 			return herr
 		}
-		return usageError{fmt.Errorf("run: %w", err)}
+		return clibase.UsageError{Err: fmt.Errorf("run: %w", err)}
 	}
-	if err := checkRunArgs(c, rest); err != nil {
+	if err := clibase.CheckRunArgs(c, rest); err != nil {
 		return err
 	}
-	if wantsNamed(c) {
+	if clibase.WantsNamed(c) {
 		return handOff("run")
 	}
-	return runPlain(c, stdin, stdout, stderr)
+	return clibase.RunPlain(c, stdin, stdout, stderr, clibase.Plain{Elsewhere: runInFullBuild})
 }
 
-// runInFullBuild, in the lean build, hands `microvm run` to microvm-full
-// when the machine is on a user-mode network (starting and reaping its
-// microvm-net process is code the lean build leaves out) or --cpuprofile
-// asks for a profile (runtime/pprof, with compress/gzip).
-func runInFullBuild(c flagValues, cfg microvm.Config) (bool, error) {
-	if cfg.HasUserNet() || isSet(c, "cpuprofile") {
+// runInFullBuild hands `microvm run` to microvm-full when the machine is
+// on a user-mode network (microvm-full starts and reaps its microvm-net
+// process, under the seccomp policy that allows it) or --cpuprofile asks
+// for a profile (runtime/pprof, with compress/gzip, which this binary
+// leaves out).
+func runInFullBuild(c clibase.FlagValues, cfg microvm.Config) (bool, error) {
+	if cfg.HasUserNet() || clibase.IsSet(c, "cpuprofile") {
 		return true, handOff("run")
 	}
 	return false, nil
 }
-
-// startCPUProfile is never reached in the lean build: runInFullBuild
-// hands --cpuprofile over.
-func startCPUProfile(flagValues, logrus.FieldLogger) (func(), error) { return func() {}, nil }
 
 // handOff replaces this process with microvm-full and the same command
 // line.
@@ -81,7 +75,7 @@ func handOff(name string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	if !ownsProcess {
+	if !clibase.OwnsProcess {
 		return fmt.Errorf("%s: the lean build hands over to %s only as its own process", name, helper)
 	}
 	// execve keeps the process: its pid, stdio, signal dispositions
@@ -100,7 +94,7 @@ var errNoFullBuild = errors.New(fullBuild + " not found")
 // findFullBuild returns the path of microvm-full: beside the running
 // binary, else in a directory of $PATH.
 func findFullBuild() (string, error) {
-	dirs := append([]string{binDir()}, filepath.SplitList(os.Getenv("PATH"))...)
+	dirs := append([]string{clibase.BinDir()}, filepath.SplitList(os.Getenv("PATH"))...)
 	for _, d := range dirs {
 		if d == "" {
 			continue
@@ -110,5 +104,5 @@ func findFullBuild() (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%w beside %s or on PATH: this build of microvm runs only `run` and `version` itself (make builds both into bin/)", errNoFullBuild, binDir())
+	return "", fmt.Errorf("%w beside %s or on PATH: this build of microvm runs only `run` and `version` itself (make builds both into bin/)", errNoFullBuild, clibase.BinDir())
 }

@@ -9,14 +9,18 @@ import (
 	"testing"
 )
 
-// buildCLI builds this package with tags into dir/name.
-func buildCLI(t *testing.T, dir, name, tags string) string {
+// fullPkg is microvm-full's package, from this one's directory.
+const fullPkg = "../microvm-full"
+
+// buildCLI builds package pkg (this one: ".") into dir/name, with make's
+// tag.
+func buildCLI(t *testing.T, dir, name, pkg string) string {
 	t.Helper()
 	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-tags", tags, "-o", out, ".")
+	cmd := exec.Command("go", "build", "-tags", "urfave_cli_no_docs", "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags %s: %v\n%s", tags, err, b)
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return out
 }
@@ -40,13 +44,13 @@ func inits(t *testing.T, bin string) []string {
 	return pkgs
 }
 
-// offRunPath are packages the lean build must not initialise: what only
+// offRunPath are packages the lean binary must not initialise: what only
 // the handed-over commands use.
 var offRunPath = []string{"google.golang.org/grpc", "google.golang.org/protobuf", "github.com/russross/blackfriday",
 	"github.com/cpuguy83/go-md2man", "net/http", "crypto/tls", "compress/gzip", "debug/elf"}
 
-// TestLeanBuild: the lean build (bin/microvm) initialises none of the
-// packages only the handed-over commands use, where the full build does
+// TestLeanBuild: the lean binary (bin/microvm) initialises none of the
+// packages only the handed-over commands use, where microvm-full does
 // (so the check can fail); it hands `exec ...` to microvm-full beside it
 // with the same arguments; and without microvm-full it says so in one
 // line and exits 1.
@@ -55,8 +59,8 @@ func TestLeanBuild(t *testing.T) {
 		t.Skip("builds the CLI twice")
 	}
 	dir := t.TempDir()
-	lean := buildCLI(t, dir, "microvm", "microvm_lean,urfave_cli_no_docs")
-	full := buildCLI(t, t.TempDir(), "microvm-full", "urfave_cli_no_docs")
+	lean := buildCLI(t, dir, "microvm", ".")
+	full := buildCLI(t, t.TempDir(), "microvm-full", fullPkg)
 	off := func(pkgs []string) []string {
 		var hit []string
 		for _, p := range pkgs {
@@ -69,10 +73,10 @@ func TestLeanBuild(t *testing.T) {
 		return hit
 	}
 	if hit := off(inits(t, lean)); len(hit) > 0 {
-		t.Errorf("the lean build initialises %v", hit)
+		t.Errorf("the lean binary initialises %v", hit)
 	}
 	if hit := off(inits(t, full)); len(hit) == 0 {
-		t.Errorf("the full build initialises none of %v: the check above proves nothing", offRunPath)
+		t.Errorf("microvm-full initialises none of %v: the check above proves nothing", offRunPath)
 	}
 
 	// Without microvm-full beside it or on PATH.
@@ -96,8 +100,8 @@ func TestLeanBuild(t *testing.T) {
 		{"agent", "cp", "--help"},
 		{"vhost-user-vsock", "--socket", "x"},
 		{"mkfs", "-o", "i.img"},
-		{"run", "--name", "ci1", "--detach", "--kernel", "k"}, // named VMs run in the full build
-		{"run", "--kernel", "k", "--cpuprofile", "p"},         // runtime/pprof is in the full build only
+		{"run", "--name", "ci1", "--detach", "--kernel", "k"}, // named VMs run in microvm-full
+		{"run", "--kernel", "k", "--cpuprofile", "p"},         // runtime/pprof is in microvm-full only
 		{"ls", "--json"},
 		{"run", "--help"}, // help and refused flags: urfave/cli's words
 		{"run", "--kernel", "k", "--bogus"},
@@ -109,13 +113,13 @@ func TestLeanBuild(t *testing.T) {
 			t.Errorf("%v: %v, stdout %q; want the stand-in's status 7 and its arguments", args, err, out)
 		}
 	}
-	// run and version are the lean build's own.
+	// run and version are the lean binary's own.
 	if out, err := exec.Command(lean, "run").CombinedOutput(); err == nil || !strings.Contains(string(out), "--kernel is required") {
-		t.Errorf("run without --kernel: %v, %q; want the lean build's own usage error", err, out)
+		t.Errorf("run without --kernel: %v, %q; want the lean binary's own usage error", err, out)
 	}
 	for _, args := range [][]string{{"version"}, {"--version"}} {
 		if out, err := exec.Command(lean, args...).CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "microvm ") {
-			t.Errorf("%v: %v, %q; want the lean build's own answer", args, err, out)
+			t.Errorf("%v: %v, %q; want the lean binary's own answer", args, err, out)
 		}
 	}
 	// A flag the lean parser refuses, with no microvm-full: its own usage
@@ -139,14 +143,14 @@ func exitCode(err error) int {
 	return -1
 }
 
-// TestLeanDeps: the lean build links neither urfave/cli nor what it brings
-// (a regexp compiled at start-up, text/template for help), which the full
-// build links; docs/benchmarks.md ("Start-up") has what that saves.
+// TestLeanDeps: the lean binary links neither urfave/cli nor what it
+// brings (a regexp compiled at start-up, text/template for help), which
+// microvm-full links; docs/benchmarks.md ("Start-up") has what that saves.
 func TestLeanDeps(t *testing.T) {
-	deps := func(tags string) map[string]bool {
-		out, err := exec.Command("go", "list", "-deps", "-tags", tags, ".").Output()
+	deps := func(pkg string) map[string]bool {
+		out, err := exec.Command("go", "list", "-deps", "-tags", "urfave_cli_no_docs", pkg).Output()
 		if err != nil {
-			t.Fatalf("go list -deps -tags %q: %v", tags, err)
+			t.Fatalf("go list -deps %s: %v", pkg, err)
 		}
 		m := map[string]bool{}
 		for _, p := range strings.Fields(string(out)) {
@@ -154,13 +158,13 @@ func TestLeanDeps(t *testing.T) {
 		}
 		return m
 	}
-	lean, full := deps("microvm_lean,urfave_cli_no_docs"), deps("urfave_cli_no_docs")
+	lean, full := deps("."), deps(fullPkg)
 	for _, p := range []string{"github.com/urfave/cli/v2", "text/template", "regexp"} {
 		if lean[p] {
-			t.Errorf("the lean build imports %s", p)
+			t.Errorf("the lean binary imports %s", p)
 		}
 		if !full[p] {
-			t.Errorf("the full build does not import %s: the check above proves nothing", p)
+			t.Errorf("microvm-full does not import %s: the check above proves nothing", p)
 		}
 	}
 }

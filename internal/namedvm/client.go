@@ -1,5 +1,3 @@
-//go:build !microvm_lean
-
 package namedvm
 
 import (
@@ -9,9 +7,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/vms"
+	"github.com/microvm/microvm/named"
 )
 
 // Live returns the running VM named name, or an error saying it is not
@@ -40,13 +38,13 @@ func notRunning(name, state, reason string) error {
 	return fmt.Errorf("VM %s is not running (%s%s)", name, state, reason)
 }
 
-// Lookup returns the running VM named name as the root package's
-// NamedVM, whose methods reach its control API, or Live's error. Its
+// Lookup returns the running VM named name as a named.VM, whose methods
+// reach its control API, or Live's error. Its
 // state is the VM's own view when the API answers within a moment.
-func Lookup(name string) (microvm.NamedVM, error) {
+func Lookup(name string) (named.VM, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	v, err := microvm.LookupNamedVM(ctx, name)
+	v, err := named.Lookup(ctx, name)
 	if err != nil {
 		return v, err
 	}
@@ -137,7 +135,7 @@ func List() ([]vms.Entry, error) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		if v, err := microvm.LookupNamedVM(ctx, e.Name); err == nil && v.Alive {
+		if v, err := named.Lookup(ctx, e.Name); err == nil && v.Alive {
 			list[i].State = v.State
 		}
 		cancel()

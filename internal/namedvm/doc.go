@@ -1,8 +1,8 @@
 // Package namedvm is the process of a named VM (`microvm run --name NAME`,
-// `restore --name`) and its client side beyond the root package's
-// NamedVM: stopping one for good (the API, then its process), removing
-// one, listing them with a running VM's own view of its state, and looking
-// a running one up.
+// `restore --name`) and its client side beyond package named's VM:
+// stopping one for good (the API, then its process), removing one, listing
+// them with a running VM's own view of its state, and looking a running one
+// up.
 //
 // Data flow of the process (Run): vms.Store.Create takes the name (the
 // record and the lock in the state directory) -> Launch.Build makes the

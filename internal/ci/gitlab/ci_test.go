@@ -1,5 +1,3 @@
-//go:build !microvm_lean
-
 package gitlab
 
 import (

@@ -1,0 +1,496 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/images"
+	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/execvm"
+	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// Exec's fixed choices: the agent's vsock port (also agent's default
+// --port) and the guest's CID.
+const (
+	agentPort = agentvm.Port
+	execCID   = 3
+)
+
+func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
+	return &cli.Command{
+		Name:         "exec",
+		Usage:        execUsage,
+		OnUsageError: onUsageError,
+		// -it, as docker takes it.
+		UseShortOptionHandling: true,
+		UsageText: "microvm exec [--kernel K] [--cpus N] [--memory M] [--add SRC:DST]... [--env K=V]... " +
+			"[--workdir DIR] [--timeout D] " + deviceSynopsis() + " [--chroot DIR] [--seccomp=off] -- CMD [ARG...]\n" +
+			"microvm exec --vm NAME [--env K=V]... [--workdir DIR] [--timeout D] -- CMD [ARG...]",
+		Flags: concatFlags(
+			[]cli.Flag{
+				&cli.StringFlag{Name: "vm", Usage: "run CMD in the running named VM NAME (microvm run --name NAME --with-agent) instead of a fresh one"},
+				&cli.StringFlag{Name: "kernel", Usage: "guest kernel (default: build/kernel/bzImage next to the microvm binary's bin/, or $MICROVM_KERNEL)"},
+				&cli.StringFlag{Name: "snapshot", Usage: "warm start: run CMD in a clone of the snapshot in DIR, made by the first exec with DIR once its agent answered (docs/snapshot.md)"},
+			},
+			cliFlags(clibase.RootImageFlags(), clibase.ImageFlags()),
+			[]cli.Flag{
+				&cli.IntFlag{Name: "cpus", Value: microvm.DefaultCPUs, Usage: fmt.Sprintf("number of vCPUs (1..%d)", microvm.MaxCPUs)},
+				&cli.StringFlag{Name: "memory", Value: microvm.FormatSize(microvm.DefaultMemory), Usage: "guest RAM (SIZE)"},
+			},
+			guestCmdFlags(),
+			cliFlags(clibase.DeviceFlags()),
+			[]cli.Flag{
+				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
+				&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "say nothing while the VM boots (on a terminal, a line tells the wait after a second)"},
+			},
+			cliFlags([]clibase.Opt{clibase.ChrootFlag(), clibase.SeccompFlag()}, clibase.LogFlags())),
+		Action: func(c *cli.Context) error {
+			log, err := clibase.SetupLog(c, stderr)
+			if err != nil {
+				return err
+			}
+			if clibase.IsSet(c, "vm") {
+				return asFailure(execInVM(c, stdin, stdout, stderr, log))
+			}
+			o, err := execOptions(c)
+			if err != nil {
+				return asFailure(err)
+			}
+			if err := checkTTY(o.cmd, stdin); err != nil {
+				return err
+			}
+			o.cmd.stdin, o.cmd.stdout, o.cmd.stderr, o.log = stdin, stdout, stderr, log
+			if ref := c.String("image"); ref != "" {
+				if err := o.useImage(c, ref); err != nil {
+					return asFailure(err)
+				}
+			}
+			policy := clibase.VMMPolicy(o.devices)
+			if dir := c.String("snapshot"); dir != "" {
+				if o.warm, err = o.checkWarmStart(dir); err != nil {
+					return asFailure(err)
+				}
+				policy = policy.WithSnapshots()
+			}
+			o.confine = func() error {
+				if err := clibase.EnterChroot(o.root, log); err != nil {
+					return err
+				}
+				return clibase.Confine(c, policy, log)
+			}
+			return asFailure(runExec(o))
+		},
+	}
+}
+
+// execOpts is a checked exec command line.
+type execOpts struct {
+	cmd         guestCmd
+	kernel      string
+	image       agentimage.Options
+	cpus        int
+	memory      uint64
+	bootTimeout time.Duration
+	quiet       bool // no progress line while booting (--quiet)
+	// devices holds the disks, the root disk, the rng and the network devices.
+	devices microvm.Config
+	log     logrus.FieldLogger
+	// root is --chroot's canonical path, or "".
+	root string
+	// img is --image's image, once found (or pulled); overlay is the size
+	// of its writable layer (--overlay-size, 0 for the default).
+	img     *image.Image
+	overlay uint64
+	// confine enters --chroot and installs the seccomp filter, between
+	// New and Run.
+	confine func() error
+	// warm is --snapshot's warm start, or nil.
+	warm *execvm.WarmStart
+}
+
+func execOptions(c *cli.Context) (*execOpts, error) {
+	o := &execOpts{cpus: c.Int("cpus"), bootTimeout: c.Duration("boot-timeout"), quiet: c.Bool("quiet")}
+	cmd, err := readGuestCmd(c, "exec", "microvm exec [flags] -- CMD [ARG...]")
+	if err != nil {
+		return nil, err
+	}
+	o.cmd = cmd
+	mem, err := microvm.ParseSize(c.String("memory"))
+	if err != nil {
+		return nil, clibase.Usagef("--memory: %v", err)
+	}
+	o.memory = mem
+	if o.cpus < 1 || o.cpus > microvm.MaxCPUs {
+		return nil, clibase.Usagef("--cpus %d: want 1..%d", o.cpus, microvm.MaxCPUs)
+	}
+	if o.bootTimeout <= 0 {
+		return nil, clibase.Usagef("--boot-timeout %v: want a positive duration", o.bootTimeout)
+	}
+	if o.image, err = readImageFlags(c); err != nil {
+		return nil, err
+	}
+	if err := clibase.ReadDeviceFlags(c, &o.devices); err != nil {
+		return nil, err
+	}
+	if o.root, err = clibase.ReadChroot(c); err != nil {
+		return nil, err
+	}
+	if err := clibase.ShareChroot(o.root, o.devices); err != nil {
+		return nil, err
+	}
+	if err := clibase.ChrootPath(o.root, &o.devices.MetricsSocket, "--metrics-socket"); err != nil {
+		return nil, err
+	}
+	if o.devices.Root != "" && clibase.IsSet(c, "add") {
+		return nil, clibase.Usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
+	}
+	if o.overlay, err = readRootImageFlags(c, &o.image, o.devices.Root != ""); err != nil {
+		return nil, err
+	}
+	o.kernel = c.String("kernel")
+	if o.kernel == "" {
+		o.kernel = os.Getenv("MICROVM_KERNEL")
+	}
+	defaultKernel := o.kernel == ""
+	if defaultKernel {
+		o.kernel = defaultKernelPath()
+	}
+	// Everything New would refuse in the configuration is a usage error
+	// now, before an image is built or a file is looked at.
+	if err := o.machineConfig("", nil).Check(); err != nil {
+		return nil, err
+	}
+	if defaultKernel {
+		if _, err := os.Stat(o.kernel); err != nil {
+			return nil, fmt.Errorf("kernel %s: %w (no --kernel and no $MICROVM_KERNEL, so this is the default: build it with make kernel, or give one)",
+				o.kernel, unwrapPathError(err))
+		}
+	}
+	return o, nil
+}
+
+// useImage finds (or pulls) --image's image and applies its
+// configuration to the command, as docker run does (applyImage).
+func (o *execOpts) useImage(c *cli.Context, ref string) error {
+	ctx, stop := clibase.Interruptible(context.Background())
+	defer stop()
+	img, err := findImage(ctx, ref, o.cmd.stderr, o.quiet)
+	if err != nil {
+		if serr := clibase.SignalStatus(ctx, o.log); serr != nil {
+			return serr
+		}
+		return clibase.Failure{Err: fmt.Errorf("exec: %w", err)}
+	}
+	workdir := ""
+	if clibase.IsSet(c, "workdir") {
+		workdir = o.cmd.workdir
+	}
+	env, err := envFlags(c.StringSlice("env"))
+	if err != nil {
+		return err
+	}
+	p, err := applyImage(img.Config, c.Args().Slice(), env, workdir)
+	if err != nil {
+		return err
+	}
+	o.img = img
+	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.argv, p.env, p.workdir
+	if o.cmd.uid == nil {
+		o.cmd.uid, o.cmd.gid = p.uid, p.gid
+	}
+	return nil
+}
+
+// defaultKernelPath is the kernel exec (and run --with-agent) boot without
+// --kernel or $MICROVM_KERNEL: build/kernel/bzImage beside the binary's
+// bin/ (make kernel).
+func defaultKernelPath() string {
+	return filepath.Clean(filepath.Join(clibase.BinDir(), "..", "build", "kernel", "bzImage"))
+}
+
+// machineConfig is the VM exec boots: the kernel, the initrd (none with
+// --root), the devices, the console, the log.
+func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Config {
+	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
+	if o.devices.Root != "" {
+		cmdline += " init=/init"
+	}
+	cfg := microvm.Config{
+		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
+		Cmdline: cmdline,
+		Console: console, Log: o.log,
+		Vsock: &microvm.VsockConfig{CID: execCID},
+		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
+		Shares: o.devices.Shares, MetricsSocket: o.devices.MetricsSocket,
+	}
+	if o.img != nil {
+		images.Use(&cfg, o.img, o.overlay)
+	}
+	return cfg
+}
+
+// unwrapPathError drops *os.PathError's operation and path, which the
+// message already names.
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// runExec is exec in a fresh VM (or a clone of --snapshot's): the
+// machine, the command and exec's hooks, handed to execvm.Run; its error
+// is the command's exit status as runInGuest returns it, or why the VM
+// could not run it.
+func runExec(o *execOpts) error {
+	name := ""
+	if len(o.cmd.argv) > 0 {
+		name = o.cmd.argv[0]
+	}
+	return execvm.Run(execvm.Options{
+		Config: o.machineConfig("", nil), Image: o.image, Warm: o.warm,
+		BootTimeout: o.bootTimeout,
+		// --timeout is the guest's to enforce; past it plus
+		// unresponsiveGrace the host gives up on the guest and stops the VM.
+		Timeout: o.cmd.timeout, Grace: unresponsiveGrace,
+		Name: name,
+		Hooks: execvm.Hooks{
+			Interruptible: clibase.Interruptible,
+			SignalStatus:  func(ctx context.Context) error { return clibase.SignalStatus(ctx, o.log) },
+			Confine:       o.confine,
+			Progress:      func(what string) func() { return startProgress(o.cmd.stderr, o.quiet, what) },
+			Command: func(ctx context.Context, cc *agentapi.Conn) error {
+				return runInGuest(ctx, cc, "exec", o.cmd, o.log)
+			},
+			CommandEnded: func(err error) bool { var se clibase.StatusError; return errors.As(err, &se) },
+		},
+	})
+}
+
+// unresponsiveGrace is how long past --timeout exec waits for the guest's
+// report (the agent's kill, its output drain and TCG speed in the
+// nested-KVM box fit well inside). A variable for tests.
+var unresponsiveGrace = 30 * time.Second
+
+// guestCmdFlags are the flags of a command run through the agent, shared
+// by exec and agent exec; readGuestCmd reads them.
+func guestCmdFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "env", Usage: "set K=V in the command's environment; a bare K passes microvm's own $K, off the command line (repeatable)"},
+		&cli.StringFlag{Name: "workdir", Value: "/", Usage: "the command's working directory in the guest"},
+		&cli.DurationFlag{Name: "timeout", Usage: "kill the command's process group after this long (0: no limit)"},
+		&cli.StringFlag{Name: "user", Usage: "UID[:GID] to run the command as (default: the image's User, else the agent's, root)"},
+		&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "run the command on a pseudo-terminal of the host terminal's size, the terminal in raw mode (stdin must be a terminal; stdout carries everything)"},
+		&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "stdin attached: always so (stdin is streamed to the command); accepted so that docker's -it works"},
+	}
+}
+
+// guestCmd is a checked command for the guest agent and the streams it
+// is connected to.
+type guestCmd struct {
+	argv    []string
+	env     []string
+	workdir string
+	timeout time.Duration
+	// uid and gid, when not nil, are the process's credentials (--user,
+	// or an image's User).
+	uid, gid *uint32
+	// tty runs the command on a pseudo-terminal in the guest, the host's
+	// terminal in raw mode (-t).
+	tty bool
+
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// readGuestCmd reads the command (the arguments) and guestCmdFlags. name
+// starts error messages; form is the command line shown when no command
+// is given.
+func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
+	cmd := guestCmd{argv: c.Args().Slice(), workdir: c.String("workdir"), timeout: c.Duration("timeout"), tty: c.Bool("tty")}
+	if len(cmd.argv) == 0 && !clibase.IsSet(c, "image") { // an image has its own command
+		return cmd, clibase.Usagef("%s: no command given (%s)", name, form)
+	}
+	if cmd.timeout < 0 {
+		return cmd, clibase.Usagef("--timeout %v: must not be negative", cmd.timeout)
+	}
+	if !strings.HasPrefix(cmd.workdir, "/") {
+		return cmd, clibase.Usagef("--workdir %q: want an absolute guest path", cmd.workdir)
+	}
+	if u := c.String("user"); u != "" {
+		uid, gid, err := parseUser(u)
+		if err != nil {
+			return cmd, clibase.UsageError{Err: err}
+		}
+		cmd.uid, cmd.gid = &uid, &gid
+	}
+	env, err := envFlags(c.StringSlice("env"))
+	if err != nil {
+		return cmd, err
+	}
+	cmd.env = append([]string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}, env...)
+	return cmd, nil
+}
+
+// parseUser reads --user: UID or UID:GID, numbers (a GID defaults to the
+// UID, as a user's own group usually has its number).
+func parseUser(s string) (uid, gid uint32, err error) {
+	us, gs, hasGID := strings.Cut(s, ":")
+	u, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--user %q: want UID[:GID], numbers", s)
+	}
+	g := u
+	if hasGID {
+		if g, err = strconv.ParseUint(gs, 10, 32); err != nil {
+			return 0, 0, fmt.Errorf("--user %q: want UID[:GID], numbers", s)
+		}
+	}
+	return uint32(u), uint32(g), nil
+}
+
+// runInGuest runs cmd through the agent on cc and turns its end into an
+// exit status: nil for 0, clibase.StatusError{N} for exit status N, and
+// clibase.StatusError{128+N} for signal N, whether the command died of it or a
+// SIGINT or SIGTERM cancelled ctx (see interruptible). A command the guest
+// does not have is clibase.StatusError{127} after one line on stderr, as is a
+// --timeout kill (status 137). name starts messages.
+func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
+	ac := &agentapi.Cmd{
+		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
+		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
+	}
+	if cmd.tty {
+		tty, size, err := openTTY(cmd.stdin)
+		if err != nil {
+			return clibase.UsageError{Err: err}
+		}
+		defer tty.restore()
+		ac.Pty, ac.Resize = size, tty.resize
+		if _, ok := agentvm.LookupEnv(ac.Env, "TERM"); !ok {
+			t := os.Getenv("TERM")
+			if t == "" {
+				t = "xterm"
+			}
+			ac.Env = append(ac.Env[:len(ac.Env):len(ac.Env)], "TERM="+t)
+		}
+	}
+	st, err := agentapi.NewClient(cc).Exec(ctx, ac)
+	if serr := clibase.SignalStatus(ctx, log); serr != nil {
+		return serr
+	}
+	if err != nil {
+		switch status.Code(err) {
+		case codes.NotFound:
+			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
+			return clibase.StatusError{Status: 127}
+		case codes.PermissionDenied, codes.FailedPrecondition:
+			// Found but not runnable (not executable, not a program, no
+			// such working directory): the shell's 126.
+			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentvm.Message(err))
+			return clibase.StatusError{Status: 126}
+		}
+		if errors.Is(err, agentapi.ErrAgentLost) {
+			return clibase.Failure{Err: fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentvm.Message(err))}
+		}
+		return clibase.Failure{Err: fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentvm.Message(err))}
+	}
+	if st.TimedOut {
+		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
+	}
+	return exitError(st)
+}
+
+// exitError is agentvm.ShellStatus as an error: nil for 0, else
+// clibase.StatusError.
+func exitError(st *agentapi.ExitStatus) error {
+	if n := agentvm.ShellStatus(st); n != 0 {
+		return clibase.StatusError{Status: n}
+	}
+	return nil
+}
+
+// concatFlags joins flag lists.
+func concatFlags(lists ...[]cli.Flag) []cli.Flag {
+	var all []cli.Flag
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	return all
+}
+
+// asFailure marks err a failure unless it is nil, the command's own
+// status or a usage error.
+func asFailure(err error) error {
+	var se clibase.StatusError
+	var ue clibase.UsageError
+	var fl clibase.Failure
+	if err == nil || errors.As(err, &se) || errors.As(err, &ue) || errors.As(err, &fl) || errors.Is(err, microvm.ErrConfig) {
+		return err
+	}
+	return clibase.Failure{Err: err}
+}
+
+// execInVM is `microvm exec --vm NAME -- CMD`: CMD through the agent of a
+// running named VM, with exec's streams and statuses.
+func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log logrus.FieldLogger) error {
+	name := c.String("vm")
+	if err := vms.CheckName(name); err != nil {
+		return clibase.UsageError{Err: fmt.Errorf("--vm: %w", err)}
+	}
+	for _, f := range c.LocalFlagNames() {
+		switch f {
+		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
+		default:
+			return clibase.Usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
+		}
+	}
+	cmd, err := readGuestCmd(c, "exec", "microvm exec --vm NAME [flags] -- CMD [ARG...]")
+	if err != nil {
+		return err
+	}
+	if err := checkTTY(cmd, stdin); err != nil {
+		return err
+	}
+	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
+	e, err := namedvm.Live(name)
+	if err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if !e.Agent {
+		return fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", name)
+	}
+	applyDefaults(&cmd, e.Process, c)
+	ctx, stop := clibase.Interruptible(context.Background())
+	defer stop()
+	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
+	if err != nil {
+		if serr := clibase.SignalStatus(ctx, log); serr != nil {
+			return serr
+		}
+		return fmt.Errorf("exec: VM %s: %w", name, err)
+	}
+	defer cc.Close()
+	return runInGuest(ctx, cc, "exec", cmd, log)
+}
