@@ -12,6 +12,7 @@ import (
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/cachedisk"
 )
 
 // ConsoleKeep is how much of the guest console Run keeps, to show when
@@ -35,6 +36,16 @@ type Options struct {
 	Timeout, Grace time.Duration
 	// Name is the command (its argv[0]) in messages.
 	Name string
+	// Caches are the cache disks, checked out of CacheStore; not with
+	// Warm.
+	Caches     []Cache
+	CacheStore *cachedisk.Store
+	// Docker, when not nil, starts Docker in the guest before the
+	// command; not with Warm.
+	Docker *Docker
+	// SetUpEnv is the environment of the guest steps that mount the
+	// caches and start Docker (the image's, as the command gets it).
+	SetUpEnv []string
 	Hooks
 }
 
@@ -65,21 +76,35 @@ type Hooks struct {
 // (Machine.DialVsock): the vsock device has no Unix socket, and nothing
 // of Run's lies in the file system once the VM is set up, so a chroot and
 // a seccomp filter entered by Hooks.Confine need no room for it.
-func Run(o Options) error {
+func Run(o Options) (err error) {
 	console := &agentvm.TailBuffer{Max: ConsoleKeep}
+	if o.Warm != nil && (len(o.Caches) > 0 || o.Docker != nil) {
+		return fmt.Errorf("exec: %w: caches and Docker are not for a warm start", microvm.ErrConfig)
+	}
 	if o.Warm != nil && o.Warm.snap != nil {
 		m, err := o.Warm.restore(o.Config, console)
 		if err != nil {
 			return err
 		}
 		defer m.Close()
-		return runIn(o, m, console)
+		return runIn(o, m, console, nil)
 	}
 	// With a Root disk the guest boots from it, whose /init must be the
 	// agent; otherwise from the agent's initramfs, written to a temporary
 	// file that is removed once New has loaded it.
 	cfg := o.Config
 	cfg.Console = console
+	// The caches and Docker's data disk: committed or discarded, and
+	// removed, once the machine is closed (this defer runs after its).
+	x, err := attachDisks(context.Background(), &cfg, o)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if ferr := x.finish(err == nil); ferr != nil && err == nil {
+			err = ferr
+		}
+	}()
 	if cfg.Root == "" {
 		f, err := os.CreateTemp("", "microvm-exec-*.cpio")
 		if err != nil {
@@ -103,12 +128,12 @@ func Run(o Options) error {
 			return fmt.Errorf("exec: %w", err)
 		}
 	}
-	return runIn(o, m, console)
+	return runIn(o, m, console, x)
 }
 
 // runIn runs m, waits for its agent (then, for a warm start's first run,
 // snapshots it), adopts a clone's MACs and runs the command supervised.
-func runIn(o Options, m *microvm.Machine, console *agentvm.TailBuffer) error {
+func runIn(o Options, m *microvm.Machine, console *agentvm.TailBuffer, x *extraDisks) error {
 	sigCtx, stop := o.Interruptible(context.Background())
 	defer stop()
 	if err := o.Confine(); err != nil {
@@ -152,8 +177,22 @@ func runIn(o Options, m *microvm.Machine, console *agentvm.TailBuffer) error {
 		return fmt.Errorf("exec: %w; guest console:\n%s", err, strings.TrimRight(console.String(), "\n"))
 	}
 	defer cc.Close()
+	setUp := agentvm.AgentRunner{Client: agentapi.NewClient(cc), Env: o.SetUpEnv}
 	err, cut := agentvm.Supervise(sigCtx, vmDone, o.Timeout, o.Grace,
-		func(ctx context.Context) error { return o.Command(ctx, cc) },
+		func(ctx context.Context) error {
+			if err := x.setUp(ctx, setUp); err != nil {
+				return err
+			}
+			if err := o.Command(ctx, cc); err != nil {
+				return err
+			}
+			// The command succeeded; caches it could not keep are a
+			// warning, not its failure.
+			if err := x.writeBack(ctx, setUp); err != nil && o.Config.Log != nil {
+				o.Config.Log.Warn(err)
+			}
+			return nil
+		},
 		func(err error) bool { return !o.CommandEnded(err) })
 	var gu agentvm.UnresponsiveError
 	if errors.As(cut, &gu) {
