@@ -42,6 +42,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 			vhostUserVsockCommand(stdout, stderr),
 			connectCommand(stdin, stdout, stderr),
 			imageCommand(stdout, stderr),
+			cacheCommand(stdout),
 			ciCommand(stdout, stderr),
 			{
 				Name:         "version",

@@ -22,7 +22,9 @@ import (
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/cachedisk"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
@@ -60,6 +62,9 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			guestCmdFlags(),
 			cliFlags(clibase.DeviceFlags()),
 			[]cli.Flag{
+				&cli.StringSliceFlag{Name: "cache", Usage: "NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH; when CMD exits 0 it is kept as NAME's next version (repeatable; microvm cache ls, docs/ci.md)"},
+				&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd before CMD, its data root on a disk of the VM's own (or on a --cache at /var/lib/docker); exit status 122 when Docker does not come up (docs/ci.md)"},
+				&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
 				&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "say nothing while the VM boots (on a terminal, a line tells the wait after a second)"},
 			},
@@ -70,6 +75,9 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			if clibase.IsSet(c, "vm") {
+				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") {
+					return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
+				}
 				return asFailure(execInVM(c, stdin, stdout, stderr, log))
 			}
 			o, err := execOptions(c)
@@ -92,13 +100,22 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				}
 				policy = policy.WithSnapshots()
 			}
+			if len(o.caches) > 0 || o.docker != nil {
+				policy = policy.WithCacheCommits()
+			}
 			o.confine = func() error {
 				if err := clibase.EnterChroot(o.root, log); err != nil {
 					return err
 				}
 				return clibase.Confine(c, policy, log)
 			}
-			return asFailure(runExec(o))
+			err = runExec(o)
+			var de *dockervm.Error
+			if errors.As(err, &de) {
+				fmt.Fprintf(stderr, "microvm: %v\n", err)
+				return clibase.StatusError{Status: dockervm.ExitStatus}
+			}
+			return asFailure(err)
 		},
 	}
 }
@@ -126,6 +143,10 @@ type execOpts struct {
 	confine func() error
 	// warm is --snapshot's warm start, or nil.
 	warm *execvm.WarmStart
+	// caches are --cache's disks; docker is --docker's, or nil.
+	caches     []execvm.Cache
+	cacheStore *cachedisk.Store
+	docker     *execvm.Docker
 }
 
 func execOptions(c *cli.Context) (*execOpts, error) {
@@ -165,6 +186,9 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		return nil, clibase.Usagef("--add puts files in the initramfs, which --root replaces; put them on the disk")
 	}
 	if o.overlay, err = readRootImageFlags(c, &o.image, o.devices.Root != ""); err != nil {
+		return nil, err
+	}
+	if err := o.readCacheFlags(c); err != nil {
 		return nil, err
 	}
 	o.kernel = c.String("kernel")
@@ -274,7 +298,8 @@ func runExec(o *execOpts) error {
 		// --timeout is the guest's to enforce; past it plus
 		// unresponsiveGrace the host gives up on the guest and stops the VM.
 		Timeout: o.cmd.timeout, Grace: unresponsiveGrace,
-		Name: name,
+		Name:   name,
+		Caches: o.caches, CacheStore: o.cacheStore, Docker: o.docker, SetUpEnv: o.cmd.env,
 		Hooks: execvm.Hooks{
 			Interruptible: clibase.Interruptible,
 			SignalStatus:  func(ctx context.Context) error { return clibase.SignalStatus(ctx, o.log) },

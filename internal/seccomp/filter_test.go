@@ -367,3 +367,43 @@ func TestSharesPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheCommitsPolicy: WithCacheCommits allows what committing a cache
+// clone and removing disks take (flock, renameat, fsync, openat), and no
+// more than files: no exec, no mount.
+func TestCacheCommitsPolicy(t *testing.T) {
+	p := VMM()
+	plain, err := compile(p, unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caches, err := compile(p.WithCacheCommits(), unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		d             seccompData
+		plain, caches string
+	}{
+		{"openat", call(unix.SYS_OPENAT), fmt.Sprintf("errno %d", unix.EACCES), "allow"},
+		{"flock", call(unix.SYS_FLOCK), "deny", "allow"},
+		{"renameat", call(unix.SYS_RENAMEAT), "deny", "allow"},
+		{"fsync", call(unix.SYS_FSYNC), "deny", "allow"},
+		{"mkdirat", call(unix.SYS_MKDIRAT), "deny", "allow"},
+		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
+		{"mount", call(unix.SYS_MOUNT), "deny", "deny"},
+	} {
+		if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.plain)
+		}
+		if got := actionName(runFilter(t, caches, tc.d)); got != tc.caches {
+			t.Errorf("%s with caches: %s, want %s", tc.name, got, tc.caches)
+		}
+	}
+	for _, r := range p.WithCacheCommits().rules {
+		if r.why == "" || strings.HasPrefix(Name(r.nr), "syscall ") {
+			t.Errorf("rule for %s: unnamed or without a reason", Name(r.nr))
+		}
+	}
+}

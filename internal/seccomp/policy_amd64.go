@@ -304,6 +304,31 @@ func (p Policy) WithShares() Policy {
 	return Policy{name: p.name + " (shares)", rules: rules}
 }
 
+// WithCacheCommits is p plus what keeping a job's disks after its VM is
+// gone takes (exec --cache and --docker, internal/cachedisk): syncing a
+// cache clone and renaming it into place as the next version under the
+// cache's lock, writing its manifest, evicting old versions, and removing
+// Docker's data disk and discarded clones. Like WithSnapshots, the price
+// is that a subverted process may create and remove files where the
+// VMM's user can.
+func (p Policy) WithCacheCommits() Policy {
+	rules := withRules(append([]rule(nil), p.rules...),
+		allow(unix.SYS_OPENAT, "caches: the clone, the manifest, the lock and the store's directories"),
+		allow(unix.SYS_MKDIRAT, "caches: a name's directory"),
+		allow(unix.SYS_FSYNC, "caches: the clone, the manifest and the directory"),
+		allow(unix.SYS_FLOCK, "caches: a name's lock"),
+		allow(unix.SYS_RENAMEAT, "caches: the clone and manifest into place"),
+		allow(unix.SYS_UNLINKAT, "caches: evicted versions, discarded clones, Docker's data disk"),
+		allow(unix.SYS_GETDENTS64, "caches: listing a name's versions"),
+		allow(unix.SYS_FSTAT, "caches: os.File"),
+		allow(unix.SYS_NEWFSTATAT, "caches: a version's size and allocation"),
+		allow(unix.SYS_LSEEK, "caches: os.File"),
+		allow(unix.SYS_PREAD64, "caches: checking a clone's ext4 superblock"),
+		allow(unix.SYS_READ, "caches: a version's manifest"),
+	)
+	return Policy{name: p.name + " (caches)", rules: rules}
+}
+
 // withRules adds extra to rules: a call rules already allows outright
 // stays as it is; one rules fails with an errno (openat: the resolver's
 // re-read of /etc/resolv.conf) is now allowed instead.

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/cachedisk"
+	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/execvm"
+)
+
+// defaultCacheSize is a new cache disk's size when --cache names none:
+// the file is sparse, so the host pays only for what the jobs write.
+const defaultCacheSize = 4 << 30
+
+// cacheCommand is `microvm cache ls|rm`: the cache disks that exec
+// --cache keeps (internal/cachedisk), by name.
+func cacheCommand(stdout io.Writer) *cli.Command {
+	dirFlag := &cli.StringFlag{Name: "dir", Usage: "the cache store (default $MICROVM_STATE_DIR/caches; the GitLab executor's is $MICROVM_STATE_DIR/ci-cache)"}
+	return &cli.Command{
+		Name:         "cache",
+		Usage:        "list or remove the cache disks that exec --cache keeps",
+		OnUsageError: onUsageError,
+		Subcommands: []*cli.Command{
+			{
+				Name:         "ls",
+				Usage:        "list the caches: committed versions, size, when last committed",
+				UsageText:    "microvm cache ls [--dir DIR] [--json]",
+				OnUsageError: onUsageError,
+				Flags:        []cli.Flag{dirFlag, &cli.BoolFlag{Name: "json", Usage: "one JSON array of the caches, for machines"}},
+				Action: func(c *cli.Context) error {
+					if c.NArg() > 0 {
+						return clibase.Usagef("cache ls takes no arguments")
+					}
+					s, err := openCaches(c.String("dir"))
+					if err != nil {
+						return clibase.Failure{Err: err}
+					}
+					list, err := s.List()
+					if err != nil {
+						return clibase.Failure{Err: err}
+					}
+					return printCaches(stdout, list, c.Bool("json"))
+				},
+			},
+			{
+				Name:         "rm",
+				Usage:        "remove caches and all their versions (jobs running with one keep their clone)",
+				UsageText:    "microvm cache rm [--dir DIR] NAME...",
+				OnUsageError: onUsageError,
+				Flags:        []cli.Flag{dirFlag},
+				Action: func(c *cli.Context) error {
+					if c.NArg() == 0 {
+						return clibase.Usagef("cache rm: want at least one cache name")
+					}
+					s, err := openCaches(c.String("dir"))
+					if err != nil {
+						return clibase.Failure{Err: err}
+					}
+					var errs []error
+					for _, name := range c.Args().Slice() {
+						if err := s.Remove(name); err != nil {
+							errs = append(errs, fmt.Errorf("cache rm: %w", err))
+						}
+					}
+					if err := errors.Join(errs...); err != nil {
+						return clibase.Failure{Err: err}
+					}
+					return nil
+				},
+			},
+		},
+	}
+}
+
+// openCaches opens the cache store in dir, or the default one.
+func openCaches(dir string) (*cachedisk.Store, error) {
+	if dir == "" {
+		dir = cachedisk.DefaultDir()
+	}
+	return cachedisk.Open(dir, cachedisk.Limits{}, nil)
+}
+
+func printCaches(w io.Writer, list []cachedisk.Info, asJSON bool) error {
+	if asJSON {
+		if list == nil {
+			list = []cachedisk.Info{}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVERSIONS\tNEWEST\tSIZE\tON DISK\tCOMMITTED")
+	for _, in := range list {
+		committed := "never"
+		if !in.Committed.IsZero() {
+			committed = time.Since(in.Committed).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", in.Name, in.Versions, in.Newest,
+			microvm.FormatSize(uint64(in.Size)), microvm.FormatSize(uint64(in.Allocated)), committed)
+	}
+	return tw.Flush()
+}
+
+// parseCache reads one --cache NAME=GUESTPATH[,size=SIZE].
+func parseCache(v string) (execvm.Cache, error) {
+	spec, opts, _ := strings.Cut(v, ",")
+	name, guestPath, ok := strings.Cut(spec, "=")
+	if !ok {
+		return execvm.Cache{}, clibase.Usagef("--cache %q: want NAME=GUESTPATH[,size=SIZE]", v)
+	}
+	if err := cachedisk.CheckName(name); err != nil {
+		return execvm.Cache{}, clibase.Usagef("--cache %q: %v", v, err)
+	}
+	if !path.IsAbs(guestPath) || path.Clean(guestPath) == "/" || strings.ContainsAny(guestPath, "\x00\n") {
+		return execvm.Cache{}, clibase.Usagef("--cache %q: the guest path must be an absolute directory other than /", v)
+	}
+	c := execvm.Cache{Name: name, GuestPath: path.Clean(guestPath), Size: defaultCacheSize}
+	for opts != "" {
+		var o string
+		o, opts, _ = strings.Cut(opts, ",")
+		k, val, _ := strings.Cut(o, "=")
+		if k != "size" {
+			return execvm.Cache{}, clibase.Usagef("--cache %q: unknown option %q (want size=SIZE)", v, k)
+		}
+		n, err := microvm.ParseSize(val)
+		if err != nil || n < 16<<20 || n > 1<<40 {
+			return execvm.Cache{}, clibase.Usagef("--cache %q: size %q: want 16M to 1T", v, val)
+		}
+		c.Size = int64(n)
+	}
+	return c, nil
+}
+
+// readCaches reads exec's --cache flags; two caches at one guest path or
+// of one name are refused.
+func readCaches(vals []string) ([]execvm.Cache, error) {
+	var out []execvm.Cache
+	names, paths := map[string]bool{}, map[string]bool{}
+	for _, v := range vals {
+		c, err := parseCache(v)
+		if err != nil {
+			return nil, err
+		}
+		if names[c.Name] || paths[c.GuestPath] {
+			return nil, clibase.Usagef("--cache %q: a cache of that name or at that path is given twice", v)
+		}
+		names[c.Name], paths[c.GuestPath] = true, true
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// readCacheFlags reads exec's --cache, --docker and --docker-disk. Both
+// keep files in microvm's state directory after the VM is gone, so
+// neither goes with --chroot (which hides it) or --snapshot's warm start.
+func (o *execOpts) readCacheFlags(c *cli.Context) error {
+	caches, err := readCaches(c.StringSlice("cache"))
+	if err != nil {
+		return err
+	}
+	if c.Bool("docker") {
+		o.docker = &execvm.Docker{}
+		if v := c.String("docker-disk"); v != "" {
+			n, err := microvm.ParseSize(v)
+			if err != nil || n < 256<<20 || n > 1<<40 {
+				return clibase.Usagef("--docker-disk %q: want 256M to 1T", v)
+			}
+			o.docker.DiskSize = n
+		}
+	} else if clibase.IsSet(c, "docker-disk") {
+		return clibase.Usagef("--docker-disk sizes --docker's data disk: give --docker too")
+	}
+	if len(caches) == 0 && o.docker == nil {
+		return nil
+	}
+	switch {
+	case o.root != "":
+		return clibase.Usagef("--cache and --docker keep disks in microvm's state directory, which --chroot hides")
+	case c.String("snapshot") != "":
+		return clibase.Usagef("--cache and --docker are not for a warm start (--snapshot)")
+	}
+	o.caches = caches
+	if len(caches) > 0 {
+		if o.cacheStore, err = openCaches(""); err != nil {
+			return err
+		}
+	}
+	return nil
+}
