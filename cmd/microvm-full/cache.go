@@ -161,7 +161,8 @@ func readCaches(vals []string) ([]execvm.Cache, error) {
 	return out, nil
 }
 
-// readCacheFlags reads exec's --cache, --docker and --docker-disk. Both
+// readCacheFlags reads exec's --cache, --docker, --docker-disk and
+// --docker-timeout. Both
 // keep files in microvm's state directory after the VM is gone, so
 // neither goes with --chroot (which hides it) or --snapshot's warm start.
 func (o *execOpts) readCacheFlags(c *cli.Context) error {
@@ -171,6 +172,9 @@ func (o *execOpts) readCacheFlags(c *cli.Context) error {
 	}
 	if c.Bool("docker") {
 		o.docker = &execvm.Docker{}
+		if o.docker.Start.Timeout = c.Duration("docker-timeout"); o.docker.Start.Timeout <= 0 {
+			return clibase.Usagef("--docker-timeout %v: want a positive duration", o.docker.Start.Timeout)
+		}
 		if v := c.String("docker-disk"); v != "" {
 			n, err := microvm.ParseSize(v)
 			if err != nil || n < 256<<20 || n > 1<<40 {
@@ -178,8 +182,8 @@ func (o *execOpts) readCacheFlags(c *cli.Context) error {
 			}
 			o.docker.DiskSize = n
 		}
-	} else if clibase.IsSet(c, "docker-disk") {
-		return clibase.Usagef("--docker-disk sizes --docker's data disk: give --docker too")
+	} else if clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
+		return clibase.Usagef("--docker-disk and --docker-timeout are --docker's: give --docker too")
 	}
 	if len(caches) == 0 && o.docker == nil {
 		return nil

@@ -56,6 +56,7 @@ func TestExecCacheFlagsRefused(t *testing.T) {
 	}{
 		{[]string{"exec", "--vm", "x", "--cache", "go=/go", "--", "true"}, "not --vm"},
 		{[]string{"exec", "--docker-disk", "1G", "--", "true"}, "give --docker too"},
+		{[]string{"exec", "--docker", "--docker-timeout", "0s", "--", "true"}, "want a positive duration"},
 		{[]string{"exec", "--docker", "--docker-disk", "1K", "--", "true"}, "want 256M to 1T"},
 		{[]string{"exec", "--cache", "go", "--", "true"}, "want NAME=GUESTPATH"},
 		{[]string{"exec", "--chroot", t.TempDir(), "--cache", "go=/go", "--", "true"}, "which --chroot hides"},

@@ -65,6 +65,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				&cli.StringSliceFlag{Name: "cache", Usage: "NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH; when CMD exits 0 it is kept as NAME's next version (repeatable; microvm cache ls, docs/ci.md)"},
 				&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd before CMD, its data root on a disk of the VM's own (or on a --cache at /var/lib/docker); exit status 122 when Docker does not come up (docs/ci.md)"},
 				&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
+				&cli.DurationFlag{Name: "docker-timeout", Value: dockervm.DefaultTimeout, Usage: "how long --docker waits for dockerd to answer"},
 				&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the agent to answer"},
 				&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "say nothing while the VM boots (on a terminal, a line tells the wait after a second)"},
 			},
@@ -75,7 +76,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			if clibase.IsSet(c, "vm") {
-				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") {
+				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
 					return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
 				}
 				return asFailure(execInVM(c, stdin, stdout, stderr, log))
