@@ -156,7 +156,8 @@ TEST_ENV    := MICROVM_TEST_RECORD=$(RECORD) MICROVM_TESTGUEST=$(CURDIR)/bin/tes
 	MICROVM_NETTEST=$(CURDIR)/build/nettest MICROVM_NET=$(CURDIR)/bin/microvm-net \
 	MICROVM_SHIM=$(CURDIR)/bin/containerd-shim-microvm-v2 MICROVM_CRICTL=$(CRICTL) \
 	MICROVM_DEBIAN_IMAGE=$(CURDIR)/build/images/debian-12.tar \
-	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar
+	MICROVM_DEBIAN_BUILD_IMAGE=$(CURDIR)/build/images/debian-12-build.tar \
+	MICROVM_DEBIAN_DOCKER_IMAGE=$(CURDIR)/build/images/debian-12-docker.tar
 
 # The inner loop (docs/testing.md, "make check"): what can fail fast, in
 # minutes; go test's cache keeps unchanged packages' results. What needs a
@@ -167,7 +168,7 @@ check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/contai
 
 # make test's stages, in order; scripts/test-stages runs each and times it,
 # scripts/test-times prints the table (and build/test-record/times.json).
-TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image kernel docker-check-config initramfs kvmbox conformance \
+TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image debian-docker-image kernel docker-check-config initramfs kvmbox conformance \
 	vet fmt-check staticcheck go-test fuzz-smoke guest-test box-test
 
 test:

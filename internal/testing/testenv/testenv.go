@@ -269,6 +269,9 @@ const (
 	// curl (make debian-build-image: build/images/debian-12-build.tar), a
 	// CI job's image.
 	EnvDebianBuildImage = "MICROVM_DEBIAN_BUILD_IMAGE"
+	// EnvDebianDockerImage names the CI image with Docker (make
+	// debian-docker-image: build/images/debian-12-docker.tar).
+	EnvDebianDockerImage = "MICROVM_DEBIAN_DOCKER_IMAGE"
 	// EnvShim names the built containerd shim (make:
 	// bin/containerd-shim-microvm-v2).
 	EnvShim = "MICROVM_SHIM"
@@ -340,6 +343,15 @@ func DebianImage(tb testing.TB) string {
 func DebianBuildImage(tb testing.TB) string {
 	tb.Helper()
 	return artefact(tb, EnvDebianBuildImage, "build/images/debian-12-build.tar", "debian-build-image")
+}
+
+// DebianDockerImage returns the CI image with Docker (docker.io, git,
+// build tools) as a root file system tarball: $MICROVM_DEBIAN_DOCKER_IMAGE,
+// else build/images/debian-12-docker.tar built by `make
+// debian-docker-image`. Call it before RequireKVM, as DebianImage.
+func DebianDockerImage(tb testing.TB) string {
+	tb.Helper()
+	return artefact(tb, EnvDebianDockerImage, "build/images/debian-12-docker.tar", "debian-docker-image")
 }
 
 // Example returns the built example program name (build/examples/NAME,

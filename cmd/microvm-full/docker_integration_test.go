@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/testing/testenv"
+)
+
+// The build context the Docker test shares with its VM: a busybox image
+// made FROM scratch in the VM (COPY, RUN), and an app built from it in two
+// stages.
+const (
+	dockerfileBase = `FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+ENV FOO=bar
+WORKDIR /work
+`
+	dockerfileApp = `FROM bb AS build
+RUN echo built-in-stage-one > /built
+FROM bb
+COPY --from=build /built /built
+COPY hello.txt /hello.txt
+CMD ["sh", "-c", "cat /built /hello.txt"]
+`
+)
+
+// TestExecDocker runs Docker inside a VM with `microvm exec --docker`,
+// its data root on a cache disk, twice. The first exec builds a busybox
+// image FROM scratch (COPY, RUN) and a two-stage image from it, round-trips
+// one through docker save and docker load, runs a container (its Env,
+// WorkingDir and exit status passed through), reaches a server on this
+// machine's loopback from a container on Docker's bridge (through --net
+// user), serves a container's port to this machine (docker run -p, then
+// --publish), and finds one container from another by name on a
+// user-defined network. It exits 0, so the cache is committed; the second
+// exec finds the images there and its docker build uses the cached steps.
+// Nothing leaves this machine.
+func TestExecDocker(t *testing.T) {
+	img := testenv.DebianDockerImage(t) // built on the host, before the box
+	testenv.RequireKVMAlone(t, testenv.NeedLinux)
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		testenv.Missing(t, "busybox (Debian's busybox-static, which scripts/deps installs): %v", err)
+		return
+	}
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The state (the imported image, the cache store, Docker's disks) on
+	// the repository's disk: in the box, /tmp is memory.
+	state, err := os.MkdirTemp(filepath.Join(root, "build"), "docker-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	// The cache store where sparse files stay sparse when copied (the
+	// box's 9p mount of the repository reads holes as data).
+	caches := filepath.Join(t.TempDir(), "caches")
+	if err := os.Mkdir(caches, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(caches, filepath.Join(state, "caches")); err != nil {
+		t.Fatal(err)
+	}
+	ctxDir := t.TempDir()
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string]string{
+		"busybox": string(bb), "Dockerfile.base": dockerfileBase, "Dockerfile.app": dockerfileApp,
+		"hello.txt": "hello-from-the-context\n",
+	} {
+		if err := os.WriteFile(filepath.Join(ctxDir, name), []byte(data), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := testenv.Binary(t)
+	env := append(os.Environ(), "MICROVM_STATE_DIR="+state)
+	imp := exec.Command(bin, "image", "import", "--rootfs", "--name", "debian-docker:12", img)
+	imp.Env = env
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("image import: %v\n%s", err, out)
+	}
+
+	// A server on this machine's loopback, which a container reaches.
+	web, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "host-served\n")
+	})}
+	go srv.Serve(web)
+	defer srv.Close()
+	pub := testenv.FreePort(t, "tcp")
+
+	execArgs := func(script string) []string {
+		return []string{"exec", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
+			"--image", "debian-docker:12", "--memory", "1536M", "--cpus", "2",
+			"--docker", "--docker-timeout", "8m", "--cache", "dock=/var/lib/docker,size=4G",
+			"--share", "tag=ctx,path=" + ctxDir,
+			"--net", "user,host-loopback", "--publish", fmt.Sprintf("%d:8080", pub),
+			"--timeout", "20m", "--", "sh", "-c", script}
+	}
+	script1 := strings.Join([]string{
+		"set -e",
+		"cd /run/microvm-shares/ctx",
+		"docker build -q -t bb -f Dockerfile.base .",
+		"docker build -t app -f Dockerfile.app .",
+		"docker save bb -o /tmp/bb.tar && docker rmi bb >/dev/null && docker load -i /tmp/bb.tar",
+		`set +e; docker run --rm bb sh -c 'echo "env FOO=$FOO pwd=$(pwd)"; exit 7'; echo "run-status=$?"; set -e`,
+		"docker run --rm app",
+		fmt.Sprintf("docker run --rm bb wget -qO- http://192.168.127.254:%d/", web.Addr().(*net.TCPAddr).Port),
+		"docker network create jobnet >/dev/null",
+		`docker run -d --name srv --network jobnet bb sh -c 'mkdir -p /www && echo from-srv > /www/index.html && exec httpd -f -p 80 -h /www' >/dev/null`,
+		`docker run --rm --network jobnet bb sh -c 'i=0; until wget -qO- http://srv/; do i=$((i+1)); [ $i -lt 100 ] || exit 1; sleep 0.2; done'`,
+		`docker run -d --name pub -p 8080:80 bb sh -c 'mkdir -p /www && echo from-published > /www/index.html && exec httpd -f -p 80 -h /www' >/dev/null`,
+		"echo PUBLISHED",
+		"i=0; while [ ! -e fetched ]; do i=$((i+1)); [ $i -lt 3000 ] || exit 1; sleep 0.2; done",
+		"docker rm -f srv pub >/dev/null",
+	}, "\n")
+	vm := exec.Command(bin, execArgs(script1)...)
+	vm.Env = env
+	stdout, err := vm.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	vm.Stderr = &stderr
+	start := time.Now()
+	if err := vm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Process.Kill()
+	var out strings.Builder
+	var outMu sync.Mutex
+	published := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			outMu.Lock()
+			out.WriteString(sc.Text() + "\n")
+			outMu.Unlock()
+			if sc.Text() == "PUBLISHED" {
+				close(published)
+			}
+		}
+	}()
+	output := func() string { outMu.Lock(); defer outMu.Unlock(); return out.String() }
+	select {
+	case <-published:
+	case <-scanned:
+		vm.Wait()
+		t.Fatalf("exec ended before publishing\nstdout:\n%s\nstderr:\n%s", output(), &stderr)
+	case <-time.After(20 * time.Minute):
+		t.Fatalf("the guest did not get to publishing\nstdout:\n%s\nstderr:\n%s", output(), &stderr)
+	}
+	// The published container's httpd may not answer yet: ask until it
+	// does, bounded.
+	page := ""
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); {
+		c := http.Client{Timeout: 10 * time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", pub))
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if page = strings.TrimSpace(string(b)); page == "from-published" {
+				break
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if page != "from-published" {
+		t.Errorf("GET of docker run -p through --publish: %q, want from-published", page)
+	}
+	if err := os.WriteFile(filepath.Join(ctxDir, "fetched"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = vm.Wait()
+	<-scanned
+	o := output()
+	t.Logf("first exec, %v:\n%s", time.Since(start).Round(time.Second), o)
+	if err != nil {
+		t.Fatalf("first exec: %v\nstderr:\n%s", err, &stderr)
+	}
+	for _, want := range []string{
+		"Loaded image: bb:latest",                      // docker load of docker save's tarball
+		"env FOO=bar pwd=/work",                        // the image's Env and WorkingDir
+		"run-status=7",                                 // the container's exit status
+		"built-in-stage-one\nhello-from-the-context\n", // both stages and the COPY
+		"host-served",                                  // bridge -> guest -> --net user -> host loopback
+		"from-srv",                                     // by name on a user-defined network
+	} {
+		if !strings.Contains(o, want) {
+			t.Errorf("first exec's output lacks %q", want)
+		}
+	}
+
+	// The second exec finds the first one's images in the committed cache,
+	// and docker build its cached steps.
+	start = time.Now()
+	vm2 := exec.Command(bin, execArgs(strings.Join([]string{
+		"set -e",
+		"cd /run/microvm-shares/ctx",
+		"docker image ls --format 'image {{.Repository}}'",
+		"docker build -t app -f Dockerfile.app .",
+	}, "\n"))...)
+	vm2.Env = env
+	out2, err := vm2.CombinedOutput()
+	t.Logf("second exec, %v:\n%s", time.Since(start).Round(time.Second), out2)
+	if err != nil {
+		t.Fatalf("second exec: %v", err)
+	}
+	for _, want := range []string{"image bb", "image app", "Using cache"} {
+		if !strings.Contains(string(out2), want) {
+			t.Errorf("second exec's output lacks %q", want)
+		}
+	}
+	ls := exec.Command(bin, "cache", "ls", "--json")
+	ls.Env = env
+	if b, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(b), `"Name": "dock"`) || !strings.Contains(string(b), `"Newest": 2`) {
+		t.Errorf("cache ls after two passing execs: %v\n%s", err, b)
+	}
+}
