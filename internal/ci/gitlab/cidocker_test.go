@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/dockervm"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -158,5 +160,30 @@ func TestPrepareDockerRefusesWarmPool(t *testing.T) {
 		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("a refused prepare made %s (%v)", p, err)
 		}
+	}
+}
+
+// TestStartDockerNoDockerd: prepare's Docker step runs through the job
+// VM's agent with the image's environment: an image whose PATH has a
+// shell but no Docker gives Docker's own error (a system failure of
+// prepare), not the agent's.
+func TestStartDockerNoDockerd(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	hostSh, err := exec.LookPath("sh")
+	if err != nil {
+		testenv.Missing(t, "no sh on this host: %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(hostSh, filepath.Join(dir, "sh")); err != nil {
+		t.Fatal(err)
+	}
+	startJobVM(t, "jobdocker", []string{"PATH=" + dir})
+	err = fakeVMStarter.startDocker("jobdocker", DockerOptions{Timeout: time.Second})
+	var de *dockervm.Error
+	if !errors.As(err, &de) || !strings.Contains(de.Reason, "the image has no") {
+		t.Errorf("startDocker in an image without Docker: %v; want Docker's error", err)
+	}
+	if err := fakeVMStarter.startDocker("gone", DockerOptions{}); err == nil || errors.As(err, &de) {
+		t.Errorf("startDocker in a VM that is not there: %v; want the VM's error", err)
 	}
 }
