@@ -161,6 +161,30 @@ func readCaches(vals []string) ([]execvm.Cache, error) {
 	return out, nil
 }
 
+// readDockerFlags reads --docker, --docker-disk and --docker-timeout, as
+// exec and ci gitlab prepare take them: nil without --docker, whose two
+// others are refused alone.
+func readDockerFlags(c *cli.Context) (*execvm.Docker, error) {
+	if !c.Bool("docker") {
+		if clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
+			return nil, clibase.Usagef("--docker-disk and --docker-timeout are --docker's: give --docker too")
+		}
+		return nil, nil
+	}
+	d := &execvm.Docker{}
+	if d.Start.Timeout = c.Duration("docker-timeout"); d.Start.Timeout <= 0 {
+		return nil, clibase.Usagef("--docker-timeout %v: want a positive duration", d.Start.Timeout)
+	}
+	if v := c.String("docker-disk"); v != "" {
+		n, err := microvm.ParseSize(v)
+		if err != nil || n < 256<<20 || n > 1<<40 {
+			return nil, clibase.Usagef("--docker-disk %q: want 256M to 1T", v)
+		}
+		d.DiskSize = n
+	}
+	return d, nil
+}
+
 // readCacheFlags reads exec's --cache, --docker, --docker-disk and
 // --docker-timeout. Both
 // keep files in microvm's state directory after the VM is gone, so
@@ -170,20 +194,8 @@ func (o *execOpts) readCacheFlags(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.Bool("docker") {
-		o.docker = &execvm.Docker{}
-		if o.docker.Start.Timeout = c.Duration("docker-timeout"); o.docker.Start.Timeout <= 0 {
-			return clibase.Usagef("--docker-timeout %v: want a positive duration", o.docker.Start.Timeout)
-		}
-		if v := c.String("docker-disk"); v != "" {
-			n, err := microvm.ParseSize(v)
-			if err != nil || n < 256<<20 || n > 1<<40 {
-				return clibase.Usagef("--docker-disk %q: want 256M to 1T", v)
-			}
-			o.docker.DiskSize = n
-		}
-	} else if clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
-		return clibase.Usagef("--docker-disk and --docker-timeout are --docker's: give --docker too")
+	if o.docker, err = readDockerFlags(c); err != nil {
+		return err
 	}
 	if len(caches) == 0 && o.docker == nil {
 		return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/ci/gitlab"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/dockervm"
 )
 
 // ciCommand is `microvm ci gitlab`, GitLab Runner's custom executor
@@ -60,6 +61,9 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.IntFlag{Name: "slots", Value: 64, Usage: "cache slots per project: $CUSTOM_ENV_CI_CONCURRENT_PROJECT_ID must be below it"},
 						&cli.IntFlag{Name: "warm-pool", Usage: "keep up to N VMs booted, one per cache slot: a job's cleanup boots its slot's next VM, the next prepare takes it (0: off)"},
 						&cli.DurationFlag{Name: "warm-ttl", Value: time.Hour, Usage: "with --warm-pool: remove a warm VM no job took for this long (checked at each cleanup)"},
+						&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd in the job's VM before the job's stages, its data root on a disk of the job's own; a system failure with dockerd's log when Docker does not come up; not with --warm-pool (docs/ci.md)"},
+						&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
+						&cli.DurationFlag{Name: "docker-timeout", Value: dockervm.DefaultTimeout, Usage: "how long --docker waits for dockerd to answer"},
 					},
 					Action: func(c *cli.Context) error { return ciExit(gitlabPrepare(c, stderr), stderr) },
 				},
@@ -92,7 +96,8 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 // ciExit maps an executor error to the contract's statuses: a build
 // failure (the job's script failed) to $BUILD_FAILURE_EXIT_CODE, anything
 // else to $SYSTEM_FAILURE_EXIT_CODE; without the variables (not run by
-// GitLab Runner) microvm's own statuses stay.
+// GitLab Runner) microvm's own statuses stay, Docker's failure to start
+// (prepare --docker) being dockervm.ExitStatus as for exec.
 func ciExit(err error, stderr io.Writer) error {
 	if err == nil {
 		return nil
@@ -103,8 +108,13 @@ func ciExit(err error, stderr io.Writer) error {
 		code, ok = exitCodeEnv(envBuildFailure)
 	}
 	if !ok {
-		if errors.As(err, &bf) {
+		var de *dockervm.Error
+		switch {
+		case errors.As(err, &bf):
 			return clibase.StatusError{Status: bf.Status}
+		case errors.As(err, &de):
+			fmt.Fprintf(stderr, "microvm: %v\n", err)
+			return clibase.StatusError{Status: dockervm.ExitStatus}
 		}
 		return err
 	}
@@ -150,12 +160,23 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if n := c.Int("slots"); n < 1 || n > gitlab.MaxSlots {
 		return clibase.Usagef("--slots %d: want 1 to %d", n, gitlab.MaxSlots)
 	}
+	d, err := readDockerFlags(c)
+	if err != nil {
+		return err
+	}
+	var docker *gitlab.DockerOptions
+	if d != nil {
+		if pool > 0 {
+			return clibase.Usagef("--docker and --warm-pool %d: a warm VM is booted before its job, without Docker's data disk; give one or the other", pool)
+		}
+		docker = &gitlab.DockerOptions{DiskSize: d.DiskSize, Timeout: d.Start.Timeout}
+	}
 	o := gitlab.PrepareOptions{
 		DefaultImage: c.String("default-image"), CPUs: c.Int("cpus"), Memory: mem,
 		Kernel: c.String("kernel"), Agent: c.String("agent"),
 		CacheDir: c.String("cache-dir"), CacheSize: cacheSize, BootTimeout: c.Duration("boot-timeout"),
 		CacheKey: c.String("cache-key"), Net: netSpec, Slots: c.Int("slots"),
-		WarmPool: pool, WarmTTL: c.Duration("warm-ttl"),
+		WarmPool: pool, WarmTTL: c.Duration("warm-ttl"), Docker: docker,
 	}
 	return ciRuntime.Prepare(id, o, stderr)
 }

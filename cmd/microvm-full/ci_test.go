@@ -3,10 +3,15 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/dockervm"
 )
 
 // TestGitLabExecutorNoVM: config prints the contract's JSON; run and
@@ -51,4 +56,46 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 	// Without a token nothing tells the job apart: refused, one line.
 	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "")
 	wantError(t, 32, []string{"ci", "gitlab", "cleanup"}, "no job token")
+}
+
+// TestGitLabPrepareDockerFlags: prepare's --docker flags are checked
+// before anything is made, as exec's are, and --docker is refused with the
+// warm pool; under GitLab Runner each is a system failure in one line.
+func TestGitLabPrepareDockerFlags(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "42")
+	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "token-42")
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	prep := func(args ...string) []string {
+		return append([]string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--cache-key", "p"}, args...)
+	}
+	wantError(t, 2, prep("--docker-disk", "1G"), "--docker-disk and --docker-timeout are --docker's")
+	wantError(t, 2, prep("--docker-timeout", "5m"), "--docker-disk and --docker-timeout are --docker's")
+	wantError(t, 2, prep("--docker", "--docker-disk", "1K"), `--docker-disk "1K": want 256M to 1T`)
+	wantError(t, 2, prep("--docker", "--docker-timeout", "0s"), "--docker-timeout 0s")
+	wantError(t, 2, prep("--docker", "--warm-pool", "2"), "--docker and --warm-pool 2")
+	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
+	wantError(t, 32, prep("--docker", "--warm-pool", "1"), "--docker and --warm-pool 1")
+	if _, err := os.Stat(cacheDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused prepare left %s behind (%v)", cacheDir, err)
+	}
+}
+
+// TestCIExitDocker: Docker that did not come up in prepare is a system
+// failure under GitLab Runner, and exec's status 122 outside it, with
+// dockerd's log in the message.
+func TestCIExitDocker(t *testing.T) {
+	err := fmt.Errorf("ci gitlab prepare: VM x: %w", &dockervm.Error{Reason: "dockerd exited before it answered", Log: "  level=fatal"})
+	var msgs strings.Builder
+	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "")
+	var se clibase.StatusError
+	if got := ciExit(err, &msgs); !errors.As(got, &se) || se.Status != dockervm.ExitStatus || !strings.Contains(msgs.String(), "level=fatal") {
+		t.Errorf("outside GitLab Runner: %v, %q; want status %d and the log", got, msgs.String(), dockervm.ExitStatus)
+	}
+	msgs.Reset()
+	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
+	if got := ciExit(err, &msgs); !errors.As(got, &se) || se.Status != 32 || !strings.Contains(msgs.String(), "dockerd exited before it answered") ||
+		!strings.Contains(msgs.String(), "level=fatal") {
+		t.Errorf("under GitLab Runner: %v, %q; want status 32 and the log", got, msgs.String())
+	}
 }

@@ -109,16 +109,24 @@ type PrepareOptions struct {
 	// offered VM may wait.
 	WarmPool int
 	WarmTTL  time.Duration
+	// Docker starts Docker in the job's VM before its stages (cidocker.go);
+	// nil: off. Not with WarmPool.
+	Docker *DockerOptions
 }
 
 // Prepare starts the job's VM (run --name --detach --image --idle --net
 // user, with a clone of the slot's cache as its disk: cicache.go) and
-// mounts the cache and makes the builds directory in it. It first records
-// the job (createJobRecord): run and cleanup act only on the VM a record
-// names, and prepare removes a VM only when it made it or claimed it. A
-// VM that did not come up is removed; the clone stays in the record for
-// cleanup to discard.
+// mounts the cache and makes the builds directory in it; with o.Docker it
+// gives the VM Docker's data disk and starts Docker in it (cidocker.go).
+// It first records the job (createJobRecord): run and cleanup act only on
+// the VM a record names, and prepare removes a VM only when it made it or
+// claimed it. A VM that did not come up, or in which Docker did not, is
+// removed with its Docker disk; the clone stays in the record for cleanup
+// to discard.
 func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error {
+	if o.Docker != nil && o.WarmPool > 0 {
+		return fmt.Errorf("ci gitlab prepare: %w", errDockerWarmPool)
+	}
 	key, err := cacheSlot(id, o.CacheKey, o.Slots, func(n string) string { return os.Getenv(envJobPrefix + n) })
 	if err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
@@ -149,6 +157,11 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 	name := id.VMName()
 	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL, CacheSize: o.CacheSize}
 	recPath := jobRecordPath(vms.StateDir(), id)
+	if o.Docker != nil {
+		// Noted before the disk is made: a prepare killed half-way leaves
+		// cleanup a record that names it.
+		rec.DockerDisk = dockerDiskPath(recPath)
+	}
 	if err := createJobRecord(recPath, rec); err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
@@ -160,6 +173,12 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 			err = fmt.Errorf("VM %s exists and was not made by this job's prepare: refusing to use or remove it", name)
 		}
 		return fmt.Errorf("ci gitlab prepare: %w", err)
+	}
+	// abandon removes what prepare made for a job that will not run: the
+	// VM, then Docker's data disk (cleanup removes the disk too).
+	abandon := func() {
+		_ = discardVM(rec.VM)
+		_ = removeDockerDisk(&rec, recPath)
 	}
 	if pool > 0 {
 		if warm, cache := claimWarm(id.Hash, key, args, o.BootTimeout, stderr); warm != "" {
@@ -180,11 +199,20 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 			_ = cache.discard()
 			return fmt.Errorf("ci gitlab prepare: %w", err)
 		}
+		runArgs := withDisk(args, disk)
+		if o.Docker != nil {
+			d, err := makeDockerDisk(recPath, *o.Docker)
+			if err != nil {
+				_ = removeDockerDisk(&rec, recPath)
+				return fmt.Errorf("ci gitlab prepare: %w", err)
+			}
+			runArgs = append(runArgs, "--disk", d.Arg())
+		}
 		fmt.Fprintf(stderr, "microvm: starting VM %s from %s (%d CPUs, %s, cache %s)\n", name, img, o.CPUs, microvm.FormatSize(mem), key)
-		cmd := exec.Command(exe, append([]string{"run", "--name", name}, withDisk(args, disk)...)...)
+		cmd := exec.Command(exe, append([]string{"run", "--name", name}, runArgs...)...)
 		cmd.Stdout, cmd.Stderr = stderr, stderr
 		if err := cmd.Run(); err != nil {
-			_ = discardVM(name) // the name was free: what is there, this run made
+			abandon() // the name was free: what is there, this run made
 			return fmt.Errorf("ci gitlab prepare: VM %s did not start (%w)", name, err)
 		}
 	}
@@ -195,14 +223,21 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 		err = writeJSON(recPath, rec)
 	}
 	if err != nil {
-		_ = discardVM(rec.VM)
+		abandon()
 		return fmt.Errorf("ci gitlab prepare: VM %s: %w", rec.VM, err)
 	}
 	// The cache disk is the second disk (/dev/vdb: the image is the first).
 	setup := fmt.Sprintf("mkdir -p %s %s && mount /dev/vdb %s", ciBuildsDir, ciCacheDir, ciCacheDir)
 	if err := rt.runJobCommand(rec.VM, []string{shell, "-c", setup}, nil, io.Discard, stderr); err != nil {
-		_ = discardVM(rec.VM)
+		abandon()
 		return fmt.Errorf("ci gitlab prepare: VM %s: mounting the cache: %w", rec.VM, err)
+	}
+	if o.Docker != nil {
+		fmt.Fprintf(stderr, "microvm: starting Docker in VM %s\n", rec.VM)
+		if err := rt.startDocker(rec.VM, *o.Docker); err != nil {
+			abandon()
+			return fmt.Errorf("ci gitlab prepare: VM %s: %w", rec.VM, err)
+		}
 	}
 	return nil
 }
@@ -267,9 +302,9 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 // Cleanup removes the VM the job's prepare recorded, stopping it
 // first; a VM that is already gone is fine, and a job with no record (its
 // prepare never began) has nothing to remove. It then commits the job's
-// cache clone when the job passed, or discards it (finishCache). With the
-// warm pool it then boots the slot's next VM in the background
-// (refillPool).
+// cache clone when the job passed, or discards it (finishCache), and
+// removes Docker's data disk when the record names one. With the warm
+// pool it then boots the slot's next VM in the background (refillPool).
 func Cleanup(stderr io.Writer) error {
 	rec, recPath, err := jobVM()
 	if err != nil {
@@ -282,11 +317,16 @@ func Cleanup(stderr io.Writer) error {
 		_ = flushCache(rec) // best effort: see flushCache
 	}
 	if err := discardVM(rec.VM); err != nil {
-		// The VM may still be writing its clone: commit none of it.
+		// The VM may still be writing its clone: commit none of it. Its
+		// Docker disk goes too (a file it holds open is freed when it ends).
 		_ = rec.Cache.discard()
+		_ = removeDockerDisk(rec, recPath)
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}
 	finishCache(rec, stderr)
+	if err := removeDockerDisk(rec, recPath); err != nil {
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+	}
 	if err := os.Remove(recPath); err != nil {
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}

@@ -58,6 +58,9 @@ type ciJobRecord struct {
 	// warm VM that cleanup boots.
 	Cache     *jobCache `json:"cache,omitempty"`
 	CacheSize uint64    `json:"cache_size,omitempty"`
+	// DockerDisk is Docker's data disk (cidocker.go), made by prepare
+	// --docker at dockerDiskPath; "" without --docker.
+	DockerDisk string `json:"docker_disk,omitempty"`
 	// Passed and Failed are what run saw of the job (stageOutcome):
 	// cleanup commits the cache when it passed and nothing failed.
 	Passed bool `json:"passed,omitempty"`

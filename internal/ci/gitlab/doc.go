@@ -17,7 +17,9 @@
 // and discarded when it did not, so that caches survive from one passing
 // job to the next. With
 // --warm-pool, the slot's next VM is booted by cleanup and taken by the
-// next prepare (cipool.go).
+// next prepare (cipool.go). With --docker, prepare gives the VM a data disk
+// of the job's own and starts Docker in it (internal/dockervm) before the
+// job's stages; cleanup removes the disk (cidocker.go).
 //
 // The executor drives microvm's own CLI for the job's VM (run --name
 // --detach, started through Runtime.Executable) and reaches the VM by its
