@@ -59,6 +59,8 @@ func TestExecCacheFlagsRefused(t *testing.T) {
 		{[]string{"exec", "--docker", "--docker-timeout", "0s", "--", "true"}, "want a positive duration"},
 		{[]string{"exec", "--docker", "--docker-disk", "1K", "--", "true"}, "want 256M to 1T"},
 		{[]string{"exec", "--cache", "go", "--", "true"}, "want NAME=GUESTPATH"},
+		{[]string{"exec", "--cache", "go=/go,size=1K", "--", "true"}, "want 16M to 1T"}, // the comma kept
+		{[]string{"exec", "--cache", "go=/go", "--cache", "mod=/go/", "--", "true"}, "given twice"},
 		{[]string{"exec", "--chroot", t.TempDir(), "--cache", "go=/go", "--", "true"}, "which --chroot hides"},
 		{[]string{"exec", "--snapshot", t.TempDir(), "--docker", "--", "true"}, "warm start"},
 	} {
