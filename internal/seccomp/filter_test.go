@@ -391,6 +391,7 @@ func TestCacheCommitsPolicy(t *testing.T) {
 		{"renameat", call(unix.SYS_RENAMEAT), "deny", "allow"},
 		{"fsync", call(unix.SYS_FSYNC), "deny", "allow"},
 		{"mkdirat", call(unix.SYS_MKDIRAT), "deny", "allow"},
+		{"fchmod", call(unix.SYS_FCHMOD), "deny", "allow"},
 		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
 		{"mount", call(unix.SYS_MOUNT), "deny", "deny"},
 	} {

@@ -325,6 +325,7 @@ func (p Policy) WithCacheCommits() Policy {
 		allow(unix.SYS_LSEEK, "caches: os.File"),
 		allow(unix.SYS_PREAD64, "caches: checking a clone's ext4 superblock"),
 		allow(unix.SYS_READ, "caches: a version's manifest"),
+		allow(unix.SYS_FCHMOD, "caches: the manifest's mode (internal/atomicfile)"),
 	)
 	return Policy{name: p.name + " (caches)", rules: rules}
 }

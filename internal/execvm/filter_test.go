@@ -1,0 +1,92 @@
+package execvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/cachedisk"
+	"github.com/microvm/microvm/internal/seccomp"
+)
+
+// envFinishChild makes the test binary finish an exec's disks under the
+// seccomp filter instead of running the tests: a filter is for the life
+// of the process.
+const envFinishChild = "EXECVM_TEST_FINISH_UNDER_FILTER"
+
+// childUnsupported is the child's exit status where this kernel has no
+// seccomp filters.
+const childUnsupported = 4
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(envFinishChild); dir != "" {
+		if err := finishUnderFilter(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			if errors.Is(err, seccomp.ErrUnsupported) {
+				os.Exit(childUnsupported)
+			}
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// finishUnderFilter does what exec does around its VM, in the same order:
+// the disks are set up before the filter (checkout, Docker's data disk),
+// and committed, discarded and removed under it, as exec --cache
+// --docker's policy has it.
+func finishUnderFilter(state string) error {
+	os.Setenv("MICROVM_STATE_DIR", state)
+	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{Versions: 1}, nil)
+	if err != nil {
+		return err
+	}
+	var cfg microvm.Config
+	o := Options{CacheStore: s, Caches: []Cache{{Name: "kept", GuestPath: "/k", Size: 8 << 20}}, Docker: &Docker{DiskSize: 16 << 20}}
+	x, err := attachDisks(context.Background(), &cfg, o)
+	if err != nil {
+		return err
+	}
+	x.unmounted = true // what the guest reports after writeBack
+	if err := seccomp.Install(seccomp.VMM().WithCacheCommits(), seccomp.Options{Prefix: "child", Hint: "test"}); err != nil {
+		return err
+	}
+	return x.finish(true)
+}
+
+// TestFinishUnderFilter: committing caches (twice, so an old version is
+// evicted) and removing Docker's data disk pass exec's seccomp filter, as
+// they must once the VM is gone.
+func TestFinishUnderFilter(t *testing.T) {
+	state := t.TempDir()
+	for round := 1; round <= 2; round++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envFinishChild+"="+state, "GORACE=atexit_sleep_ms=0")
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == childUnsupported {
+			t.Skipf("no seccomp filters here: %s", out)
+		}
+		if err != nil {
+			t.Fatalf("round %d: %v\n%s", round, err, out)
+		}
+	}
+	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := s.List()
+	if err != nil || len(infos) != 1 || infos[0].Newest != 2 || infos[0].Versions != 1 {
+		t.Errorf("after two commits under the filter: %+v, %v; want version 2 alone", infos, err)
+	}
+	left, _ := filepath.Glob(filepath.Join(state, "docker-disks", "*"))
+	if len(left) != 0 {
+		t.Errorf("Docker's disks left behind: %s", strings.Join(left, " "))
+	}
+}
