@@ -32,7 +32,7 @@ const (
 )
 
 // probeScript checks that the image has what Start runs.
-const probeScript = sbinPath + `for p in dockerd docker setsid mount; do
+const probeScript = sbinPath + `for p in dockerd docker containerd ctr setsid mount; do
 	command -v "$p" >/dev/null 2>&1 || { echo "$p"; exit 3; }
 done
 `
@@ -46,15 +46,33 @@ exit 1
 `
 
 // startScript ($1: the pid file, $2: the log, then dockerd's arguments)
-// starts dockerd in a session of its own, detached from the agent's
-// process group, which the agent kills when this script exits. It returns
-// once the new session's shell has written its pid, that is, once setsid
-// has run: the wait is a few milliseconds, bounded at ten seconds.
+// starts containerd and then dockerd, pointed at it, in a session of their
+// own, detached from the agent's process group, which the agent kills when
+// this script exits. The session's shell writes its pid, which dockerd
+// keeps (exec), and containerd's beside it ($1.containerd). dockerd is
+// started only once containerd answers (ctr version): dockerd's own wait
+// for a containerd it starts itself is short and fixed, and containerd
+// reopening a data root takes longer than that where the guest is slow
+// (the nested-KVM box); the host's wait (Options.Timeout) bounds this one.
+// The script returns once the pid is written, that is, once setsid has
+// run: a few milliseconds, bounded at ten seconds.
 const startScript = sbinPath + `pidf=$1 log=$2
 shift 2
-rm -f "$pidf"
+rm -f "$pidf" "$pidf.containerd"
 mkdir -p "${log%/*}"
-setsid sh -c 'echo $$ >"$0.new" && mv "$0.new" "$0" && exec dockerd "$@"' "$pidf" "$@" </dev/null >>"$log" 2>&1 &
+setsid sh -c '
+echo $$ >"$0.new" && mv "$0.new" "$0" || exit 1
+containerd &
+echo $! >"$0.containerd"
+i=0
+until ctr --address /run/containerd/containerd.sock version >/dev/null 2>&1; do
+	kill -0 "$(cat "$0.containerd")" 2>/dev/null || { echo "microvm: containerd exited before it answered"; exit 1; }
+	i=$((i + 1))
+	[ "$i" -le 6000 ] || { echo "microvm: containerd did not answer within 10m"; exit 1; }
+	sleep 0.1
+done
+exec dockerd --containerd=/run/containerd/containerd.sock "$@"
+' "$pidf" "$@" </dev/null >>"$log" 2>&1 &
 i=0
 while [ ! -s "$pidf" ]; do
 	i=$((i + 1))
@@ -67,16 +85,21 @@ done
 const tailScript = `tail -n 20 "$1" 2>&1
 `
 
-// stopScript ($1: the pid file) stops the dockerd Start started and waits
-// for it to end, so that nothing holds its data root open: dockerd stops
-// its containers first (their stop timeout, ten seconds by default). It
-// exits 0 when no dockerd was running, 1 when it outlived the wait.
-const stopScript = `pid=$(cat "$1" 2>/dev/null) || exit 0
-kill -TERM "$pid" 2>/dev/null || exit 0
-i=0
-while kill -0 "$pid" 2>/dev/null; do
-	i=$((i + 1))
-	[ "$i" -le 3000 ] || { echo "dockerd did not stop within 30s of SIGTERM"; exit 1; }
-	sleep 0.01
-done
+// stopScript ($1: the pid file) stops the dockerd Start started, then its
+// containerd, and waits for each to end, so that nothing holds the data
+// root open: dockerd stops its containers first (their stop timeout, ten
+// seconds by default). It exits 0 when none was running, 1 when one
+// outlived the wait.
+const stopScript = `stop() {
+	pid=$(cat "$1" 2>/dev/null) || return 0
+	kill -TERM "$pid" 2>/dev/null || return 0
+	i=0
+	while kill -0 "$pid" 2>/dev/null; do
+		i=$((i + 1))
+		[ "$i" -le 3000 ] || { echo "$2 did not stop within 30s of SIGTERM"; exit 1; }
+		sleep 0.01
+	done
+}
+stop "$1" dockerd
+stop "$1.containerd" containerd
 `

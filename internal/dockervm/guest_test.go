@@ -71,6 +71,11 @@ func TestProbeScript(t *testing.T) {
 		t.Errorf("without dockerd: %v", err)
 	}
 	fakeProgram(t, dir, "dockerd", "exit 0\n")
+	if err := probe(context.Background(), r); err == nil && !hostHas("containerd") {
+		t.Errorf("without containerd: %v", err)
+	}
+	fakeProgram(t, dir, "containerd", "exit 0\n")
+	fakeProgram(t, dir, "ctr", "exit 0\n")
 	if err := probe(context.Background(), r); err != nil {
 		t.Errorf("with every program: %v", err)
 	}
@@ -81,11 +86,21 @@ func TestStartScriptDetaches(t *testing.T) {
 	dir := t.TempDir()
 	r := hostRunner{dir}
 	fakeProgram(t, dir, "dockerd", "echo \"dockerd $*\"\nexec sleep 60\n")
+	fakeProgram(t, dir, "containerd", "exec sleep 60\n")
+	// ctr answers on its second call: dockerd waits for it.
+	fakeProgram(t, dir, "ctr", "[ -e \"$0.asked\" ] && exit 0\ntouch \"$0.asked\"\nexit 1\n")
 	pidf, logf := filepath.Join(dir, "dockerd.pid"), filepath.Join(dir, "log", "dockerd.log")
 	st, out, err := sh(context.Background(), r, startScript, pidf, logf, "--debug", "--iptables=false")
 	if err != nil || st != 0 {
 		t.Fatalf("start: status %d, %v: %s", st, err, out)
 	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(pidf + ".containerd"); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
 	b, err := os.ReadFile(pidf)
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +125,17 @@ func TestStartScriptDetaches(t *testing.T) {
 		t.Errorf("ping with dockerd running and no answer: status %d (%s), want 1", st, out)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// hostHas reports whether this host has program in the guest scripts'
+// sbin directories, where a fake in the test's PATH would not shadow it.
+func hostHas(program string) bool {
+	for _, d := range []string{"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"} {
+		if _, err := os.Stat(filepath.Join(d, program)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func TestPingScript(t *testing.T) {
