@@ -116,8 +116,9 @@ func TestAgentExec(t *testing.T) {
 	})
 	t.Run("env and workdir", func(t *testing.T) {
 		dir := t.TempDir()
-		status, stdout, stderr := run(t, nil, "--env", "FOO=bar", "--workdir", dir, "--", "sh", "-c", `printf '%s|%s' "$FOO" "$(pwd)"`)
-		if want := "bar|" + dir; status != 0 || stdout != want {
+		// A value with a comma is one value (not FOO=bar and a bare baz).
+		status, stdout, stderr := run(t, nil, "--env", "FOO=bar,baz", "--workdir", dir, "--", "sh", "-c", `printf '%s|%s' "$FOO" "$(pwd)"`)
+		if want := "bar,baz|" + dir; status != 0 || stdout != want {
 			t.Errorf("status %d stdout %q stderr %q; want 0 and %q", status, stdout, stderr, want)
 		}
 	})

@@ -112,13 +112,6 @@ func printCaches(w io.Writer, list []cachedisk.Info, asJSON bool) error {
 	return tw.Flush()
 }
 
-// cacheFlag keeps --cache's values whole, in order: a string slice flag
-// would split NAME=GUESTPATH,size=SIZE at its comma.
-type cacheFlag struct{ vals []string }
-
-func (f *cacheFlag) Set(s string) error { f.vals = append(f.vals, s); return nil }
-func (f *cacheFlag) String() string     { return strings.Join(f.vals, " ") }
-
 // parseCache reads one --cache NAME=GUESTPATH[,size=SIZE].
 func parseCache(v string) (execvm.Cache, error) {
 	spec, opts, _ := strings.Cut(v, ",")
@@ -197,11 +190,7 @@ func readDockerFlags(c *cli.Context) (*execvm.Docker, error) {
 // keep files in microvm's state directory after the VM is gone, so
 // neither goes with --chroot (which hides it) or --snapshot's warm start.
 func (o *execOpts) readCacheFlags(c *cli.Context) error {
-	var vals []string
-	if f, ok := c.Generic("cache").(*cacheFlag); ok {
-		vals = f.vals
-	}
-	caches, err := readCaches(vals)
+	caches, err := readCaches(listValues(c, "cache"))
 	if err != nil {
 		return err
 	}

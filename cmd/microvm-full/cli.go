@@ -32,7 +32,11 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		ErrWriter: stderr,
 		// Errors are printed once, by Main, with the right exit status.
 		ExitErrHandler: func(*cli.Context, error) {},
-		OnUsageError:   onUsageError,
+		// A repeatable flag's value is one value, commas and all:
+		// --env K=a,b, restore's --share tag=T,path=DIR and --net
+		// tap=NAME,netns=PATH would otherwise be split at their commas.
+		DisableSliceFlagSeparator: true,
+		OnUsageError:              onUsageError,
 		Commands: append([]*cli.Command{
 			runCommand(stdin, stdout, stderr),
 			execCommand(stdin, stdout, stderr),

@@ -62,7 +62,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			guestCmdFlags(),
 			cliFlags(clibase.DeviceFlags()),
 			[]cli.Flag{
-				&cli.GenericFlag{Name: "cache", Value: &cacheFlag{}, Usage: "NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH; when CMD exits 0 it is kept as NAME's next version (repeatable; microvm cache ls, docs/ci.md)"},
+				&cli.GenericFlag{Name: "cache", Value: &clibase.ListFlag{}, Usage: "NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH; when CMD exits 0 it is kept as NAME's next version (repeatable; microvm cache ls, docs/ci.md)"},
 				&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd before CMD, its data root on a disk of the VM's own (or on a --cache at /var/lib/docker); exit status 122 when Docker does not come up (docs/ci.md)"},
 				&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
 				&cli.DurationFlag{Name: "docker-timeout", Value: dockervm.DefaultTimeout, Usage: "how long --docker waits for dockerd to answer"},
