@@ -338,8 +338,8 @@ bench-ci: all debian-build-image
 # root on one --cache, the first on an empty cache and the second on what
 # the first committed: VM start to docker info answering, docker build of a
 # small project (cold, then from the cache) and docker run --rm.
-# build/bench/docker-cache.json and docker-vm.json; the state under
-# build/bench/docker-state.
+# build/bench/docker-cache.json and docker-vm.json; the state (the image,
+# imported once on this host) under build/bench/docker-state.
 DOCKER_BENCH_STATE := $(CURDIR)/build/bench/docker-state
 DOCKER_BENCH_VM_ARGS = vm -state $(DOCKER_BENCH_STATE) -microvm $(CURDIR)/bin/microvm \
 	-kernel $(CURDIR)/build/kernel/bzImage -agent $(CURDIR)/bin/microvm-agent \
@@ -348,6 +348,7 @@ bench-docker: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent ker
 	CGO_ENABLED=0 $(GO) build -o build/bench/docker-bench ./bench/docker
 	build/bench/docker-bench cache -dir $(DOCKER_BENCH_STATE) -json $(CURDIR)/build/bench/docker-cache.json
 	@echo
+	build/bench/docker-bench $(DOCKER_BENCH_VM_ARGS) -import-only
 	@if build/bench/docker-bench vm -host-check >/dev/null; then \
 		build/bench/docker-bench $(DOCKER_BENCH_VM_ARGS); \
 	else \

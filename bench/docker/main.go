@@ -10,10 +10,13 @@
 //	    written as a job would, committed as the next version, -n times;
 //	    the clone and commit times, the clone method (reflink or sparse
 //	    copy) and DIR's file system;
-//	docker-bench vm -state DIR -microvm BIN -kernel K -agent A -image TAR [-json F]
-//	    two execs of the Docker image (TAR, make debian-docker-image) with
-//	    --docker and one --cache at /var/lib/docker, the first on an empty
-//	    cache, the second on the version the first committed. Each times,
+//	docker-bench vm -state DIR -microvm BIN -kernel K -agent A -image TAR [-import-only] [-json F]
+//	    imports TAR into microvm's state DIR where it is not there yet
+//	    (only that with -import-only: make bench-docker does it on this
+//	    host, where it is faster than in the box); then two execs of
+//	    that image (TAR: make debian-docker-image) with --docker and one
+//	    --cache at /var/lib/docker, the first on an empty cache, the
+//	    second on the version the first committed. Each times,
 //	    from this side, the exec's start until the guest's first line
 //	    ("daemon up", printed after `docker info` answered: the command
 //	    starts only once --docker's dockerd is up) and the whole exec (the
@@ -60,7 +63,7 @@ func main() {
 
 func usage() {
 	fmt.Fprintf(os.Stderr, "usage: %s cache -dir DIR [-n 5] [-json F]\n", prog)
-	fmt.Fprintf(os.Stderr, "       %s vm -state DIR -microvm BIN -kernel K -agent A -image TAR [-json F]\n", prog)
+	fmt.Fprintf(os.Stderr, "       %s vm -state DIR -microvm BIN -kernel K -agent A -image TAR [-import-only] [-json F]\n", prog)
 	os.Exit(2)
 }
 
