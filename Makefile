@@ -128,7 +128,7 @@ debian-build-image:
 
 # The CI image with Docker (docs/ci.md): the build image's packages plus
 # Debian's docker.io (which pulls containerd and runc), iptables for its
-# bridge network, e2fsprogs and procps. Not in make test: no test uses it.
+# bridge network, e2fsprogs and procps; make test builds it for TestExecDocker.
 debian-docker-image:
 	scripts/debian-image build/images/debian-12-docker.tar bash,git,gcc,libc6-dev,make,curl,ca-certificates,docker.io,containerd,iptables,e2fsprogs,procps
 
