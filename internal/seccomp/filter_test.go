@@ -326,24 +326,48 @@ func TestCompileErrors(t *testing.T) {
 	}
 }
 
+// addedCase is one call under a policy and under the policy with rules
+// added: the action each gives.
+type addedCase struct {
+	name         string
+	d            seccompData
+	plain, added string
+}
+
+// checkAdded checks each case's action under base and under added (base
+// with a With... method's rules), and that every rule of added has a name
+// and a reason.
+func checkAdded(t *testing.T, base, added Policy, label string, cases []addedCase) {
+	t.Helper()
+	plain, err := compile(base, unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := compile(added, unix.AUDIT_ARCH_X86_64, testDeny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range cases {
+		if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.plain)
+		}
+		if got := actionName(runFilter(t, more, tc.d)); got != tc.added {
+			t.Errorf("%s with %s: %s, want %s", tc.name, label, got, tc.added)
+		}
+	}
+	for _, r := range added.rules {
+		if r.why == "" || strings.HasPrefix(Name(r.nr), "syscall ") {
+			t.Errorf("rule for %s: unnamed or without a reason", Name(r.nr))
+		}
+	}
+}
+
 // TestSharesPolicy: WithShares allows the 9P server's file calls (openat
 // too, which the plain policy fails with EACCES), and leaves the rest as
 // it was.
 func TestSharesPolicy(t *testing.T) {
 	p := VMM()
-	plain, err := compile(p, unix.AUDIT_ARCH_X86_64, testDeny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shares, err := compile(p.WithShares(), unix.AUDIT_ARCH_X86_64, testDeny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name          string
-		d             seccompData
-		plain, shares string
-	}{
+	checkAdded(t, p, p.WithShares(), "shares", []addedCase{
 		{"openat", call(unix.SYS_OPENAT), fmt.Sprintf("errno %d", unix.EACCES), "allow"},
 		{"mkdirat", call(unix.SYS_MKDIRAT), "deny", "allow"},
 		{"renameat", call(unix.SYS_RENAMEAT), "deny", "allow"},
@@ -353,19 +377,7 @@ func TestSharesPolicy(t *testing.T) {
 		{"futex", call(unix.SYS_FUTEX), "allow", "allow"},
 		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
 		{"mount", call(unix.SYS_MOUNT), "deny", "deny"},
-	} {
-		if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
-			t.Errorf("%s: %s, want %s", tc.name, got, tc.plain)
-		}
-		if got := actionName(runFilter(t, shares, tc.d)); got != tc.shares {
-			t.Errorf("%s with shares: %s, want %s", tc.name, got, tc.shares)
-		}
-	}
-	for _, r := range p.WithShares().rules {
-		if r.why == "" || strings.HasPrefix(Name(r.nr), "syscall ") {
-			t.Errorf("rule for %s: unnamed or without a reason", Name(r.nr))
-		}
-	}
+	})
 }
 
 // TestCacheCommitsPolicy: WithCacheCommits allows what committing a cache
@@ -373,19 +385,7 @@ func TestSharesPolicy(t *testing.T) {
 // more than files: no exec, no mount.
 func TestCacheCommitsPolicy(t *testing.T) {
 	p := VMM()
-	plain, err := compile(p, unix.AUDIT_ARCH_X86_64, testDeny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caches, err := compile(p.WithCacheCommits(), unix.AUDIT_ARCH_X86_64, testDeny)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name          string
-		d             seccompData
-		plain, caches string
-	}{
+	checkAdded(t, p, p.WithCacheCommits(), "caches", []addedCase{
 		{"openat", call(unix.SYS_OPENAT), fmt.Sprintf("errno %d", unix.EACCES), "allow"},
 		{"flock", call(unix.SYS_FLOCK), "deny", "allow"},
 		{"renameat", call(unix.SYS_RENAMEAT), "deny", "allow"},
@@ -394,17 +394,5 @@ func TestCacheCommitsPolicy(t *testing.T) {
 		{"fchmod", call(unix.SYS_FCHMOD), "deny", "allow"},
 		{"execve", call(unix.SYS_EXECVE), "deny", "deny"},
 		{"mount", call(unix.SYS_MOUNT), "deny", "deny"},
-	} {
-		if got := actionName(runFilter(t, plain, tc.d)); got != tc.plain {
-			t.Errorf("%s: %s, want %s", tc.name, got, tc.plain)
-		}
-		if got := actionName(runFilter(t, caches, tc.d)); got != tc.caches {
-			t.Errorf("%s with caches: %s, want %s", tc.name, got, tc.caches)
-		}
-	}
-	for _, r := range p.WithCacheCommits().rules {
-		if r.why == "" || strings.HasPrefix(Name(r.nr), "syscall ") {
-			t.Errorf("rule for %s: unnamed or without a reason", Name(r.nr))
-		}
-	}
+	})
 }
