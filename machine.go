@@ -148,6 +148,21 @@ func (m *Machine) Resume() error { return m.vm.Resume() }
 // Paused says whether the machine's vCPUs are held by Pause.
 func (m *Machine) Paused() bool { return m.vm.Paused() }
 
+// VCPUInfo is where one vCPU stood when PeekVCPUs asked: its instruction
+// and stack pointers, flags, page-table root and whether it is halted
+// waiting for an interrupt. Its String is one line.
+type VCPUInfo = vmm.VCPUInfo
+
+// PeekVCPUs reads where each vCPU stands, for a post-mortem of a guest
+// that stopped making progress (a boot that hung before its agent
+// answered): each vCPU leaves the guest for the few microseconds its
+// registers take to read, on its own thread, and goes on. It fails when
+// the machine is not running or is paused, or when ctx ends before every
+// vCPU answered (with the answers it has).
+func (m *Machine) PeekVCPUs(ctx context.Context) ([]VCPUInfo, error) {
+	return m.vm.PeekVCPUs(ctx)
+}
+
 // ErrNotRunning is returned by Pause and Resume before Run or once the
 // machine stopped.
 var ErrNotRunning = vmm.ErrNotRunning

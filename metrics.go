@@ -261,6 +261,19 @@ func (m *Machine) Inspect() string {
 	return strings.TrimSuffix(b.String(), "\n")
 }
 
+// DeviceStatuses is one line with each virtio device's status byte as its
+// driver last wrote it, in slot order: "vsock=0xf rng=0xf disk0=0x0". A
+// device at 0x0 was never probed (the guest's driver did not reach it, or
+// reset it); 0xf is running; bit 0x40 is NEEDS_RESET. With PeekVCPUs, it
+// tells how far a guest that stopped answering got.
+func (m *Machine) DeviceStatuses() string {
+	var parts []string
+	for _, t := range m.namedTransports() {
+		parts = append(parts, fmt.Sprintf("%s=%#x", t.name, t.mmio.Inspect().Status))
+	}
+	return strings.Join(parts, " ")
+}
+
 // namedTransport is one virtio device's transport and the name Inspect
 // gives it ("vsock", "rng", "disk0", "net1", "share0").
 type namedTransport struct {

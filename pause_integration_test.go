@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +26,10 @@ func exitsTotal(m *microvm.Machine) uint64 {
 // TestPauseResume: a paused machine's vCPUs leave the guest and stay out
 // (no exit is counted while paused, though the echo guest polls its wait
 // port at least every 100 ms), the machine resumes, and a vsock echo works
-// afterwards; Pause before Run and after the end is ErrNotRunning.
+// afterwards; Pause before Run and after the end is ErrNotRunning. On the
+// same guest, PeekVCPUs (which must not need a pause) finds every vCPU
+// inside the test guest's image, and DeviceStatuses the vsock driver
+// running.
 func TestPauseResume(t *testing.T) {
 	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
 	if err := g.m.Pause(context.Background()); !errors.Is(err, microvm.ErrNotRunning) {
@@ -35,6 +39,7 @@ func TestPauseResume(t *testing.T) {
 	g.waitListening(vsockTestPort)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	checkPeek(t, g.m)
 	if err := g.m.Pause(ctx); err != nil {
 		t.Fatalf("Pause: %v", err)
 	}
@@ -51,6 +56,9 @@ func TestPauseResume(t *testing.T) {
 	if err := g.m.Pause(ctx); err != nil {
 		t.Errorf("Pause when paused: %v", err)
 	}
+	if _, err := g.m.PeekVCPUs(ctx); err == nil {
+		t.Error("PeekVCPUs of a paused machine succeeded; its vCPUs are parked, not between exits")
+	}
 	if err := g.m.Resume(); err != nil {
 		t.Fatalf("Resume: %v", err)
 	}
@@ -66,7 +74,39 @@ func TestPauseResume(t *testing.T) {
 	if err := g.m.Resume(); !errors.Is(err, microvm.ErrNotRunning) {
 		t.Errorf("Resume after the end: %v, want ErrNotRunning", err)
 	}
+	if _, err := g.m.PeekVCPUs(ctx); !errors.Is(err, microvm.ErrNotRunning) {
+		t.Errorf("PeekVCPUs after the end: %v, want ErrNotRunning", err)
+	}
 	if n := g.m.Metrics().VCPUs[0].Exits[kvm.ExitIO]; n == 0 {
 		t.Error("no I/O exits counted: the guest never ran")
+	}
+}
+
+// checkPeek peeks at a running test guest twice (a second request must be
+// answered as well as the first): one answer per vCPU, in order, each
+// instruction pointer inside the guest's image (linked at 1 MiB,
+// guest/testguest/link.ld, well under 2 MiB long), RFLAGS' always-one bit
+// set; and the vsock device's status is DRIVER_OK's 0xf.
+func checkPeek(t *testing.T, m *microvm.Machine) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for round := 0; round < 2; round++ {
+		vcpus, err := m.PeekVCPUs(ctx)
+		if err != nil {
+			t.Fatalf("PeekVCPUs: %v", err)
+		}
+		if want := len(m.Metrics().VCPUs); len(vcpus) != want {
+			t.Fatalf("PeekVCPUs: %d answers, want %d", len(vcpus), want)
+		}
+		for i, v := range vcpus {
+			if v.ID != i || v.RIP < 1<<20 || v.RIP >= 3<<20 || v.RFLAGS&2 == 0 {
+				t.Errorf("PeekVCPUs[%d] = %s: want vCPU %d inside the image at 1 MiB", i, v, i)
+			}
+		}
+		t.Logf("peek %d: %v", round, vcpus)
+	}
+	if st := m.DeviceStatuses(); !strings.Contains(st, "vsock=0xf") {
+		t.Errorf("DeviceStatuses = %q, want vsock=0xf", st)
 	}
 }

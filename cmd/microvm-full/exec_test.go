@@ -72,6 +72,22 @@ func TestExec(t *testing.T) {
 		}
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})
+	t.Run("agent never answers", func(t *testing.T) {
+		// No Linux reaches its agent within 100 ms (the kernel's own
+		// start takes longer on any KVM), and by then the vCPUs run: the
+		// error names how far the guest got, each vCPU's state and the
+		// devices' status bytes.
+		status, _, stderr, _ := run(t, nil, "--boot-timeout", "100ms", "--", "true")
+		for _, want := range []string{"did not answer on vsock port 1024 within 100ms", "virtio devices: vsock=0x",
+			"vCPU 0 rip=0x", "vCPU 1 rip=0x"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("status %d stderr %q; want it to say %q", status, stderr, want)
+			}
+		}
+		if status != clibase.StatusFailure {
+			t.Errorf("status %d, want %d", status, clibase.StatusFailure)
+		}
+	})
 	t.Run("missing command", func(t *testing.T) {
 		status, stdout, stderr, _ := run(t, nil, "--", "/no/such/command")
 		if status != 127 || stdout != "" {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/microvm/microvm"
@@ -17,8 +18,10 @@ const Port = agentapi.DefaultPort
 
 // Wait connects to m's agent once it answers (before it listens the VMM
 // refuses the CONNECT), giving up when the VM ends (vmDone closes) or
-// timeout passes. A failure names the vsock device's counters: whether
-// the guest's driver ever took a request, refused, or never answered.
+// timeout passes. A failure names the vsock device's counters (whether
+// the guest's driver ever took a request, refused, or never answered),
+// each virtio device's status and where each vCPU stands (guestState): a
+// guest that hung while booting shows how far it got.
 func Wait(ctx context.Context, m *microvm.Machine, timeout time.Duration, vmDone <-chan struct{}) (*agentapi.Conn, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout,
 		fmt.Errorf("the guest agent did not answer on vsock port %d within %v", Port, timeout))
@@ -47,9 +50,37 @@ func Wait(ctx context.Context, m *microvm.Machine, timeout time.Duration, vmDone
 	default:
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w [%s]", err, vsockBrief(m.VsockStats()))
+		return nil, fmt.Errorf("%w [%s] [%s]", err, vsockBrief(m.VsockStats()), guestState(m))
 	}
 	return cc, nil
+}
+
+// peekTimeout bounds how long guestState waits for the vCPUs to answer.
+const peekTimeout = 2 * time.Second
+
+// guestState is one line: each virtio device's status byte and each
+// vCPU's instruction pointer, flags and run state (halted or runnable).
+// An instruction pointer in the guest kernel names, with its System.map,
+// the function a hung boot is in.
+func guestState(m *microvm.Machine) string {
+	ctx, cancel := context.WithTimeout(context.Background(), peekTimeout)
+	defer cancel()
+	var b strings.Builder
+	fmt.Fprintf(&b, "virtio devices: %s; ", m.DeviceStatuses())
+	vcpus, err := m.PeekVCPUs(ctx)
+	for i, v := range vcpus {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(v.String())
+	}
+	if err != nil {
+		if len(vcpus) > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "vCPUs: %v", err)
+	}
+	return b.String()
 }
 
 // vsockBrief is the part of the vsock device's counters that tells a

@@ -39,7 +39,11 @@
 // mutex of its own: buses and devices are fixed before Run and each device
 // has its own lock (package devices). Close runs what OnClose and AddVirtio
 // registered, in reverse order, then closes the vCPUs, the VM, guest memory
-// and /dev/kvm.
+// and /dev/kvm. Pause (pause.go) parks every vCPU goroutine at the top of
+// its loop until Resume, and hands parked vCPUs jobs (a snapshot's save of
+// their state); PeekVCPUs (peek.go) instead publishes one request, kicks
+// the vCPUs, and each answers it with its registers between two exits and
+// runs on.
 //
 // Counters (counters.go): per vCPU, one atomic add per exit in its
 // goroutine (by KVM exit reason) and the thread's CPU time, read from the

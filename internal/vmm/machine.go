@@ -164,6 +164,7 @@ type Machine struct {
 
 	running atomic.Bool // Run started the vCPUs
 	pause   pauseState  // pause.go
+	peek    peekState   // peek.go
 }
 
 // New creates the VM described by cfg up to its virtio devices: the
@@ -574,6 +575,7 @@ func (m *Machine) runVCPU(v *kvm.VCPU, ctr *vcpuCounters) {
 		if m.park(v) {
 			return
 		}
+		m.servePeek(v)
 		reason, err := v.Run()
 		if err != nil {
 			m.stop(Result{Kind: ExitError, Status: StatusError, Err: err})
