@@ -389,7 +389,17 @@ func (c Config) runBox(ctx context.Context, p Package, bin string, round int, li
 	if err != nil {
 		return Verdict{}, err
 	}
-	return Judge(p.Tests, ParseLog(b), status, boxFailed, l1Oops), nil
+	l := ParseLog(b)
+	v := Judge(p.Tests, l, status, boxFailed, l1Oops)
+	for t, r := range v.Rerun {
+		if r != ReasonBootStall {
+			continue
+		}
+		if ev := StallEvidence(l.Tests[t].Output, filepath.Join(c.Root, "build", "kernel", "vmlinux")); ev != "" {
+			fmt.Fprintf(c.Out, "box-test: %s %s: the guest kernel stopped booting: %s\n", p.Dir, t, ev)
+		}
+	}
+	return v, nil
 }
 
 // printConsoleTail shows the end of the L1 kernel's console (b, read from

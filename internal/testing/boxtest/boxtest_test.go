@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -71,6 +72,22 @@ func TestParseLogAndJudge(t *testing.T) {
 		l1Oops: true,
 		want: Verdict{Passed: []string{"TestB"},
 			Rerun: map[string]Reason{"TestA": ReasonL1Oops, "TestC": ReasonL1Oops}},
+	}, {
+		// A Linux guest that stopped while booting: its vsock driver
+		// never reached DRIVER_OK. TestB's agent did not answer within
+		// a deliberately short --boot-timeout and TestC's guest had a
+		// running vsock driver: both stand as failures.
+		name: "boot stall",
+		log: "=== RUN   TestA\n=== RUN   TestA/cat\n    exec_test.go:71: status 125; stderr \"microvm: exec: agentapi: connect: the guest agent " +
+			"did not answer on vsock port 1024 within 2m0s (last try: ...) [vsock device: 0 connections opened] " +
+			"[virtio devices: vsock=0x3 rng=0x3; vCPU 0 rip=0xffffffff81c0d4e2 rsp=0x0 rflags=0x246 (IF) cr3=0x1000 halted]\"\n" +
+			"--- FAIL: TestA (121.00s)\n    --- FAIL: TestA/cat (120.96s)\n" +
+			"=== RUN   TestB\n    b_test.go:1: agent did not answer on vsock port 1024 within 100ms [virtio devices: vsock=0x0]\n--- FAIL: TestB (1.00s)\n" +
+			"=== RUN   TestC\n    c_test.go:1: agent did not answer on vsock port 1024 within 2m0s [virtio devices: vsock=0xf]\n--- FAIL: TestC (121.00s)\nFAIL\n",
+		status: 1,
+		want: Verdict{Rerun: map[string]Reason{"TestA": ReasonBootStall}, Failed: map[string]string{
+			"TestB": "failed: b_test.go:1: agent did not answer on vsock port 1024 within 100ms [virtio devices: vsock=0x0]",
+			"TestC": "failed: c_test.go:1: agent did not answer on vsock port 1024 within 2m0s [virtio devices: vsock=0xf]"}},
 	}, {
 		name:   "binary crashed",
 		log:    "=== RUN   TestA\n--- PASS: TestA (0.00s)\n=== RUN   TestB\nfatal error: concurrent map writes\n",
@@ -429,5 +446,51 @@ echo "--- PASS: TestB (0.00s)"
 		if !strings.Contains(rest[:strings.Index(rest, "=== RUN")+len("=== RUN   Test")+1], "fakebox:") {
 			t.Errorf("box %s's block does not start with its own output:\n%s", box, rest)
 		}
+	}
+}
+
+// TestStallEvidence symbolizes a boot stall's instruction pointers with an
+// ELF file's function symbols: a small Go program's, built here (go
+// build keeps its symbol table), standing in for the guest kernel's
+// vmlinux.
+func TestStallEvidence(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n\nfunc main() { println(\"hi\") }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module stall\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "stall")
+	build := exec.Command("go", "build", "-o", exe, ".")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	k, err := loadKernelSymbols(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fn = "main.main"
+	var addr uint64
+	for i, n := range k.names {
+		if n == fn {
+			addr = k.addrs[i]
+		}
+	}
+	if addr == 0 {
+		t.Fatalf("%s not among %d function symbols of %s", fn, len(k.names), exe)
+	}
+	out := fmt.Sprintf("    exec_test.go:71: status 125; stderr \"agent did not answer on vsock port 1024 within 2m0s [x] "+
+		"[virtio devices: vsock=0x0; vCPU 0 rip=%#x rsp=0x1 rflags=0x246 (IF) cr3=0x1 halted; vCPU 1 rip=0x10 rsp=0x1 rflags=0x2 (IF clear) cr3=0x1 runnable]\"\n", addr+4)
+	want := "vCPU 0 " + fn + "+0x4 (halted); vCPU 1 0x10 (runnable)"
+	if got := StallEvidence([]byte(out), exe); got != want {
+		t.Errorf("StallEvidence = %q, want %q", got, want)
+	}
+	if got := StallEvidence([]byte("no stall here\n"), exe); got != "" {
+		t.Errorf("StallEvidence of a log without a stall = %q", got)
+	}
+	if got := StallEvidence([]byte(out), filepath.Join(dir, "missing")); got != "" {
+		t.Errorf("StallEvidence without a vmlinux = %q", got)
 	}
 }

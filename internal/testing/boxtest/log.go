@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -112,6 +113,30 @@ var TripleFault = regexp.MustCompile(`guest triple fault \(KVM_EXIT_SHUTDOWN\).*
 // guest can hang or a test fail on that before L1 itself oopses.
 var L1Oops = regexp.MustCompile(`BUG: kernel |BUG: unable to handle|general protection fault|Oops: |Kernel panic|kernel BUG at`)
 
+// bootStall matches the line in which a Linux guest's agent never
+// answered within minutes (agentvm.Wait's error) and which gives the vsock
+// device's status byte as the guest's driver left it.
+var bootStall = regexp.MustCompile(`did not answer on vsock port \d+ within (?:\d+h)?\d+m[0-9.]+s[^\n]*virtio devices: vsock=0x([0-9a-f]+)`)
+
+// BootStall reports whether out has the signature of an L2 Linux that
+// stopped while booting in the box (docs/testing.md): its agent never
+// answered within minutes, and its vsock driver never reached DRIVER_OK
+// (status bit 0x4), so the kernel stopped before its virtio drivers
+// probed, with no oops or panic on its console. Seen once, in CI's box,
+// as a test whose guest console ended 0.35 s into a quiet boot. The line
+// also gives each vCPU's instruction pointer (symbolize with the guest
+// kernel's vmlinux), the evidence for where the next one stopped.
+func BootStall(out []byte) bool {
+	for _, m := range bootStall.FindAllSubmatch(out, -1) {
+		status, err := strconv.ParseUint(string(m[1]), 16, 8)
+		const driverOK = 0x4
+		if err == nil && status&driverOK == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Reason says why a test is run again in a fresh box.
 type Reason string
 
@@ -129,6 +154,9 @@ const (
 	// ReasonL1Oops: it failed in a box whose L1 kernel oopsed (L1Oops
 	// in the console log).
 	ReasonL1Oops Reason = "l1-oops"
+	// ReasonBootStall: it failed, and its output has BootStall's
+	// signature.
+	ReasonBootStall Reason = "boot-stall"
 )
 
 // Verdict sorts one package run's queued tests.
@@ -172,7 +200,8 @@ func firstErrors(out []byte) string {
 // exit status, boxFailed says the box itself failed (status is then
 // meaningless), l1Oops that the box's L1 kernel oopsed. Only the box's
 // artefacts are rerun: a triple fault in a failed test's output, any
-// failure in a box whose L1 oopsed, a test -test.timeout caught running, a
+// failure in a box whose L1 oopsed, a Linux guest that stopped while
+// booting (BootStall), a test -test.timeout caught running, a
 // box that died under the tests, and the tests those kept from running. A
 // product bug that breaks L1 fails again in every fresh box.
 func Judge(tests []string, l *Log, status int, boxFailed, l1Oops bool) Verdict {
@@ -191,6 +220,8 @@ func Judge(tests []string, l *Log, status int, boxFailed, l1Oops bool) Verdict {
 			v.Rerun[name] = ReasonTripleFault
 		case t.State == Failed && l1Oops:
 			v.Rerun[name] = ReasonL1Oops
+		case t.State == Failed && BootStall(t.Output):
+			v.Rerun[name] = ReasonBootStall
 		case t.State == Failed:
 			v.Failed[name] = "failed" + firstErrors(t.Output)
 		case t.TimedOut || (t.State == Running && l.TimedOut):
