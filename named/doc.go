@@ -10,5 +10,7 @@
 // (one record, and a running VM's live state from its control API) -> a
 // VM -> its methods (Pause, Resume, Stop, Snapshot, WriteMetrics) send a
 // request over the VM's API socket to the VM's own process; DialVsock
-// connects through its vsock socket to a guest port.
+// connects through its vsock socket to a guest port. Logs reads the VM's
+// console log from its directory and, following, polls the file and the
+// VM's lock until the VM ends.
 package named

@@ -431,7 +431,9 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if err != nil {
 					return err
 				}
-				return printLogs(stdout, name, c.Bool("follow"))
+				ctx, stop := clibase.Interruptible(context.Background())
+				defer stop()
+				return named.Logs(ctx, stdout, name, c.Bool("follow"))
 			},
 		},
 		{
@@ -502,52 +504,6 @@ func listVMs(w io.Writer, asJSON bool) error {
 			microvm.FormatSize(e.MemoryBytes), up, status, e.Describe())
 	}
 	return tw.Flush()
-}
-
-// printLogs is `microvm logs`: the console log, and with follow what it
-// says next, until the VM ends or a signal.
-func printLogs(w io.Writer, name string, follow bool) error {
-	store, err := vms.Open(vms.StateDir())
-	if err != nil {
-		return err
-	}
-	e, err := store.Get(name)
-	if err != nil {
-		return err
-	}
-	b, err := vms.ReadConsole(e.Dir)
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(b); err != nil || !follow {
-		return err
-	}
-	ctx, stop := clibase.Interruptible(context.Background())
-	defer stop()
-	path := e.Dir + "/" + vms.ConsoleFile
-	var off int64
-	if fi, err := os.Stat(path); err == nil {
-		off = fi.Size()
-	}
-	for {
-		f, err := os.Open(path)
-		if err == nil {
-			if fi, err := f.Stat(); err == nil && fi.Size() < off {
-				off = 0 // rotated
-			}
-			n, _ := io.Copy(w, io.NewSectionReader(f, off, 1<<62))
-			off += n
-			f.Close()
-		}
-		if g, err := store.Get(name); err != nil || !g.Alive {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // namedCpCommand is `microvm cp SRC DST` with NAME:/PATH on one side.

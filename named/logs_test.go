@@ -1,0 +1,82 @@
+package named
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/microvm/microvm/internal/vms"
+)
+
+// syncBuffer is a bytes.Buffer that Logs writes from its goroutine while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLogs: Logs prints a VM's console log; with follow it prints what the
+// console writes next and returns once the VM ends (its lease released),
+// with what it wrote last; an unknown VM is an error.
+func TestLogs(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := store.Create(vms.Record{Name: "logvm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	console, err := vms.OpenConsoleLog(lease.Dir(), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer console.Close()
+	console.Write([]byte("booted\n"))
+
+	var once bytes.Buffer
+	if err := Logs(context.Background(), &once, "logvm", false); err != nil || once.String() != "booted\n" {
+		t.Fatalf("Logs: %v, %q; want \"booted\\n\"", err, once.String())
+	}
+
+	var followed syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- Logs(context.Background(), &followed, "logvm", true) }()
+	console.Write([]byte("more\n"))
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(followed.String(), "more\n") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	console.Write([]byte("last words\n"))
+	if err := lease.Release(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if want := "booted\nmore\nlast words\n"; err != nil || followed.String() != want {
+			t.Errorf("Logs -f: %v, %q; want %q", err, followed.String(), want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Logs -f did not return after the VM ended")
+	}
+
+	if err := Logs(context.Background(), &once, "nosuchvm", false); err == nil {
+		t.Error("Logs of a VM that does not exist succeeded")
+	}
+}
