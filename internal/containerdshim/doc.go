@@ -21,7 +21,7 @@
 //	        microvm.Machine in this process, the agent's initramfs, the ext4
 //	        as the root under a tmpfs overlay (9p: an empty tmpfs root), the
 //	        pod's shared directory over virtio-9p; waits for the agent over
-//	        in-process vsock
+//	        in-process vsock (agentvm.Wait, as exec and the executors do)
 //	    9p: rootfs.share binds the snapshot into the shared directory
 //	    ext4, later containers: putTree (guestcopy.go): the root as tar →
 //	        agent PutTree into the guest

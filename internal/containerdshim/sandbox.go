@@ -2,10 +2,8 @@ package containerdshim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/guest/pid1"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/podnet"
 )
 
@@ -116,36 +115,14 @@ func bootSandbox(ctx context.Context, cfg Config, dir, rootfs, share, netns stri
 			s.stop()
 		}
 	}()
-	wctx, wcancel := context.WithTimeout(ctx, cfg.BootTimeout)
-	defer wcancel()
-	go func() {
-		select {
-		case <-s.done:
-			wcancel()
-		case <-wctx.Done():
-		}
-	}()
-	s.agent, err = agentapi.Connect(wctx, func(ctx context.Context) (net.Conn, error) {
-		return s.m.DialVsock(ctx, agentapi.DefaultPort)
-	})
+	s.agent, err = agentvm.Wait(ctx, s.m, cfg.BootTimeout, s.done)
 	if err != nil {
-		if errors.Is(err, microvm.ErrStopped) {
-			// The machine is stopping: Run returns in a moment, with
-			// how it ended.
-			select {
-			case <-s.done:
-			case <-time.After(10 * time.Second):
-			}
-		}
 		select {
 		case <-s.done:
 			return nil, fmt.Errorf("vm: the VM ended before its agent answered (%s); console:\n%s", s.why(), s.consoleTail())
 		default:
 		}
-		if errors.Is(wctx.Err(), context.DeadlineExceeded) {
-			return nil, fmt.Errorf("vm: the guest agent did not answer within %v; console:\n%s", cfg.BootTimeout, s.consoleTail())
-		}
-		return nil, fmt.Errorf("vm: the guest agent: %w", err)
+		return nil, fmt.Errorf("vm: %w; console:\n%s", err, s.consoleTail())
 	}
 	s.client = agentapi.NewAgentClient(s.agent)
 	s.files = agentapi.NewClient(s.agent)
