@@ -41,7 +41,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 					if c.NArg() > 0 {
 						return clibase.Usagef("cache ls takes no arguments")
 					}
-					s, err := openCaches(c.String("dir"))
+					s, err := openCaches(c.String("dir"), cachedisk.Limits{})
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -62,7 +62,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 					if c.NArg() == 0 {
 						return clibase.Usagef("cache rm: want at least one cache name")
 					}
-					s, err := openCaches(c.String("dir"))
+					s, err := openCaches(c.String("dir"), cachedisk.Limits{})
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -82,12 +82,27 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 	}
 }
 
-// openCaches opens the cache store in dir, or the default one.
-func openCaches(dir string) (*cachedisk.Store, error) {
+// openCaches opens the cache store in dir, or the default one, with the
+// limits its commits apply.
+func openCaches(dir string, limits cachedisk.Limits) (*cachedisk.Store, error) {
 	if dir == "" {
 		dir = cachedisk.DefaultDir()
 	}
-	return cachedisk.Open(dir, cachedisk.Limits{}, nil)
+	return cachedisk.Open(dir, limits, nil)
+}
+
+// readCacheLimit reads exec's --cache-limit SIZE: the bound on what all
+// the store's versions take on disk, which a commit enforces by evicting
+// the oldest versions that are not a cache's newest.
+func readCacheLimit(v string) (cachedisk.Limits, error) {
+	if v == "" {
+		return cachedisk.Limits{}, nil
+	}
+	n, err := microvm.ParseSize(v)
+	if err != nil || n == 0 || n > 1<<50 {
+		return cachedisk.Limits{}, clibase.Usagef("--cache-limit %q: want a size from 1 byte to 1P", v)
+	}
+	return cachedisk.Limits{TotalBytes: int64(n)}, nil
 }
 
 func printCaches(w io.Writer, list []cachedisk.Info, asJSON bool) error {
@@ -185,14 +200,21 @@ func readDockerFlags(c *cli.Context) (*execvm.Docker, error) {
 	return d, nil
 }
 
-// readCacheFlags reads exec's --cache, --docker, --docker-disk and
-// --docker-timeout. Both
+// readCacheFlags reads exec's --cache, --cache-limit, --docker,
+// --docker-disk and --docker-timeout. Both
 // keep files in microvm's state directory after the VM is gone, so
 // neither goes with --chroot (which hides it) or --snapshot's warm start.
 func (o *execOpts) readCacheFlags(c *cli.Context) error {
 	caches, err := readCaches(listValues(c, "cache"))
 	if err != nil {
 		return err
+	}
+	limits, err := readCacheLimit(c.String("cache-limit"))
+	if err != nil {
+		return err
+	}
+	if clibase.IsSet(c, "cache-limit") && len(caches) == 0 {
+		return clibase.Usagef("--cache-limit is --cache's: give --cache too")
 	}
 	if o.docker, err = readDockerFlags(c); err != nil {
 		return err
@@ -208,7 +230,7 @@ func (o *execOpts) readCacheFlags(c *cli.Context) error {
 	}
 	o.caches = caches
 	if len(caches) > 0 {
-		if o.cacheStore, err = openCaches(""); err != nil {
+		if o.cacheStore, err = openCaches("", limits); err != nil {
 			return err
 		}
 	}

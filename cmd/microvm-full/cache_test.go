@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/cachedisk"
@@ -63,6 +66,10 @@ func TestExecCacheFlagsRefused(t *testing.T) {
 		{[]string{"exec", "--cache", "go=/go", "--cache", "mod=/go/", "--", "true"}, "given twice"},
 		{[]string{"exec", "--chroot", t.TempDir(), "--cache", "go=/go", "--", "true"}, "which --chroot hides"},
 		{[]string{"exec", "--snapshot", t.TempDir(), "--docker", "--", "true"}, "warm start"},
+		{[]string{"exec", "--cache-limit", "10G", "--", "true"}, "give --cache too"},
+		{[]string{"exec", "--cache", "go=/go", "--cache-limit", "0", "--", "true"}, `--cache-limit "0": want a size from 1 byte to 1P`},
+		{[]string{"exec", "--cache", "go=/go", "--cache-limit", "lots", "--", "true"}, "want a size"},
+		{[]string{"exec", "--vm", "x", "--cache-limit", "1G", "--", "true"}, "not --vm"},
 	} {
 		st, _, stderr := runMain(t, tc.args...)
 		if st != microvm.StatusUsage || !strings.Contains(stderr, tc.want) {
@@ -97,5 +104,50 @@ func TestCacheLsRm(t *testing.T) {
 	}
 	if st, stdout, _ := runMain(t, "cache", "ls", "--dir", dir, "--json"); st != 0 || strings.TrimSpace(stdout) != "[]" {
 		t.Errorf("cache ls --json after rm: %d, %q", st, stdout)
+	}
+}
+
+// TestExecCacheLimit: exec's --cache-limit bounds the store that its
+// commits go to: with it, committing two caches twice leaves each its
+// newest version alone (the older ones evicted across names); without
+// it, each keeps the default two.
+func TestExecCacheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		limit    []string
+		versions int
+	}{{nil, 2}, {[]string{"--cache-limit", "1K"}, 1}} {
+		t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+		app := newApp(nil, io.Discard, io.Discard)
+		var o execOpts
+		var readErr error
+		for _, cmd := range app.Commands {
+			if cmd.Name == "exec" {
+				cmd.Action = func(c *cli.Context) error { readErr = o.readCacheFlags(c); return nil }
+			}
+		}
+		args := append(append([]string{"microvm", "exec", "--cache", "a=/a", "--cache", "b=/b"}, tc.limit...), "--", "true")
+		if err := app.Run(args); err != nil || readErr != nil || o.cacheStore == nil {
+			t.Fatalf("%q: %v, %v, store %v", args, err, readErr, o.cacheStore)
+		}
+		for round := 0; round < 2; round++ {
+			for _, name := range []string{"a", "b"} {
+				cl, err := o.cacheStore.Checkout(context.Background(), name, 16<<20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := o.cacheStore.Commit(cl); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		infos, err := o.cacheStore.List()
+		if err != nil || len(infos) != 2 {
+			t.Fatalf("%q: %+v, %v; want two caches", tc.limit, infos, err)
+		}
+		for _, in := range infos {
+			if in.Newest != 2 || in.Versions != tc.versions {
+				t.Errorf("%q: cache %s: newest %d, %d versions; want 2 and %d", tc.limit, in.Name, in.Newest, in.Versions, tc.versions)
+			}
+		}
 	}
 }

@@ -486,7 +486,8 @@ func tgzNames(t *testing.T, b []byte) string {
 // a stand-in for GitHub's runner in a busybox image: the runner gets its
 // JIT config, its job runs, and the VM is gone when the launcher returns;
 // a launcher stopped with SIGTERM in the middle of a job leaves no VM
-// either.
+// either; with DOCKER=1 in an image without dockerd it exits 122, says
+// why, and leaves no VM.
 func TestGitHubRunnerLauncher(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	root, err := testenv.Root()
@@ -523,6 +524,22 @@ func TestGitHubRunnerLauncher(t *testing.T) {
 	}
 	if err := vmGone(t, r, "gha-"); err != nil {
 		t.Errorf("after the job: %v", err)
+	}
+
+	// DOCKER=1 with an image that has no dockerd: Docker's status and
+	// reason, the launcher's line, no runner started and no VM left.
+	dl := launcher("/home/runner/run.sh")
+	dl.Env = append(dl.Env, "DOCKER=1", "DOCKER_DISK=256M")
+	var dout, derr bytes.Buffer
+	dl.Stdout, dl.Stderr = &dout, &derr
+	err = dl.Run()
+	var dee *exec.ExitError
+	if !errors.As(err, &dee) || dee.ExitCode() != 122 || !strings.Contains(derr.String(), "docker: the image has no dockerd") ||
+		!strings.Contains(derr.String(), "launch-runner: Docker did not come up") || strings.Contains(dout.String(), "runner got") {
+		t.Errorf("DOCKER=1 without dockerd: %v\nstdout:\n%s\nstderr:\n%s", err, &dout, &derr)
+	}
+	if err := vmGone(t, r, "gha-"); err != nil {
+		t.Errorf("after Docker failed: %v", err)
 	}
 
 	cmd := launcher("/home/runner/slow.sh")

@@ -63,6 +63,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			cliFlags(clibase.DeviceFlags()),
 			[]cli.Flag{
 				&cli.GenericFlag{Name: "cache", Value: &clibase.ListFlag{}, Usage: "NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH; when CMD exits 0 it is kept as NAME's next version (repeatable; microvm cache ls, docs/ci.md)"},
+				&cli.StringFlag{Name: "cache-limit", Usage: "with --cache: after a commit, remove the oldest versions of any cache in the store (never a cache's newest) until all versions take at most SIZE on disk"},
 				&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd before CMD, its data root on a disk of the VM's own (or on a --cache at /var/lib/docker); exit status 122 when Docker does not come up (docs/ci.md)"},
 				&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
 				&cli.DurationFlag{Name: "docker-timeout", Value: dockervm.DefaultTimeout, Usage: "how long --docker waits for dockerd to answer"},
@@ -76,7 +77,7 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			if clibase.IsSet(c, "vm") {
-				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
+				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "cache-limit") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
 					return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
 				}
 				return asFailure(execInVM(c, stdin, stdout, stderr, log))

@@ -28,6 +28,7 @@ import (
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/unixsock"
@@ -59,6 +60,13 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		return clibase.Usagef("--vsock-uds: a named VM's vsock socket is in its state directory (%s)", vms.VsockSocket)
 	case clibase.IsSet(c, "chroot") || clibase.IsSet(c, "uid") || clibase.IsSet(c, "gid"):
 		return clibase.Usagef("--chroot, --uid and --gid are not supported with --name yet")
+	}
+	docker, err := readDockerFlags(c)
+	if err != nil {
+		return err
+	}
+	if docker != nil && !withAgent {
+		return clibase.Usagef("--docker needs --image or --with-agent: Docker is started through the guest's agent")
 	}
 	if err := vms.CheckName(name); err != nil {
 		return clibase.UsageError{Err: err}
@@ -111,10 +119,33 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	} else if len(listValues(c, "env")) > 0 {
 		return clibase.Usagef("--env: only with --image (it sets the image's main process's environment)")
 	}
-	if detach && !child {
-		return startDetached(name, c.Duration("boot-timeout"), withAgent)
+	wait := time.Duration(0)
+	if withAgent {
+		wait = c.Duration("boot-timeout")
 	}
-	err = runNamedVM(c, bootLaunch(name, cfg, img, withAgent), child, stdin, stdout, log)
+	if docker != nil {
+		wait += docker.Start.Timeout
+	}
+	if detach && !child {
+		return startDetached(name, wait, stderr)
+	}
+	var dockerDisk string
+	if docker != nil {
+		if dockerDisk, err = dockerDiskPath(name); err != nil {
+			return err
+		}
+		cfg.Disks = append(cfg.Disks, microvm.DiskConfig{Path: dockerDisk, Serial: dockervm.DiskSerial})
+	}
+	l := bootLaunch(name, cfg, img, withAgent)
+	if docker != nil {
+		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
+	}
+	err = runNamedVM(c, l, child, stdin, stdout, log)
+	var se namedvm.SetupError
+	if errors.As(err, &se) {
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		return clibase.StatusError{Status: se.Status}
+	}
 	if errors.Is(err, unixsock.ErrNoSockets) {
 		// The VM's sockets live in the state directory, which the
 		// user may not know they chose.
@@ -231,9 +262,11 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 
 // startDetached starts this command again as a process of its own, in a
 // session of its own with its standard streams on /dev/null, and returns
-// once that process says the VM runs (and its agent answers, when it has
-// one), or says why it could not start.
-func startDetached(name string, bootTimeout time.Duration, withAgent bool) error {
+// once that process says the VM runs (and its agent answers and its
+// setup ran, when it has them), or says why it could not start: a failed
+// setup (Docker) is its message on stderr and its exit status. It waits
+// 30 s more than wait, the agent's and the setup's time.
+func startDetached(name string, wait time.Duration, stderr io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -264,13 +297,12 @@ func startDetached(name string, bootTimeout time.Duration, withAgent bool) error
 	go func() { done <- cmd.Wait() }() // reaps it if it ends while we wait
 	line := make(chan string, 1)
 	go func() {
-		b, _ := io.ReadAll(io.LimitReader(r, 4096))
+		// Room for a failed setup's log tail (dockervm.Error: 20
+		// lines of at most 256 bytes).
+		b, _ := io.ReadAll(io.LimitReader(r, 16<<10))
 		line <- strings.TrimSpace(string(b))
 	}()
-	limit := 30 * time.Second
-	if withAgent {
-		limit += bootTimeout
-	}
+	limit := 30*time.Second + wait
 	select {
 	case l := <-line:
 		if l == "ready" {
@@ -280,12 +312,31 @@ func startDetached(name string, bootTimeout time.Duration, withAgent bool) error
 		if msg, ok := strings.CutPrefix(l, "error: "); ok {
 			return clibase.Failure{Err: errors.New(msg)}
 		}
+		if status, msg, ok := setupFailure(l); ok {
+			fmt.Fprintf(stderr, "microvm: %s\n", msg)
+			return clibase.StatusError{Status: status}
+		}
 		err := <-done
 		return clibase.Failure{Err: fmt.Errorf("VM %s: its process ended before the VM ran (%v; %s)", name, err, logHint(name))}
 	case <-time.After(limit):
 		_ = cmd.Process.Kill()
 		return clibase.Failure{Err: fmt.Errorf("VM %s: not running after %v; stopped it (microvm logs %s; %s)", name, limit, name, logHint(name))}
 	}
+}
+
+// setupFailure reads the line namedvm.ReadyError writes for a failed
+// setup, "error STATUS: MESSAGE".
+func setupFailure(l string) (status int, msg string, ok bool) {
+	rest, ok := strings.CutPrefix(l, "error ")
+	if !ok {
+		return 0, "", false
+	}
+	num, msg, ok := strings.Cut(rest, ": ")
+	status, err := strconv.Atoi(num)
+	if !ok || err != nil || status <= 0 || status > 255 {
+		return 0, "", false
+	}
+	return status, msg, true
 }
 
 // logHint names a detached VM's diagnostics file.

@@ -162,7 +162,13 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 		return err
 	}
 	if c.Bool("detach") && os.Getenv(detachFD) == "" {
-		return startDetached(name, c.Duration("boot-timeout"), rec.Agent)
+		wait := time.Duration(0)
+		if rec.Agent {
+			wait = c.Duration("boot-timeout")
+		}
+		// A restored VM has no setup to fail (run --docker's ran before
+		// the snapshot), so nothing is said on stderr.
+		return startDetached(name, wait, io.Discard)
 	}
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		return microvm.Restore(dir, withOwn(own))

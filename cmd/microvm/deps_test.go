@@ -8,8 +8,8 @@ import (
 
 // notInLean are the packages (a path, or a path and everything under it)
 // the lean binary must not link: microvm-full's commands (images, named
-// VMs, the control API's client, CI jobs, the agent's client, exec) and
-// what they bring (urfave/cli, gRPC, protobuf, the registry client,
+// VMs, the control API's client, CI jobs, the agent's client, exec,
+// Docker's start for run --docker) and what they bring (urfave/cli, gRPC, protobuf, the registry client,
 // gVisor's netstack, net/http).
 var notInLean = []string{
 	"github.com/microvm/microvm/images",
@@ -20,6 +20,7 @@ var notInLean = []string{
 	"github.com/microvm/microvm/internal/ci",
 	"github.com/microvm/microvm/internal/agentvm",
 	"github.com/microvm/microvm/internal/execvm",
+	"github.com/microvm/microvm/internal/dockervm",
 	"github.com/urfave/cli/v2",
 	"google.golang.org/grpc",
 	"google.golang.org/protobuf",

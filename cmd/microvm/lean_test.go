@@ -102,6 +102,8 @@ func TestLeanBuild(t *testing.T) {
 		{"mkfs", "-o", "i.img"},
 		{"run", "--name", "ci1", "--detach", "--kernel", "k"}, // named VMs run in microvm-full
 		{"run", "--kernel", "k", "--cpuprofile", "p"},         // runtime/pprof is in microvm-full only
+		{"run", "--kernel", "k", "--docker"},                  // Docker's start, and its refusal without the agent
+		{"run", "--name", "d1", "--image", "ci", "--docker", "--docker-disk", "20G", "--", "sh"},
 		{"ls", "--json"},
 		{"run", "--help"}, // help and refused flags: urfave/cli's words
 		{"run", "--kernel", "k", "--bogus"},

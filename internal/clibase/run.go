@@ -61,7 +61,8 @@ func CheckRunArgs(c FlagValues, args []string) error {
 // WantsNamed says that run's flags ask for a named VM
 // (cmd/microvm-full/named.go), which microvm-full runs.
 func WantsNamed(c FlagValues) bool {
-	return IsSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") || IsSet(c, "image")
+	return IsSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") || IsSet(c, "image") ||
+		c.Bool("docker") || IsSet(c, "docker-disk") || IsSet(c, "docker-timeout")
 }
 
 // Plain is what a binary adds to RunPlain: the lean binary hands some
@@ -287,8 +288,13 @@ func ReadVsockLimits(c FlagValues, prefix string) (VsockLimits, error) {
 	return lim, nil
 }
 
+// DockerTimeout is run --docker-timeout's default: internal/dockervm's
+// DefaultTimeout, which this package, linked into the lean binary, does
+// not import (a test in cmd/microvm-full keeps the two equal).
+const DockerTimeout = time.Minute
+
 // NamedFlags are run's flags for a named VM (cmd/microvm-full/named.go): --name, --detach,
-// --with-agent and the agent image's flags.
+// --with-agent, --docker and the agent image's flags.
 func NamedFlags() []Opt {
 	return append([]Opt{
 		StringOpt("name", "", "a named VM: its state, control socket, vsock socket and console log live under $MICROVM_STATE_DIR/vms/NAME; microvm ls, stop, kill, rm, logs, exec --vm and cp reach it by name"),
@@ -297,6 +303,9 @@ func NamedFlags() []Opt {
 		DurationOpt("boot-timeout", 2*time.Minute, "with --detach --with-agent: how long to wait for the agent"),
 		BoolOpt("idle", "with --image: start no main process (the image's Entrypoint/Cmd); the VM runs until stopped, for exec --vm"),
 		ValueOpt("env", &ListFlag{}, "", "with --image: set K=V in the main process's environment; a bare K passes microvm's own $K, off the command line (repeatable; not kept in the VM's record)"),
+		BoolOpt("docker", "with --image or --with-agent: start the image's dockerd once the agent answers, before the main process, its data root on a disk in the VM's state directory (removed with microvm rm); exit status 122 when Docker does not come up (docs/ci.md)"),
+		StringOpt("docker-disk", "", "the size of --docker's data disk (SIZE, sparse; default 8G)"),
+		DurationOpt("docker-timeout", DockerTimeout, "how long --docker waits for dockerd to answer"),
 	}, append(RootImageFlags(), ImageFlags()...)...)
 }
 

@@ -20,6 +20,12 @@ import (
 // of the process.
 const envFinishChild = "EXECVM_TEST_FINISH_UNDER_FILTER"
 
+// envFinishTotal, set in the child's environment, makes it commit two
+// caches in a store with a total-size bound of 1 byte (exec
+// --cache-limit), so that every commit evicts across names under the
+// filter.
+const envFinishTotal = "EXECVM_TEST_FINISH_TOTAL"
+
 // childUnsupported is the child's exit status where this kernel has no
 // seccomp filters.
 const childUnsupported = 4
@@ -44,12 +50,17 @@ func TestMain(m *testing.M) {
 // --docker's policy has it.
 func finishUnderFilter(state string) error {
 	os.Setenv("MICROVM_STATE_DIR", state)
-	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{Versions: 1}, nil)
+	limits, caches := cachedisk.Limits{Versions: 1}, []Cache{{Name: "kept", GuestPath: "/k", Size: 8 << 20}}
+	if os.Getenv(envFinishTotal) != "" {
+		limits = cachedisk.Limits{TotalBytes: 1}
+		caches = append(caches, Cache{Name: "other", GuestPath: "/o", Size: 8 << 20})
+	}
+	s, err := cachedisk.Open(filepath.Join(state, "caches"), limits, nil)
 	if err != nil {
 		return err
 	}
 	var cfg microvm.Config
-	o := Options{CacheStore: s, Caches: []Cache{{Name: "kept", GuestPath: "/k", Size: 8 << 20}}, Docker: &Docker{DiskSize: 16 << 20}}
+	o := Options{CacheStore: s, Caches: caches, Docker: &Docker{DiskSize: 16 << 20}}
 	x, err := attachDisks(context.Background(), &cfg, o)
 	if err != nil {
 		return err
@@ -88,5 +99,37 @@ func TestFinishUnderFilter(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(state, "docker-disks", "*"))
 	if len(left) != 0 {
 		t.Errorf("Docker's disks left behind: %s", strings.Join(left, " "))
+	}
+}
+
+// TestEvictUnderFilter: with a bound on the store's total size, each
+// commit evicts the oldest versions of every cache, its own and others'
+// (whose locks it takes), under exec's seccomp filter; two rounds leave
+// each cache its newest version alone, where the default limits keep two.
+func TestEvictUnderFilter(t *testing.T) {
+	state := t.TempDir()
+	for round := 1; round <= 2; round++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), envFinishChild+"="+state, envFinishTotal+"=1", "GORACE=atexit_sleep_ms=0")
+		out, err := cmd.CombinedOutput()
+		if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == childUnsupported {
+			t.Skipf("no seccomp filters here: %s", out)
+		}
+		if err != nil {
+			t.Fatalf("round %d: %v\n%s", round, err, out)
+		}
+	}
+	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := s.List()
+	if err != nil || len(infos) != 2 {
+		t.Fatalf("after two rounds: %+v, %v; want two caches", infos, err)
+	}
+	for _, in := range infos {
+		if in.Newest != 2 || in.Versions != 1 {
+			t.Errorf("cache %s: newest %d, %d versions; want version 2 alone", in.Name, in.Newest, in.Versions)
+		}
 	}
 }

@@ -12,13 +12,17 @@
 // API stops it, or the caller's context is cancelled -> the record says
 // how it ended. With the agent, a detached process reports ready once the
 // agent answers (and a restored clone's agent took its MACs:
-// agentvm.AdoptMACs); an image VM's main process runs through the agent
-// (backend.runMain), and the VM powers off when it ends.
+// agentvm.AdoptMACs); a Launch.Setup (run --docker: Docker started in
+// the guest) runs through the agent once it answers (backend.runSetup),
+// before the main process and before a detached VM reports ready, and
+// stops the VM when it fails (SetupError); an image VM's main process runs
+// through the agent (backend.runMain), and the VM powers off when it ends.
 //
 // Goroutines of the process: Run's caller owns the machine and the lease;
 // Run's goroutine for Machine.Run runs the vCPUs; the control API's server
 // goroutines call the backend, whose methods only read counters, pause
 // and resume, or cancel the run's context (stop), all safe from any
-// goroutine; the main process and a foreground clone's MAC adoption each
-// have a goroutine that ends with the VM.
+// goroutine; the setup, the main process and a foreground clone's MAC
+// adoption each have a goroutine that ends with the VM (the setup's
+// publishes its end by closing setupRun.done before it stops the VM).
 package namedvm

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/vmctl"
 	"github.com/microvm/microvm/internal/vms"
@@ -28,6 +29,13 @@ type Launch struct {
 	Build func(host microvm.Config) (*microvm.Machine, error)
 	// Main, for an image VM, is its main process.
 	Main *Process
+	// Setup, when set, runs once the agent answers, before the main
+	// process runs and before a detached VM reports ready (run --docker
+	// starts Docker with it). Its error stops the VM, which then ends
+	// with SetupStatus: Run returns a SetupError.
+	Setup func(ctx context.Context, c *agentapi.Client) error
+	// SetupStatus is the exit status of a VM whose Setup failed.
+	SetupStatus int
 }
 
 // Process is an image VM's main process (its Entrypoint and Cmd, or the
@@ -44,7 +52,9 @@ type Process struct {
 type Options struct {
 	// Ready, for a detached VM's process, is where it tells the process
 	// that started it how the start went: "ready\n" once the VM runs
-	// (and its agent answers, when it has one), or "error: MESSAGE\n".
+	// (and its agent answers and Launch.Setup ran, when it has them),
+	// "error STATUS: MESSAGE\n" when Setup failed (a SetupError), or
+	// "error: MESSAGE\n".
 	// Run closes it. nil: the VM runs in the foreground, its console on
 	// Stdout and its input (or its main process's) from Stdin.
 	Ready  *os.File
@@ -81,6 +91,26 @@ type FailedError struct{ Err error }
 func (e FailedError) Error() string { return e.Err.Error() }
 func (e FailedError) Unwrap() error { return e.Err }
 
+// SetupError is Run's error for a VM whose Launch.Setup failed: the VM
+// was stopped, and ends with Status (Launch.SetupStatus).
+type SetupError struct {
+	Status int
+	Err    error
+}
+
+func (e SetupError) Error() string { return e.Err.Error() }
+func (e SetupError) Unwrap() error { return e.Err }
+
+// ReadyError is the line a detached VM's process writes on Options.Ready
+// for err, without its newline.
+func ReadyError(err error) string {
+	var se SetupError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("error %d: %v", se.Status, err)
+	}
+	return "error: " + err.Error()
+}
+
 // Run is the process of a named VM: it takes the name, builds the
 // machine, serves the control API and runs the VM until it ends, and
 // records how it ended.
@@ -90,7 +120,7 @@ func Run(l Launch, o Options) (err error) {
 	if detached {
 		defer func() {
 			if err != nil && ready != nil {
-				fmt.Fprintf(ready, "error: %v\n", err)
+				fmt.Fprintln(ready, ReadyError(err))
 			}
 			if ready != nil {
 				ready.Close()
@@ -171,6 +201,12 @@ func Run(l Launch, o Options) (err error) {
 		res, runErr = m.Run(runCtx)
 	}()
 	_ = lease.Update(func(r *vms.Record) { r.State = vms.StateRunning })
+	setup := &setupRun{done: make(chan struct{})}
+	if l.Setup != nil {
+		go setup.run(func() setupEnd { return be.runSetup(runCtx, l.Setup, o.BootTimeout, vmDone) }, cancelRun)
+	} else {
+		close(setup.done)
+	}
 	var mainDone chan mainEnd
 	if l.Main != nil {
 		mainDone = make(chan mainEnd, 1)
@@ -179,6 +215,15 @@ func Run(l Launch, o Options) (err error) {
 			in = o.Stdin
 		}
 		go func() {
+			// The main process runs once the setup has.
+			select {
+			case <-setup.done:
+			case <-vmDone:
+				return
+			}
+			if setup.end.err != nil {
+				return
+			}
 			mainDone <- be.runMain(runCtx, *l.Main, o.BootTimeout, vmDone, in, host.Console)
 		}()
 	}
@@ -199,12 +244,25 @@ func Run(l Launch, o Options) (err error) {
 				return FailedError{fmt.Errorf("VM %s: %w (microvm logs %s)", name, err, name)}
 			}
 		}
+		select {
+		case <-setup.done:
+		case <-vmDone:
+		}
+		if status, err := setup.failure(name, l.SetupStatus, o.FailureStatus); err != nil {
+			<-vmDone
+			exitStatus, exitReason = status, "its setup failed: "+err.Error()
+			return err
+		}
 		fmt.Fprintln(ready, "ready")
 		ready.Close()
 		ready = nil
 	}
 	<-vmDone
 	exitStatus, exitReason = end(res, runErr, be.stopRequested(), sigCtx)
+	if status, err := setup.failure(name, l.SetupStatus, o.FailureStatus); err != nil && runErr == nil {
+		exitStatus, exitReason = status, "its setup failed: "+err.Error()
+		return err
+	}
 	select {
 	case me := <-mainDone:
 		switch {
