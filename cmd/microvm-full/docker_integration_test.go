@@ -46,7 +46,8 @@ CMD ["sh", "-c", "cat /built /hello.txt"]
 // --publish), and finds one container from another by name on a
 // user-defined network. It exits 0, so the cache is committed; the second
 // exec finds the images there and its docker build uses the cached steps.
-// Nothing leaves this machine.
+// Then run --docker starts a named VM with Docker, which exec --vm
+// reaches. Nothing leaves this machine.
 func TestExecDocker(t *testing.T) {
 	img := testenv.DebianDockerImage(t) // built on the host, before the box
 	root, err := testenv.Root()
@@ -255,5 +256,52 @@ func TestExecDocker(t *testing.T) {
 	ls.Env = env
 	if b, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(b), `"Name": "dock"`) || !strings.Contains(string(b), `"Newest": 2`) {
 		t.Errorf("cache ls after two passing execs: %v\n%s", err, b)
+	}
+
+	// run --docker: a named VM whose dockerd starts once its agent
+	// answers, before run --detach returns, on a data disk in the VM's
+	// own directory; exec --vm reaches it; rm takes the disk with it. The
+	// VMs' directories hold Unix sockets, which the box's 9p mount of
+	// the repository refuses: they go to this run's temporary directory.
+	vmsDir := filepath.Join(t.TempDir(), "vms")
+	if err := os.Mkdir(vmsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(state, "vms")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(vmsDir, filepath.Join(state, "vms")); err != nil {
+		t.Fatal(err)
+	}
+	cli := func(args ...string) (string, error) {
+		c := exec.Command(bin, args...)
+		c.Env = env
+		b, err := c.CombinedOutput()
+		return string(b), err
+	}
+	start = time.Now()
+	if out, err := cli("run", "--name", "dk", "--with-agent", "--image", "debian-docker:12", "--kernel", testenv.BzImage(t),
+		"--agent", testenv.Agent(t), "--memory", "1G", "--cpus", "2", "--docker", "--docker-disk", "2G",
+		"--docker-timeout", "8m", "--detach"); err != nil {
+		t.Fatalf("run --docker --detach: %v\n%s", err, out)
+	}
+	defer cli("rm", "-f", "dk")
+	t.Logf("run --docker --detach returned after %v", time.Since(start).Round(time.Second))
+	if out, err := cli("exec", "--vm", "dk", "--", "docker", "info", "--format", "driver={{.Driver}} root={{.DockerRootDir}}"); err != nil ||
+		!strings.Contains(out, "driver=overlay2 root=/var/lib/docker") {
+		t.Errorf("exec --vm dk docker info: %v\n%s", err, out)
+	}
+	disk := filepath.Join(vmsDir, "dk", dockerDiskFile)
+	if _, err := os.Stat(disk); err != nil {
+		t.Errorf("the named VM's data disk: %v", err)
+	}
+	if out, err := cli("stop", "dk"); err != nil {
+		t.Errorf("stop dk: %v\n%s", err, out)
+	}
+	if out, err := cli("rm", "dk"); err != nil {
+		t.Errorf("rm dk: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(disk); !os.IsNotExist(err) {
+		t.Errorf("the data disk after rm: %v, want it gone", err)
 	}
 }
