@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -87,16 +88,20 @@ func TestGitLabExecutorDocker(t *testing.T) {
 	job := func(id, step string) string {
 		t.Helper()
 		j := r.job(id, "0")
+		start := time.Now()
 		code, out := j.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "2", "--memory", "1536M",
 			"--cache-size", "64M", "--net", "user,host-loopback", "--boot-timeout", "5m",
 			"--docker", "--docker-cache", "--docker-disk", "2G", "--docker-timeout", "8m")
 		if code != 0 {
 			t.Fatalf("job %s: prepare: status %d\n%s%s", id, code, out, j.lastStderr)
 		}
+		prepared := time.Now()
 		j.mustStage("get_sources", "git clone -q "+repo+" "+project)
 		out = j.mustStage("step_script", "cd "+project+"\n"+step)
-		t.Logf("job %s step_script:\n%s", id, out)
+		stepped := time.Now()
 		j.cleanup()
+		t.Logf("job %s: prepare %v, stages %v, cleanup %v; step_script:\n%s", id, prepared.Sub(start).Round(time.Second),
+			stepped.Sub(prepared).Round(time.Second), time.Since(stepped).Round(time.Second), out)
 		for _, want := range []string{
 			"microvm: cache " + slot + ": committed version " + id,
 			"microvm: cache " + slot + "-docker: committed version " + id,
