@@ -64,6 +64,7 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.BoolFlag{Name: "docker", Usage: "start the image's dockerd in the job's VM before the job's stages, its data root on a disk of the job's own; a system failure with dockerd's log when Docker does not come up; not with --warm-pool (docs/ci.md)"},
 						&cli.StringFlag{Name: "docker-disk", Usage: "the size of --docker's data disk (SIZE, sparse; default 8G)"},
 						&cli.DurationFlag{Name: "docker-timeout", Value: dockervm.DefaultTimeout, Usage: "how long --docker waits for dockerd to answer"},
+						&cli.BoolFlag{Name: "docker-cache", Usage: "with --docker: keep Docker's data root (images, build cache) per project and slot, as the cache is kept: a clone of the last passing job's, committed when the job passes (docs/ci.md)"},
 					},
 					Action: func(c *cli.Context) error { return ciExit(gitlabPrepare(c, stderr), stderr) },
 				},
@@ -169,7 +170,9 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 		if pool > 0 {
 			return clibase.Usagef("--docker and --warm-pool %d: a warm VM is booted before its job, without Docker's data disk; give one or the other", pool)
 		}
-		docker = &gitlab.DockerOptions{DiskSize: d.DiskSize, Timeout: d.Start.Timeout}
+		docker = &gitlab.DockerOptions{DiskSize: d.DiskSize, Timeout: d.Start.Timeout, Cache: c.Bool("docker-cache")}
+	} else if c.Bool("docker-cache") {
+		return clibase.Usagef("--docker-cache is --docker's: give --docker too")
 	}
 	o := gitlab.PrepareOptions{
 		DefaultImage: c.String("default-image"), CPUs: c.Int("cpus"), Memory: mem,

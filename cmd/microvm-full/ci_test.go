@@ -59,8 +59,8 @@ func TestGitLabExecutorNoVM(t *testing.T) {
 }
 
 // TestGitLabPrepareDockerFlags: prepare's --docker flags are checked
-// before anything is made, as exec's are, and --docker is refused with the
-// warm pool; under GitLab Runner each is a system failure in one line.
+// before anything is made, as exec's are, --docker-cache wants --docker,
+// and --docker is refused with the warm pool; under GitLab Runner each is a system failure in one line.
 func TestGitLabPrepareDockerFlags(t *testing.T) {
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "42")
@@ -74,6 +74,8 @@ func TestGitLabPrepareDockerFlags(t *testing.T) {
 	wantError(t, 2, prep("--docker", "--docker-disk", "1K"), `--docker-disk "1K": want 256M to 1T`)
 	wantError(t, 2, prep("--docker", "--docker-timeout", "0s"), "--docker-timeout 0s")
 	wantError(t, 2, prep("--docker", "--warm-pool", "2"), "--docker and --warm-pool 2")
+	wantError(t, 2, prep("--docker-cache"), "--docker-cache is --docker's: give --docker too")
+	wantError(t, 2, prep("--docker", "--docker-cache", "--warm-pool", "2"), "--docker and --warm-pool 2")
 	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
 	wantError(t, 32, prep("--docker", "--warm-pool", "1"), "--docker and --warm-pool 1")
 	if _, err := os.Stat(cacheDir); !errors.Is(err, fs.ErrNotExist) {

@@ -117,7 +117,8 @@ type PrepareOptions struct {
 // Prepare starts the job's VM (run --name --detach --image --idle --net
 // user, with a clone of the slot's cache as its disk: cicache.go) and
 // mounts the cache and makes the builds directory in it; with o.Docker it
-// gives the VM Docker's data disk and starts Docker in it (cidocker.go).
+// gives the VM Docker's data disk (with o.Docker.Cache a clone of the
+// slot's Docker cache) and starts Docker in it (cidocker.go).
 // It first records the job (createJobRecord): run and cleanup act only on
 // the VM a record names, and prepare removes a VM only when it made it or
 // claimed it. A VM that did not come up, or in which Docker did not, is
@@ -157,7 +158,7 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 	name := id.VMName()
 	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL, CacheSize: o.CacheSize}
 	recPath := jobRecordPath(vms.StateDir(), id)
-	if o.Docker != nil {
+	if o.Docker != nil && !o.Docker.Cache {
 		// Noted before the disk is made: a prepare killed half-way leaves
 		// cleanup a record that names it.
 		rec.DockerDisk = dockerDiskPath(recPath)
@@ -200,7 +201,21 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 			return fmt.Errorf("ci gitlab prepare: %w", err)
 		}
 		runArgs := withDisk(args, disk)
-		if o.Docker != nil {
+		switch {
+		case o.Docker != nil && o.Docker.Cache:
+			// The clone stays in the record for cleanup to discard when
+			// the job does not get to pass.
+			dc, d, err := checkoutDockerCache(cacheDir, key, *o.Docker, stderr)
+			if err != nil {
+				return fmt.Errorf("ci gitlab prepare: %w", err)
+			}
+			rec.DockerCache = dc
+			if err := writeJSON(recPath, rec); err != nil {
+				_ = dc.discard()
+				return fmt.Errorf("ci gitlab prepare: %w", err)
+			}
+			runArgs = append(runArgs, "--disk", d.Arg())
+		case o.Docker != nil:
 			d, err := makeDockerDisk(recPath, *o.Docker)
 			if err != nil {
 				_ = removeDockerDisk(&rec, recPath)
@@ -303,7 +318,9 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 // first; a VM that is already gone is fine, and a job with no record (its
 // prepare never began) has nothing to remove. It then commits the job's
 // cache clone when the job passed, or discards it (finishCache), and
-// removes Docker's data disk when the record names one. With the warm
+// removes Docker's data disk when the record names one; a Docker cache
+// clone is committed only when the job passed and dockerd was stopped
+// and its data root unmounted first (finishDockerCache). With the warm
 // pool it then boots the slot's next VM in the background (refillPool).
 func Cleanup(stderr io.Writer) error {
 	rec, recPath, err := jobVM()
@@ -313,17 +330,25 @@ func Cleanup(stderr io.Writer) error {
 	if rec == nil {
 		return nil
 	}
+	// Docker's data root is flushed first: a container may hold the
+	// slot's cache too.
+	dockerFlush := errors.New("not flushed")
+	if rec.DockerCache != nil && rec.passed() {
+		dockerFlush = flushDocker(rec.VM)
+	}
 	if rec.Cache != nil && rec.passed() {
 		_ = flushCache(rec) // best effort: see flushCache
 	}
 	if err := discardVM(rec.VM); err != nil {
-		// The VM may still be writing its clone: commit none of it. Its
+		// The VM may still be writing its clones: commit none of them. Its
 		// Docker disk goes too (a file it holds open is freed when it ends).
 		_ = rec.Cache.discard()
+		_ = rec.DockerCache.discard()
 		_ = removeDockerDisk(rec, recPath)
 		return fmt.Errorf("ci gitlab cleanup: %w", err)
 	}
 	finishCache(rec, stderr)
+	finishDockerCache(rec, dockerFlush, stderr)
 	if err := removeDockerDisk(rec, recPath); err != nil {
 		fmt.Fprintf(stderr, "microvm: %v\n", err)
 	}

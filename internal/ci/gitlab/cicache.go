@@ -86,16 +86,23 @@ func finishCache(rec *ciJobRecord, stderr io.Writer) {
 		fmt.Fprintf(stderr, "microvm: cache %s: the job did not pass: its writes are discarded, the last committed version kept\n", rec.Slot)
 		return
 	}
+	commitClone(jc, rec.Slot, stderr)
+}
+
+// commitClone commits a job's clone as its cache's next version, saying
+// so on stderr under the cache's name; a commit that fails discards the
+// clone and keeps the last good version.
+func commitClone(jc *jobCache, name string, stderr io.Writer) {
 	store, err := cachedisk.Open(jc.Dir, cachedisk.Limits{}, stderr)
 	if err == nil {
 		var n int
 		if n, err = store.Commit(jc.Clone); err == nil {
-			fmt.Fprintf(stderr, "microvm: cache %s: committed version %d\n", rec.Slot, n)
+			fmt.Fprintf(stderr, "microvm: cache %s: committed version %d\n", name, n)
 			return
 		}
 	}
 	_ = jc.discard()
-	fmt.Fprintf(stderr, "microvm: cache %s: not committed, the last committed version kept: %v\n", rec.Slot, err)
+	fmt.Fprintf(stderr, "microvm: cache %s: not committed, the last committed version kept: %v\n", name, err)
 }
 
 // flushTimeout bounds cleanup's flush of the cache in the job's VM.

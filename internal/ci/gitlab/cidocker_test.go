@@ -3,6 +3,7 @@ package gitlab
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/cachedisk"
 	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
@@ -185,5 +187,179 @@ func TestStartDockerNoDockerd(t *testing.T) {
 	}
 	if err := fakeVMStarter.startDocker("gone", DockerOptions{}); err == nil || errors.As(err, &de) {
 		t.Errorf("startDocker in a VM that is not there: %v; want the VM's error", err)
+	}
+}
+
+// TestDockerCacheName: the Docker cache is keyed on the slot cacheSlot
+// proves (the server's project id, or the runner's --cache-key), never
+// on the project or cache names the job sets; it is a name of its own in
+// the store, apart from every slot's cache, and a valid cache name for
+// the longest namespace and slot.
+func TestDockerCacheName(t *testing.T) {
+	ciJobEnv(t, "tok-dc", 21, 12, map[string]string{"CI_PROJECT_PATH_SLUG": "other-project", "CI_PROJECT_ID": "13"})
+	id, err := JobIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(n string) string { return os.Getenv(envJobPrefix + n) }
+	slot, err := cacheSlot(id, "", 64, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dockerCacheName(slot); got != "project-12-0-docker" {
+		t.Errorf("the Docker cache of project 12's slot 0: %q, want project-12-0-docker", got)
+	}
+	long := strings.Repeat("k", maxCacheKey)
+	t.Setenv(envJobPrefix+"CI_CONCURRENT_PROJECT_ID", "999")
+	slot, err = cacheSlot(id, long, MaxSlots, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := dockerCacheName(slot)
+	if err := cachedisk.CheckName(name); err != nil {
+		t.Errorf("the longest Docker cache name: %v", err)
+	}
+	// A slot's cache name ends in its number; a Docker cache's does not,
+	// so no --cache-key makes a slot's cache another slot's Docker cache.
+	if c := name[len(name)-1]; c >= '0' && c <= '9' {
+		t.Errorf("Docker cache %q ends in a digit, as slot caches do", name)
+	}
+}
+
+// TestDockerCacheVerdict: a Docker cache clone is committed only when the
+// job passed and dockerd was stopped and its data root unmounted.
+func TestDockerCacheVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		passed bool
+		flush  error
+		commit bool
+		why    string
+	}{
+		{true, nil, true, ""},
+		{false, nil, false, "the job did not pass"},
+		{false, errors.New("busy"), false, "the job did not pass"},
+		{true, errors.New("umount: /var/lib/docker: target is busy"), false, "not cleanly stopped and unmounted (umount: /var/lib/docker: target is busy)"},
+	} {
+		commit, why := dockerCacheVerdict(tc.passed, tc.flush)
+		if commit != tc.commit || !strings.Contains(why, tc.why) || (commit && why != "") {
+			t.Errorf("passed %v, flush %v: commit %v, %q; want %v, %q", tc.passed, tc.flush, commit, why, tc.commit, tc.why)
+		}
+	}
+}
+
+// TestPrepareDockerCache: prepare --docker --docker-cache gives the VM a
+// clone of the slot's Docker cache as Docker's data disk (its serial),
+// checked out of the cache store, and makes no disk of the job's own;
+// when the VM does not start, cleanup discards the clone and commits
+// nothing.
+func TestPrepareDockerCache(t *testing.T) {
+	needMkfs(t)
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	ciJobEnv(t, "tok-dcache", 22, 0, nil)
+	id, err := JobIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheDir := t.TempDir()
+	rt, argsFile, _ := runRecorder(t)
+	var msgs strings.Builder
+	err = rt.Prepare(id, PrepareOptions{DefaultImage: "debian:12", CPUs: 2, Memory: 2 << 30,
+		CacheKey: "p", CacheDir: cacheDir, CacheSize: 16 << 20, BootTimeout: 100 * time.Millisecond,
+		Net: "user", Slots: 64, Docker: &DockerOptions{DiskSize: 256 << 20, Cache: true}}, &msgs)
+	if err == nil || !strings.Contains(err.Error(), "did not start") {
+		t.Fatalf("prepare with a VM starter that fails: %v, %q", err, msgs.String())
+	}
+	recPath := jobRecordPath(vms.StateDir(), id)
+	var rec ciJobRecord
+	if err := readJSON(recPath, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.DockerDisk != "" || rec.DockerCache == nil || rec.DockerCache.Clone.Name != "p-0-docker" || rec.DockerCache.Dir != cacheDir {
+		t.Fatalf("the job's record: %+v; want a clone of p-0-docker in %s and no disk of its own", rec, cacheDir)
+	}
+	store, err := cachedisk.Open(cacheDir, cachedisk.Limits{}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone, err := store.Path(rec.DockerCache.Clone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Split(strings.TrimSpace(string(b)), "\n"); !slices.Contains(args, "path="+clone+",serial="+dockervm.DiskSerial) {
+		t.Errorf("run's arguments %q: want the clone %s as Docker's disk", args, clone)
+	}
+	if _, err := os.Stat(dockerDiskPath(recPath)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("--docker-cache made a disk of the job's own (%v)", err)
+	}
+	if info := cacheInfo(t, cacheDir, "p-0-docker"); info.Clones != 1 || info.Versions != 0 {
+		t.Errorf("after prepare: %+v; want one clone, no version", info)
+	}
+	out, err := cleanup()
+	if err != nil || !strings.Contains(out, "microvm: cache p-0-docker: the job did not pass") {
+		t.Errorf("cleanup: %v, %q", err, out)
+	}
+	if info := cacheInfo(t, cacheDir, "p-0-docker"); info.Clones != 0 || info.Versions != 0 {
+		t.Errorf("after cleanup: %+v; want nothing", info)
+	}
+}
+
+// TestFinishDockerCache: after the job's VM is gone, its Docker cache
+// clone becomes the next version only when the job passed and its data
+// root was flushed; a passing job whose VM is gone before cleanup could
+// stop dockerd (cleanup's flush fails) commits nothing.
+func TestFinishDockerCache(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	cacheDir := t.TempDir()
+	commitCache(t, cacheDir, "p-0-docker", "v1", true)
+	for _, tc := range []struct {
+		name   string
+		passed bool
+		flush  error
+		mark   string
+		want   string
+		said   string
+	}{
+		{"passed and flushed", true, nil, "j1", "j1", "committed version 2"},
+		{"failed", false, nil, "j2", "j1", "the job did not pass"},
+		{"passed, not flushed", true, errors.New("dockerd did not stop"), "j3", "j1", "Docker's data root was not cleanly stopped and unmounted (dockerd did not stop)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := commitCache(t, cacheDir, "p-0-docker", tc.mark, false)
+			rec := &ciJobRecord{VM: "gone", Slot: "p-0", DockerCache: &jobCache{Dir: cacheDir, Clone: c}, Passed: tc.passed}
+			var msgs strings.Builder
+			finishDockerCache(rec, tc.flush, &msgs)
+			if !strings.Contains(msgs.String(), "microvm: cache p-0-docker: "+tc.said) {
+				t.Errorf("finishDockerCache said %q, want %q", msgs.String(), tc.said)
+			}
+			if got := nextMark(t, cacheDir, "p-0-docker", 2); got != tc.want {
+				t.Errorf("the next job finds %q, want %q", got, tc.want)
+			}
+			if info := cacheInfo(t, cacheDir, "p-0-docker"); info.Clones != 0 {
+				t.Errorf("clones left: %+v", info)
+			}
+		})
+	}
+	// Through cleanup: the job passed, but its VM is gone, so dockerd
+	// could not be stopped there: nothing is committed.
+	ciJobEnv(t, "tok-gone", 23, 0, nil)
+	id, err := JobIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := commitCache(t, cacheDir, "p-0-docker", "j4", false)
+	rec := ciJobRecord{VM: "gitlab-23-gone", Slot: "p-0", DockerCache: &jobCache{Dir: cacheDir, Clone: c}, Passed: true}
+	if err := createJobRecord(jobRecordPath(vms.StateDir(), id), rec); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cleanup()
+	if err != nil || !strings.Contains(out, "microvm: cache p-0-docker: Docker's data root was not cleanly stopped") {
+		t.Errorf("cleanup of a passing job whose VM is gone: %v, %q", err, out)
+	}
+	if got := nextMark(t, cacheDir, "p-0-docker", 2); got != "j1" {
+		t.Errorf("the next job finds %q, want j1", got)
 	}
 }

@@ -61,6 +61,10 @@ type ciJobRecord struct {
 	// DockerDisk is Docker's data disk (cidocker.go), made by prepare
 	// --docker at dockerDiskPath; "" without --docker.
 	DockerDisk string `json:"docker_disk,omitempty"`
+	// DockerCache is the job's clone of the slot's Docker cache, its data
+	// disk instead of DockerDisk (prepare --docker --docker-cache); nil
+	// until prepare checked one out.
+	DockerCache *jobCache `json:"docker_cache,omitempty"`
 	// Passed and Failed are what run saw of the job (stageOutcome):
 	// cleanup commits the cache when it passed and nothing failed.
 	Passed bool `json:"passed,omitempty"`

@@ -19,7 +19,10 @@
 // --warm-pool, the slot's next VM is booted by cleanup and taken by the
 // next prepare (cipool.go). With --docker, prepare gives the VM a data disk
 // of the job's own and starts Docker in it (internal/dockervm) before the
-// job's stages; cleanup removes the disk (cidocker.go).
+// job's stages; cleanup removes the disk (cidocker.go). With
+// --docker-cache the data disk is a clone of the slot's Docker cache
+// instead, which cleanup commits as the slot's cache is, once dockerd is
+// stopped and its data root unmounted.
 //
 // The executor drives microvm's own CLI for the job's VM (run --name
 // --detach, started through Runtime.Executable) and reaches the VM by its
