@@ -8,7 +8,7 @@
 // test binary's -test.timeout in the box, default 12m: a CI job's whole
 // scenario under TCG takes minutes), BOX_QUIET_TIMEOUT (a box whose tests
 // printed nothing for this long is ended and rerun, default 8m, 0: never),
-// BOX_BUDGET (no box starts after this long, default 40m), BOX_RERUNS
+// BOX_BUDGET (no box starts after this long, default 50m), BOX_RERUNS
 // (default 3), BOX_PARALLEL (boxes at once, default 1).
 // Exit status: 0 when every queued test passed in the box, 1 when one
 // failed, 2 on bad usage.
@@ -64,7 +64,7 @@ func run(ctx context.Context, args []string) int {
 	}{
 		{"BOX_TIMEOUT", &c.BoxTimeout, 16 * time.Minute, false},
 		{"BOX_TEST_TIMEOUT", &c.TestTimeout, 12 * time.Minute, false},
-		{"BOX_BUDGET", &c.Budget, 40 * time.Minute, false},
+		{"BOX_BUDGET", &c.Budget, 50 * time.Minute, false},
 		{"BOX_QUIET_TIMEOUT", &c.QuietTimeout, 8 * time.Minute, true},
 	} {
 		*d.dst = d.def
