@@ -3,32 +3,12 @@ package named
 import (
 	"bytes"
 	"context"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/testing/consoletest"
 	"github.com/microvm/microvm/internal/vms"
 )
-
-// syncBuffer is a bytes.Buffer that Logs writes from its goroutine while
-// the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestLogs: Logs prints a VM's console log; with follow it prints what the
 // console writes next and returns once the VM ends (its lease released),
@@ -55,13 +35,12 @@ func TestLogs(t *testing.T) {
 		t.Fatalf("Logs: %v, %q; want \"booted\\n\"", err, once.String())
 	}
 
-	var followed syncBuffer
+	followed := consoletest.New()
 	done := make(chan error, 1)
-	go func() { done <- Logs(context.Background(), &followed, "logvm", true) }()
+	go func() { done <- Logs(context.Background(), followed, "logvm", true) }()
 	console.Write([]byte("more\n"))
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(followed.String(), "more\n") && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	if !followed.WaitFor("more\n", 10*time.Second, nil) {
+		t.Fatalf("Logs -f never printed what the console wrote next: %q", followed.String())
 	}
 	console.Write([]byte("last words\n"))
 	if err := lease.Release(); err != nil {
