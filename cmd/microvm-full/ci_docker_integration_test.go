@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -41,40 +40,11 @@ const ciGoModList = "/cache/go/mod/cache/download/example.com/dep/@v/list"
 // its build uses the cached RUN step, its container runs, and the module
 // cache entry is there.
 func TestGitLabExecutorDocker(t *testing.T) {
-	img := testenv.DebianDockerImage(t) // built on the host, before the box
-	root, err := testenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The imported image on the repository's disk, imported by the host
-	// before the box runs the test (as TestExecDocker's): in the box,
-	// writing its 800 MB through the 9p mount of the repository takes
-	// minutes. The state directory itself (the VMs' sockets, the job
-	// records, the caches) is this run's own, with the image store linked
-	// into it.
-	images := filepath.Join(root, "build", "test-state", "gitlab-docker")
+	// The imported image is TestExecDocker's (requireDockerImage); the
+	// state directory itself (the VMs' sockets, the job records, the
+	// caches) is this run's own, with the image store linked into it.
+	images := requireDockerImage(t)
 	bin := testenv.Binary(t)
-	importImage := func() {
-		if err := os.MkdirAll(images, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		imp := exec.Command(bin, "image", "import", "--rootfs", "--name", "debian-docker:12", img)
-		imp.Env = append(os.Environ(), "MICROVM_STATE_DIR="+images)
-		if out, err := imp.CombinedOutput(); err != nil {
-			t.Fatalf("image import: %v\n%s", err, out)
-		}
-	}
-	if !testenv.InBox() {
-		importImage()
-	}
-	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
-	if testenv.InBox() {
-		ls := exec.Command(bin, "image", "ls")
-		ls.Env = append(os.Environ(), "MICROVM_STATE_DIR="+images)
-		if out, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(out), "debian-docker:12") {
-			importImage() // a box run without the host's
-		}
-	}
 	r := &ciRunner{t: t, bin: bin, kernel: testenv.BzImage(t), agent: testenv.Agent(t),
 		state: t.TempDir(), image: "debian-docker:12", scripts: t.TempDir()}
 	if err := os.Symlink(filepath.Join(images, "images"), filepath.Join(r.state, "images")); err != nil {

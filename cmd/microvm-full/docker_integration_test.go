@@ -49,39 +49,9 @@ CMD ["sh", "-c", "cat /built /hello.txt"]
 // Then run --docker starts a named VM with Docker, which exec --vm
 // reaches. Nothing leaves this machine.
 func TestExecDocker(t *testing.T) {
-	img := testenv.DebianDockerImage(t) // built on the host, before the box
-	root, err := testenv.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The state (the imported image, Docker's disks) on the repository's
-	// disk, imported by the host before the box runs the test: in the box,
-	// /tmp is memory and writing the image's 800 MB through its 9p mount
-	// of the repository takes minutes.
-	state := filepath.Join(root, "build", "test-state", "docker")
+	state := requireDockerImage(t)
 	bin := testenv.Binary(t)
 	env := append(os.Environ(), "MICROVM_STATE_DIR="+state)
-	importImage := func() {
-		if err := os.MkdirAll(state, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		imp := exec.Command(bin, "image", "import", "--rootfs", "--name", "debian-docker:12", img)
-		imp.Env = env
-		if out, err := imp.CombinedOutput(); err != nil {
-			t.Fatalf("image import: %v\n%s", err, out)
-		}
-	}
-	if !testenv.InBox() {
-		importImage()
-	}
-	testenv.RequireKVMAlone(t, testenv.NeedLinux)
-	if testenv.InBox() {
-		ls := exec.Command(bin, "image", "ls")
-		ls.Env = env
-		if out, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(out), "debian-docker:12") {
-			importImage() // a box run without the host's
-		}
-	}
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		testenv.Missing(t, "busybox (Debian's busybox-static, which scripts/deps installs): %v", err)
@@ -304,4 +274,45 @@ func TestExecDocker(t *testing.T) {
 	if _, err := os.Stat(disk); !os.IsNotExist(err) {
 		t.Errorf("the data disk after rm: %v, want it gone", err)
 	}
+}
+
+// requireDockerImage imports the Docker CI image (make
+// debian-docker-image) as debian-docker:12 into build/test-state/docker on
+// the host, before testenv.RequireKVMAlone queues the test for a box of its
+// own, and returns that state directory. In the box, /tmp is memory and
+// writing the image's 800 MB through its 9p mount of the repository takes
+// minutes, so the box uses the host's import and imports only when it is
+// missing (a box run without the host's). The Docker tests share it.
+func requireDockerImage(t *testing.T) string {
+	t.Helper()
+	img := testenv.DebianDockerImage(t) // built on the host, before the box
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(root, "build", "test-state", "docker")
+	bin := testenv.Binary(t)
+	env := append(os.Environ(), "MICROVM_STATE_DIR="+state)
+	importImage := func() {
+		if err := os.MkdirAll(state, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		imp := exec.Command(bin, "image", "import", "--rootfs", "--name", "debian-docker:12", img)
+		imp.Env = env
+		if out, err := imp.CombinedOutput(); err != nil {
+			t.Fatalf("image import: %v\n%s", err, out)
+		}
+	}
+	if !testenv.InBox() {
+		importImage()
+	}
+	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
+	if testenv.InBox() {
+		ls := exec.Command(bin, "image", "ls")
+		ls.Env = env
+		if out, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(out), "debian-docker:12") {
+			importImage()
+		}
+	}
+	return state
 }
