@@ -90,8 +90,20 @@ func TestAgentKeepsDockerd(t *testing.T) {
 	needHostTools(t)
 	dir := t.TempDir()
 	r := hostAgent(t, dir)
+	// Stand-ins for all three: the host's own containerd, where one is
+	// installed, must not start (as root, on the host's data root and
+	// socket) and outlive the test.
 	fakeProgram(t, dir, "dockerd", "exec sleep 60\n")
+	fakeProgram(t, dir, "containerd", "exec sleep 60\n")
+	fakeProgram(t, dir, "ctr", "exit 0\n")
 	pidf := filepath.Join(dir, "dockerd.pid")
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(pidf + ".containerd"); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
 	st, out, err := sh(agentCtx(t), r, startScript, pidf, filepath.Join(dir, "dockerd.log"))
 	if err != nil || st != 0 {
 		t.Fatalf("start: status %d, %v: %s", st, err, out)
