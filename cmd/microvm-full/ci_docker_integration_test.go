@@ -61,7 +61,7 @@ func TestGitLabExecutorDocker(t *testing.T) {
 		start := time.Now()
 		code, out := j.call("prepare", "--kernel", r.kernel, "--agent", r.agent, "--cpus", "2", "--memory", "1536M",
 			"--cache-size", "64M", "--net", "user,host-loopback", "--boot-timeout", "5m",
-			"--docker", "--docker-cache", "--docker-disk", "2G", "--docker-timeout", "8m")
+			"--docker", "--docker-cache", "--docker-disk", "2G", "--docker-timeout", dockerTimeout)
 		if code != 0 {
 			t.Fatalf("job %s: prepare: status %d\n%s%s", id, code, out, j.lastStderr)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -99,7 +100,7 @@ func TestExecDocker(t *testing.T) {
 	execArgs := func(script string) []string {
 		return []string{"exec", "--kernel", testenv.BzImage(t), "--agent", testenv.Agent(t),
 			"--image", "debian-docker:12", "--memory", "1536M", "--cpus", "2",
-			"--docker", "--docker-timeout", "8m", "--cache", "dock=/var/lib/docker,size=4G",
+			"--docker", "--docker-timeout", dockerTimeout, "--cache", "dock=/var/lib/docker,size=4G",
 			"--share", "tag=ctx,path=" + ctxDir,
 			"--net", "user,host-loopback", "--publish", fmt.Sprintf("%d:8080", pub),
 			"--timeout", "20m", "--", "sh", "-c", script}
@@ -212,13 +213,16 @@ func TestExecDocker(t *testing.T) {
 		"docker build -t app -f Dockerfile.app .",
 	}, "\n"))...)
 	vm2.Env = env
-	out2, err := vm2.CombinedOutput()
-	t.Logf("second exec, %v:\n%s", time.Since(start).Round(time.Second), out2)
+	lines := &lineLogger{t: t, start: start}
+	vm2.Stdout, vm2.Stderr = lines, lines
+	err = vm2.Run()
+	out2 := lines.String()
+	t.Logf("second exec: %v", time.Since(start).Round(time.Second))
 	if err != nil {
 		t.Fatalf("second exec: %v", err)
 	}
 	for _, want := range []string{"image bb", "image app", "Using cache"} {
-		if !strings.Contains(string(out2), want) {
+		if !strings.Contains(out2, want) {
 			t.Errorf("second exec's output lacks %q", want)
 		}
 	}
@@ -252,7 +256,7 @@ func TestExecDocker(t *testing.T) {
 	start = time.Now()
 	if out, err := cli("run", "--name", "dk", "--with-agent", "--image", "debian-docker:12", "--kernel", testenv.BzImage(t),
 		"--agent", testenv.Agent(t), "--memory", "1G", "--cpus", "2", "--docker", "--docker-disk", "2G",
-		"--docker-timeout", "8m", "--detach"); err != nil {
+		"--docker-timeout", dockerTimeout, "--detach"); err != nil {
 		t.Fatalf("run --docker --detach: %v\n%s", err, out)
 	}
 	defer cli("rm", "-f", "dk")
@@ -274,6 +278,47 @@ func TestExecDocker(t *testing.T) {
 	if _, err := os.Stat(disk); !os.IsNotExist(err) {
 		t.Errorf("the data disk after rm: %v, want it gone", err)
 	}
+}
+
+// dockerTimeout is the Docker tests' --docker-timeout: dockerd answers
+// in about a minute in the box; a dockerd that does not come up fails with
+// its log tail well before the box's quiet timeout (8 minutes without
+// output) would end the box and lose it.
+const dockerTimeout = "5m"
+
+// lineLogger is an io.Writer for a command's output that logs each line
+// as it comes, with the time since start (in the box a Docker step takes
+// tens of seconds, and a silent test is one the box's quiet timeout ends),
+// and keeps all of it for String.
+type lineLogger struct {
+	t     *testing.T
+	start time.Time
+	mu    sync.Mutex
+	part  []byte // the last line's start, until its newline
+	all   strings.Builder
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all.Write(p)
+	l.part = append(l.part, p...)
+	for {
+		i := bytes.IndexByte(l.part, '\n')
+		if i < 0 {
+			break
+		}
+		l.t.Logf("%6.1fs guest: %s", time.Since(l.start).Seconds(), l.part[:i])
+		l.part = l.part[i+1:]
+	}
+	return len(p), nil
+}
+
+// String is everything written so far.
+func (l *lineLogger) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all.String()
 }
 
 // requireDockerImage imports the Docker CI image (make
