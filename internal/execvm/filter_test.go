@@ -72,14 +72,14 @@ func finishUnderFilter(state string) error {
 	return x.finish(true)
 }
 
-// TestFinishUnderFilter: committing caches (twice, so an old version is
-// evicted) and removing Docker's data disk pass exec's seccomp filter, as
-// they must once the VM is gone.
-func TestFinishUnderFilter(t *testing.T) {
-	state := t.TempDir()
+// finishRounds runs the filtered child (envFinishChild) on state twice,
+// with env added to its environment, skipping the test where the host has
+// no seccomp filters.
+func finishRounds(t *testing.T, state string, env ...string) {
+	t.Helper()
 	for round := 1; round <= 2; round++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envFinishChild+"="+state, "GORACE=atexit_sleep_ms=0")
+		cmd.Env = append(append(os.Environ(), envFinishChild+"="+state, "GORACE=atexit_sleep_ms=0"), env...)
 		out, err := cmd.CombinedOutput()
 		if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == childUnsupported {
 			t.Skipf("no seccomp filters here: %s", out)
@@ -88,6 +88,14 @@ func TestFinishUnderFilter(t *testing.T) {
 			t.Fatalf("round %d: %v\n%s", round, err, out)
 		}
 	}
+}
+
+// TestFinishUnderFilter: committing caches (twice, so an old version is
+// evicted) and removing Docker's data disk pass exec's seccomp filter, as
+// they must once the VM is gone.
+func TestFinishUnderFilter(t *testing.T) {
+	state := t.TempDir()
+	finishRounds(t, state)
 	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -108,17 +116,7 @@ func TestFinishUnderFilter(t *testing.T) {
 // each cache its newest version alone, where the default limits keep two.
 func TestEvictUnderFilter(t *testing.T) {
 	state := t.TempDir()
-	for round := 1; round <= 2; round++ {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envFinishChild+"="+state, envFinishTotal+"=1", "GORACE=atexit_sleep_ms=0")
-		out, err := cmd.CombinedOutput()
-		if cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == childUnsupported {
-			t.Skipf("no seccomp filters here: %s", out)
-		}
-		if err != nil {
-			t.Fatalf("round %d: %v\n%s", round, err, out)
-		}
-	}
+	finishRounds(t, state, envFinishTotal+"=1")
 	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)
