@@ -15,24 +15,7 @@ import (
 
 	"github.com/microvm/microvm/bench/internal/benchenv"
 	"github.com/microvm/microvm/internal/testing/testenv"
-)
-
-// The small project built in the VM, from the directory shared with it: a
-// busybox image made FROM scratch (COPY, RUN), and an image from it in two
-// stages.
-const (
-	dockerfileBase = `FROM scratch
-COPY busybox /bin/busybox
-RUN ["/bin/busybox", "--install", "-s", "/bin"]
-WORKDIR /work
-`
-	dockerfileApp = `FROM bb AS build
-RUN echo built-in-stage-one > /built
-FROM bb
-COPY --from=build /built /built
-COPY hello.txt /hello.txt
-CMD ["sh", "-c", "cat /built /hello.txt"]
-`
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // runs is how many `docker run --rm` each exec times (the median is
@@ -95,8 +78,7 @@ func vmMain(args []string) error {
 		benchenv.GateLinuxKVM(prog, *hostCheck, *force, "the figures show that it works, not its speed")
 	}
 
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
+	if _, err := exec.LookPath("busybox"); err != nil {
 		return fmt.Errorf("busybox (Debian's busybox-static) for the image built in the VM: %w", err)
 	}
 	if err := os.MkdirAll(*state, 0o755); err != nil {
@@ -136,17 +118,9 @@ func vmMain(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(ctxDir)
-	bb, err := os.ReadFile(busybox)
-	if err != nil {
+	// The small project built in the VM (testimage.WriteDockerContext).
+	if err := testimage.WriteDockerContext(ctxDir, ""); err != nil {
 		return err
-	}
-	for name, data := range map[string]string{
-		"busybox": string(bb), "Dockerfile.base": dockerfileBase, "Dockerfile.app": dockerfileApp,
-		"hello.txt": "hello-from-the-context\n",
-	} {
-		if err := os.WriteFile(filepath.Join(ctxDir, name), []byte(data), 0o755); err != nil {
-			return err
-		}
 	}
 
 	argv := []string{"exec", "--kernel", *kernel, "--agent", *agent, "--image", imageName,
@@ -312,7 +286,7 @@ func timeExec(env []string, bin string, argv []string) (execResult, error) {
 	if r.Build == 0 || len(runTimes) != runs {
 		return r, fmt.Errorf("the guest's timings are missing\nstdout:\n%s\nstderr:\n%s", &out, &stderr)
 	}
-	if !strings.Contains(out.String(), "built-in-stage-one\nhello-from-the-context\n") {
+	if !strings.Contains(out.String(), "built-in-stage-one\n"+testimage.HelloContext) {
 		return r, fmt.Errorf("docker run of the built image printed the wrong thing\nstdout:\n%s", &out)
 	}
 	r.Run = benchenv.MedianDuration(runTimes)

@@ -16,25 +16,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm/internal/testing/testenv"
-)
-
-// The build context the Docker test shares with its VM: a busybox image
-// made FROM scratch in the VM (COPY, RUN), and an app built from it in two
-// stages.
-const (
-	dockerfileBase = `FROM scratch
-COPY busybox /bin/busybox
-RUN ["/bin/busybox", "--install", "-s", "/bin"]
-ENV FOO=bar
-WORKDIR /work
-`
-	dockerfileApp = `FROM bb AS build
-RUN echo built-in-stage-one > /built
-FROM bb
-COPY --from=build /built /built
-COPY hello.txt /hello.txt
-CMD ["sh", "-c", "cat /built /hello.txt"]
-`
+	"github.com/microvm/microvm/internal/testing/testimage"
 )
 
 // TestExecDocker runs Docker inside a VM with `microvm exec --docker`,
@@ -53,8 +35,7 @@ func TestExecDocker(t *testing.T) {
 	state := requireDockerImage(t)
 	bin := testenv.Binary(t)
 	env := append(os.Environ(), "MICROVM_STATE_DIR="+state)
-	busybox, err := exec.LookPath("busybox")
-	if err != nil {
+	if _, err := exec.LookPath("busybox"); err != nil {
 		testenv.Missing(t, "busybox (Debian's busybox-static, which scripts/deps installs): %v", err)
 		return
 	}
@@ -71,18 +52,11 @@ func TestExecDocker(t *testing.T) {
 	if err := os.Symlink(caches, filepath.Join(state, "caches")); err != nil {
 		t.Fatal(err)
 	}
+	// The build context (testimage.WriteDockerContext), its base image
+	// with an environment variable of its own.
 	ctxDir := t.TempDir()
-	bb, err := os.ReadFile(busybox)
-	if err != nil {
+	if err := testimage.WriteDockerContext(ctxDir, "ENV FOO=bar\n"); err != nil {
 		t.Fatal(err)
-	}
-	for name, data := range map[string]string{
-		"busybox": string(bb), "Dockerfile.base": dockerfileBase, "Dockerfile.app": dockerfileApp,
-		"hello.txt": "hello-from-the-context\n",
-	} {
-		if err := os.WriteFile(filepath.Join(ctxDir, name), []byte(data), 0o755); err != nil {
-			t.Fatal(err)
-		}
 	}
 
 	// A server on this machine's loopback, which a container reaches.
@@ -191,12 +165,12 @@ func TestExecDocker(t *testing.T) {
 		t.Fatalf("first exec: %v\nstderr:\n%s", err, &stderr)
 	}
 	for _, want := range []string{
-		"Loaded image: bb:latest",                      // docker load of docker save's tarball
-		"env FOO=bar pwd=/work",                        // the image's Env and WorkingDir
-		"run-status=7",                                 // the container's exit status
-		"built-in-stage-one\nhello-from-the-context\n", // both stages and the COPY
-		"host-served",                                  // bridge -> guest -> --net user -> host loopback
-		"from-srv",                                     // by name on a user-defined network
+		"Loaded image: bb:latest",                       // docker load of docker save's tarball
+		"env FOO=bar pwd=/work",                         // the image's Env and WorkingDir
+		"run-status=7",                                  // the container's exit status
+		"built-in-stage-one\n" + testimage.HelloContext, // both stages and the COPY
+		"host-served",                                   // bridge -> guest -> --net user -> host loopback
+		"from-srv",                                      // by name on a user-defined network
 	} {
 		if !strings.Contains(o, want) {
 			t.Errorf("first exec's output lacks %q", want)

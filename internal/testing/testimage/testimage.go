@@ -1,7 +1,8 @@
 // Package testimage builds small OCI images in memory for tests: layers
 // from tar entries, and an image of layers with a given configuration.
 // The image tests, the exec --image tests and the containerd shim's tests
-// share it.
+// share it. WriteDockerContext (dockerctx.go) writes the small Docker
+// project that the Docker test and make bench-docker build in a VM.
 package testimage
 
 import (
