@@ -55,4 +55,13 @@
 // listener's bounded channel, which Accept drains; ports without a listener
 // go to "<uds>_<port>" (VsockConfig.UDSPath), or are refused without one.
 // Close closes the router's listeners after the device.
+//
+// Waiting for a guest's agent (agent.go): WaitAgent, on the caller's
+// goroutine, calls DialVsock until the guest accepts, backing off on a
+// timer between refusals; the timer's select also watches the caller's
+// ctx (with the timeout given) and runEnded, which Run closes when it
+// returns, so a guest that ended is not waited for. A failure reads the
+// vsock device's counters, DeviceStatuses and PeekVCPUs into its message.
+// It returns a net.Conn: guest/agentapi's ConnectVM wraps it as the
+// agent's gRPC client, so that this package links no gRPC.
 package microvm

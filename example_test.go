@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"time"
 
@@ -15,8 +14,9 @@ import (
 
 // Run a command in a fresh Linux VM through the guest agent: the image
 // holds the agent as /init and busybox; the agent listens on vsock port
-// 1024, reached in-process with DialVsock. (Compiled by go test, not run:
-// it needs a KVM that boots Linux and the files make builds.)
+// 1024, reached in-process (ConnectVM waits for it with WaitAgent while
+// the guest boots). (Compiled by go test, not run: it needs a KVM that
+// boots Linux and the files make builds.)
 func Example_exec() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -38,7 +38,8 @@ func Example_exec() {
 	done := make(chan struct{})
 	go func() { defer close(done); m.Run(ctx) }() // until the guest resets, or ctx ends
 	defer func() { cancel(); <-done }()           // stop the VM before Close
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, 1024) })
+	// Machine.WaitAgent, as a gRPC client: dials until the agent answers.
+	cc, err := agentapi.ConnectVM(ctx, m, agentapi.DefaultPort, 30*time.Second)
 	if err != nil {
 		log.Fatal(err) // microvm.ErrStopped: the VM ended before its agent answered
 	}

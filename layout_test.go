@@ -50,6 +50,7 @@ var rootConcepts = map[string]string{
 	"share.go":    "the shared directory (virtio-9p) device kind",
 	"usernet.go":  "the user-mode network's helper process",
 	"vsock.go":    "the in-process vsock API: DialVsock, ListenVsock",
+	"agent.go":    "WaitAgent: a guest port's first connection, and why none came",
 	"metrics.go":  "Metrics and its Prometheus text",
 	"snapshot.go": "Snapshot and Restore",
 	"pool.go":     "Pool: snapshot clones kept ready",

@@ -64,6 +64,10 @@ type Machine struct {
 	// macChanges are the network devices whose MAC Restore changed
 	// (MACChanges); nil for New.
 	macChanges []MACChange
+	// runEnded is closed when Run returns (WaitAgent stops waiting);
+	// endRun closes it once.
+	runEnded chan struct{}
+	endRun   sync.Once
 	// snapMu serializes Snapshot: two saves at once (a named VM's API
 	// takes concurrent requests) would share diffBase and the pause.
 	snapMu sync.Mutex
@@ -90,6 +94,7 @@ func New(cfg Config) (*Machine, error) {
 // before built.
 func (m *Machine) build() error {
 	var err error
+	m.runEnded = make(chan struct{})
 	vc := m.cfg.vmmConfig()
 	vc.Restore, vc.RestoreBases, vc.Prefault = m.snap, m.bases, m.cfg.PrefaultMemory
 	if m.vm, err = vmm.New(vc); err != nil {
@@ -133,6 +138,7 @@ func (m *Machine) Run(ctx context.Context) (Result, error) {
 		// end instead of waiting until Close. Stats stay readable.
 		m.vsock.Close()
 	}
+	m.endRun.Do(func() { close(m.runEnded) })
 	return r, err
 }
 

@@ -44,10 +44,13 @@ type PoolOptions struct {
 	// reached through DialVsock only).
 	Host func(n int) Config
 	// Ready, when set, is called with each clone once it runs; the clone
-	// joins the pool when it returns nil (an agent answered, say), and is
-	// stopped and counted as a failed restore when it returns an error.
-	// Where Host gives clones MACs of their own, Ready is where the
-	// clone's agent takes them (Machine.MACChanges, agentapi SetMAC).
+	// joins the pool when it returns nil (its agent answered, say), and
+	// is stopped and counted as a failed restore when it returns an
+	// error. Machine.WaitAgent is the wait for an agent (or any guest
+	// service): it ends with the clone's run, and its error says how far
+	// the guest got. Where Host gives clones MACs of their own, Ready is
+	// where the clone's agent takes them (agentapi.ConnectVM, then
+	// SetMAC for each of Machine.MACChanges).
 	Ready func(ctx context.Context, m *Machine) error
 	// ReadyTimeout bounds each Ready call (default 30 s).
 	ReadyTimeout time.Duration

@@ -17,11 +17,13 @@ import (
 )
 
 // TestPool: a pool of clones of the echo guest's snapshot hands out
-// running clones, each with the host resources Host gave it, refills
-// itself past its size, and refuses Get once closed; a clone that is
-// never ready is not handed out, its error is.
+// running clones, each with the host resources Host gave it and ready
+// (Ready's WaitAgent had a connection accepted), refills itself past its
+// size, and refuses Get once closed; a clone that is never ready is not
+// handed out, its error is.
 func TestPool(t *testing.T) {
-	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=1", vsockTestPort))
+	// Two connections a clone: Ready's, then the test's echo.
+	g := newVsockGuest(t, fmt.Sprintf("testguest.mode=echo testguest.port=%d testguest.conns=2", vsockTestPort))
 	g.start()
 	g.waitListening(vsockTestPort)
 	dir := filepath.Join(t.TempDir(), "snap")
@@ -42,7 +44,14 @@ func TestPool(t *testing.T) {
 		Host: func(n int) microvm.Config {
 			return microvm.Config{Log: log, Vsock: &microvm.VsockConfig{CID: uint64(10 + n), UDSPath: filepath.Join(socks, fmt.Sprintf("c%d", n))}}
 		},
-		Ready: func(ctx context.Context, m *microvm.Machine) error { readied.Add(1); return nil },
+		Ready: func(ctx context.Context, m *microvm.Machine) error {
+			conn, err := m.WaitAgent(ctx, vsockTestPort, 30*time.Second)
+			if err != nil {
+				return err
+			}
+			readied.Add(1)
+			return conn.Close()
+		},
 	})
 	if err != nil {
 		t.Fatalf("NewPool: %v", err)

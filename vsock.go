@@ -45,8 +45,8 @@ var (
 	ErrVsockTimeout = hybrid.ErrTimeout
 	// ErrStopped means the machine has stopped (or is stopping): its guest
 	// will not run again, so DialVsock does not wait for it. A caller that
-	// retries refused dials while the guest boots (agentapi.Connect) stops
-	// on this one.
+	// retries refused dials while the guest boots (WaitAgent,
+	// agentapi.Connect) stops on this one; WaitAgent's error wraps it.
 	ErrStopped = errors.New("the machine has stopped")
 )
 

@@ -15,7 +15,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,12 +91,11 @@ func runJob(ctx context.Context, kernel, agent, busybox, out string) (int, error
 	defer func() { stopVM(); <-vmDone }()
 
 	// 3. The agent answers on vsock port 1024 once the guest has booted;
-	// until then the device refuses the connection and Connect tries
-	// again. If the VM stops first, DialVsock says so (microvm.ErrStopped)
-	// and Connect gives up at once.
-	cc, err := agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) {
-		return m.DialVsock(ctx, agentPort)
-	})
+	// until then the device refuses the connection and ConnectVM
+	// (Machine.WaitAgent) tries again. If the VM stops first it gives up
+	// at once (microvm.ErrStopped); if the agent does not answer in time,
+	// its error says how far the guest got.
+	cc, err := agentapi.ConnectVM(ctx, m, agentPort, 2*time.Minute)
 	if err != nil {
 		return 0, fmt.Errorf("waiting for the agent: %w", err)
 	}

@@ -55,6 +55,39 @@ func Connect(ctx context.Context, dial DialFunc) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newConn(first, dial)
+}
+
+// VM is a running machine whose guest runs the agent: a *microvm.Machine
+// (this package does not import the embedding API, which links no gRPC).
+type VM interface {
+	// WaitAgent returns the first connection the guest accepts on port,
+	// waiting while it boots (Machine.WaitAgent).
+	WaitAgent(ctx context.Context, port uint32, timeout time.Duration) (net.Conn, error)
+	// DialVsock opens one connection to port (Machine.DialVsock), for
+	// gRPC's dials after a break.
+	DialVsock(ctx context.Context, port uint32) (net.Conn, error)
+}
+
+// ConnectVM waits until vm's guest accepts a connection on port (the
+// agent's is DefaultPort), as vm.WaitAgent does, and returns a gRPC
+// connection whose first transport is that one; after a break gRPC dials
+// again through vm.DialVsock. The wait ends when timeout passes (timeout
+// <= 0: when ctx ends) or the machine stops (the error then wraps
+// microvm.ErrStopped); on a timeout the error tells how far the guest got
+// (docs/debugging.md); the error is WaitAgent's. Run the machine on
+// another goroutine meanwhile.
+func ConnectVM(ctx context.Context, vm VM, port uint32, timeout time.Duration) (*Conn, error) {
+	first, err := vm.WaitAgent(ctx, port, timeout)
+	if err != nil {
+		return nil, err // the machine's own words say what it waited for
+	}
+	return newConn(first, func(ctx context.Context) (net.Conn, error) { return vm.DialVsock(ctx, port) })
+}
+
+// newConn is a gRPC connection whose first transport is first and whose
+// later ones dial makes.
+func newConn(first net.Conn, dial DialFunc) (*Conn, error) {
 	c := &Conn{first: first}
 	cc, err := grpc.NewClient("passthrough:///microvm-agent",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

@@ -102,3 +102,87 @@ func TestConnCloseUnused(t *testing.T) {
 		t.Errorf("the unused first connection is still open: %v", err)
 	}
 }
+
+// fakeVM is a VM whose guest is a health server on a Unix socket: port
+// must be want, WaitAgent fails with err when set, and each dial's
+// connection is kept (to break it).
+type fakeVM struct {
+	want         uint32
+	path         string
+	err          error
+	waits, dials atomic.Int32
+	conns        chan net.Conn
+}
+
+func (v *fakeVM) connect(ctx context.Context, port uint32) (net.Conn, error) {
+	if port != v.want {
+		return nil, fmt.Errorf("port %d, want %d", port, v.want)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", v.path)
+	if err == nil {
+		v.conns <- c
+	}
+	return c, err
+}
+
+func (v *fakeVM) WaitAgent(ctx context.Context, port uint32, timeout time.Duration) (net.Conn, error) {
+	v.waits.Add(1)
+	if timeout != time.Minute {
+		return nil, fmt.Errorf("timeout %v, want the caller's 1m0s", timeout)
+	}
+	if v.err != nil {
+		return nil, v.err
+	}
+	return v.connect(ctx, port)
+}
+
+func (v *fakeVM) DialVsock(ctx context.Context, port uint32) (net.Conn, error) {
+	v.dials.Add(1)
+	return v.connect(ctx, port)
+}
+
+// TestConnectVM: ConnectVM's first transport is the one WaitAgent
+// returned, on the port and with the timeout given; after a break gRPC
+// dials again through DialVsock; a failed wait is WaitAgent's error.
+func TestConnectVM(t *testing.T) {
+	v := &fakeVM{want: 1234, path: healthServer(t), conns: make(chan net.Conn, 8)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := ConnectVM(ctx, v, 1234, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	check := func() error {
+		resp, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
+		if err == nil && resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			err = fmt.Errorf("status %v", resp.GetStatus())
+		}
+		return err
+	}
+	if err := check(); err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	if w, d := v.waits.Load(), v.dials.Load(); w != 1 || d != 0 {
+		t.Errorf("%d waits and %d dials before a break, want 1 and 0", w, d)
+	}
+	(<-v.conns).Close() // the transport breaks
+	// A call made before gRPC saw the break fails with it; later ones
+	// go through the new transport.
+	for check() != nil {
+		if ctx.Err() != nil {
+			t.Fatalf("health after the break: %v", check())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d := v.dials.Load(); d < 1 {
+		t.Errorf("no DialVsock after the break")
+	}
+
+	stopped := errors.New("the machine has stopped")
+	_, err = ConnectVM(ctx, &fakeVM{want: 1234, err: stopped}, 1234, time.Minute)
+	if !errors.Is(err, stopped) {
+		t.Errorf("failed wait: %v, want WaitAgent's error", err)
+	}
+}

@@ -7,7 +7,11 @@
 //
 // A host connects to the agent over vsock (or a Unix socket in tests) with
 // Connect, which waits while the guest boots, and wraps the connection
-// with NewClient:
+// with NewClient. A program that runs the VM itself calls ConnectVM with
+// its *microvm.Machine (the VM interface, so this package does not import
+// the embedding API): the machine's WaitAgent does the waiting, gives up
+// when the machine stops, and says how far the guest got; gRPC's later
+// dials go through the machine's DialVsock.
 //
 //	Client.Exec: ExecStart -> agent forks the process in its own group
 //	    Stdin (32 KiB chunks) -> ExecRequest.stdin -> process stdin pipe

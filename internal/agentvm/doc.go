@@ -7,8 +7,10 @@
 // Data flow, for a command in a fresh or restored VM:
 //
 //	Machine.Run (the caller's goroutine; vmDone closes when it returns)
-//	  -> Wait: agentapi.Connect over Machine.DialVsock, retried until the
-//	     agent listens, the timeout passes or the VM ends
+//	  -> Wait: agentapi.ConnectVM, whose Machine.WaitAgent dials again
+//	     until the agent listens, the timeout passes or the VM ends (the
+//	     same wait as the Go API's embedders, examples/cijob and a Pool's
+//	     Ready use)
 //	  -> AdoptMACs: a restored clone's agent takes the clone's own MACs
 //	     (CloneNets drew them for Restore)
 //	  -> Supervise: the agent call runs in a context that ends when the VM
@@ -22,8 +24,7 @@
 // tree, as tar through internal/dirtar) carry the bytes; GuestError and
 // HostSideError tell which side a failure was on.
 //
-// Goroutines: Wait and Supervise each start one that ends when they
-// return; Copy's tree transfers run one producer or consumer of the tar
+// Goroutines: Supervise starts one that ends when it returns; Copy's tree transfers run one producer or consumer of the tar
 // stream that ends with the transfer. TailBuffer is safe from any
 // goroutine.
 package agentvm

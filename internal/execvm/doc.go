@@ -25,5 +25,5 @@
 // (a digest of what shapes the machine) that it must carry.
 //
 // Goroutines: Run starts the one running the machine, which ends before
-// Run returns, and agentvm.Wait's and Supervise's.
+// Run returns, and Supervise's.
 package execvm

@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -94,10 +93,11 @@ func run(ctx context.Context, kernel, agent, greeterd, busybox string, show io.W
 	defer func() { stopVM(); <-vmDone }()
 
 	// A gRPC connection to a guest port through the in-process vsock API,
-	// once something accepts there (Connect retries while the port is
-	// refused, and gives up at once when the VM stops).
+	// once something accepts there (ConnectVM, through Machine.WaitAgent,
+	// dials again while the port is refused, gives up at once when the VM
+	// stops, and says how far the guest got when time runs out).
 	dial := func(ctx context.Context, port uint32) (*agentapi.Conn, error) {
-		return agentapi.Connect(ctx, func(ctx context.Context) (net.Conn, error) { return m.DialVsock(ctx, port) })
+		return agentapi.ConnectVM(ctx, m, port, 2*time.Minute)
 	}
 	agentConn, err := dial(ctx, agentPort)
 	if err != nil {

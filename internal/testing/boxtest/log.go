@@ -114,8 +114,8 @@ var TripleFault = regexp.MustCompile(`guest triple fault \(KVM_EXIT_SHUTDOWN\).*
 var L1Oops = regexp.MustCompile(`BUG: kernel |BUG: unable to handle|general protection fault|Oops: |Kernel panic|kernel BUG at`)
 
 // bootStall matches the line in which a Linux guest's agent never
-// answered within minutes (agentvm.Wait's error) and which gives the vsock
-// device's status byte as the guest's driver left it.
+// answered within minutes (Machine.WaitAgent's error) and which gives the
+// vsock device's status byte as the guest's driver left it.
 var bootStall = regexp.MustCompile(`did not answer on vsock port \d+ within (?:\d+h)?\d+m[0-9.]+s[^\n]*virtio devices: vsock=0x([0-9a-f]+)`)
 
 // BootStall reports whether out has the signature of an L2 Linux that

@@ -10,7 +10,7 @@ import (
 )
 
 // Kernel symbols for a boot stall's evidence: the vCPUs' instruction
-// pointers in agentvm.Wait's line name functions of the guest kernel,
+// pointers in Machine.WaitAgent's line name functions of the guest kernel,
 // whose vmlinux (build/kernel/vmlinux, linked without KASLR) the box-test
 // stage has beside the bzImage the tests boot. Where the kernel stopped is
 // then in CI's log, not only an address.
@@ -54,7 +54,7 @@ func (k *kernelSymbols) name(addr uint64) string {
 	return fmt.Sprintf("%s+%#x", k.names[i], addr-k.addrs[i])
 }
 
-// vcpuRIP is one vCPU's part of agentvm.Wait's line.
+// vcpuRIP is one vCPU's part of Machine.WaitAgent's line.
 var vcpuRIP = regexp.MustCompile(`vCPU (\d+) rip=(0x[0-9a-f]+)[^;\]]*?(halted|runnable)?[;\]]`)
 
 // StallEvidence names, for a boot stall's output, where each vCPU was:
