@@ -91,9 +91,10 @@ func openCaches(dir string, limits cachedisk.Limits) (*cachedisk.Store, error) {
 	return cachedisk.Open(dir, limits, nil)
 }
 
-// readCacheLimit reads exec's --cache-limit SIZE: the bound on what all
-// the store's versions take on disk, which a commit enforces by evicting
-// the oldest versions that are not a cache's newest.
+// readCacheLimit reads --cache-limit SIZE, exec's and ci gitlab
+// prepare's: the bound on what all the store's versions take on disk,
+// which a commit enforces by evicting the oldest versions that are not a
+// cache's newest.
 func readCacheLimit(v string) (cachedisk.Limits, error) {
 	if v == "" {
 		return cachedisk.Limits{}, nil

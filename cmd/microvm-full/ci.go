@@ -55,6 +55,7 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 						&cli.StringFlag{Name: "agent", Usage: "guest agent (default: exec's)"},
 						&cli.StringFlag{Name: "cache-dir", Usage: "where the cache disks live (default: $MICROVM_STATE_DIR/ci-cache)"},
 						&cli.StringFlag{Name: "cache-size", Value: "4G", Usage: "size of a new cache disk (SIZE; sparse)"},
+						&cli.StringFlag{Name: "cache-limit", Usage: "bound the whole cache store (--cache-dir): after cleanup commits a passing job's cache, remove the oldest versions of any cache in it (never a cache's newest) until all versions take at most SIZE on disk (default: no bound)"},
 						&cli.DurationFlag{Name: "boot-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the job VM's agent"},
 						&cli.StringFlag{Name: "cache-key", Usage: "the cache namespace of every job of this runner, for a runner that serves one project (default: the project id in GitLab Runner's job response; without either, prepare is refused)"},
 						&cli.StringFlag{Name: "net", Value: "user", Usage: "the job VM's network: user with its options (docs/net.md), e.g. user,egress=none; the runner's choice, never the job's"},
@@ -137,49 +138,64 @@ func gitlabPrepare(c *cli.Context, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
 	}
+	o, err := readPrepareOptions(c)
+	if err != nil {
+		return err
+	}
+	return ciRuntime.Prepare(id, o, stderr)
+}
+
+// readPrepareOptions reads and checks prepare's flags: the runner's
+// config.toml (prepare_args), never the job's variables. --cache-limit is
+// read as exec's is (readCacheLimit), so both refuse the same sizes.
+func readPrepareOptions(c *cli.Context) (gitlab.PrepareOptions, error) {
+	var none gitlab.PrepareOptions
 	mem, err := microvm.ParseSize(c.String("memory"))
 	if err != nil {
-		return clibase.Usagef("--memory: %v", err)
+		return none, clibase.Usagef("--memory: %v", err)
 	}
 	cacheSize, err := microvm.ParseSize(c.String("cache-size"))
 	if err != nil || cacheSize < 16<<20 {
-		return clibase.Usagef("--cache-size %q: want a SIZE of at least 16M", c.String("cache-size"))
+		return none, clibase.Usagef("--cache-size %q: want a SIZE of at least 16M", c.String("cache-size"))
+	}
+	limits, err := readCacheLimit(c.String("cache-limit"))
+	if err != nil {
+		return none, err
 	}
 	pool := c.Int("warm-pool")
 	if pool < 0 {
-		return clibase.Usagef("--warm-pool %d: want 0 (off) or more", pool)
+		return none, clibase.Usagef("--warm-pool %d: want 0 (off) or more", pool)
 	}
 	if k := c.String("cache-key"); k != "" {
 		if err := gitlab.CheckCacheKey(k); err != nil {
-			return clibase.Usagef("%v", err)
+			return none, clibase.Usagef("%v", err)
 		}
 	}
 	netSpec := c.String("net")
 	if netSpec != "user" && !strings.HasPrefix(netSpec, "user,") {
-		return clibase.Usagef("--net %q: want user or user,OPTIONS (the executor runs without root)", netSpec)
+		return none, clibase.Usagef("--net %q: want user or user,OPTIONS (the executor runs without root)", netSpec)
 	}
 	if n := c.Int("slots"); n < 1 || n > gitlab.MaxSlots {
-		return clibase.Usagef("--slots %d: want 1 to %d", n, gitlab.MaxSlots)
+		return none, clibase.Usagef("--slots %d: want 1 to %d", n, gitlab.MaxSlots)
 	}
 	d, err := readDockerFlags(c)
 	if err != nil {
-		return err
+		return none, err
 	}
 	var docker *gitlab.DockerOptions
 	if d != nil {
 		if pool > 0 {
-			return clibase.Usagef("--docker and --warm-pool %d: a warm VM is booted before its job, without Docker's data disk; give one or the other", pool)
+			return none, clibase.Usagef("--docker and --warm-pool %d: a warm VM is booted before its job, without Docker's data disk; give one or the other", pool)
 		}
 		docker = &gitlab.DockerOptions{DiskSize: d.DiskSize, Timeout: d.Start.Timeout, Cache: c.Bool("docker-cache")}
 	} else if c.Bool("docker-cache") {
-		return clibase.Usagef("--docker-cache is --docker's: give --docker too")
+		return none, clibase.Usagef("--docker-cache is --docker's: give --docker too")
 	}
-	o := gitlab.PrepareOptions{
+	return gitlab.PrepareOptions{
 		DefaultImage: c.String("default-image"), CPUs: c.Int("cpus"), Memory: mem,
 		Kernel: c.String("kernel"), Agent: c.String("agent"),
-		CacheDir: c.String("cache-dir"), CacheSize: cacheSize, BootTimeout: c.Duration("boot-timeout"),
+		CacheDir: c.String("cache-dir"), CacheSize: cacheSize, CacheLimit: limits.TotalBytes, BootTimeout: c.Duration("boot-timeout"),
 		CacheKey: c.String("cache-key"), Net: netSpec, Slots: c.Int("slots"),
 		WarmPool: pool, WarmTTL: c.Duration("warm-ttl"), Docker: docker,
-	}
-	return ciRuntime.Prepare(id, o, stderr)
+	}, nil
 }

@@ -4,12 +4,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/urfave/cli/v2"
+
+	"github.com/microvm/microvm/internal/ci/gitlab"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/dockervm"
 )
@@ -100,4 +104,80 @@ func TestCIExitDocker(t *testing.T) {
 		!strings.Contains(msgs.String(), "level=fatal") {
 		t.Errorf("under GitLab Runner: %v, %q; want status 32 and the log", got, msgs.String())
 	}
+}
+
+// gitlabCommand is `ci gitlab` in app.
+func gitlabCommand(t *testing.T, app *cli.App) *cli.Command {
+	t.Helper()
+	for _, c := range app.Commands {
+		if c.Name == "ci" {
+			for _, g := range c.Subcommands {
+				if g.Name == "gitlab" {
+					return g
+				}
+			}
+		}
+	}
+	t.Fatal("no ci gitlab command")
+	return nil
+}
+
+// TestGitLabPrepareCacheLimit: prepare's --cache-limit is read as exec's
+// is: the same sizes refused with the same one line (exit status 2, or
+// the system failure status under GitLab Runner) before anything is
+// made, and a good one reaches PrepareOptions as the store's bound.
+func TestGitLabPrepareCacheLimit(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
+	t.Setenv("CUSTOM_ENV_CI_JOB_ID", "43")
+	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "token-43")
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	for _, bad := range []string{"0", "lots", "2P", "-1G"} {
+		want := fmt.Sprintf("--cache-limit %q: want a size from 1 byte to 1P", bad)
+		t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "")
+		wantError(t, 2, []string{"exec", "--cache", "go=/go", "--cache-limit", bad, "--", "true"}, want)
+		wantError(t, 2, []string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--cache-key", "p", "--cache-limit", bad}, want)
+		t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
+		wantError(t, 32, []string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--cache-key", "p", "--cache-limit", bad}, want)
+	}
+	if _, err := os.Stat(cacheDir); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused prepare left %s behind (%v)", cacheDir, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want int64
+	}{{nil, 0}, {[]string{"--cache-limit", "20G"}, 20 << 30}, {[]string{"--cache-limit", "1024T"}, 1 << 50}} {
+		app := newApp(nil, io.Discard, io.Discard)
+		var o gitlab.PrepareOptions
+		var readErr error
+		for _, c := range gitlabCommand(t, app).Subcommands {
+			if c.Name == "prepare" {
+				c.Action = func(c *cli.Context) error { o, readErr = readPrepareOptions(c); return nil }
+			}
+		}
+		if err := app.Run(append([]string{"microvm", "ci", "gitlab", "prepare"}, tc.args...)); err != nil || readErr != nil || o.CacheLimit != tc.want {
+			t.Errorf("prepare %q: %v, %v, cache limit %d; want %d", tc.args, err, readErr, o.CacheLimit, tc.want)
+		}
+	}
+}
+
+// TestGitLabFlagsFromConfigOnly: no flag of `ci gitlab` reads an
+// environment variable. GitLab Runner gives the executor the job's
+// variables in its environment (CUSTOM_ENV_*, which a job may set to
+// anything), so what bounds or places the runner's VMs and caches
+// (--cache-limit, --cache-dir, --net, ...) comes only from config.toml's
+// *_args.
+func TestGitLabFlagsFromConfigOnly(t *testing.T) {
+	var walk func(path string, cmds []*cli.Command)
+	walk = func(path string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			for _, f := range c.Flags {
+				if df, ok := f.(cli.DocGenerationFlag); !ok || len(df.GetEnvVars()) > 0 {
+					t.Errorf("%s %s: flag %v reads the environment (%v)", path, c.Name, f.Names(), df)
+				}
+			}
+			walk(path+" "+c.Name, c.Subcommands)
+		}
+	}
+	g := gitlabCommand(t, newApp(nil, io.Discard, io.Discard))
+	walk("ci gitlab", g.Subcommands)
 }

@@ -98,6 +98,10 @@ type PrepareOptions struct {
 	CacheDir    string
 	CacheSize   uint64
 	BootTimeout time.Duration
+	// CacheLimit bounds the allocated bytes of all versions in the cache
+	// store (0: no bound): after each commit, cleanup evicts the oldest
+	// versions of any cache, never a cache's newest, until they fit.
+	CacheLimit int64
 	// CacheKey is the cache namespace of a runner that serves one project
 	// (CheckCacheKey), or empty.
 	CacheKey string
@@ -128,6 +132,9 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 	if o.Docker != nil && o.WarmPool > 0 {
 		return fmt.Errorf("ci gitlab prepare: %w", errDockerWarmPool)
 	}
+	if o.CacheLimit < 0 {
+		return fmt.Errorf("ci gitlab prepare: a negative cache limit %d", o.CacheLimit)
+	}
 	key, err := cacheSlot(id, o.CacheKey, o.Slots, func(n string) string { return os.Getenv(envJobPrefix + n) })
 	if err != nil {
 		return fmt.Errorf("ci gitlab prepare: %w", err)
@@ -156,7 +163,7 @@ func (rt Runtime) Prepare(id Identity, o PrepareOptions, stderr io.Writer) error
 		args = append(args, "--agent", a)
 	}
 	name := id.VMName()
-	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL, CacheSize: o.CacheSize}
+	rec := ciJobRecord{VM: name, Slot: key, Args: args, Pool: pool, TTL: o.WarmTTL, CacheSize: o.CacheSize, CacheLimit: o.CacheLimit}
 	recPath := jobRecordPath(vms.StateDir(), id)
 	if o.Docker != nil && !o.Docker.Cache {
 		// Noted before the disk is made: a prepare killed half-way leaves
@@ -320,8 +327,10 @@ func (rt Runtime) Run(script, stage string, stdout, stderr io.Writer) error {
 // cache clone when the job passed, or discards it (finishCache), and
 // removes Docker's data disk when the record names one; a Docker cache
 // clone is committed only when the job passed and dockerd was stopped
-// and its data root unmounted first (finishDockerCache). With the warm
-// pool it then boots the slot's next VM in the background (refillPool).
+// and its data root unmounted first (finishDockerCache). Each commit
+// then keeps the store under the record's CacheLimit (commitClone). With
+// the warm pool it then boots the slot's next VM in the background
+// (refillPool).
 func Cleanup(stderr io.Writer) error {
 	rec, recPath, err := jobVM()
 	if err != nil {

@@ -20,7 +20,8 @@ import (
 // the clone as the slot's next version when the job passed and discards
 // it when it failed, was cancelled or never ran. A warm VM (cipool.go)
 // holds a clone of its own, checked out when it is offered, which the job
-// that claims it takes over.
+// that claims it takes over. Prepare's --cache-limit, noted in the job's
+// record, bounds the whole store at each of cleanup's commits.
 
 // jobCache is a clone of a slot's cache and the store it belongs to, as
 // the job record and a warm VM's offer keep it.
@@ -72,7 +73,8 @@ func (jc *jobCache) discard() error {
 // committed as the slot's next version when the job passed, else
 // discarded. It says which on stderr, in one line; a commit that fails
 // (a full disk, a disk the job wrecked) keeps the last good version and
-// is not the job's failure.
+// is not the job's failure. A commit applies the record's CacheLimit to
+// the store (commitClone).
 func finishCache(rec *ciJobRecord, stderr io.Writer) {
 	jc := rec.Cache
 	if jc == nil {
@@ -86,18 +88,28 @@ func finishCache(rec *ciJobRecord, stderr io.Writer) {
 		fmt.Fprintf(stderr, "microvm: cache %s: the job did not pass: its writes are discarded, the last committed version kept\n", rec.Slot)
 		return
 	}
-	commitClone(jc, rec.Slot, stderr)
+	commitClone(jc, rec.Slot, rec.CacheLimit, stderr)
 }
 
 // commitClone commits a job's clone as its cache's next version, saying
 // so on stderr under the cache's name; a commit that fails discards the
-// clone and keeps the last good version.
-func commitClone(jc *jobCache, name string, stderr io.Writer) {
-	store, err := cachedisk.Open(jc.Dir, cachedisk.Limits{}, stderr)
+// clone and keeps the last good version. The commit then evicts as
+// cachedisk does for exec --cache-limit: with limit above 0, the oldest
+// versions across the store, never a cache's newest, until all take at
+// most limit bytes. Eviction never disturbs a running job (its clone is a
+// file of its own) and leaves a cache whose lock another job holds; an
+// eviction that fails leaves the new version committed and says so.
+func commitClone(jc *jobCache, name string, limit int64, stderr io.Writer) {
+	store, err := cachedisk.Open(jc.Dir, cachedisk.Limits{TotalBytes: limit}, stderr)
 	if err == nil {
 		var n int
-		if n, err = store.Commit(jc.Clone); err == nil {
+		n, err = store.Commit(jc.Clone)
+		switch {
+		case err == nil:
 			fmt.Fprintf(stderr, "microvm: cache %s: committed version %d\n", name, n)
+			return
+		case n > 0: // committed; the error is the eviction's, and says so
+			fmt.Fprintf(stderr, "microvm: %v\n", err)
 			return
 		}
 	}

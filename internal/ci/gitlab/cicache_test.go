@@ -251,3 +251,139 @@ func TestPrepareFailureDiscardsClone(t *testing.T) {
 		t.Errorf("after cleanup: %+v; want nothing", info)
 	}
 }
+
+// TestCleanupCacheLimit: prepare's --cache-limit, noted in the job's
+// record, bounds the whole store when cleanup commits a passing job's
+// cache: the oldest versions of every cache in it go (another project's
+// and the slot's Docker cache too), each cache's newest stays even where
+// the newest alone are over the limit, and a running job's clone of an
+// evicted version is untouched and still commits. Without a limit each
+// cache keeps its two newest versions.
+func TestCleanupCacheLimit(t *testing.T) {
+	needMkfs(t)
+	for _, tc := range []struct {
+		name  string
+		limit int64
+		kept  int // versions each cache keeps
+	}{{"no limit", 0, 2}, {"1 byte", 1, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+			cacheDir := t.TempDir()
+			commitCache(t, cacheDir, "q-0", "q1", true)
+			running := commitCache(t, cacheDir, "q-0", "qr", false) // a job of q's, from q1
+			commitCache(t, cacheDir, "q-0", "q2", true)
+			commitCache(t, cacheDir, "p-0-docker", "d1", true)
+			commitCache(t, cacheDir, "p-0-docker", "d2", true)
+			commitCache(t, cacheDir, "p-0", "p1", true)
+			ciJobEnv(t, "tok-limit", 7, 0, nil)
+			id, err := JobIdentity()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// fakeVMStarter's VM does not start: the record keeps the clone.
+			if _, err := prepare(t, func(o *PrepareOptions) {
+				o.CacheKey, o.CacheSize, o.CacheDir, o.CacheLimit = "p", 16<<20, cacheDir, tc.limit
+			}); err == nil || !strings.Contains(err.Error(), "did not start") {
+				t.Fatalf("prepare with a VM starter that fails: %v", err)
+			}
+			recPath := jobRecordPath(vms.StateDir(), id)
+			var rec ciJobRecord
+			if err := readJSON(recPath, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.CacheLimit != tc.limit || rec.Cache == nil {
+				t.Fatalf("the job's record: %+v; want cache limit %d and a clone", rec, tc.limit)
+			}
+			// The job writes its cache and passes (as run records it).
+			store, err := cachedisk.Open(cacheDir, cachedisk.Limits{}, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := store.Path(rec.Cache.Clone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeMark(t, p, "p2")
+			rec.Passed = true
+			if err := writeJSON(recPath, rec); err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := cleanup()
+			if err != nil || !strings.Contains(msgs, "microvm: cache p-0: committed version 2\n") {
+				t.Fatalf("cleanup: %v, %q", err, msgs)
+			}
+			for slot, newest := range map[string]string{"p-0": "p2", "q-0": "q2", "p-0-docker": "d2"} {
+				if info := cacheInfo(t, cacheDir, slot); info.Versions != tc.kept {
+					t.Errorf("%s: %d versions, want %d", slot, info.Versions, tc.kept)
+				}
+				if got := nextMark(t, cacheDir, slot, 2); got != newest {
+					t.Errorf("%s: the next job finds %q, want the newest version's %q", slot, got, newest)
+				}
+			}
+			// The running job's clone came from q-0's first version, which
+			// the 1-byte limit evicted: the clone is its own file.
+			rp, err := store.Path(running)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(rp)
+			if err != nil {
+				t.Fatalf("the running job's clone: %v", err)
+			}
+			b := make([]byte, 2)
+			_, err = f.ReadAt(b, cacheMark)
+			f.Close()
+			if err != nil || string(b) != "qr" {
+				t.Errorf("the running job's clone reads %q (%v), want qr", b, err)
+			}
+			if n, err := store.Commit(running); err != nil || n != 3 {
+				t.Errorf("committing the running job's clone: version %d, %v; want 3", n, err)
+			}
+		})
+	}
+}
+
+// TestFinishDockerCacheLimit: the Docker cache's commit keeps the store
+// under the record's limit as the slot cache's does.
+func TestFinishDockerCacheLimit(t *testing.T) {
+	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
+	cacheDir := t.TempDir()
+	commitCache(t, cacheDir, "p-0", "p1", true)
+	commitCache(t, cacheDir, "p-0", "p2", true)
+	commitCache(t, cacheDir, "p-0-docker", "d1", true)
+	c := commitCache(t, cacheDir, "p-0-docker", "d2", false)
+	rec := &ciJobRecord{VM: "gone", Slot: "p-0", DockerCache: &jobCache{Dir: cacheDir, Clone: c}, Passed: true, CacheLimit: 1}
+	var msgs strings.Builder
+	finishDockerCache(rec, nil, &msgs)
+	if !strings.Contains(msgs.String(), "microvm: cache p-0-docker: committed version 2") {
+		t.Errorf("finishDockerCache said %q", msgs.String())
+	}
+	for slot, newest := range map[string]string{"p-0": "p2", "p-0-docker": "d2"} {
+		if info := cacheInfo(t, cacheDir, slot); info.Versions != 1 {
+			t.Errorf("%s: %d versions, want only the newest", slot, info.Versions)
+		}
+		if got := nextMark(t, cacheDir, slot, 2); got != newest {
+			t.Errorf("%s: the next job finds %q, want %q", slot, got, newest)
+		}
+	}
+}
+
+// TestCommitEvictionFails: an eviction that fails after the commit (here
+// another cache's lock cannot be opened) leaves the new version
+// committed, and cleanup's line says so rather than "not committed".
+func TestCommitEvictionFails(t *testing.T) {
+	cacheDir := t.TempDir()
+	commitCache(t, cacheDir, "p-0", "p1", true)
+	if err := os.MkdirAll(filepath.Join(cacheDir, "x-0", "lock"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c := commitCache(t, cacheDir, "p-0", "p2", false)
+	var msgs strings.Builder
+	commitClone(&jobCache{Dir: cacheDir, Clone: c}, "p-0", 1, &msgs)
+	if s := msgs.String(); !strings.HasPrefix(s, "microvm: cache p-0: committed version 2, then eviction: ") || strings.Count(s, "\n") != 1 {
+		t.Errorf("commitClone said %q; want one line saying version 2 is committed and eviction failed", s)
+	}
+	if got := nextMark(t, cacheDir, "p-0", 2); got != "p2" {
+		t.Errorf("the next job finds %q, want p2", got)
+	}
+}

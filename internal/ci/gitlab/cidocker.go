@@ -146,7 +146,7 @@ func finishDockerCache(rec *ciJobRecord, flushErr error, stderr io.Writer) {
 		fmt.Fprintf(stderr, "microvm: cache %s: %s: its writes are discarded, the last committed version kept\n", name, why)
 		return
 	}
-	commitClone(jc, name, stderr)
+	commitClone(jc, name, rec.CacheLimit, stderr)
 }
 
 // makeDockerDisk makes the job's Docker data disk at dockerDiskPath.

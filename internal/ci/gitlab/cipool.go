@@ -58,6 +58,9 @@ type ciJobRecord struct {
 	// warm VM that cleanup boots.
 	Cache     *jobCache `json:"cache,omitempty"`
 	CacheSize uint64    `json:"cache_size,omitempty"`
+	// CacheLimit is prepare's --cache-limit: the bound (allocated bytes)
+	// that cleanup's commits keep the cache store under; 0: none.
+	CacheLimit int64 `json:"cache_limit,omitempty"`
 	// DockerDisk is Docker's data disk (cidocker.go), made by prepare
 	// --docker at dockerDiskPath; "" without --docker.
 	DockerDisk string `json:"docker_disk,omitempty"`

@@ -15,7 +15,9 @@
 // committed version (internal/cachedisk, under --cache-dir) mounted at
 // /cache, committed by cleanup as the next version when the job passed
 // and discarded when it did not, so that caches survive from one passing
-// job to the next. With
+// job to the next; with --cache-limit (noted in the job's record by
+// prepare) that commit also evicts the store's oldest versions, never a
+// cache's newest, until the store fits. With
 // --warm-pool, the slot's next VM is booted by cleanup and taken by the
 // next prepare (cipool.go). With --docker, prepare gives the VM a data disk
 // of the job's own and starts Docker in it (internal/dockervm) before the
