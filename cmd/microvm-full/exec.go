@@ -13,9 +13,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
@@ -287,7 +284,7 @@ func unwrapPathError(err error) error {
 
 // runExec is exec in a fresh VM (or a clone of --snapshot's): the
 // machine, the command and exec's hooks, handed to execvm.Run; its error
-// is the command's exit status as runInGuest returns it, or why the VM
+// is the command's exit status as commandEnd returns it, or why the VM
 // could not run it.
 func runExec(o *execOpts) error {
 	name := ""
@@ -308,7 +305,7 @@ func runExec(o *execOpts) error {
 			Confine:       o.confine,
 			Progress:      func(what string) func() { return startProgress(o.cmd.stderr, o.quiet, what) },
 			Command: func(ctx context.Context, cc *agentapi.Conn) error {
-				return runInGuest(ctx, cc, "exec", o.cmd, o.log)
+				return commandEnd(agentvm.RunCommand(ctx, cc, o.cmd.agentCommand("exec", o.log)))
 			},
 			CommandEnded: func(err error) bool { var se clibase.StatusError; return errors.As(err, &se) },
 		},
@@ -397,63 +394,34 @@ func parseUser(s string) (uid, gid uint32, err error) {
 	return uint32(u), uint32(g), nil
 }
 
-// runInGuest runs cmd through the agent on cc and turns its end into an
-// exit status: nil for 0, clibase.StatusError{N} for exit status N, and
-// clibase.StatusError{128+N} for signal N, whether the command died of it or a
-// SIGINT or SIGTERM cancelled ctx (see interruptible). A command the guest
-// does not have is clibase.StatusError{127} after one line on stderr, as is a
-// --timeout kill (status 137). name starts messages.
-func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
-	ac := &agentapi.Cmd{
-		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
-		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
+// agentCommand is cmd as agentvm.RunCommand runs it: name starts
+// messages, a signal's status (clibase.SignalStatus) ends it, and -t runs
+// it on the host terminal (openTTY).
+func (cmd guestCmd) agentCommand(name string, log logrus.FieldLogger) agentvm.Command {
+	c := agentvm.Command{
+		Cmd: agentapi.Cmd{
+			Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
+			Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
+		},
+		Name:        name,
+		Interrupted: func(ctx context.Context) error { return clibase.SignalStatus(ctx, log) },
 	}
 	if cmd.tty {
-		tty, size, err := openTTY(cmd.stdin)
-		if err != nil {
-			return clibase.UsageError{Err: err}
-		}
-		defer tty.restore()
-		ac.Pty, ac.Resize = size, tty.resize
-		if _, ok := agentvm.LookupEnv(ac.Env, "TERM"); !ok {
-			t := os.Getenv("TERM")
-			if t == "" {
-				t = "xterm"
-			}
-			ac.Env = append(ac.Env[:len(ac.Env):len(ac.Env)], "TERM="+t)
-		}
+		c.OpenTTY = func() (agentvm.TTY, error) { return agentTTY(cmd.stdin) }
 	}
-	st, err := agentapi.NewClient(cc).Exec(ctx, ac)
-	if serr := clibase.SignalStatus(ctx, log); serr != nil {
-		return serr
-	}
-	if err != nil {
-		switch status.Code(err) {
-		case codes.NotFound:
-			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
-			return clibase.StatusError{Status: 127}
-		case codes.PermissionDenied, codes.FailedPrecondition:
-			// Found but not runnable (not executable, not a program, no
-			// such working directory): the shell's 126.
-			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentvm.Message(err))
-			return clibase.StatusError{Status: 126}
-		}
-		if errors.Is(err, agentapi.ErrAgentLost) {
-			return clibase.Failure{Err: fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentvm.Message(err))}
-		}
-		return clibase.Failure{Err: fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentvm.Message(err))}
-	}
-	if st.TimedOut {
-		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
-	}
-	return exitError(st)
+	return c
 }
 
-// exitError is agentvm.ShellStatus as an error: nil for 0, else
-// clibase.StatusError.
-func exitError(st *agentapi.ExitStatus) error {
-	if n := agentvm.ShellStatus(st); n != 0 {
-		return clibase.StatusError{Status: n}
+// commandEnd is agentvm.RunCommand's (or namedvm.Exec's) result as a
+// command's error: nil for status 0, clibase.StatusError{N} for status N,
+// and for err a failure, unless it is already a status (a signal's) or a
+// usage error (-t without a terminal).
+func commandEnd(status int, err error) error {
+	if err != nil {
+		return asFailure(err)
+	}
+	if status != 0 {
+		return clibase.StatusError{Status: status}
 	}
 	return nil
 }
@@ -519,5 +487,5 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 		return fmt.Errorf("exec: VM %s: %w", name, err)
 	}
 	defer cc.Close()
-	return runInGuest(ctx, cc, "exec", cmd, log)
+	return commandEnd(agentvm.RunCommand(ctx, cc, cmd.agentCommand("exec", log)))
 }

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/testing/testenv"
 )
@@ -157,4 +161,33 @@ func TestExec(t *testing.T) {
 		}
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})
+}
+
+// TestCommandEnd: a command's status and agentvm.RunCommand's errors as
+// exec's: 0 is success, another status the command's own, a signal's
+// status and a usage error pass, any other error is a failure.
+func TestCommandEnd(t *testing.T) {
+	lost := &agentvm.CommandError{Name: "exec", Program: "sh", Err: agentapi.ErrAgentLost}
+	usage := clibase.UsageError{Err: errors.New("-t: stdin is not a terminal")}
+	for _, tc := range []struct {
+		status int
+		err    error
+		want   int // clibase.ExitStatus of the result
+	}{
+		{0, nil, 0},
+		{3, nil, 3},
+		{127, nil, 127},
+		{128 + 9, nil, 128 + 9},
+		{0, clibase.StatusError{Status: 130}, 130},
+		{0, usage, microvm.StatusUsage},
+		{0, lost, clibase.StatusFailure},
+	} {
+		err := commandEnd(tc.status, tc.err)
+		if got := clibase.ExitStatus(err, nil); got != tc.want {
+			t.Errorf("%d, %v: exit status %d, want %d", tc.status, tc.err, got, tc.want)
+		}
+		if tc.err != nil && !errors.Is(err, tc.err) {
+			t.Errorf("%d, %v: %v no longer wraps it", tc.status, tc.err, err)
+		}
+	}
 }
