@@ -74,9 +74,6 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			if clibase.IsSet(c, "vm") {
-				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "cache-limit") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
-					return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
-				}
 				return asFailure(execInVM(c, stdin, stdout, stderr, log))
 			}
 			o, err := execOptions(c)
@@ -224,15 +221,7 @@ func (o *execOpts) useImage(c *cli.Context, ref string) error {
 		}
 		return clibase.Failure{Err: fmt.Errorf("exec: %w", err)}
 	}
-	workdir := ""
-	if clibase.IsSet(c, "workdir") {
-		workdir = o.cmd.workdir
-	}
-	env, err := envFlags(c.StringSlice("env"))
-	if err != nil {
-		return err
-	}
-	p, err := applyImage(img.Config, c.Args().Slice(), env, workdir)
+	p, err := applyImage(img.Config, c.Args().Slice(), o.cmd.flagEnv, o.cmd.flagDir)
 	if err != nil {
 		return err
 	}
@@ -343,6 +332,10 @@ type guestCmd struct {
 	// tty runs the command on a pseudo-terminal in the guest, the host's
 	// terminal in raw mode (-t).
 	tty bool
+	// flagEnv is --env's variables alone and flagDir --workdir ("" when
+	// not given): what an image's defaults yield to (namedvm.WithDefaults).
+	flagEnv []string
+	flagDir string
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -373,7 +366,10 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 	if err != nil {
 		return cmd, err
 	}
-	cmd.env = append([]string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}, env...)
+	cmd.env, cmd.flagEnv = append(agentvm.BaseEnv(), env...), env
+	if clibase.IsSet(c, "workdir") {
+		cmd.flagDir = cmd.workdir
+	}
 	return cmd, nil
 }
 
@@ -448,18 +444,11 @@ func asFailure(err error) error {
 }
 
 // execInVM is `microvm exec --vm NAME -- CMD`: CMD through the agent of a
-// running named VM, with exec's streams and statuses.
+// running named VM (namedvm.Exec), with exec's streams and statuses.
 func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log logrus.FieldLogger) error {
 	name := c.String("vm")
-	if err := vms.CheckName(name); err != nil {
-		return clibase.UsageError{Err: fmt.Errorf("--vm: %w", err)}
-	}
-	for _, f := range c.LocalFlagNames() {
-		switch f {
-		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
-		default:
-			return clibase.Usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
-		}
+	if err := checkExecVM(name, c.LocalFlagNames()); err != nil {
+		return err
 	}
 	cmd, err := readGuestCmd(c, "exec", "microvm exec --vm NAME [flags] -- CMD [ARG...]")
 	if err != nil {
@@ -469,23 +458,34 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 		return err
 	}
 	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
-	e, err := namedvm.Live(name)
-	if err != nil {
-		return fmt.Errorf("exec: %w", err)
-	}
-	if !e.Agent {
-		return fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", name)
-	}
-	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := clibase.Interruptible(context.Background())
 	defer stop()
-	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
-	if err != nil {
-		if serr := clibase.SignalStatus(ctx, log); serr != nil {
-			return serr
+	ac := cmd.agentCommand("exec", log)
+	// The command line's own environment and directory: namedvm.Exec
+	// adds the VM's defaults.
+	ac.Cmd.Env, ac.Cmd.Dir = cmd.flagEnv, cmd.flagDir
+	return commandEnd(namedvm.Exec(ctx, namedvm.ExecOptions{VM: name, Command: ac}))
+}
+
+// checkExecVM checks exec --vm's VM name and the flags given (set, as
+// LocalFlagNames lists them): the command's, not those that make a fresh
+// VM.
+func checkExecVM(name string, set []string) error {
+	for _, f := range set {
+		switch f {
+		case "cache", "cache-limit", "docker", "docker-disk", "docker-timeout":
+			return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
 		}
-		return fmt.Errorf("exec: VM %s: %w", name, err)
 	}
-	defer cc.Close()
-	return commandEnd(agentvm.RunCommand(ctx, cc, cmd.agentCommand("exec", log)))
+	if err := vms.CheckName(name); err != nil {
+		return clibase.UsageError{Err: fmt.Errorf("--vm: %w", err)}
+	}
+	for _, f := range set {
+		switch f {
+		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
+		default:
+			return clibase.Usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
+		}
+	}
+	return nil
 }

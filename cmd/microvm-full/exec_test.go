@@ -16,6 +16,7 @@ import (
 	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/testing/testenv"
+	"github.com/microvm/microvm/internal/vms"
 )
 
 // TestExecUsage: exec's flag and argument errors exit 2 with one line and
@@ -161,6 +162,36 @@ func TestExec(t *testing.T) {
 		}
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})
+}
+
+// TestExecVMErrors: exec --vm's flag errors exit 2, the --cache and
+// --docker one before the name's; a VM that does not run, or runs no
+// agent, is a failure (125) with one line. No KVM needed: nothing boots.
+func TestExecVMErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"exec", "--vm", "a/b", "--", "true"}, `--vm: VM name "a/b"`},
+		{[]string{"exec", "--vm", "a/b", "--docker", "--", "true"}, "--cache and --docker are for a fresh VM, not --vm"},
+		{[]string{"exec", "--vm", "x", "--kernel", "k", "--", "true"}, "exec --vm: --kernel makes a fresh VM; the named VM has its own"},
+		{[]string{"exec", "--vm", "x"}, "exec: no command given (microvm exec --vm NAME [flags] -- CMD [ARG...])"},
+	} {
+		wantError(t, microvm.StatusUsage, tc.args, tc.want)
+	}
+	state := t.TempDir()
+	t.Setenv("MICROVM_STATE_DIR", state)
+	store, err := vms.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, clibase.StatusFailure, []string{"exec", "--vm", "nope", "--", "true"}, "exec: ")
+	l, err := store.Create(vms.Record{Name: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	wantError(t, clibase.StatusFailure, []string{"exec", "--vm", "plain", "--", "true"}, "exec: VM plain runs no agent (start it with --with-agent)")
 }
 
 // TestCommandEnd: a command's status and agentvm.RunCommand's errors as
