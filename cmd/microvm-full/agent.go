@@ -96,7 +96,7 @@ func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return clibase.Failure{Err: fmt.Errorf("%s: %w", name, err)}
 			}
 			defer cc.Close()
-			return runInGuest(ctx, cc, name, cmd, log)
+			return commandEnd(agentvm.RunCommand(ctx, cc, cmd.agentCommand(name, log)))
 		},
 	}
 }

@@ -13,9 +13,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
@@ -77,9 +74,6 @@ func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 				return err
 			}
 			if clibase.IsSet(c, "vm") {
-				if clibase.IsSet(c, "cache") || clibase.IsSet(c, "cache-limit") || clibase.IsSet(c, "docker") || clibase.IsSet(c, "docker-disk") || clibase.IsSet(c, "docker-timeout") {
-					return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
-				}
 				return asFailure(execInVM(c, stdin, stdout, stderr, log))
 			}
 			o, err := execOptions(c)
@@ -227,15 +221,7 @@ func (o *execOpts) useImage(c *cli.Context, ref string) error {
 		}
 		return clibase.Failure{Err: fmt.Errorf("exec: %w", err)}
 	}
-	workdir := ""
-	if clibase.IsSet(c, "workdir") {
-		workdir = o.cmd.workdir
-	}
-	env, err := envFlags(c.StringSlice("env"))
-	if err != nil {
-		return err
-	}
-	p, err := applyImage(img.Config, c.Args().Slice(), env, workdir)
+	p, err := applyImage(img.Config, c.Args().Slice(), o.cmd.flagEnv, o.cmd.flagDir)
 	if err != nil {
 		return err
 	}
@@ -287,7 +273,7 @@ func unwrapPathError(err error) error {
 
 // runExec is exec in a fresh VM (or a clone of --snapshot's): the
 // machine, the command and exec's hooks, handed to execvm.Run; its error
-// is the command's exit status as runInGuest returns it, or why the VM
+// is the command's exit status as commandEnd returns it, or why the VM
 // could not run it.
 func runExec(o *execOpts) error {
 	name := ""
@@ -308,7 +294,7 @@ func runExec(o *execOpts) error {
 			Confine:       o.confine,
 			Progress:      func(what string) func() { return startProgress(o.cmd.stderr, o.quiet, what) },
 			Command: func(ctx context.Context, cc *agentapi.Conn) error {
-				return runInGuest(ctx, cc, "exec", o.cmd, o.log)
+				return commandEnd(agentvm.RunCommand(ctx, cc, o.cmd.agentCommand("exec", o.log)))
 			},
 			CommandEnded: func(err error) bool { var se clibase.StatusError; return errors.As(err, &se) },
 		},
@@ -346,6 +332,10 @@ type guestCmd struct {
 	// tty runs the command on a pseudo-terminal in the guest, the host's
 	// terminal in raw mode (-t).
 	tty bool
+	// flagEnv is --env's variables alone and flagDir --workdir ("" when
+	// not given): what an image's defaults yield to (namedvm.WithDefaults).
+	flagEnv []string
+	flagDir string
 
 	stdin          io.Reader
 	stdout, stderr io.Writer
@@ -376,7 +366,10 @@ func readGuestCmd(c *cli.Context, name, form string) (guestCmd, error) {
 	if err != nil {
 		return cmd, err
 	}
-	cmd.env = append([]string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}, env...)
+	cmd.env, cmd.flagEnv = append(agentvm.BaseEnv(), env...), env
+	if clibase.IsSet(c, "workdir") {
+		cmd.flagDir = cmd.workdir
+	}
 	return cmd, nil
 }
 
@@ -397,63 +390,34 @@ func parseUser(s string) (uid, gid uint32, err error) {
 	return uint32(u), uint32(g), nil
 }
 
-// runInGuest runs cmd through the agent on cc and turns its end into an
-// exit status: nil for 0, clibase.StatusError{N} for exit status N, and
-// clibase.StatusError{128+N} for signal N, whether the command died of it or a
-// SIGINT or SIGTERM cancelled ctx (see interruptible). A command the guest
-// does not have is clibase.StatusError{127} after one line on stderr, as is a
-// --timeout kill (status 137). name starts messages.
-func runInGuest(ctx context.Context, cc grpc.ClientConnInterface, name string, cmd guestCmd, log logrus.FieldLogger) error {
-	ac := &agentapi.Cmd{
-		Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
-		Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
+// agentCommand is cmd as agentvm.RunCommand runs it: name starts
+// messages, a signal's status (clibase.SignalStatus) ends it, and -t runs
+// it on the host terminal (openTTY).
+func (cmd guestCmd) agentCommand(name string, log logrus.FieldLogger) agentvm.Command {
+	c := agentvm.Command{
+		Cmd: agentapi.Cmd{
+			Argv: cmd.argv, Env: cmd.env, Dir: cmd.workdir, UID: cmd.uid, GID: cmd.gid, Timeout: cmd.timeout,
+			Stdin: cmd.stdin, Stdout: cmd.stdout, Stderr: cmd.stderr,
+		},
+		Name:        name,
+		Interrupted: func(ctx context.Context) error { return clibase.SignalStatus(ctx, log) },
 	}
 	if cmd.tty {
-		tty, size, err := openTTY(cmd.stdin)
-		if err != nil {
-			return clibase.UsageError{Err: err}
-		}
-		defer tty.restore()
-		ac.Pty, ac.Resize = size, tty.resize
-		if _, ok := agentvm.LookupEnv(ac.Env, "TERM"); !ok {
-			t := os.Getenv("TERM")
-			if t == "" {
-				t = "xterm"
-			}
-			ac.Env = append(ac.Env[:len(ac.Env):len(ac.Env)], "TERM="+t)
-		}
+		c.OpenTTY = func() (agentvm.TTY, error) { return agentTTY(cmd.stdin) }
 	}
-	st, err := agentapi.NewClient(cc).Exec(ctx, ac)
-	if serr := clibase.SignalStatus(ctx, log); serr != nil {
-		return serr
-	}
-	if err != nil {
-		switch status.Code(err) {
-		case codes.NotFound:
-			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: not found in the guest\n", name, cmd.argv[0])
-			return clibase.StatusError{Status: 127}
-		case codes.PermissionDenied, codes.FailedPrecondition:
-			// Found but not runnable (not executable, not a program, no
-			// such working directory): the shell's 126.
-			fmt.Fprintf(cmd.stderr, "microvm: %s: %s: cannot run it: %s\n", name, cmd.argv[0], agentvm.Message(err))
-			return clibase.StatusError{Status: 126}
-		}
-		if errors.Is(err, agentapi.ErrAgentLost) {
-			return clibase.Failure{Err: fmt.Errorf("%s: %s: lost the connection to the agent (did the agent or its VM stop?): %s", name, cmd.argv[0], agentvm.Message(err))}
-		}
-		return clibase.Failure{Err: fmt.Errorf("%s: %s: %s", name, cmd.argv[0], agentvm.Message(err))}
-	}
-	if st.TimedOut {
-		fmt.Fprintf(cmd.stderr, "microvm: %s: %s: killed after --timeout %v\n", name, cmd.argv[0], cmd.timeout)
-	}
-	return exitError(st)
+	return c
 }
 
-// exitError is agentvm.ShellStatus as an error: nil for 0, else
-// clibase.StatusError.
-func exitError(st *agentapi.ExitStatus) error {
-	if n := agentvm.ShellStatus(st); n != 0 {
-		return clibase.StatusError{Status: n}
+// commandEnd is agentvm.RunCommand's (or namedvm.Exec's) result as a
+// command's error: nil for status 0, clibase.StatusError{N} for status N,
+// and for err a failure, unless it is already a status (a signal's) or a
+// usage error (-t without a terminal).
+func commandEnd(status int, err error) error {
+	if err != nil {
+		return asFailure(err)
+	}
+	if status != 0 {
+		return clibase.StatusError{Status: status}
 	}
 	return nil
 }
@@ -480,18 +444,11 @@ func asFailure(err error) error {
 }
 
 // execInVM is `microvm exec --vm NAME -- CMD`: CMD through the agent of a
-// running named VM, with exec's streams and statuses.
+// running named VM (namedvm.Exec), with exec's streams and statuses.
 func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log logrus.FieldLogger) error {
 	name := c.String("vm")
-	if err := vms.CheckName(name); err != nil {
-		return clibase.UsageError{Err: fmt.Errorf("--vm: %w", err)}
-	}
-	for _, f := range c.LocalFlagNames() {
-		switch f {
-		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
-		default:
-			return clibase.Usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
-		}
+	if err := checkExecVM(name, c.LocalFlagNames()); err != nil {
+		return err
 	}
 	cmd, err := readGuestCmd(c, "exec", "microvm exec --vm NAME [flags] -- CMD [ARG...]")
 	if err != nil {
@@ -501,23 +458,34 @@ func execInVM(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer, log log
 		return err
 	}
 	cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
-	e, err := namedvm.Live(name)
-	if err != nil {
-		return fmt.Errorf("exec: %w", err)
-	}
-	if !e.Agent {
-		return fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", name)
-	}
-	applyDefaults(&cmd, e.Process, c)
 	ctx, stop := clibase.Interruptible(context.Background())
 	defer stop()
-	cc, err := namedvm.AgentAddr(e, 10*time.Second).Dial(ctx)
-	if err != nil {
-		if serr := clibase.SignalStatus(ctx, log); serr != nil {
-			return serr
+	ac := cmd.agentCommand("exec", log)
+	// The command line's own environment and directory: namedvm.Exec
+	// adds the VM's defaults.
+	ac.Cmd.Env, ac.Cmd.Dir = cmd.flagEnv, cmd.flagDir
+	return commandEnd(namedvm.Exec(ctx, namedvm.ExecOptions{VM: name, Command: ac}))
+}
+
+// checkExecVM checks exec --vm's VM name and the flags given (set, as
+// LocalFlagNames lists them): the command's, not those that make a fresh
+// VM.
+func checkExecVM(name string, set []string) error {
+	for _, f := range set {
+		switch f {
+		case "cache", "cache-limit", "docker", "docker-disk", "docker-timeout":
+			return clibase.Usagef("--cache and --docker are for a fresh VM, not --vm")
 		}
-		return fmt.Errorf("exec: VM %s: %w", name, err)
 	}
-	defer cc.Close()
-	return runInGuest(ctx, cc, "exec", cmd, log)
+	if err := vms.CheckName(name); err != nil {
+		return clibase.UsageError{Err: fmt.Errorf("--vm: %w", err)}
+	}
+	for _, f := range set {
+		switch f {
+		case "vm", "env", "workdir", "timeout", "user", "tty", "t", "interactive", "i", "log-level", "log-format", "quiet", "q":
+		default:
+			return clibase.Usagef("exec --vm: --%s makes a fresh VM; the named VM has its own", f)
+		}
+	}
+	return nil
 }

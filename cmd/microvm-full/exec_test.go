@@ -4,14 +4,19 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/testing/testenv"
+	"github.com/microvm/microvm/internal/vms"
 )
 
 // TestExecUsage: exec's flag and argument errors exit 2 with one line and
@@ -157,4 +162,63 @@ func TestExec(t *testing.T) {
 		}
 		t.Logf("took %v", took.Round(time.Millisecond))
 	})
+}
+
+// TestExecVMErrors: exec --vm's flag errors exit 2, the --cache and
+// --docker one before the name's; a VM that does not run, or runs no
+// agent, is a failure (125) with one line. No KVM needed: nothing boots.
+func TestExecVMErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"exec", "--vm", "a/b", "--", "true"}, `--vm: VM name "a/b"`},
+		{[]string{"exec", "--vm", "a/b", "--docker", "--", "true"}, "--cache and --docker are for a fresh VM, not --vm"},
+		{[]string{"exec", "--vm", "x", "--kernel", "k", "--", "true"}, "exec --vm: --kernel makes a fresh VM; the named VM has its own"},
+		{[]string{"exec", "--vm", "x"}, "exec: no command given (microvm exec --vm NAME [flags] -- CMD [ARG...])"},
+	} {
+		wantError(t, microvm.StatusUsage, tc.args, tc.want)
+	}
+	state := t.TempDir()
+	t.Setenv("MICROVM_STATE_DIR", state)
+	store, err := vms.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, clibase.StatusFailure, []string{"exec", "--vm", "nope", "--", "true"}, "exec: ")
+	l, err := store.Create(vms.Record{Name: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	wantError(t, clibase.StatusFailure, []string{"exec", "--vm", "plain", "--", "true"}, "exec: VM plain runs no agent (start it with --with-agent)")
+}
+
+// TestCommandEnd: a command's status and agentvm.RunCommand's errors as
+// exec's: 0 is success, another status the command's own, a signal's
+// status and a usage error pass, any other error is a failure.
+func TestCommandEnd(t *testing.T) {
+	lost := &agentvm.CommandError{Name: "exec", Program: "sh", Err: agentapi.ErrAgentLost}
+	usage := clibase.UsageError{Err: errors.New("-t: stdin is not a terminal")}
+	for _, tc := range []struct {
+		status int
+		err    error
+		want   int // clibase.ExitStatus of the result
+	}{
+		{0, nil, 0},
+		{3, nil, 3},
+		{127, nil, 127},
+		{128 + 9, nil, 128 + 9},
+		{0, clibase.StatusError{Status: 130}, 130},
+		{0, usage, microvm.StatusUsage},
+		{0, lost, clibase.StatusFailure},
+	} {
+		err := commandEnd(tc.status, tc.err)
+		if got := clibase.ExitStatus(err, nil); got != tc.want {
+			t.Errorf("%d, %v: exit status %d, want %d", tc.status, tc.err, got, tc.want)
+		}
+		if tc.err != nil && !errors.Is(err, tc.err) {
+			t.Errorf("%d, %v: %v no longer wraps it", tc.status, tc.err, err)
+		}
+	}
 }

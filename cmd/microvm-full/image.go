@@ -18,10 +18,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -411,34 +412,10 @@ func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imag
 	if len(p.argv) == 0 {
 		return p, clibase.Usagef("the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])")
 	}
-	p.env, p.workdir, p.uid, p.gid = withDefaults(processDefaults(cfg), envFlags, workdir)
+	ac := agentapi.Cmd{Env: envFlags, Dir: workdir}
+	namedvm.WithDefaults(&ac, processDefaults(cfg))
+	p.env, p.workdir, p.uid, p.gid = ac.Env, ac.Dir, ac.UID, ac.GID
 	return p, nil
-}
-
-// withDefaults is a command's environment, working directory and user
-// from an image's defaults d and the command line's --env and --workdir
-// (workdir "" when not given): the image's environment with HOME added
-// when it has none and each --env replacing the variable of its name; the
-// working directory given, else the image's; the image's user, if it
-// names one (uid and gid nil otherwise).
-func withDefaults(d *vms.Process, envFlags []string, workdir string) (env []string, dir string, uid, gid *uint32) {
-	env = agentvm.MergeEnv(d.Env, envFlags)
-	if _, ok := agentvm.LookupEnv(env, "HOME"); !ok {
-		home := "/root"
-		if d.HasUser && d.UID != 0 {
-			home = "/"
-		}
-		env = append(env, "HOME="+home)
-	}
-	dir = workdir
-	if dir == "" {
-		dir = d.WorkingDir
-	}
-	if d.HasUser {
-		u, g := d.UID, d.GID
-		uid, gid = &u, &g
-	}
-	return env, dir, uid, gid
 }
 
 // envFlags reads --env values: K=V sets K; a bare K passes microvm's own
@@ -497,22 +474,4 @@ func readRootImageFlags(c *cli.Context, agent *agentimage.Options, hasRoot bool)
 // keeps them for exec --vm.
 func processDefaults(cfg image.Config) *vms.Process {
 	return &vms.Process{Env: cfg.Env, WorkingDir: cfg.WorkingDir, HasUser: cfg.User != "", UID: cfg.UID, GID: cfg.GID}
-}
-
-// applyDefaults gives a command for exec --vm the image's environment,
-// working directory and user where the command line does not set them.
-func applyDefaults(cmd *guestCmd, p *vms.Process, c *cli.Context) {
-	if p == nil {
-		return
-	}
-	workdir := ""
-	if clibase.IsSet(c, "workdir") {
-		workdir = cmd.workdir
-	}
-	var uid, gid *uint32
-	env, _ := envFlags(c.StringSlice("env")) // checked by readGuestCmd
-	cmd.env, cmd.workdir, uid, gid = withDefaults(p, env, workdir)
-	if cmd.uid == nil { // --user wins
-		cmd.uid, cmd.gid = uid, gid
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/microvm/microvm/guest/agentapi"
+	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 )
 
@@ -71,6 +72,16 @@ func openTTY(stdin any) (*hostTTY, *agentapi.PtySize, error) {
 		}
 	}()
 	return t, size, nil
+}
+
+// agentTTY opens stdin's terminal for agentvm.RunCommand (openTTY); a
+// stdin that is not one is a usage error.
+func agentTTY(stdin any) (agentvm.TTY, error) {
+	t, size, err := openTTY(stdin)
+	if err != nil {
+		return agentvm.TTY{}, clibase.UsageError{Err: err}
+	}
+	return agentvm.TTY{Size: size, Resize: t.resize, Term: os.Getenv("TERM"), Restore: t.restore}, nil
 }
 
 // ttySize is the terminal's size, 24x80 when it cannot be read.

@@ -18,6 +18,15 @@
 //	     (UnresponsiveError)
 //	  -> End: how the VM ended, for messages
 //
+// and the call itself, in a fresh VM or a running one (RunCommand): the
+// host terminal opened when the command has a pty (Command.OpenTTY) ->
+// agentapi.Client.Exec streams stdin, stdout and stderr -> the caller's
+// signal status first (Command.Interrupted) -> the end as a shell's
+// status: ShellStatus of the exit status, StatusNotFound and
+// StatusCannotRun for what the guest could not run (one note on stderr
+// each, as for a --timeout kill), a *CommandError when the agent or its
+// VM failed;
+//
 // and for a copy into or out of a running VM (Copy): the host side is
 // opened first, then Addr dials the agent through the VM's hybrid-vsock
 // socket, and PutFile/GetFile (a file) or PutTree/GetTree (a directory

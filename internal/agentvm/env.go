@@ -2,6 +2,13 @@ package agentvm
 
 import "strings"
 
+// BaseEnv is a command's environment where no image gives one, in a new
+// slice: the usual directories on PATH and root's HOME. A caller's own
+// variables follow it.
+func BaseEnv() []string {
+	return []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/root"}
+}
+
 // MergeEnv is base with each KEY=VALUE of over replacing base's KEY (or
 // appended): one entry per name, so every reader of the environment
 // (getenv takes the first, some shells the last) sees the same value.

@@ -1,8 +1,8 @@
 // Package namedvm is the process of a named VM (`microvm run --name NAME`,
 // `restore --name`) and its client side beyond package named's VM:
 // stopping one for good (the API, then its process), removing one, listing
-// them with a running VM's own view of its state, and looking a running one
-// up.
+// them with a running VM's own view of its state, looking a running one
+// up, and running a command in one (Exec, exec --vm).
 //
 // Data flow of the process (Run): vms.Store.Create takes the name (the
 // record and the lock in the state directory) -> Launch.Build makes the
@@ -17,6 +17,13 @@
 // before the main process and before a detached VM reports ready, and
 // stops the VM when it fails (SetupError); an image VM's main process runs
 // through the agent (backend.runMain), and the VM powers off when it ends.
+//
+// Data flow of a command in a running VM (Exec): Live finds the VM's
+// record -> WithDefaults completes the caller's command with the image's
+// defaults the record keeps (vms.Process: environment, directory, user;
+// agentvm.BaseEnv and / without an image) -> AgentAddr dials the agent
+// through the VM's vsock socket -> agentvm.RunCommand runs the command and
+// returns its status.
 //
 // Goroutines of the process: Run's caller owns the machine and the lease;
 // Run's goroutine for Machine.Run runs the vCPUs; the control API's server
