@@ -101,7 +101,7 @@ func readCacheLimit(v string) (cachedisk.Limits, error) {
 	}
 	n, err := microvm.ParseSize(v)
 	if err != nil || n == 0 || n > 1<<50 {
-		return cachedisk.Limits{}, clibase.Usagef("--cache-limit %q: want a size from 1 byte to 1P", v)
+		return cachedisk.Limits{}, clibase.Usagef("--cache-limit %q: want a size from 1B to 1024T (a bare number is MiB)", v)
 	}
 	return cachedisk.Limits{TotalBytes: int64(n)}, nil
 }

@@ -67,7 +67,7 @@ func TestExecCacheFlagsRefused(t *testing.T) {
 		{[]string{"exec", "--chroot", t.TempDir(), "--cache", "go=/go", "--", "true"}, "which --chroot hides"},
 		{[]string{"exec", "--snapshot", t.TempDir(), "--docker", "--", "true"}, "warm start"},
 		{[]string{"exec", "--cache-limit", "10G", "--", "true"}, "give --cache too"},
-		{[]string{"exec", "--cache", "go=/go", "--cache-limit", "0", "--", "true"}, `--cache-limit "0": want a size from 1 byte to 1P`},
+		{[]string{"exec", "--cache", "go=/go", "--cache-limit", "0", "--", "true"}, `--cache-limit "0": want a size from 1B to 1024T (a bare number is MiB)`},
 		{[]string{"exec", "--cache", "go=/go", "--cache-limit", "lots", "--", "true"}, "want a size"},
 		{[]string{"exec", "--vm", "x", "--cache-limit", "1G", "--", "true"}, "not --vm"},
 	} {

@@ -132,7 +132,7 @@ func TestGitLabPrepareCacheLimit(t *testing.T) {
 	t.Setenv("CUSTOM_ENV_CI_JOB_TOKEN", "token-43")
 	cacheDir := filepath.Join(t.TempDir(), "cache")
 	for _, bad := range []string{"0", "lots", "2P", "-1G"} {
-		want := fmt.Sprintf("--cache-limit %q: want a size from 1 byte to 1P", bad)
+		want := fmt.Sprintf("--cache-limit %q: want a size from 1B to 1024T (a bare number is MiB)", bad)
 		t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "")
 		wantError(t, 2, []string{"exec", "--cache", "go=/go", "--cache-limit", bad, "--", "true"}, want)
 		wantError(t, 2, []string{"ci", "gitlab", "prepare", "--cache-dir", cacheDir, "--cache-key", "p", "--cache-limit", bad}, want)
