@@ -64,4 +64,11 @@
 // vsock device's counters, DeviceStatuses and PeekVCPUs into its message.
 // It returns a net.Conn: guest/agentapi's ConnectVM wraps it as the
 // agent's gRPC client, so that this package links no gRPC.
+//
+// A clone's own MACs (clonemac.go): Restore records each network device
+// its host Config gave a new MAC (MACChanges); AdoptMACs, on the caller's
+// goroutine under macMu, passes each not yet applied to the caller's
+// setter in device order and counts those it succeeded for, so repeated
+// calls apply nothing twice. guest/agentapi's AdoptMACs supplies the
+// agent's SetMAC as the setter, for the same reason as ConnectVM.
 package microvm

@@ -54,6 +54,7 @@ var rootConcepts = map[string]string{
 	"metrics.go":  "Metrics and its Prometheus text",
 	"snapshot.go": "Snapshot and Restore",
 	"pool.go":     "Pool: snapshot clones kept ready",
+	"clonemac.go": "a clone's own MACs: MACChanges, AdoptMACs",
 	"rootfs.go":   "UseRootfs: an ext4 file as the root file system",
 }
 

@@ -64,6 +64,11 @@ type Machine struct {
 	// macChanges are the network devices whose MAC Restore changed
 	// (MACChanges); nil for New.
 	macChanges []MACChange
+	// macsAdopted counts the first macChanges that AdoptMACs applied.
+	// Guarded by macMu, which AdoptMACs holds throughout, so two callers
+	// never set the same address twice.
+	macsAdopted int
+	macMu       sync.Mutex
 	// runEnded is closed when Run returns (WaitAgent stops waiting);
 	// endRun closes it once.
 	runEnded chan struct{}

@@ -328,24 +328,6 @@ func openRestore(dir string, host Config) (*snapshot.Snapshot, *savedConfig, Con
 	return s, &saved, cfg, nil
 }
 
-// MACChange is a network device of a restored machine whose MAC the
-// restore changed (Restore given Config.Nets[i].MAC): a clone's own
-// address.
-type MACChange struct {
-	Net int              // the device's index in Config.Nets
-	Old net.HardwareAddr // the snapshot's: the address the guest's driver still uses
-	New net.HardwareAddr // the device's, which the guest should take
-}
-
-// MACChanges lists the network devices whose MAC the restore changed; nil
-// for a booted machine, or one restored with the snapshot's MACs. Linux
-// reads a virtio-net device's MAC only when its driver probes, so the
-// guest goes on using Old until told: with the agent,
-// agentapi.Client.SetMAC(ctx, c.Old, c.New) for each, which moves the
-// interface and announces it (the CLI does so for every clone it
-// restores).
-func (m *Machine) MACChanges() []MACChange { return slices.Clone(m.macChanges) }
-
 // openBases opens the snapshots a diff snapshot's memory applies onto,
 // following each one's base down to a full snapshot, and returns them
 // oldest first (nil for a full snapshot). Whether each diff was taken

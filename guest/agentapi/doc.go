@@ -11,7 +11,10 @@
 // its *microvm.Machine (the VM interface, so this package does not import
 // the embedding API): the machine's WaitAgent does the waiting, gives up
 // when the machine stops, and says how far the guest got; gRPC's later
-// dials go through the machine's DialVsock.
+// dials go through the machine's DialVsock. For a restored clone whose
+// network devices have MACs of their own, AdoptMACs then has the agent take
+// them: the machine (MACAdopter, Machine.AdoptMACs) hands each change not
+// yet applied to Client.SetMAC.
 //
 //	Client.Exec: ExecStart -> agent forks the process in its own group
 //	    Stdin (32 KiB chunks) -> ExecRequest.stdin -> process stdin pipe
