@@ -49,8 +49,9 @@ type PoolOptions struct {
 	// error. Machine.WaitAgent is the wait for an agent (or any guest
 	// service): it ends with the clone's run, and its error says how far
 	// the guest got. Where Host gives clones MACs of their own, Ready is
-	// where the clone's agent takes them (agentapi.ConnectVM, then
-	// SetMAC for each of Machine.MACChanges).
+	// where the clone's guest takes them, before anyone uses its network:
+	// with the agent, agentapi.ConnectVM, then agentapi.AdoptMACs on that
+	// connection (Machine.AdoptMACs with the agent's SetMAC).
 	Ready func(ctx context.Context, m *Machine) error
 	// ReadyTimeout bounds each Ready call (default 30 s).
 	ReadyTimeout time.Duration

@@ -1,20 +1,19 @@
 package agentvm
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices/virtionet"
-	"github.com/microvm/microvm/guest/agentapi"
 )
 
 // A clone's own MAC addresses (docs/snapshot.md, "Clone identity"). A
 // restore that runs a clone of an agent VM (exec --snapshot, restore
 // --name of a snapshot whose VM ran the agent) gives each network device
 // a new random address (CloneNets); once the clone's agent answers, the
-// agent moves the guest's interface to it and announces it (AdoptMACs),
-// before the clone is handed to a command or reported ready.
+// agent moves the guest's interface to it and announces it
+// (agentapi.AdoptMACs, the embedders' call too), before the clone is
+// handed to a command or reported ready.
 
 // CloneNets returns the network devices of a clone: given (restore's
 // --net) or else one entry per saved device holding only a MAC, which
@@ -41,20 +40,4 @@ func CloneNets(given, saved []microvm.NetConfig) ([]microvm.NetConfig, error) {
 		return nil, nil
 	}
 	return nets, nil
-}
-
-// AdoptMACs has the restored guest's agent, on cc, take each MAC the
-// restore changed (Machine.MACChanges).
-func AdoptMACs(ctx context.Context, m *microvm.Machine, cc *agentapi.Conn) error {
-	changes := m.MACChanges()
-	if len(changes) == 0 {
-		return nil
-	}
-	c := agentapi.NewClient(cc)
-	for _, ch := range changes {
-		if _, err := c.SetMAC(ctx, ch.Old, ch.New); err != nil {
-			return fmt.Errorf("network device %d: the clone's MAC %v: %w", ch.Net, ch.New, err)
-		}
-	}
-	return nil
 }

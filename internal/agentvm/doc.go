@@ -11,8 +11,9 @@
 //	     until the agent listens, the timeout passes or the VM ends (the
 //	     same wait as the Go API's embedders, examples/cijob and a Pool's
 //	     Ready use)
-//	  -> AdoptMACs: a restored clone's agent takes the clone's own MACs
-//	     (CloneNets drew them for Restore)
+//	  -> agentapi.AdoptMACs (Machine.AdoptMACs with the agent's SetMAC,
+//	     as embedders call it): a restored clone's agent takes the
+//	     clone's own MACs (CloneNets drew them for Restore)
 //	  -> Supervise: the agent call runs in a context that ends when the VM
 //	     does (ErrVMEnded) or when the guest outlives the command's limit
 //	     (UnresponsiveError)

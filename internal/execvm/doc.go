@@ -16,7 +16,7 @@
 //	  -> Hooks.Interruptible, Hooks.Confine, then Machine.Run in a goroutine
 //	  -> agentvm.Wait; a WarmStart without a snapshot saves one now
 //	     (Machine.Snapshot, labelled with the machine's key) and waits again
-//	  -> agentvm.AdoptMACs
+//	  -> agentapi.AdoptMACs
 //	  -> agentvm.Supervise(Hooks.Command): the command's own error is
 //	     returned as it is; the VM's end or an unresponsive guest becomes
 //	     an error with the guest console's tail (agentvm.TailBuffer)

@@ -160,7 +160,7 @@ func runIn(o Options, m *microvm.Machine, console *agentvm.TailBuffer, x *extraD
 		cc, err = o.Warm.save(ctx, o, m, cc, vmDone)
 	}
 	if err == nil {
-		if err = agentvm.AdoptMACs(ctx, m, cc); err != nil {
+		if err = agentapi.AdoptMACs(ctx, m, cc); err != nil {
 			cc.Close()
 		}
 	}

@@ -131,7 +131,7 @@ func machineKey(cfg microvm.Config, img agentimage.Options) (string, error) {
 }
 
 // restore is the clone of DIR this exec runs in, with network devices of
-// its own MACs (runIn has the agent take them: agentvm.AdoptMACs). The
+// its own MACs (runIn has the agent take them: agentapi.AdoptMACs). The
 // host resources are own's (this exec's flags'), never DIR's: its key
 // label digests what anyone may read, so a DIR someone else wrote could
 // carry a matching key beside a machine of their own.

@@ -221,7 +221,7 @@ func (b *backend) waitAgent(ctx context.Context, timeout time.Duration, vmDone <
 	if err != nil {
 		return err
 	}
-	err = agentvm.AdoptMACs(ctx, b.m, cc)
+	err = agentapi.AdoptMACs(ctx, b.m, cc)
 	if cerr := cc.Close(); err == nil {
 		err = cerr
 	}

@@ -12,7 +12,7 @@
 // API stops it, or the caller's context is cancelled -> the record says
 // how it ended. With the agent, a detached process reports ready once the
 // agent answers (and a restored clone's agent took its MACs:
-// agentvm.AdoptMACs); a Launch.Setup (run --docker: Docker started in
+// agentapi.AdoptMACs); a Launch.Setup (run --docker: Docker started in
 // the guest) runs through the agent once it answers (backend.runSetup),
 // before the main process and before a detached VM reports ready, and
 // stops the VM when it fails (SetupError); an image VM's main process runs
