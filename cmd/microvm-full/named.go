@@ -154,7 +154,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
 	}
 	if caches != nil {
-		l = cacheLaunch(l, caches, dockerEnv(img))
+		l = cacheLaunch(l, caches, rc.caches, dockerEnv(img))
 	}
 	err = runNamedVM(c, l, child, caches != nil, stdin, stdout, log)
 	if ferr := finishCaches(caches, rc.caches, err, log); ferr != nil && err == nil {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -113,13 +114,22 @@ func (rc runCaches) checkout(cfg *microvm.Config) (*execvm.VMCaches, error) {
 	return v, nil
 }
 
-// cacheLaunch is l with v's caches mounted (before l's own setup, run
+// cacheLaunch is l with caches (v's) mounted (before l's own setup, run
 // --docker's) once the agent answers, and unmounted when the main process
-// ends 0; env is the environment the mounts run with.
-func cacheLaunch(l namedvm.Launch, v *execvm.VMCaches, env []string) namedvm.Launch {
+// ends 0; env is the environment the mounts run with. A main process that
+// is not root gets each cache's top directory as its own (chownCaches).
+func cacheLaunch(l namedvm.Launch, v *execvm.VMCaches, caches []execvm.Cache, env []string) namedvm.Launch {
 	setup := l.Setup
+	var owner []string
+	if l.Main != nil {
+		owner = cacheOwner(l.Main.UID, l.Main.GID)
+	}
 	l.Setup = func(ctx context.Context, c *agentapi.Client) error {
-		if err := v.SetUp(ctx, agentvm.AgentRunner{Client: c, Env: env}); err != nil {
+		r := agentvm.AgentRunner{Client: c, Env: env}
+		if err := v.SetUp(ctx, r); err != nil {
+			return err
+		}
+		if err := chownCaches(ctx, r, caches, owner); err != nil {
 			return err
 		}
 		if setup != nil {
@@ -134,6 +144,38 @@ func cacheLaunch(l namedvm.Launch, v *execvm.VMCaches, env []string) namedvm.Lau
 		return v.WriteBack(ctx, agentvm.AgentRunner{Client: c, Env: env})
 	}
 	return l
+}
+
+// cacheOwner is chown's OWNER[:GROUP] argument for the main process's
+// user, nil for root (a cache's top directory is root's already).
+func cacheOwner(uid, gid *uint32) []string {
+	if uid == nil || *uid == 0 {
+		return nil
+	}
+	o := strconv.FormatUint(uint64(*uid), 10)
+	if gid != nil {
+		o += ":" + strconv.FormatUint(uint64(*gid), 10)
+	}
+	return []string{o}
+}
+
+// chownCaches gives the main process's user (owner, from cacheOwner) the
+// top directory of each mounted cache, as a fresh cache's is root's: only
+// that directory, never what a job left in it.
+func chownCaches(ctx context.Context, r agentvm.Runner, caches []execvm.Cache, owner []string) error {
+	if owner == nil {
+		return nil
+	}
+	for _, ca := range caches {
+		st, out, err := r.Run(ctx, []string{"chown", owner[0], ca.GuestPath})
+		if err != nil {
+			return fmt.Errorf("run: cache %s: giving %s to the main process's user: %w", ca.Name, ca.GuestPath, err)
+		}
+		if st != 0 {
+			return fmt.Errorf("run: cache %s: giving %s to the main process's user failed (status %d): %s", ca.Name, ca.GuestPath, st, strings.TrimSpace(out))
+		}
+	}
+	return nil
 }
 
 // finishCaches, once the VM is gone, commits v's caches when the VM ended
