@@ -109,7 +109,7 @@ func (rc runCaches) checkout(cfg *microvm.Config) (*execvm.VMCaches, error) {
 	}
 	v, err := execvm.AttachCaches(context.Background(), cfg, store, rc.caches)
 	if err != nil {
-		return nil, clibase.Failure{Err: fmt.Errorf("run: %w", err)}
+		return nil, clibase.Failure{Err: err}
 	}
 	return v, nil
 }
@@ -187,7 +187,7 @@ func finishCaches(v *execvm.VMCaches, caches []execvm.Cache, runErr error, log l
 	}
 	committed, err := v.Finish(runErr == nil)
 	if err != nil {
-		return clibase.Failure{Err: fmt.Errorf("run: %w", err)}
+		return clibase.Failure{Err: err}
 	}
 	if !committed {
 		log.Warnf("run: caches %s not kept: %s", cacheNames(caches), discardReason(runErr))

@@ -18,7 +18,7 @@ type VMCaches struct{ x *extraDisks }
 // AttachCaches checks caches out of store and adds them to cfg's disks.
 // On error nothing is left behind.
 func AttachCaches(ctx context.Context, cfg *microvm.Config, store *cachedisk.Store, caches []Cache) (*VMCaches, error) {
-	x, err := attachDisks(ctx, cfg, Options{CacheStore: store, Caches: caches})
+	x, err := attachDisks(ctx, cfg, Options{CacheStore: store, Caches: caches, cmd: "run"})
 	if err != nil {
 		return nil, err
 	}
