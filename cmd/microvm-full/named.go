@@ -147,6 +147,9 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	// Checked out by the process that owns the VM, which commits them.
 	caches, err := rc.checkout(&cfg)
 	if err != nil {
+		if child {
+			tellDetached(err)
+		}
 		return err
 	}
 	l := bootLaunch(name, cfg, img, withAgent)
@@ -356,6 +359,20 @@ func setupFailure(l string) (status int, msg string, ok bool) {
 		return 0, "", false
 	}
 	return status, msg, true
+}
+
+// tellDetached, in a detached VM's process that fails before namedvm.Run
+// (whose diagnostics have no file yet), tells the run --detach that
+// started it why, on the descriptor detachFD names.
+func tellDetached(err error) {
+	fd, perr := strconv.Atoi(os.Getenv(detachFD))
+	if perr != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "detach")
+	fmt.Fprintln(f, namedvm.ReadyError(err))
+	f.Close()
+	os.Unsetenv(detachFD)
 }
 
 // logHint names a detached VM's diagnostics file.
