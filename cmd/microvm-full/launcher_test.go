@@ -41,7 +41,7 @@ func runLauncher(t *testing.T, env ...string) (int, string, [][]string) {
 	}
 	cmd := exec.Command("bash", filepath.Join(root, "examples", "github-actions", "launch-runner"), "runner:1")
 	cmd.Env = append(os.Environ(), "MICROVM="+stub, "STUB_LOG="+log, "JITCONFIG=JIT-abc123")
-	for _, k := range []string{"DOCKER", "DOCKER_DISK", "DOCKER_TIMEOUT", "CPUS", "MEMORY", "RUNNER_CMD"} {
+	for _, k := range []string{"DOCKER", "DOCKER_DISK", "DOCKER_TIMEOUT", "CPUS", "MEMORY", "RUNNER_CMD", "CACHE", "CACHE_DIR", "CACHE_LIMIT"} {
 		cmd.Env = append(cmd.Env, k+"=") // none from this test's environment
 	}
 	cmd.Env = append(cmd.Env, env...)
@@ -72,9 +72,10 @@ func runLauncher(t *testing.T, env ...string) (int, string, [][]string) {
 // a VM: run with the image, the network, the sizes and the JIT config by
 // name only (its value in the environment), then rm -f of the same VM;
 // DOCKER=1 adds --docker and DOCKER_DISK and DOCKER_TIMEOUT their flags,
-// before the runner's command. Docker's status 122 comes back with a line
-// that says what it means; a bad DOCKER, or DOCKER_DISK without it, is a
-// usage error before microvm runs.
+// before the runner's command, CACHE's words --cache flags and CACHE_DIR
+// and CACHE_LIMIT theirs. Docker's status 122 comes back with a line
+// that says what it means; a bad DOCKER or CACHE, or DOCKER_DISK or
+// CACHE_DIR without it, is a usage error before microvm runs.
 func TestLauncherArgs(t *testing.T) {
 	vm := func(calls [][]string) string {
 		if len(calls) == 0 || len(calls[0]) < 3 || !strings.HasPrefix(calls[0][2], "gha-") {
@@ -128,6 +129,22 @@ func TestLauncherArgs(t *testing.T) {
 	for _, env := range [][]string{{"DOCKER=yes"}, {"DOCKER_DISK=20G"}, {"DOCKER=0", "DOCKER_TIMEOUT=1m"}} {
 		status, stderr, calls := runLauncher(t, env...)
 		if status != 2 || !strings.HasPrefix(stderr, "launch-runner: DOCKER") || strings.Count(stderr, "\n") != 1 || len(calls) != 0 {
+			t.Errorf("%q: status %d, stderr %q, calls %q; want 2, one line, no microvm", env, status, stderr, calls)
+		}
+	}
+
+	// CACHE's words become --cache flags, CACHE_DIR and CACHE_LIMIT
+	// theirs, after Docker's.
+	status, stderr, calls = runLauncher(t, "DOCKER=1", "CACHE= go=/home/runner/go  npm=/home/runner/.npm,size=8G ", "CACHE_DIR=/srv/caches/repo1", "CACHE_LIMIT=50G")
+	if status != 0 || stderr != "" {
+		t.Errorf("CACHE: status %d, stderr %q", status, stderr)
+	}
+	check("CACHE", calls, want(vm(calls), "--docker", "--cache", "go=/home/runner/go", "--cache", "npm=/home/runner/.npm,size=8G",
+		"--cache-dir", "/srv/caches/repo1", "--cache-limit", "50G"))
+	for _, env := range [][]string{{"CACHE=go"}, {"CACHE=go=relative"}, {"CACHE=go=/a,mode=x"}, {"CACHE=../go=/a"},
+		{"CACHE_DIR=/srv/caches"}, {"CACHE_LIMIT=1G"}} {
+		status, stderr, calls := runLauncher(t, env...)
+		if status != 2 || !strings.HasPrefix(stderr, "launch-runner: CACHE") || strings.Count(stderr, "\n") != 1 || len(calls) != 0 {
 			t.Errorf("%q: status %d, stderr %q, calls %q; want 2, one line, no microvm", env, status, stderr, calls)
 		}
 	}

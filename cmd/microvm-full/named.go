@@ -31,6 +31,7 @@ import (
 	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
+	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/named"
@@ -67,6 +68,10 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	}
 	if docker != nil && !withAgent {
 		return clibase.Usagef("--docker needs --image or --with-agent: Docker is started through the guest's agent")
+	}
+	rc, err := readRunCaches(c, withAgent, docker != nil)
+	if err != nil {
+		return err
 	}
 	if err := vms.CheckName(name); err != nil {
 		return clibase.UsageError{Err: err}
@@ -126,6 +131,9 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if docker != nil {
 		wait += docker.Start.Timeout
 	}
+	if err := rc.checkMain(img.main != nil); err != nil {
+		return err
+	}
 	if detach && !child {
 		return startDetached(name, wait, stderr)
 	}
@@ -136,11 +144,25 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		}
 		cfg.Disks = append(cfg.Disks, microvm.DiskConfig{Path: dockerDisk, Serial: dockervm.DiskSerial})
 	}
+	// Checked out by the process that owns the VM, which commits them.
+	caches, err := rc.checkout(&cfg)
+	if err != nil {
+		if child {
+			tellDetached(err)
+		}
+		return err
+	}
 	l := bootLaunch(name, cfg, img, withAgent)
 	if docker != nil {
 		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
 	}
-	err = runNamedVM(c, l, child, stdin, stdout, log)
+	if caches != nil {
+		l = cacheLaunch(l, caches, rc.caches, dockerEnv(img))
+	}
+	err = runNamedVM(c, l, child, caches != nil, stdin, stdout, log)
+	if ferr := finishCaches(caches, rc.caches, err, log); ferr != nil && err == nil {
+		err = ferr
+	}
 	var se namedvm.SetupError
 	if errors.As(err, &se) {
 		fmt.Fprintf(stderr, "microvm: %v\n", err)
@@ -339,6 +361,20 @@ func setupFailure(l string) (status int, msg string, ok bool) {
 	return status, msg, true
 }
 
+// tellDetached, in a detached VM's process that fails before namedvm.Run
+// (whose diagnostics have no file yet), tells the run --detach that
+// started it why, on the descriptor detachFD names.
+func tellDetached(err error) {
+	fd, perr := strconv.Atoi(os.Getenv(detachFD))
+	if perr != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), "detach")
+	fmt.Fprintln(f, namedvm.ReadyError(err))
+	f.Close()
+	os.Unsetenv(detachFD)
+}
+
 // logHint names a detached VM's diagnostics file.
 func logHint(name string) string {
 	return "its diagnostics: " + vms.StateDir() + "/vms/" + name + "/" + vms.LogFile
@@ -347,13 +383,20 @@ func logHint(name string) string {
 // runNamedVM is the process of a named VM (namedvm.Run), detached when
 // the run --detach that started it waits on the descriptor detachFD
 // names.
-func runNamedVM(c *cli.Context, l namedvm.Launch, detached bool,
+func runNamedVM(c *cli.Context, l namedvm.Launch, detached, cacheCommits bool,
 	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) error {
+	policy := func(cfg microvm.Config) seccomp.Policy {
+		p := clibase.VMMPolicy(cfg).WithSnapshots()
+		if cacheCommits {
+			p = p.WithCacheCommits() // after the VM, in this filtered process
+		}
+		return p
+	}
 	o := namedvm.Options{
 		Stdin: stdin, Stdout: stdout, Log: log, BootTimeout: c.Duration("boot-timeout"),
 		Interruptible: clibase.Interruptible,
 		Inspect:       func(ctx context.Context, m *microvm.Machine) { clibase.InspectOnSIGUSR1(ctx, log, m) },
-		Confine:       func(cfg microvm.Config) error { return clibase.Confine(c, clibase.VMMPolicy(cfg).WithSnapshots(), log) },
+		Confine:       func(cfg microvm.Config) error { return clibase.Confine(c, policy(cfg), log) },
 		FailureStatus: clibase.StatusFailure,
 	}
 	if detached {

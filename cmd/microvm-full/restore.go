@@ -173,7 +173,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		return microvm.Restore(dir, withOwn(own))
 	}
-	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, os.Getenv(detachFD) != "", stdin, stdout, log)
+	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, os.Getenv(detachFD) != "", false, stdin, stdout, log)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and

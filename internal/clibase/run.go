@@ -62,7 +62,8 @@ func CheckRunArgs(c FlagValues, args []string) error {
 // (cmd/microvm-full/named.go), which microvm-full runs.
 func WantsNamed(c FlagValues) bool {
 	return IsSet(c, "name") || c.Bool("detach") || c.Bool("with-agent") || IsSet(c, "image") ||
-		c.Bool("docker") || IsSet(c, "docker-disk") || IsSet(c, "docker-timeout")
+		c.Bool("docker") || IsSet(c, "docker-disk") || IsSet(c, "docker-timeout") ||
+		IsSet(c, "cache") || IsSet(c, "cache-limit") || IsSet(c, "cache-dir")
 }
 
 // Plain is what a binary adds to RunPlain: the lean binary hands some
@@ -306,6 +307,9 @@ func NamedFlags() []Opt {
 		BoolOpt("docker", "with --image or --with-agent: start the image's dockerd once the agent answers, before the main process, its data root on a disk in the VM's state directory (removed with microvm rm); exit status 122 when Docker does not come up (docs/ci.md)"),
 		StringOpt("docker-disk", "", "the size of --docker's data disk (SIZE, sparse; default 8G)"),
 		DurationOpt("docker-timeout", DockerTimeout, "how long --docker waits for dockerd to answer"),
+		ValueOpt("cache", &ListFlag{}, "", "with --image: NAME=GUESTPATH[,size=SIZE]: mount a private copy of the cache disk NAME at GUESTPATH before the main process; when it exits 0 the copy is kept as NAME's next version, any other end discards it (repeatable; microvm cache ls, docs/ci.md)"),
+		StringOpt("cache-dir", "", "with --cache: the cache store (default $MICROVM_STATE_DIR/caches, exec --cache's; microvm cache ls --dir)"),
+		StringOpt("cache-limit", "", "with --cache: after a commit, remove the oldest versions of any cache in the store (never a cache's newest) until all versions take at most SIZE on disk"),
 	}, append(RootImageFlags(), ImageFlags()...)...)
 }
 

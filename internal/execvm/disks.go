@@ -2,7 +2,6 @@ package execvm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -60,27 +59,32 @@ type extraDisks struct {
 	// unmounted: the guest wrote the caches back and unmounted them, so
 	// their files are whole once the VM is gone.
 	unmounted bool
+	// cmd is the command its errors name: exec, or run (VMCaches).
+	cmd string
 }
 
 // attachDisks checks out o's caches and makes Docker's data disk, adding
 // them to cfg's disks. On error nothing is left behind.
 func attachDisks(ctx context.Context, cfg *microvm.Config, o Options) (*extraDisks, error) {
-	x := &extraDisks{store: o.CacheStore, caches: o.Caches, docker: o.Docker}
+	x := &extraDisks{store: o.CacheStore, caches: o.Caches, docker: o.Docker, cmd: "exec"}
+	if o.cmd != "" {
+		x.cmd = o.cmd
+	}
 	if len(o.Caches) > 0 && o.CacheStore == nil {
-		return nil, errors.New("exec: caches given without a cache store")
+		return nil, fmt.Errorf("%s: caches given without a cache store", x.cmd)
 	}
 	dataRootCached := false
 	for i, c := range o.Caches {
 		cl, err := x.store.Checkout(ctx, c.Name, c.Size)
 		if err != nil {
 			x.release()
-			return nil, fmt.Errorf("exec: cache %s: %w", c.Name, err)
+			return nil, fmt.Errorf("%s: cache %s: %w", x.cmd, c.Name, err)
 		}
 		x.clones = append(x.clones, cl)
 		p, err := x.store.Path(cl)
 		if err != nil {
 			x.release()
-			return nil, fmt.Errorf("exec: cache %s: %w", c.Name, err)
+			return nil, fmt.Errorf("%s: cache %s: %w", x.cmd, c.Name, err)
 		}
 		serial := cacheSerial(c, i)
 		dataRootCached = dataRootCached || serial == dockervm.DiskSerial
@@ -90,12 +94,12 @@ func attachDisks(ctx context.Context, cfg *microvm.Config, o Options) (*extraDis
 		dir := filepath.Join(vms.StateDir(), "docker-disks")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			x.release()
-			return nil, fmt.Errorf("exec: docker disk: %w", err)
+			return nil, fmt.Errorf("%s: docker disk: %w", x.cmd, err)
 		}
 		f, err := os.CreateTemp(dir, "disk-*.ext4")
 		if err != nil {
 			x.release()
-			return nil, fmt.Errorf("exec: docker disk: %w", err)
+			return nil, fmt.Errorf("%s: docker disk: %w", x.cmd, err)
 		}
 		f.Close()
 		os.Remove(f.Name()) // CreateDisk makes it, refusing one that exists
@@ -106,7 +110,7 @@ func attachDisks(ctx context.Context, cfg *microvm.Config, o Options) (*extraDis
 		d, err := dockervm.CreateDisk(ctx, f.Name(), size)
 		if err != nil {
 			x.release()
-			return nil, fmt.Errorf("exec: %w", err)
+			return nil, fmt.Errorf("%s: %w", x.cmd, err)
 		}
 		x.dockerDisk = &d
 		cfg.Disks = append(cfg.Disks, d.Config())
@@ -123,10 +127,10 @@ func (x *extraDisks) setUp(ctx context.Context, r agentvm.Runner) error {
 	for i, c := range x.caches {
 		st, out, err := agentvm.MountDisk(ctx, r, cacheSerial(c, i), c.GuestPath)
 		if err != nil {
-			return fmt.Errorf("exec: cache %s: mounting it at %s: %w", c.Name, c.GuestPath, err)
+			return fmt.Errorf("%s: cache %s: mounting it at %s: %w", x.cmd, c.Name, c.GuestPath, err)
 		}
 		if st != 0 {
-			return fmt.Errorf("exec: cache %s: mounting it at %s failed (status %d): %s", c.Name, c.GuestPath, st, out)
+			return fmt.Errorf("%s: cache %s: mounting it at %s failed (status %d): %s", x.cmd, c.Name, c.GuestPath, st, out)
 		}
 	}
 	if x.docker != nil {
@@ -145,16 +149,16 @@ func (x *extraDisks) writeBack(ctx context.Context, r agentvm.Runner) error {
 	}
 	if x.docker != nil {
 		if err := dockervm.Stop(ctx, r); err != nil {
-			return fmt.Errorf("exec: caches not kept: %w", err)
+			return fmt.Errorf("%s: caches not kept: %w", x.cmd, err)
 		}
 	}
 	for _, c := range x.caches {
 		st, out, err := agentvm.UnmountDisk(ctx, r, c.GuestPath)
 		if err != nil {
-			return fmt.Errorf("exec: cache %s not kept: unmounting %s: %w", c.Name, c.GuestPath, err)
+			return fmt.Errorf("%s: cache %s not kept: unmounting %s: %w", x.cmd, c.Name, c.GuestPath, err)
 		}
 		if st != 0 {
-			return fmt.Errorf("exec: cache %s not kept: unmounting %s failed: %s", c.Name, c.GuestPath, out)
+			return fmt.Errorf("%s: cache %s not kept: unmounting %s failed: %s", x.cmd, c.Name, c.GuestPath, out)
 		}
 	}
 	x.unmounted = true
@@ -169,7 +173,7 @@ func (x *extraDisks) finish(ok bool) error {
 	if ok && x.unmounted {
 		for i, cl := range x.clones {
 			if _, cerr := x.store.Commit(cl); cerr != nil && err == nil {
-				err = fmt.Errorf("exec: cache %s: committing: %w", x.caches[i].Name, cerr)
+				err = fmt.Errorf("%s: cache %s: committing: %w", x.cmd, x.caches[i].Name, cerr)
 			}
 		}
 		x.clones = nil

@@ -26,6 +26,12 @@ const envFinishChild = "EXECVM_TEST_FINISH_UNDER_FILTER"
 // filter.
 const envFinishTotal = "EXECVM_TEST_FINISH_TOTAL"
 
+// envFinishRun, set in the child's environment, makes it finish the
+// caches as a named VM's process does for run --cache (VMCaches), under
+// that process's filter at its widest (--net user, snapshots, cache
+// commits), the commit evicting under a total-size bound.
+const envFinishRun = "EXECVM_TEST_FINISH_RUN"
+
 // childUnsupported is the child's exit status where this kernel has no
 // seccomp filters.
 const childUnsupported = 4
@@ -60,6 +66,19 @@ func finishUnderFilter(state string) error {
 		return err
 	}
 	var cfg microvm.Config
+	if os.Getenv(envFinishRun) != "" {
+		v, err := AttachCaches(context.Background(), &cfg, s, caches)
+		if err != nil {
+			return err
+		}
+		v.x.unmounted = true // what WriteBack records once the guest unmounted them
+		policy := seccomp.VMMUserNet().WithSnapshots().WithCacheCommits()
+		if err := seccomp.Install(policy, seccomp.Options{Prefix: "child", Hint: "test"}); err != nil {
+			return err
+		}
+		_, err = v.Finish(true)
+		return err
+	}
 	o := Options{CacheStore: s, Caches: caches, Docker: &Docker{DiskSize: 16 << 20}}
 	x, err := attachDisks(context.Background(), &cfg, o)
 	if err != nil {
@@ -128,6 +147,27 @@ func TestEvictUnderFilter(t *testing.T) {
 	for _, in := range infos {
 		if in.Newest != 2 || in.Versions != 1 {
 			t.Errorf("cache %s: newest %d, %d versions; want version 2 alone", in.Name, in.Newest, in.Versions)
+		}
+	}
+}
+
+// TestRunFinishUnderFilter: a named VM's process commits run --cache's
+// caches after its VM, under its own filter (run's, with --net user and
+// cache commits), evicting across names as exec's does.
+func TestRunFinishUnderFilter(t *testing.T) {
+	state := t.TempDir()
+	finishRounds(t, state, envFinishRun+"=1", envFinishTotal+"=1")
+	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infos, err := s.List()
+	if err != nil || len(infos) != 2 {
+		t.Fatalf("after two rounds: %+v, %v; want two caches", infos, err)
+	}
+	for _, in := range infos {
+		if in.Newest != 2 || in.Versions != 1 || in.Clones != 0 {
+			t.Errorf("cache %s: newest %d, %d versions, %d clones; want version 2 alone", in.Name, in.Newest, in.Versions, in.Clones)
 		}
 	}
 }

@@ -28,6 +28,8 @@ type Options struct {
 	Image agentimage.Options
 	// Warm is the warm start (exec --snapshot), or nil.
 	Warm *WarmStart
+	// cmd names the command in the disks' errors ("": exec).
+	cmd string
 	// BootTimeout is how long to wait for the agent to answer.
 	BootTimeout time.Duration
 	// Timeout is the command's own limit (0: none), the guest's to

@@ -187,9 +187,11 @@ type mainEnd struct {
 
 // runMain runs an image VM's main process through the agent once it
 // answers, its output on the console (and the terminal, in the
-// foreground), stdin from in, and then powers the guest off, as a
-// container ends with its main process.
-func (b *backend) runMain(ctx context.Context, p Process, timeout time.Duration, vmDone <-chan struct{},
+// foreground), stdin from in, then, when it ended 0 and the VM is not
+// being stopped, after (Launch.AfterMain) through the same agent, and
+// then powers the guest off, as a container ends with its main process.
+func (b *backend) runMain(ctx context.Context, p Process, after func(context.Context, *agentapi.Client) error,
+	timeout time.Duration, vmDone <-chan struct{},
 	in io.Reader, console io.Writer) mainEnd {
 	fail := func(err error) mainEnd {
 		if ctx.Err() != nil || b.stopRequested() {
@@ -209,6 +211,11 @@ func (b *backend) runMain(ctx context.Context, p Process, timeout time.Duration,
 		return fail(errors.New(agentvm.Message(err)))
 	}
 	status := agentvm.ShellStatus(st)
+	if status == 0 && after != nil && ctx.Err() == nil && !b.stopRequested() {
+		if err := after(ctx, agentapi.NewClient(cc)); err != nil {
+			b.log.Warn(err)
+		}
+	}
 	b.setStopping(true)
 	go b.shutdownThroughAgent(10 * time.Second)
 	return mainEnd{status: status}

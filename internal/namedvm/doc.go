@@ -16,7 +16,9 @@
 // the guest) runs through the agent once it answers (backend.runSetup),
 // before the main process and before a detached VM reports ready, and
 // stops the VM when it fails (SetupError); an image VM's main process runs
-// through the agent (backend.runMain), and the VM powers off when it ends.
+// through the agent (backend.runMain), then, when it ended 0, the
+// Launch.AfterMain (run --cache: the caches unmounted, written back), and
+// the VM powers off.
 //
 // Data flow of a command in a running VM (Exec): Live finds the VM's
 // record -> WithDefaults completes the caller's command with the image's

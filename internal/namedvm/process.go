@@ -36,6 +36,12 @@ type Launch struct {
 	Setup func(ctx context.Context, c *agentapi.Client) error
 	// SetupStatus is the exit status of a VM whose Setup failed.
 	SetupStatus int
+	// AfterMain, when set, runs through the agent once the main process
+	// has ended with status 0 and before the VM is shut down (run --cache
+	// unmounts its caches with it, so that they are whole once the VM is
+	// gone). Its error is logged; the VM's status stays the main
+	// process's.
+	AfterMain func(ctx context.Context, c *agentapi.Client) error
 }
 
 // Process is an image VM's main process (its Entrypoint and Cmd, or the
@@ -224,7 +230,7 @@ func Run(l Launch, o Options) (err error) {
 			if setup.end.err != nil {
 				return
 			}
-			mainDone <- be.runMain(runCtx, *l.Main, o.BootTimeout, vmDone, in, host.Console)
+			mainDone <- be.runMain(runCtx, *l.Main, l.AfterMain, o.BootTimeout, vmDone, in, host.Console)
 		}()
 	}
 	if ready == nil && withAgent && len(m.MACChanges()) > 0 {
