@@ -41,7 +41,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 					if c.NArg() > 0 {
 						return clibase.Usagef("cache ls takes no arguments")
 					}
-					s, err := openCaches(c.String("dir"), cachedisk.Limits{})
+					s, err := cachedisk.OpenDir(c.String("dir"), cachedisk.Limits{})
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -62,7 +62,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 					if c.NArg() == 0 {
 						return clibase.Usagef("cache rm: want at least one cache name")
 					}
-					s, err := openCaches(c.String("dir"), cachedisk.Limits{})
+					s, err := cachedisk.OpenDir(c.String("dir"), cachedisk.Limits{})
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -80,15 +80,6 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 			},
 		},
 	}
-}
-
-// openCaches opens the cache store in dir, or the default one, with the
-// limits its commits apply.
-func openCaches(dir string, limits cachedisk.Limits) (*cachedisk.Store, error) {
-	if dir == "" {
-		dir = cachedisk.DefaultDir()
-	}
-	return cachedisk.Open(dir, limits, nil)
 }
 
 // readCacheLimit reads --cache-limit SIZE, exec's and ci gitlab
@@ -231,7 +222,7 @@ func (o *execOpts) readCacheFlags(c *cli.Context) error {
 	}
 	o.caches = caches
 	if len(caches) > 0 {
-		if o.cacheStore, err = openCaches("", limits); err != nil {
+		if o.cacheStore, err = cachedisk.OpenDir("", limits); err != nil {
 			return err
 		}
 	}

@@ -103,7 +103,7 @@ func (rc runCaches) checkout(cfg *microvm.Config) (*execvm.VMCaches, error) {
 	if len(rc.caches) == 0 {
 		return nil, nil
 	}
-	store, err := openCaches(rc.dir, rc.limits)
+	store, err := cachedisk.OpenDir(rc.dir, rc.limits)
 	if err != nil {
 		return nil, clibase.Failure{Err: fmt.Errorf("run: %w", err)}
 	}

@@ -45,6 +45,15 @@ type Store struct {
 	newDisk func(ctx context.Context, path string, size int64) error
 }
 
+// OpenDir is Open as microvm's commands call it: dir "" is DefaultDir,
+// and the corrupt versions removed are logged to os.Stderr.
+func OpenDir(dir string, limits Limits) (*Store, error) {
+	if dir == "" {
+		dir = DefaultDir()
+	}
+	return Open(dir, limits, nil)
+}
+
 // Open opens (making it if missing) the store under dir. log gets one
 // line per corrupt or half-written version removed (nil: os.Stderr).
 func Open(dir string, limits Limits, log io.Writer) (*Store, error) {
