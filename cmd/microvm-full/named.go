@@ -29,6 +29,7 @@ import (
 	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/dockervm"
+	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/seccomp"
@@ -145,23 +146,26 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		cfg.Disks = append(cfg.Disks, microvm.DiskConfig{Path: dockerDisk, Serial: dockervm.DiskSerial})
 	}
 	// Checked out by the process that owns the VM, which commits them.
-	caches, err := rc.checkout(&cfg)
-	if err != nil {
-		if child {
-			tellDetached(err)
+	var caches *execvm.VMCaches
+	if len(rc.caches) > 0 {
+		if caches, err = namedvm.CheckoutCaches(context.Background(), &cfg, rc.dir, rc.limits, rc.caches); err != nil {
+			err = clibase.Failure{Err: err}
+			if child {
+				tellDetached(err)
+			}
+			return err
 		}
-		return err
 	}
 	l := bootLaunch(name, cfg, img, withAgent)
 	if docker != nil {
 		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
 	}
 	if caches != nil {
-		l = cacheLaunch(l, caches, rc.caches, dockerEnv(img))
+		l = namedvm.WithCaches(l, caches, rc.caches, dockerEnv(img), clibase.StatusFailure)
 	}
 	err = runNamedVM(c, l, child, caches != nil, stdin, stdout, log)
-	if ferr := finishCaches(caches, rc.caches, err, log); ferr != nil && err == nil {
-		err = ferr
+	if ferr := namedvm.FinishCaches(caches, rc.caches, err, log); ferr != nil && err == nil {
+		err = clibase.Failure{Err: ferr}
 	}
 	var se namedvm.SetupError
 	if errors.As(err, &se) {

@@ -20,6 +20,17 @@
 // Launch.AfterMain (run --cache: the caches unmounted, written back), and
 // the VM powers off.
 //
+// Data flow of a named VM's caches (run --cache, caches.go), all in the
+// process that owns the VM: CheckoutCaches opens the store
+// (cachedisk.OpenDir) and clones each cache into a disk of the VM's
+// config (execvm.AttachCaches) before the Launch is built -> WithCaches
+// wraps the Launch: its Setup mounts them through the agent before the
+// launch's own setup and gives their top directories to a main process
+// that is not root (chownCaches), its AfterMain unmounts them once the
+// main process ended 0 -> Run -> FinishCaches commits them when the VM
+// ended with status 0 after the unmount, else discards them with one
+// warning naming them and why.
+//
 // Data flow of a command in a running VM (Exec): Live finds the VM's
 // record -> WithDefaults completes the caller's command with the image's
 // defaults the record keeps (vms.Process: environment, directory, user;
