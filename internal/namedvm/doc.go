@@ -1,6 +1,6 @@
 // Package namedvm is the process of a named VM (`microvm run --name NAME`,
 // `restore --name`) and its client side beyond package named's VM:
-// stopping one for good (the API, then its process), removing one, listing
+// starting one detached (run --detach), stopping one for good (the API, then its process), removing one, listing
 // them with a running VM's own view of its state, looking a running one
 // up, and running a command in one (Exec, exec --vm).
 //
@@ -19,6 +19,20 @@
 // through the agent (backend.runMain), then, when it ended 0, the
 // Launch.AfterMain (run --cache: the caches unmounted, written back), and
 // the VM powers off.
+//
+// Data flow of a detached start (run --detach, restore --detach;
+// detach.go, both ends of the ready line): StartDetached starts the same
+// command again (os.Args through os.Executable) in a session of its own,
+// its standard streams on /dev/null and a pipe's write end as descriptor
+// 3, named by DetachFDEnv -> in that process IsDetached is true, TakeReady
+// hands the descriptor to Options.Ready, and Run writes "ready" once the
+// VM runs (its agent answering, its setup done, when it has them) or its
+// failure (ReadyError: "error STATUS: MESSAGE" for a SetupError, else
+// "error: MESSAGE"); a failure before Run goes through TellDetached ->
+// StartDetached reads the line (parseReadyLine) and returns nil, a
+// SetupError or a FailedError; a process that ends without a line, or has
+// none after 30 s more than the caller's wait (it is killed), is a
+// FailedError naming its diagnostics file (vms.LogFile).
 //
 // Data flow of a named VM's caches (run --cache, caches.go), all in the
 // process that owns the VM: CheckoutCaches opens the store

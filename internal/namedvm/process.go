@@ -56,13 +56,13 @@ type Process struct {
 
 // Options are the choices of a named VM's process.
 type Options struct {
-	// Ready, for a detached VM's process, is where it tells the process
-	// that started it how the start went: "ready\n" once the VM runs
-	// (and its agent answers and Launch.Setup ran, when it has them),
-	// "error STATUS: MESSAGE\n" when Setup failed (a SetupError), or
-	// "error: MESSAGE\n".
-	// Run closes it. nil: the VM runs in the foreground, its console on
-	// Stdout and its input (or its main process's) from Stdin.
+	// Ready, for a detached VM's process (TakeReady), is where it tells
+	// the StartDetached that started it how the start went: "ready\n"
+	// once the VM runs (and its agent answers and Launch.Setup ran, when
+	// it has them), "error STATUS: MESSAGE\n" when Setup failed (a
+	// SetupError), or "error: MESSAGE\n" (ReadyError). Run closes it.
+	// nil: the VM runs in the foreground, its console on Stdout and its
+	// input (or its main process's) from Stdin.
 	Ready  *os.File
 	Stdin  io.Reader
 	Stdout io.Writer
@@ -106,16 +106,6 @@ type SetupError struct {
 
 func (e SetupError) Error() string { return e.Err.Error() }
 func (e SetupError) Unwrap() error { return e.Err }
-
-// ReadyError is the line a detached VM's process writes on Options.Ready
-// for err, without its newline.
-func ReadyError(err error) string {
-	var se SetupError
-	if errors.As(err, &se) {
-		return fmt.Sprintf("error %d: %v", se.Status, err)
-	}
-	return "error: " + err.Error()
-}
 
 // Run is the process of a named VM: it takes the name, builds the
 // machine, serves the control API and runs the VM until it ends, and

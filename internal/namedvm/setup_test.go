@@ -2,7 +2,6 @@ package namedvm
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 )
@@ -62,17 +61,5 @@ func TestSetupRunCancels(t *testing.T) {
 		if got != want {
 			t.Errorf("%+v: cancelled with %v, want %v", e, got, want)
 		}
-	}
-}
-
-// TestReadyError: a setup's failure tells its status on the ready line,
-// any other failure does not.
-func TestReadyError(t *testing.T) {
-	se := SetupError{Status: 122, Err: errors.New("VM v: docker: no dockerd")}
-	if got, want := ReadyError(fmt.Errorf("wrapped: %w", se)), "error 122: wrapped: VM v: docker: no dockerd"; got != want {
-		t.Errorf("ReadyError(setup) = %q, want %q", got, want)
-	}
-	if got, want := ReadyError(FailedError{errors.New("boom")}), "error: boom"; got != want {
-		t.Errorf("ReadyError(other) = %q, want %q", got, want)
 	}
 }
