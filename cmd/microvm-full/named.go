@@ -13,11 +13,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -38,11 +36,6 @@ import (
 	"github.com/microvm/microvm/named"
 )
 
-// detachFD is set, in the environment of a detached VM's process, to the
-// descriptor on which it tells the `run --detach` that started it how the
-// start went: "ready\n", or "error: MESSAGE\n".
-const detachFD = "MICROVM_DETACH_FD"
-
 // defaultAgentCmdline is the kernel command line of a VM booted with the
 // agent image and no --cmdline.
 const defaultAgentCmdline = "console=ttyS0 reboot=k panic=-1 quiet"
@@ -52,7 +45,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	name := c.String("name")
 	detach := c.Bool("detach")
 	withAgent := c.Bool("with-agent") || clibase.IsSet(c, "image")
-	child := os.Getenv(detachFD) != ""
+	child := namedvm.IsDetached()
 	switch {
 	case detach && name == "":
 		return clibase.Usagef("--detach needs --name (the detached VM is reached by its name)")
@@ -150,9 +143,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(rc.caches) > 0 {
 		if caches, err = namedvm.CheckoutCaches(context.Background(), &cfg, rc.dir, rc.limits, rc.caches); err != nil {
 			err = clibase.Failure{Err: err}
-			if child {
-				tellDetached(err)
-			}
+			namedvm.TellDetached(err)
 			return err
 		}
 	}
@@ -286,107 +277,27 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 	return cfg, nil
 }
 
-// startDetached starts this command again as a process of its own, in a
-// session of its own with its standard streams on /dev/null, and returns
-// once that process says the VM runs (and its agent answers and its
-// setup ran, when it has them), or says why it could not start: a failed
-// setup (Docker) is its message on stderr and its exit status. It waits
-// 30 s more than wait, the agent's and the setup's time.
+// startDetached is namedvm.StartDetached with its errors as the CLI's,
+// the one place they are mapped: a failed setup (Docker) is its message
+// on stderr and its exit status; a process that could not start the VM
+// is a clibase.Failure.
 func startDetached(name string, wait time.Duration, stderr io.Writer) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
+	err := namedvm.StartDetached(name, wait)
+	var se namedvm.SetupError
+	var fe namedvm.FailedError
+	switch {
+	case errors.As(err, &se):
+		fmt.Fprintf(stderr, "microvm: %v\n", err)
+		return clibase.StatusError{Status: se.Status}
+	case errors.As(err, &fe):
+		return clibase.Failure{Err: err}
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-	if err != nil {
-		w.Close()
-		return err
-	}
-	defer null.Close()
-	cmd := exec.Command(exe, os.Args[1:]...)
-	cmd.Args[0] = os.Args[0]
-	cmd.Env = append(os.Environ(), detachFD+"=3")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = null, null, null
-	cmd.ExtraFiles = []*os.File{w}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	w.Close()
-	if err != nil {
-		return fmt.Errorf("run --detach: %w", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }() // reaps it if it ends while we wait
-	line := make(chan string, 1)
-	go func() {
-		// Room for a failed setup's log tail (dockervm.Error: 20
-		// lines of at most 256 bytes).
-		b, _ := io.ReadAll(io.LimitReader(r, 16<<10))
-		line <- strings.TrimSpace(string(b))
-	}()
-	limit := 30*time.Second + wait
-	select {
-	case l := <-line:
-		if l == "ready" {
-			_ = cmd.Process.Release()
-			return nil
-		}
-		if msg, ok := strings.CutPrefix(l, "error: "); ok {
-			return clibase.Failure{Err: errors.New(msg)}
-		}
-		if status, msg, ok := setupFailure(l); ok {
-			fmt.Fprintf(stderr, "microvm: %s\n", msg)
-			return clibase.StatusError{Status: status}
-		}
-		err := <-done
-		return clibase.Failure{Err: fmt.Errorf("VM %s: its process ended before the VM ran (%v; %s)", name, err, logHint(name))}
-	case <-time.After(limit):
-		_ = cmd.Process.Kill()
-		return clibase.Failure{Err: fmt.Errorf("VM %s: not running after %v; stopped it (microvm logs %s; %s)", name, limit, name, logHint(name))}
-	}
-}
-
-// setupFailure reads the line namedvm.ReadyError writes for a failed
-// setup, "error STATUS: MESSAGE".
-func setupFailure(l string) (status int, msg string, ok bool) {
-	rest, ok := strings.CutPrefix(l, "error ")
-	if !ok {
-		return 0, "", false
-	}
-	num, msg, ok := strings.Cut(rest, ": ")
-	status, err := strconv.Atoi(num)
-	if !ok || err != nil || status <= 0 || status > 255 {
-		return 0, "", false
-	}
-	return status, msg, true
-}
-
-// tellDetached, in a detached VM's process that fails before namedvm.Run
-// (whose diagnostics have no file yet), tells the run --detach that
-// started it why, on the descriptor detachFD names.
-func tellDetached(err error) {
-	fd, perr := strconv.Atoi(os.Getenv(detachFD))
-	if perr != nil {
-		return
-	}
-	f := os.NewFile(uintptr(fd), "detach")
-	fmt.Fprintln(f, namedvm.ReadyError(err))
-	f.Close()
-	os.Unsetenv(detachFD)
-}
-
-// logHint names a detached VM's diagnostics file.
-func logHint(name string) string {
-	return "its diagnostics: " + vms.StateDir() + "/vms/" + name + "/" + vms.LogFile
+	return err
 }
 
 // runNamedVM is the process of a named VM (namedvm.Run), detached when
-// the run --detach that started it waits on the descriptor detachFD
-// names.
+// the run --detach that started it waits for its ready line
+// (namedvm.IsDetached).
 func runNamedVM(c *cli.Context, l namedvm.Launch, detached, cacheCommits bool,
 	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) error {
 	policy := func(cfg microvm.Config) seccomp.Policy {
@@ -404,9 +315,7 @@ func runNamedVM(c *cli.Context, l namedvm.Launch, detached, cacheCommits bool,
 		FailureStatus: clibase.StatusFailure,
 	}
 	if detached {
-		fd, _ := strconv.Atoi(os.Getenv(detachFD))
-		o.Ready = os.NewFile(uintptr(fd), "detach")
-		os.Unsetenv(detachFD)
+		o.Ready = namedvm.TakeReady()
 	}
 	err := namedvm.Run(l, o)
 	var ee namedvm.ExitError

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -161,7 +160,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	if err := microvm.CheckRestore(dir, withOwn(microvm.Config{Vsock: &microvm.VsockConfig{UDSPath: vms.VsockSocket}})); err != nil {
 		return err
 	}
-	if c.Bool("detach") && os.Getenv(detachFD) == "" {
+	if c.Bool("detach") && !namedvm.IsDetached() {
 		wait := time.Duration(0)
 		if rec.Agent {
 			wait = c.Duration("boot-timeout")
@@ -173,7 +172,7 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		return microvm.Restore(dir, withOwn(own))
 	}
-	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, os.Getenv(detachFD) != "", false, stdin, stdout, log)
+	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, namedvm.IsDetached(), false, stdin, stdout, log)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and

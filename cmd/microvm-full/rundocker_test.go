@@ -76,21 +76,6 @@ func TestWantsNamedDocker(t *testing.T) {
 	}
 }
 
-// TestSetupFailureLine: run --detach reads the status of a failed setup
-// off the line its VM's process writes, and nothing else as one.
-func TestSetupFailureLine(t *testing.T) {
-	se := namedvm.SetupError{Status: dockervm.ExitStatus, Err: errors.New("VM d1: docker: the image has no dockerd")}
-	st, msg, ok := setupFailure(namedvm.ReadyError(se))
-	if !ok || st != 122 || msg != "VM d1: docker: the image has no dockerd" {
-		t.Errorf("setupFailure(ReadyError(setup)) = %d, %q, %v", st, msg, ok)
-	}
-	for _, l := range []string{namedvm.ReadyError(errors.New("boom")), "ready", "error x: y", "error 0: y", "error 300: y", "error 122 y"} {
-		if st, msg, ok := setupFailure(l); ok {
-			t.Errorf("setupFailure(%q) = %d, %q, true; want not a setup's failure", l, st, msg)
-		}
-	}
-}
-
 // TestDockerLaunch: run --docker's launch makes the data disk (sparse
 // ext4 of the size asked for) only when the machine is built, then builds
 // it; a disk that exists already is refused, not reused; Docker's start
