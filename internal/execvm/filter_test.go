@@ -136,19 +136,7 @@ func TestFinishUnderFilter(t *testing.T) {
 func TestEvictUnderFilter(t *testing.T) {
 	state := t.TempDir()
 	finishRounds(t, state, envFinishTotal+"=1")
-	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	infos, err := s.List()
-	if err != nil || len(infos) != 2 {
-		t.Fatalf("after two rounds: %+v, %v; want two caches", infos, err)
-	}
-	for _, in := range infos {
-		if in.Newest != 2 || in.Versions != 1 {
-			t.Errorf("cache %s: newest %d, %d versions; want version 2 alone", in.Name, in.Newest, in.Versions)
-		}
-	}
+	wantNewestAlone(t, state)
 }
 
 // TestRunFinishUnderFilter: a named VM's process commits run --cache's
@@ -157,6 +145,14 @@ func TestEvictUnderFilter(t *testing.T) {
 func TestRunFinishUnderFilter(t *testing.T) {
 	state := t.TempDir()
 	finishRounds(t, state, envFinishRun+"=1", envFinishTotal+"=1")
+	wantNewestAlone(t, state)
+}
+
+// wantNewestAlone checks that after finishRounds' two rounds under a
+// total-size bound the store in state holds two caches, each with its
+// newest version (2) alone and no clone left.
+func wantNewestAlone(t *testing.T, state string) {
+	t.Helper()
 	s, err := cachedisk.Open(filepath.Join(state, "caches"), cachedisk.Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)
