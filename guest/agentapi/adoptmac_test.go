@@ -4,13 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -49,36 +46,14 @@ func (f fakeAdopter) AdoptMACs(ctx context.Context, set func(ctx context.Context
 // through SetMAC, and the agent's refusal comes back through the machine's
 // error.
 func TestAdoptMACs(t *testing.T) {
-	dir, err := os.MkdirTemp("", "macs") // short: sun_path has 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	agent := macAgent{known: map[string]bool{"02:00:00:00:00:01": true}, got: make(chan string, 8)}
-	srv := grpc.NewServer()
-	RegisterAgentServer(srv, agent)
-	go srv.Serve(ln)
-	defer srv.Stop()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cc, err := Connect(ctx, func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := serveFakeAgent(ctx, t, agent)
 
 	mac := func(b byte) net.HardwareAddr { return net.HardwareAddr{0x02, 0, 0, 0, 0, b} }
 	vm := fakeAdopter{old: []net.HardwareAddr{mac(1), mac(2)}, mac: []net.HardwareAddr{mac(0x11), mac(0x12)}}
-	err = AdoptMACs(ctx, vm, cc)
+	err := AdoptMACs(ctx, vm, cc)
 	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "network device 1") {
 		t.Errorf("AdoptMACs with an address the agent does not know: %v; want its NotFound through the machine's error", err)
 	}

@@ -44,31 +44,9 @@ func TestExecRefusesImpossibleStatus(t *testing.T) {
 		{&ExitStatus{Code: -1, Signal: -9}, false},
 		{&ExitStatus{Code: 3, Signal: 9}, false},
 	} {
-		dir, err := os.MkdirTemp("", "liar") // short: sun_path has 108 bytes
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer os.RemoveAll(dir)
-		sock := filepath.Join(dir, "s.sock")
-		ln, err := net.Listen("unix", sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := grpc.NewServer()
-		RegisterAgentServer(srv, liar{st: tc.st})
-		go srv.Serve(ln)
-		defer srv.Stop()
-
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		cc, err := Connect(ctx, func(ctx context.Context) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
+		cc := serveFakeAgent(ctx, t, liar{st: tc.st})
 		st, err := NewClient(cc).Exec(ctx, &Cmd{Argv: []string{"true"}})
 		switch {
 		case tc.ok && err != nil:
@@ -77,4 +55,33 @@ func TestExecRefusesImpossibleStatus(t *testing.T) {
 			t.Errorf("%+v: status %+v, error %v; want ErrProtocol", tc.st, st, err)
 		}
 	}
+}
+
+// serveFakeAgent serves impl as the agent on a Unix socket of its own
+// until the test ends, and returns a connection to it.
+func serveFakeAgent(ctx context.Context, t *testing.T, impl AgentServer) *Conn {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agent") // short: sun_path has 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	RegisterAgentServer(srv, impl)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	cc, err := Connect(ctx, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
