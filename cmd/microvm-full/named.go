@@ -152,10 +152,10 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
 	}
 	if caches != nil {
-		l = namedvm.WithCaches(l, caches, rc.caches, dockerEnv(img), clibase.StatusFailure)
+		l = namedvm.WithCaches(l, caches, dockerEnv(img), clibase.StatusFailure)
 	}
 	err = runNamedVM(c, l, child, caches != nil, stdin, stdout, log)
-	if ferr := namedvm.FinishCaches(caches, rc.caches, err, log); ferr != nil && err == nil {
+	if ferr := namedvm.FinishCaches(caches, err, log); ferr != nil && err == nil {
 		err = clibase.Failure{Err: ferr}
 	}
 	var se namedvm.SetupError

@@ -25,6 +25,9 @@ func AttachCaches(ctx context.Context, cfg *microvm.Config, store *cachedisk.Sto
 	return &VMCaches{x: x}, nil
 }
 
+// Caches are the caches AttachCaches checked out, in its order.
+func (v *VMCaches) Caches() []Cache { return v.x.caches }
+
 // SetUp mounts the caches in the guest r runs commands in.
 func (v *VMCaches) SetUp(ctx context.Context, r agentvm.Runner) error { return v.x.setUp(ctx, r) }
 

@@ -27,14 +27,14 @@ func CheckoutCaches(ctx context.Context, cfg *microvm.Config, dir string, limits
 	return execvm.AttachCaches(ctx, cfg, store, caches)
 }
 
-// WithCaches is l with caches (v's) mounted (before l's own setup, run
+// WithCaches is l with v's caches mounted (before l's own setup, run
 // --docker's) once the agent answers, and unmounted when the main process
 // ends 0; env is the environment the mounts run with. A main process that
 // is not root gets each cache's top directory as its own (chownCaches).
 // setupStatus is the VM's status when the mounts fail, where l has no
 // SetupStatus of its own.
-func WithCaches(l Launch, v *execvm.VMCaches, caches []execvm.Cache, env []string, setupStatus int) Launch {
-	setup := l.Setup
+func WithCaches(l Launch, v *execvm.VMCaches, env []string, setupStatus int) Launch {
+	setup, caches := l.Setup, v.Caches()
 	var owner []string
 	if l.Main != nil {
 		owner = cacheOwner(l.Main.UID, l.Main.GID)
@@ -97,7 +97,7 @@ func chownCaches(ctx context.Context, r agentvm.Runner, caches []execvm.Cache, o
 // without error (runErr nil: status 0) and the guest unmounted them after
 // its main process ended 0, else discards them with one line to log. v
 // nil (no caches) does nothing.
-func FinishCaches(v *execvm.VMCaches, caches []execvm.Cache, runErr error, log logrus.FieldLogger) error {
+func FinishCaches(v *execvm.VMCaches, runErr error, log logrus.FieldLogger) error {
 	if v == nil {
 		return nil
 	}
@@ -106,7 +106,7 @@ func FinishCaches(v *execvm.VMCaches, caches []execvm.Cache, runErr error, log l
 		return err
 	}
 	if !committed {
-		log.Warnf("run: caches %s not kept: %s", cacheNames(caches), discardReason(runErr))
+		log.Warnf("run: caches %s not kept: %s", cacheNames(v.Caches()), discardReason(runErr))
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func TestFinishCachesLine(t *testing.T) {
 	var buf bytes.Buffer
 	log := logrus.New()
 	log.SetOutput(&buf)
-	if err := FinishCaches(nil, nil, errors.New("exit status 1"), log); err != nil || buf.Len() != 0 {
+	if err := FinishCaches(nil, errors.New("exit status 1"), log); err != nil || buf.Len() != 0 {
 		t.Errorf("no caches: %v, %q", err, buf.String())
 	}
 	if got := discardReason(errors.New("exit status 1")); !strings.Contains(got, "(exit status 1)") {
