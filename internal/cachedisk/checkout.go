@@ -9,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"time"
 )
 
 // Clone is one job's writable copy of a cache, from Checkout until Commit
@@ -58,7 +57,9 @@ func isHex(s string, n int) bool {
 // Checkout gives a job a private writable copy of name's newest good
 // version, or, where there is none, a fresh sparse ext4 image of size
 // bytes (a version keeps the size it was made with). Versions found
-// corrupt on the way are removed and the next older one is tried.
+// corrupt on the way are removed and the next older one is tried, and
+// name's abandoned clones (reap.go) are removed first; a clone that
+// cannot be removed is one log line, never the checkout's failure.
 func (s *Store) Checkout(ctx context.Context, name string, size int64) (Clone, error) {
 	if err := CheckName(name); err != nil {
 		return Clone{}, err
@@ -75,6 +76,9 @@ func (s *Store) Checkout(ctx context.Context, name string, size int64) (Clone, e
 	if err != nil {
 		return Clone{}, err
 	}
+	// What killed jobs left, before this job adds its own; never a
+	// reason to fail the job.
+	s.reapLogged(name)
 	src, base, err := s.newest(name)
 	if err != nil {
 		return Clone{}, err
@@ -138,34 +142,4 @@ func (s *Store) Discard(c Clone) error {
 		return fmt.Errorf("cache %s: discard: %w", c.Name, err)
 	}
 	return nil
-}
-
-// PruneClones removes name's clones not written for longer than age: what
-// jobs killed before their Commit or Discard left. A running job's VM
-// keeps writing its clone, but a job may also sit idle: give an age longer
-// than any job may run. It returns how many it removed.
-func (s *Store) PruneClones(name string, age time.Duration) (int, error) {
-	if err := CheckName(name); err != nil {
-		return 0, err
-	}
-	dir := s.clonesDir(name)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("cache %s: %w", name, err)
-	}
-	removed := 0
-	for _, e := range entries {
-		fi, err := e.Info()
-		if err != nil || time.Since(fi.ModTime()) < age {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return removed, fmt.Errorf("cache %s: %w", name, err)
-		}
-		removed++
-	}
-	return removed, nil
 }

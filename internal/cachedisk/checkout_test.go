@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"sync"
 	"testing"
-	"time"
 )
 
 // TestCheckoutEmptyStore: a name with no version gives a fresh sparse
@@ -228,28 +227,6 @@ func TestCommitCorruptClone(t *testing.T) {
 	}
 	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the corrupt clone is still there: %v", err)
-	}
-}
-
-// TestPruneClones: clones left by killed jobs go once old; a recent one
-// stays.
-func TestPruneClones(t *testing.T) {
-	s, _ := testStore(t, Limits{})
-	_, old := checkout(t, s, "go", 1<<20)
-	_, recent := checkout(t, s, "go", 1<<20)
-	long := time.Now().Add(-48 * time.Hour)
-	if err := os.Chtimes(old, long, long); err != nil {
-		t.Fatal(err)
-	}
-	n, err := s.PruneClones("go", 24*time.Hour)
-	if err != nil || n != 1 {
-		t.Fatalf("pruned %d, %v; want 1", n, err)
-	}
-	if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("old clone kept: %v", err)
-	}
-	if _, err := os.Stat(recent); err != nil {
-		t.Errorf("recent clone: %v", err)
 	}
 }
 

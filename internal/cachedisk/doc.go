@@ -1,7 +1,7 @@
 // Package cachedisk keeps CI cache disks: per cache name, numbered
 // committed versions of an ext4 image that jobs clone, write and commit
 // back. It is the host side of `--cache NAME=GUESTPATH` and of the CI
-// executors' caches; a future `microvm cache ls|rm` is List and Remove.
+// executors' caches; `microvm cache ls|rm` is List and Remove.
 //
 // Data flow of one job:
 //
@@ -12,6 +12,15 @@
 //	                          write vN.json (the commit point), evict
 //	Discard(clone)            remove clones/ID.ext4; the versions are untouched
 //
+// A job whose process is killed (SIGKILL, a crash) before its Commit or
+// Discard leaves its clone behind. reap.go finds such clones: no process
+// holds a flock on one (a running VM's block device holds its disk's)
+// and none was written for CloneGrace (the stretches of a live job when
+// its VM does not hold its clone are far shorter). Each Checkout of the
+// name removes them first, as does a commit's eviction walking the store;
+// List counts them (Info.Abandoned). A clone that cannot be removed is a
+// log line, never a failed checkout.
+//
 // On disk, under the store's directory (DefaultDir: $MICROVM_STATE_DIR/caches):
 //
 //	NAME/lock                 flock: commit, eviction and clean-up of NAME
@@ -19,6 +28,7 @@
 //	NAME/v00000007.json       its manifest (manifest.go): size, allocated
 //	                          bytes, SHA-256 of the head, created time
 //	NAME/clones/ID.ext4       a job's writable clone, until Commit or Discard
+//	                          (or, abandoned by a killed job, the next Checkout)
 //	NAME/.*                   temporary files of a commit in progress
 //
 // A version exists once its manifest does: Commit renames the image into

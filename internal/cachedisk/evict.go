@@ -15,7 +15,8 @@ import (
 // that name's newest. Another name whose lock is busy is counted (from
 // its manifests) but left alone. Removing a version never disturbs a job:
 // each clone is a file of its own (a reflink or a copy), not a view of
-// its version.
+// its version. With a total bound, the walk across names also removes
+// each name's abandoned clones (reap.go), the busy ones' included.
 //
 // Allocated bytes are each version's own st_blocks: versions that share
 // blocks by reflink are counted once each, so the bound is conservative.
@@ -44,6 +45,9 @@ func (s *Store) evict(name string, good []version) error {
 		}
 	}
 	add(name, good, true)
+	// The walk across the store also removes what killed jobs left, as a
+	// checkout of each name would (reap.go); never a reason to fail.
+	s.reapLogged(name)
 	names, err := s.names()
 	if err != nil {
 		return err
@@ -58,6 +62,7 @@ func (s *Store) evict(name string, good []version) error {
 		if other == name {
 			continue
 		}
+		s.reapLogged(other) // needs no lock: a busy name's too
 		l, err := s.lock(other, false)
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			add(other, s.peek(other), false)

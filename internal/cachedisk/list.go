@@ -24,6 +24,10 @@ type Info struct {
 	// Clones is the number of clones checked out and not yet committed
 	// or discarded (jobs running, or killed ones that left theirs).
 	Clones int
+	// Abandoned is how many of Clones no VM holds and none was written
+	// for CloneGrace (reap.go): left by killed jobs, and removed by the
+	// next Checkout of the name. The others are in use.
+	Abandoned int
 }
 
 // List describes every cache in the store, by name. Like every operation
@@ -61,16 +65,14 @@ func (s *Store) info(name string) (Info, error) {
 		v := good[len(good)-1]
 		info.Newest, info.Size, info.Allocated, info.Committed = v.n, v.m.Size, v.m.Allocated, v.m.Created
 	}
-	clones, err := os.ReadDir(s.clonesDir(name))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if info.Clones, info.Abandoned, err = s.countClones(name); err != nil {
 		return Info{}, fmt.Errorf("cache %s: %w", name, err)
 	}
-	info.Clones = len(clones)
 	return info, nil
 }
 
-// Remove deletes a cache: its versions and its clones. A job still running
-// on a clone keeps its open file, but its Commit then fails (the clone is
+// Remove deletes a cache: its versions and its clones, abandoned ones
+// and those in use. A job still running on a clone keeps its open file, but its Commit then fails (the clone is
 // gone) and commits nothing. Removing a name that is not there is an
 // error matching fs.ErrNotExist.
 func (s *Store) Remove(name string) error {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/cachedisk"
@@ -23,7 +24,8 @@ const envFinishChild = "EXECVM_TEST_FINISH_UNDER_FILTER"
 // envFinishTotal, set in the child's environment, makes it commit two
 // caches in a store with a total-size bound of 1 byte (exec
 // --cache-limit), so that every commit evicts across names under the
-// filter.
+// filter; each cache also gets an abandoned clone (plantAbandoned) after
+// its checkout, which only that walk can remove.
 const envFinishTotal = "EXECVM_TEST_FINISH_TOTAL"
 
 // envFinishRun, set in the child's environment, makes it finish the
@@ -72,6 +74,9 @@ func finishUnderFilter(state string) error {
 			return err
 		}
 		v.x.unmounted = true // what WriteBack records once the guest unmounted them
+		if err := plantAbandoned(s, caches); err != nil {
+			return err
+		}
 		policy := seccomp.VMMUserNet().WithSnapshots().WithCacheCommits()
 		if err := seccomp.Install(policy, seccomp.Options{Prefix: "child", Hint: "test"}); err != nil {
 			return err
@@ -85,10 +90,33 @@ func finishUnderFilter(state string) error {
 		return err
 	}
 	x.unmounted = true // what the guest reports after writeBack
+	if err := plantAbandoned(s, caches); err != nil {
+		return err
+	}
 	if err := seccomp.Install(seccomp.VMM().WithCacheCommits(), seccomp.Options{Prefix: "child", Hint: "test"}); err != nil {
 		return err
 	}
 	return x.finish(true)
+}
+
+// plantAbandoned, with envFinishTotal set, leaves in each cache's clones
+// directory a clone that a killed job would have left: no one holds it
+// and it is older than cachedisk.CloneGrace.
+func plantAbandoned(s *cachedisk.Store, caches []Cache) error {
+	if os.Getenv(envFinishTotal) == "" {
+		return nil
+	}
+	old := time.Now().Add(-2 * cachedisk.CloneGrace)
+	for _, c := range caches {
+		p := filepath.Join(s.Dir(), c.Name, "clones", strings.Repeat("0", 32)+".ext4")
+		if err := os.WriteFile(p, make([]byte, 4096), 0o600); err != nil {
+			return err
+		}
+		if err := os.Chtimes(p, old, old); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // finishRounds runs the filtered child (envFinishChild) on state twice,
@@ -131,8 +159,9 @@ func TestFinishUnderFilter(t *testing.T) {
 
 // TestEvictUnderFilter: with a bound on the store's total size, each
 // commit evicts the oldest versions of every cache, its own and others'
-// (whose locks it takes), under exec's seccomp filter; two rounds leave
-// each cache its newest version alone, where the default limits keep two.
+// (whose locks it takes), and removes their abandoned clones, under
+// exec's seccomp filter; two rounds leave each cache its newest version
+// alone, where the default limits keep two, and no clone.
 func TestEvictUnderFilter(t *testing.T) {
 	state := t.TempDir()
 	finishRounds(t, state, envFinishTotal+"=1")
@@ -141,7 +170,8 @@ func TestEvictUnderFilter(t *testing.T) {
 
 // TestRunFinishUnderFilter: a named VM's process commits run --cache's
 // caches after its VM, under its own filter (run's, with --net user and
-// cache commits), evicting across names as exec's does.
+// cache commits), evicting across names and removing abandoned clones as
+// exec's does.
 func TestRunFinishUnderFilter(t *testing.T) {
 	state := t.TempDir()
 	finishRounds(t, state, envFinishRun+"=1", envFinishTotal+"=1")

@@ -308,7 +308,8 @@ func (p Policy) WithShares() Policy {
 // gone takes (exec --cache and --docker, internal/cachedisk): syncing a
 // cache clone and renaming it into place as the next version under the
 // cache's lock, writing its manifest, evicting old versions, and removing
-// Docker's data disk and discarded clones. Like WithSnapshots, the price
+// Docker's data disk, discarded clones and the abandoned clones killed
+// jobs left (probed with a flock). Like WithSnapshots, the price
 // is that a subverted process may create and remove files where the
 // VMM's user can.
 func (p Policy) WithCacheCommits() Policy {
@@ -316,9 +317,9 @@ func (p Policy) WithCacheCommits() Policy {
 		allow(unix.SYS_OPENAT, "caches: the clone, the manifest, the lock and the store's directories"),
 		allow(unix.SYS_MKDIRAT, "caches: a name's directory"),
 		allow(unix.SYS_FSYNC, "caches: the clone, the manifest and the directory"),
-		allow(unix.SYS_FLOCK, "caches: a name's lock"),
+		allow(unix.SYS_FLOCK, "caches: a name's lock; whether a VM holds a clone"),
 		allow(unix.SYS_RENAMEAT, "caches: the clone and manifest into place"),
-		allow(unix.SYS_UNLINKAT, "caches: evicted versions, discarded clones, Docker's data disk"),
+		allow(unix.SYS_UNLINKAT, "caches: evicted versions, discarded and abandoned clones, Docker's data disk"),
 		allow(unix.SYS_GETDENTS64, "caches: listing a name's versions"),
 		allow(unix.SYS_FSTAT, "caches: os.File"),
 		allow(unix.SYS_NEWFSTATAT, "caches: a version's size and allocation"),
