@@ -33,7 +33,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:         "ls",
-				Usage:        "list the caches: committed versions, size, when last committed",
+				Usage:        "list the caches: committed versions, size, when last committed, clones in use and abandoned by killed jobs",
 				UsageText:    "microvm cache ls [--dir DIR] [--json]",
 				OnUsageError: onUsageError,
 				Flags:        []cli.Flag{dirFlag, &cli.BoolFlag{Name: "json", Usage: "one JSON array of the caches, for machines"}},
@@ -54,7 +54,7 @@ func cacheCommand(stdout io.Writer) *cli.Command {
 			},
 			{
 				Name:         "rm",
-				Usage:        "remove caches and all their versions (jobs running with one keep their clone)",
+				Usage:        "remove caches, all their versions and clones (jobs running with one keep their open clone, and commit nothing)",
 				UsageText:    "microvm cache rm [--dir DIR] NAME...",
 				OnUsageError: onUsageError,
 				Flags:        []cli.Flag{dirFlag},
@@ -97,6 +97,9 @@ func readCacheLimit(v string) (cachedisk.Limits, error) {
 	return cachedisk.Limits{TotalBytes: int64(n)}, nil
 }
 
+// printCaches is cache ls's output: a table, or JSON (cachedisk.Info).
+// Clones in use are those running jobs hold or have just checked out;
+// abandoned ones (killed jobs') go at the name's next checkout.
 func printCaches(w io.Writer, list []cachedisk.Info, asJSON bool) error {
 	if asJSON {
 		if list == nil {
@@ -107,14 +110,15 @@ func printCaches(w io.Writer, list []cachedisk.Info, asJSON bool) error {
 		return enc.Encode(list)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tVERSIONS\tNEWEST\tSIZE\tON DISK\tCOMMITTED")
+	fmt.Fprintln(tw, "NAME\tVERSIONS\tNEWEST\tSIZE\tON DISK\tCOMMITTED\tCLONES IN USE\tABANDONED")
 	for _, in := range list {
 		committed := "never"
 		if !in.Committed.IsZero() {
 			committed = time.Since(in.Committed).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", in.Name, in.Versions, in.Newest,
-			microvm.FormatSize(uint64(in.Size)), microvm.FormatSize(uint64(in.Allocated)), committed)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\n", in.Name, in.Versions, in.Newest,
+			microvm.FormatSize(uint64(in.Size)), microvm.FormatSize(uint64(in.Allocated)), committed,
+			in.Clones-in.Abandoned, in.Abandoned)
 	}
 	return tw.Flush()
 }

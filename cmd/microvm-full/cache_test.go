@@ -2,10 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -78,7 +84,10 @@ func TestExecCacheFlagsRefused(t *testing.T) {
 	}
 }
 
-// TestCacheLsRm lists and removes a cache that a job committed.
+// TestCacheLsRm lists and removes a cache that a job committed, with a
+// running job's clone and one a killed job left (no one holds it, older
+// than cachedisk.CloneGrace): ls counts one in use and one abandoned, and
+// rm takes them with the versions.
 func TestCacheLsRm(t *testing.T) {
 	dir := t.TempDir()
 	s, err := cachedisk.Open(dir, cachedisk.Limits{}, nil)
@@ -92,9 +101,33 @@ func TestCacheLsRm(t *testing.T) {
 	if _, err := s.Commit(cl); err != nil {
 		t.Fatal(err)
 	}
+	var clones []string
+	for range 2 {
+		cl, err := s.Checkout(context.Background(), "go-mod", 16<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.Path(cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clones = append(clones, p)
+	}
+	old := time.Now().Add(-2 * cachedisk.CloneGrace)
+	if err := os.Chtimes(clones[0], old, old); err != nil {
+		t.Fatal(err)
+	}
 	st, stdout, stderr := runMain(t, "cache", "ls", "--dir", dir)
 	if st != 0 || !strings.HasPrefix(stdout, "NAME") || !strings.Contains(stdout, "go-mod") || !strings.Contains(stdout, "16M") {
 		t.Fatalf("cache ls: %d, %q, %q", st, stdout, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); len(lines) != 2 || !strings.HasSuffix(lines[0], "CLONES IN USE  ABANDONED") || !slices.Equal(f[len(f)-2:], []string{"1", "1"}) {
+		t.Errorf("cache ls: %q; want one clone in use and one abandoned", stdout)
+	}
+	var list []cachedisk.Info
+	if st, stdout, _ := runMain(t, "cache", "ls", "--dir", dir, "--json"); st != 0 || json.Unmarshal([]byte(stdout), &list) != nil || len(list) != 1 || list[0].Clones != 2 || list[0].Abandoned != 1 {
+		t.Errorf("cache ls --json: %d, %q; want 2 clones, 1 abandoned", st, stdout)
 	}
 	if st, _, stderr := runMain(t, "cache", "rm", "--dir", dir, "../x"); st == 0 || !strings.Contains(stderr, "cache name") {
 		t.Errorf("cache rm ../x: %d, %q; want a refusal", st, stderr)
@@ -104,6 +137,11 @@ func TestCacheLsRm(t *testing.T) {
 	}
 	if st, stdout, _ := runMain(t, "cache", "ls", "--dir", dir, "--json"); st != 0 || strings.TrimSpace(stdout) != "[]" {
 		t.Errorf("cache ls --json after rm: %d, %q", st, stdout)
+	}
+	for _, p := range clones {
+		if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("clone %s after rm: %v; want it gone", p, err)
+		}
 	}
 }
 
