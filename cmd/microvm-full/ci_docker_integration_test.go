@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,7 +39,8 @@ const ciGoModList = "/cache/go/mod/cache/download/example.com/dep/@v/list"
 // under /cache; it passes, so cleanup commits both the slot's cache and
 // its Docker cache. Job 2, in a VM of its own, finds the loaded image,
 // its build uses the cached RUN step, its container runs, and the module
-// cache entry is there.
+// cache entry is there. Then the GitHub launcher with DOCKER=1, in the
+// same state directory (githubLauncherDocker).
 func TestGitLabExecutorDocker(t *testing.T) {
 	// The imported image is TestExecDocker's (requireDockerImage); the
 	// state directory itself (the VMs' sockets, the job records, the
@@ -114,6 +116,106 @@ func TestGitLabExecutorDocker(t *testing.T) {
 	// "CACHED".
 	if !strings.Contains(out, "Using cache") && !strings.Contains(out, "CACHED") {
 		t.Errorf("job 2's docker build used no cached step")
+	}
+
+	// Here rather than in a test of its own: a box of its own, and the
+	// Docker image's import, are the costly part.
+	t.Run("GitHubLauncher", func(t *testing.T) { githubLauncherDocker(t, r) })
+}
+
+// ghaDockerRunner is the stand-in for GitHub's runner in
+// githubLauncherDocker: what a job that uses Docker does, each result on
+// a line of its own (the VM's console shares the launcher's output, so
+// no check spans two lines). The container is busyboxSaveTarball's bb:1,
+// whose Env sets PATH=/bin; the first run adds a variable and exits 7,
+// the second exits 0. The runner itself exits 0, as a just-in-time
+// runner does once it has run its job.
+const ghaDockerRunner = `#!/bin/sh
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+echo "runner got [$*] jit=$ACTIONS_RUNNER_INPUT_JITCONFIG"
+grep ' /var/lib/docker ' /proc/mounts
+docker info --format 'driver={{.Driver}} root={{.DockerRootDir}}' || exit 20
+docker load -i /gha/bb.tar || exit 21
+o=$(docker run --rm -e JOB=gha-job bb:1 sh -c 'echo "env JOB=$JOB PATH=$PATH"; exit 7'); s=$?
+echo "first container: [$o] status $s"
+o=$(docker run --rm bb:1 echo hello); s=$?
+echo "second container: [$o] status $s"
+echo job done
+`
+
+// githubLauncherDocker runs examples/github-actions/launch-runner with
+// DOCKER=1 in the Docker image (r.image, in r's state directory): the
+// VM's dockerd answers before the stand-in runner (ghaDockerRunner)
+// starts, on overlay2 on the VM's data disk; the runner loads an image
+// and runs its containers, sees their exit statuses and Env, and gets its
+// JIT config; the launcher returns the runner's 0; and neither the VM nor
+// its data disk is left.
+//
+// A real runner's image holds the runner; the test cannot add a file to
+// the Docker image without importing its 800 MB a second time, so the
+// stand-in comes on a cache disk (the launcher's CACHE) that one exec
+// fills first, and RUNNER_CMD names it there. That also runs CACHE beside
+// DOCKER=1: the cache is committed after the runner's 0.
+func githubLauncherDocker(t *testing.T, r *ciRunner) {
+	root, err := testenv.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
+	src := t.TempDir()
+	for name, body := range map[string]string{"runner": ghaDockerRunner, "bb.tar": busyboxSaveTarball(t)} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill := exec.Command(r.bin, "exec", "--kernel", r.kernel, "--agent", r.agent, "--image", r.image,
+		"--memory", "512M", "--cpus", "1", "--share", "tag=gha,path="+src, "--cache", "gha=/gha,size=64M",
+		"--", "cp", "/run/microvm-shares/gha/runner", "/run/microvm-shares/gha/bb.tar", "/gha/")
+	fill.Env = env
+	if out, err := fill.CombinedOutput(); err != nil {
+		t.Fatalf("exec filling the runner's cache: %v\n%s", err, out)
+	}
+
+	start := time.Now()
+	launcher := exec.Command("bash", filepath.Join(root, "examples", "github-actions", "launch-runner"), r.image)
+	launcher.Env = append(env, "MICROVM="+r.bin, "CPUS=2", "MEMORY=1536M",
+		"DOCKER=1", "DOCKER_DISK=2G", "DOCKER_TIMEOUT="+dockerTimeout,
+		"CACHE=gha=/gha", "RUNNER_CMD=/gha/runner", "JITCONFIG=JIT-docker-1")
+	lines := &lineLogger{t: t, start: start}
+	launcher.Stdout, launcher.Stderr = lines, lines
+	err = launcher.Run()
+	out := lines.String()
+	t.Logf("launcher with DOCKER=1: %v", time.Since(start).Round(time.Second))
+	if err != nil {
+		t.Fatalf("launcher with DOCKER=1: %v", err)
+	}
+	for _, want := range []string{
+		"runner got [] jit=JIT-docker-1",                        // the config, in the environment only
+		" /var/lib/docker ext4 ",                                // Docker's data root on its disk
+		"driver=overlay2 root=/var/lib/docker",                  // dockerd answered
+		"Loaded image: bb:1",                                    // docker load
+		"first container: [env JOB=gha-job PATH=/bin] status 7", // -e and the image's Env; the exit status
+		"second container: [hello] status 0",
+		"job done",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the launcher's output lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "not kept") {
+		t.Errorf("the runner exited 0, yet its cache was not kept")
+	}
+	if err := vmGone(t, r, "gha-"); err != nil {
+		t.Errorf("after the launcher: %v", err)
+	}
+	// The VM's directory, which held the data disk (dockerDiskFile).
+	if left, err := filepath.Glob(filepath.Join(r.state, "vms", "gha-*")); err != nil || len(left) > 0 {
+		t.Errorf("after the launcher: %q left (%v), want no VM directory and no data disk", left, err)
+	}
+	ls := exec.Command(r.bin, "cache", "ls", "--json")
+	ls.Env = env
+	if b, err := ls.CombinedOutput(); err != nil || !strings.Contains(string(b), `"Name": "gha"`) || !strings.Contains(string(b), `"Newest": 2`) {
+		t.Errorf("cache ls after the fill and the runner: %v\n%s", err, b)
 	}
 }
 
