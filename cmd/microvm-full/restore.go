@@ -136,12 +136,12 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	}
 	if rec.Agent {
 		// A clone of its own on the network: new MACs, which the agent
-		// takes once it answers (runNamedVM).
+		// takes once it answers (namedvm.Run).
 		if host.Nets, err = agentvm.CloneNets(host.Nets, cfg.Nets); err != nil {
 			return err
 		}
 	}
-	// withOwn is host with what the VM's process owns (runNamedVM): its
+	// withOwn is host with what the VM's process owns (namedvm.Run): its
 	// console, log and the vsock socket in its state directory.
 	withOwn := func(own microvm.Config) microvm.Config {
 		h := host
@@ -172,7 +172,8 @@ func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin i
 	build := func(own microvm.Config) (*microvm.Machine, error) {
 		return microvm.Restore(dir, withOwn(own))
 	}
-	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, namedvm.IsDetached(), false, stdin, stdout, log)
+	o := namedOptions(c, namedvm.IsDetached(), false, stdin, stdout, log)
+	return namedExit(namedvm.Run(namedvm.Launch{Record: rec, Build: build}, o), io.Discard)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and
