@@ -33,6 +33,15 @@
 // CLI maps the typed errors (SetupError, ExitError, FailedError) to exit
 // statuses.
 //
+// Data flow of restore --name (Restore, restore.go): the CLI's
+// RestoreRequest -> microvm.ReadSnapshot -> restoreRecord makes the record
+// from the snapshot's machine and labels (LabelAgent, LabelAgentPort) and
+// the host resources given, with new MACs for a clone that has the agent
+// -> microvm.CheckRestore refuses host resources the command line did not
+// give, before any record or detached process exists -> StartDetached
+// (restore --detach), else Run with a Build that restores the snapshot
+// with what the VM's process owns (restoreHost).
+//
 // Data flow of a detached start (run --detach, restore --detach;
 // detach.go, both ends of the ready line): StartDetached starts the same
 // command again (os.Args through os.Executable) in a session of its own,
