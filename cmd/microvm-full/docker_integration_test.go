@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/testing/testimage"
 )
@@ -239,7 +240,7 @@ func TestExecDocker(t *testing.T) {
 		!strings.Contains(out, "driver=overlay2 root=/var/lib/docker") {
 		t.Errorf("exec --vm dk docker info: %v\n%s", err, out)
 	}
-	disk := filepath.Join(vmsDir, "dk", dockerDiskFile)
+	disk := filepath.Join(vmsDir, "dk", namedvm.DockerDiskFile)
 	if _, err := os.Stat(disk); err != nil {
 		t.Errorf("the named VM's data disk: %v", err)
 	}

@@ -413,7 +413,7 @@ func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imag
 		return p, clibase.Usagef("the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])")
 	}
 	ac := agentapi.Cmd{Env: envFlags, Dir: workdir}
-	namedvm.WithDefaults(&ac, processDefaults(cfg))
+	namedvm.WithDefaults(&ac, namedvm.ImageDefaults(cfg))
 	p.env, p.workdir, p.uid, p.gid = ac.Env, ac.Dir, ac.UID, ac.GID
 	return p, nil
 }
@@ -468,10 +468,4 @@ func readRootImageFlags(c *cli.Context, agent *agentimage.Options, hasRoot bool)
 		}
 	}
 	return size, nil
-}
-
-// processDefaults are an image's process settings as a named VM's record
-// keeps them for exec --vm.
-func processDefaults(cfg image.Config) *vms.Process {
-	return &vms.Process{Env: cfg.Env, WorkingDir: cfg.WorkingDir, HasUser: cfg.User != "", UID: cfg.UID, GID: cfg.GID}
 }

@@ -23,15 +23,10 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guest/agentimage"
-	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
-	"github.com/microvm/microvm/internal/dockervm"
-	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/seccomp"
-	"github.com/microvm/microvm/internal/unixsock"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/named"
 )
@@ -108,7 +103,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 				return err
 			}
 			if p, err := applyImage(img.root.Config, c.Args().Slice(), env, ""); err == nil {
-				img.main = &p
+				img.main = &namedvm.Process{Argv: p.argv, Env: p.env, Workdir: p.workdir, UID: p.uid, GID: p.gid}
 			} else if c.NArg() > 0 {
 				return err
 			}
@@ -131,84 +126,12 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 	if detach && !child {
 		return startDetached(name, wait, stderr)
 	}
-	var dockerDisk string
-	if docker != nil {
-		if dockerDisk, err = dockerDiskPath(name); err != nil {
-			return err
-		}
-		cfg.Disks = append(cfg.Disks, microvm.DiskConfig{Path: dockerDisk, Serial: dockervm.DiskSerial})
-	}
-	// Checked out by the process that owns the VM, which commits them.
-	var caches *execvm.VMCaches
-	if len(rc.caches) > 0 {
-		if caches, err = namedvm.CheckoutCaches(context.Background(), &cfg, rc.dir, rc.limits, rc.caches); err != nil {
-			err = clibase.Failure{Err: err}
-			namedvm.TellDetached(err)
-			return err
-		}
-	}
-	l := bootLaunch(name, cfg, img, withAgent)
-	if docker != nil {
-		l = dockerLaunch(l, dockerDisk, docker, dockerEnv(img))
-	}
-	if caches != nil {
-		l = namedvm.WithCaches(l, caches, dockerEnv(img), clibase.StatusFailure)
-	}
-	err = runNamedVM(c, l, child, caches != nil, stdin, stdout, log)
-	if ferr := namedvm.FinishCaches(caches, err, log); ferr != nil && err == nil {
-		err = clibase.Failure{Err: ferr}
-	}
-	var se namedvm.SetupError
-	if errors.As(err, &se) {
-		fmt.Fprintf(stderr, "microvm: %v\n", err)
-		return clibase.StatusError{Status: se.Status}
-	}
-	if errors.Is(err, unixsock.ErrNoSockets) {
-		// The VM's sockets live in the state directory, which the
-		// user may not know they chose.
-		err = fmt.Errorf("%w; the state directory is %s: set $MICROVM_STATE_DIR to one on a local file system", err, vms.StateDir())
-	}
-	return err
-}
-
-// bootLaunch is the launch of `run --name`: cfg booted, from exec's
-// agent image when img says so.
-func bootLaunch(name string, cfg microvm.Config, img imageOpts, withAgent bool) namedvm.Launch {
-	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
-		Initrd: cfg.Initrd, Agent: withAgent, AgentPort: agentPort, VsockCID: cfg.Vsock.CID}
-	if img.root != nil {
-		images.Use(&cfg, img.root, img.overlay)
-		rec.Image, rec.Process = img.rootRef, processDefaults(img.root.Config)
-	}
+	req := namedvm.BootRequest{Name: name, Config: cfg, Agent: withAgent, Image: img.root, ImageRef: img.rootRef,
+		Overlay: img.overlay, Main: img.main, Docker: docker, Caches: rc.caches, CacheDir: rc.dir, CacheLimits: rc.limits}
 	if img.build {
-		rec.Initrd = "(the agent image)"
+		req.AgentImage = &img.exec.image
 	}
-	for _, d := range cfg.Disks {
-		rec.Disks = append(rec.Disks, d.Path)
-	}
-	build := func(host microvm.Config) (*microvm.Machine, error) {
-		cfg.Vsock.UDSPath = host.Vsock.UDSPath
-		cfg.Log, cfg.Console, cfg.ConsoleInput = host.Log, host.Console, host.ConsoleInput
-		if !img.build {
-			return microvm.New(cfg)
-		}
-		f, err := os.CreateTemp("", "microvm-run-*.cpio")
-		if err != nil {
-			return nil, err
-		}
-		f.Close()
-		defer os.Remove(f.Name()) // in guest memory once New returns
-		if err := agentimage.WriteFile(f.Name(), img.exec.image); err != nil {
-			return nil, clibase.Failure{Err: fmt.Errorf("run: guest image: %w", err)}
-		}
-		cfg.Initrd = f.Name()
-		return microvm.New(cfg)
-	}
-	l := namedvm.Launch{Record: rec, Build: build}
-	if p := img.main; p != nil {
-		l.Main = &namedvm.Process{Argv: p.argv, Env: p.env, Workdir: p.workdir, UID: p.uid, GID: p.gid}
-	}
-	return l
+	return namedExit(namedvm.Boot(req, namedOptions(c, child, len(rc.caches) > 0, stdin, stdout, log)), stderr)
 }
 
 // imageOpts is the agent image a named VM boots, when it boots one.
@@ -223,7 +146,7 @@ type imageOpts struct {
 	// main is the image's main process (Entrypoint and Cmd, or the
 	// command line's arguments), run once the agent answers: the VM ends
 	// when it does, with its status. nil with --idle.
-	main *imageProcess
+	main *namedvm.Process
 }
 
 // readAgentImage reads the image flags for --with-agent.
@@ -277,29 +200,38 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 	return cfg, nil
 }
 
-// startDetached is namedvm.StartDetached with its errors as the CLI's,
-// the one place they are mapped: a failed setup (Docker) is its message
-// on stderr and its exit status; a process that could not start the VM
-// is a clibase.Failure.
+// startDetached is namedvm.StartDetached with its errors as the CLI's
+// (namedExit).
 func startDetached(name string, wait time.Duration, stderr io.Writer) error {
-	err := namedvm.StartDetached(name, wait)
+	return namedExit(namedvm.StartDetached(name, wait), stderr)
+}
+
+// namedExit is the one place a named VM's errors (namedvm.Boot, Run,
+// StartDetached) become the CLI's: a failed setup (Docker) is its message
+// on stderr and its exit status, a VM that ended badly its status, and
+// one that microvm could not start or run a clibase.Failure.
+func namedExit(err error, stderr io.Writer) error {
 	var se namedvm.SetupError
+	var ee namedvm.ExitError
 	var fe namedvm.FailedError
 	switch {
 	case errors.As(err, &se):
 		fmt.Fprintf(stderr, "microvm: %v\n", err)
 		return clibase.StatusError{Status: se.Status}
+	case errors.As(err, &ee):
+		return clibase.StatusError{Status: ee.Status}
 	case errors.As(err, &fe):
 		return clibase.Failure{Err: err}
 	}
 	return err
 }
 
-// runNamedVM is the process of a named VM (namedvm.Run), detached when
-// the run --detach that started it waits for its ready line
-// (namedvm.IsDetached).
-func runNamedVM(c *cli.Context, l namedvm.Launch, detached, cacheCommits bool,
-	stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) error {
+// namedOptions are the CLI's choices for a named VM's process
+// (namedvm.Boot, Run): its seccomp filter (with cache commits after the VM
+// when cacheCommits), SIGINT/SIGTERM and SIGUSR1 handling, exec's failure
+// status, and the ready line when the process is detached (the run
+// --detach that started it waits for it: namedvm.IsDetached).
+func namedOptions(c *cli.Context, detached, cacheCommits bool, stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) namedvm.Options {
 	policy := func(cfg microvm.Config) seccomp.Policy {
 		p := clibase.VMMPolicy(cfg).WithSnapshots()
 		if cacheCommits {
@@ -317,16 +249,7 @@ func runNamedVM(c *cli.Context, l namedvm.Launch, detached, cacheCommits bool,
 	if detached {
 		o.Ready = namedvm.TakeReady()
 	}
-	err := namedvm.Run(l, o)
-	var ee namedvm.ExitError
-	var fe namedvm.FailedError
-	switch {
-	case errors.As(err, &ee):
-		return clibase.StatusError{Status: ee.Status}
-	case errors.As(err, &fe):
-		return clibase.Failure{Err: err}
-	}
-	return err
+	return o
 }
 
 // namedCommands are the commands that reach a named VM by its name.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -287,4 +290,36 @@ func TestNamedVMAgent(t *testing.T) {
 		t.Errorf("after stop: %+v; want exited 0 by the guest's power-off", r)
 	}
 	n.mustRun("rm", "t1")
+}
+
+// TestNamedExit: a named VM's errors become the CLI's exit statuses in
+// one place: a failed setup says why on stderr and exits with its status,
+// a VM that ended badly with its status, one microvm could not start or
+// run with the failure status; other errors pass as they are.
+func TestNamedExit(t *testing.T) {
+	other := errors.New("state directory: permission denied")
+	for _, tc := range []struct {
+		name       string
+		err        error
+		status     int
+		wantStderr string
+	}{
+		{"none", nil, 0, ""},
+		{"setup", namedvm.SetupError{Status: 42, Err: errors.New("VM d1: docker: no dockerd")}, 42, "microvm: VM d1: docker: no dockerd\n"},
+		{"exit", namedvm.ExitError{Status: 3}, 3, ""},
+		{"failed", namedvm.FailedError{Err: errors.New("run: disk exists")}, clibase.StatusFailure, ""},
+		{"failed, hinted", fmt.Errorf("%w; the state directory is /x", namedvm.FailedError{Err: errors.New("bind")}), clibase.StatusFailure, ""},
+		{"other", other, microvm.StatusError, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := namedExit(tc.err, &stderr)
+			if got := clibase.ExitStatus(err, nil); got != tc.status || stderr.String() != tc.wantStderr {
+				t.Errorf("namedExit(%v): status %d, stderr %q; want %d, %q", tc.err, got, stderr.String(), tc.status, tc.wantStderr)
+			}
+			if tc.err != nil && err.Error() != tc.err.Error() && tc.name != "setup" && tc.name != "exit" {
+				t.Errorf("namedExit(%v) says %q; want the error's own words", tc.err, err)
+			}
+		})
+	}
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/devices/virtionet"
-	"github.com/microvm/microvm/internal/agentvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
@@ -107,72 +104,13 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 }
 
 // restoreNamed is `microvm restore --name NAME DIR`: the snapshot's
-// machine as a named VM, which has an agent when the snapshot's named VM
-// had one (its labels say so).
+// machine as a named VM (namedvm.Restore), which has an agent when the
+// snapshot's named VM had one (its labels say so). A restored VM has no
+// setup to fail (run --docker's ran before the snapshot), so nothing is
+// said on stderr.
 func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin io.Reader, stdout io.Writer, log *logrus.Logger) error {
-	info, err := microvm.ReadSnapshot(dir)
-	if err != nil {
-		return err
-	}
-	cfg := info.Config
-	rec := vms.Record{Name: name, CPUs: cfg.CPUs, MemoryBytes: cfg.MemoryBytes, Kernel: cfg.Kernel,
-		Initrd: cfg.Initrd, Restored: dir}
-	rec.Agent, _ = strconv.ParseBool(info.Labels[namedvm.LabelAgent])
-	if rec.Agent {
-		port, err := strconv.ParseUint(info.Labels[namedvm.LabelAgentPort], 10, 32)
-		if err != nil {
-			return clibase.Failure{Err: fmt.Errorf("snapshot %s: its agent port label %q: %w", dir, info.Labels[namedvm.LabelAgentPort], err)}
-		}
-		rec.AgentPort = uint32(port)
-	}
-	if cfg.Vsock != nil {
-		rec.VsockCID = cfg.Vsock.CID
-	}
-	if host.Vsock != nil && host.Vsock.CID != 0 {
-		rec.VsockCID = host.Vsock.CID
-	}
-	for _, d := range host.Disks {
-		rec.Disks = append(rec.Disks, d.Path)
-	}
-	if rec.Agent {
-		// A clone of its own on the network: new MACs, which the agent
-		// takes once it answers (runNamedVM).
-		if host.Nets, err = agentvm.CloneNets(host.Nets, cfg.Nets); err != nil {
-			return err
-		}
-	}
-	// withOwn is host with what the VM's process owns (runNamedVM): its
-	// console, log and the vsock socket in its state directory.
-	withOwn := func(own microvm.Config) microvm.Config {
-		h := host
-		h.Log, h.Console, h.ConsoleInput = own.Log, own.Console, own.ConsoleInput
-		if cfg.Vsock != nil { // else the VM has no vsock socket to own
-			v := microvm.VsockConfig{UDSPath: own.Vsock.UDSPath}
-			if host.Vsock != nil {
-				v.CID = host.Vsock.CID
-			}
-			h.Vsock = &v
-		}
-		return h
-	}
-	// Refused before the VM's record or a detached process exists; the
-	// socket's name stands in for its path, which the check does not open.
-	if err := microvm.CheckRestore(dir, withOwn(microvm.Config{Vsock: &microvm.VsockConfig{UDSPath: vms.VsockSocket}})); err != nil {
-		return err
-	}
-	if c.Bool("detach") && !namedvm.IsDetached() {
-		wait := time.Duration(0)
-		if rec.Agent {
-			wait = c.Duration("boot-timeout")
-		}
-		// A restored VM has no setup to fail (run --docker's ran before
-		// the snapshot), so nothing is said on stderr.
-		return startDetached(name, wait, io.Discard)
-	}
-	build := func(own microvm.Config) (*microvm.Machine, error) {
-		return microvm.Restore(dir, withOwn(own))
-	}
-	return runNamedVM(c, namedvm.Launch{Record: rec, Build: build}, namedvm.IsDetached(), false, stdin, stdout, log)
+	req := namedvm.RestoreRequest{Name: name, Dir: dir, Host: host, Detach: c.Bool("detach")}
+	return namedExit(namedvm.Restore(req, namedOptions(c, namedvm.IsDetached(), false, stdin, stdout, log)), io.Discard)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and

@@ -3,16 +3,13 @@ package main
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/dockervm"
-	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
@@ -76,55 +73,6 @@ func TestWantsNamedDocker(t *testing.T) {
 	}
 }
 
-// TestDockerLaunch: run --docker's launch makes the data disk (sparse
-// ext4 of the size asked for) only when the machine is built, then builds
-// it; a disk that exists already is refused, not reused; Docker's start
-// is the launch's setup, with its exit status.
-func TestDockerLaunch(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err != nil {
-			t.Skip("mkfs.ext4 not installed (e2fsprogs)")
-		}
-	}
-	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
-	path, err := dockerDiskPath("d1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := filepath.Join(vms.StateDir(), "vms", "d1", dockerDiskFile); path != want {
-		t.Errorf("dockerDiskPath = %s, want %s", path, want)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	built := 0
-	inner := namedvm.Launch{Build: func(microvm.Config) (*microvm.Machine, error) {
-		built++
-		if _, err := os.Stat(path); err != nil {
-			t.Errorf("built before the disk was made: %v", err)
-		}
-		return nil, nil
-	}}
-	l := dockerLaunch(inner, path, &execvm.Docker{DiskSize: 300 << 20, Start: dockervm.Options{Timeout: time.Second}}, nil)
-	if l.Setup == nil || l.SetupStatus != dockervm.ExitStatus {
-		t.Errorf("setup %v, status %d; want Docker's start and %d", l.Setup != nil, l.SetupStatus, dockervm.ExitStatus)
-	}
-	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the disk exists before the build: %v", err)
-	}
-	if _, err := l.Build(microvm.Config{}); err != nil || built != 1 {
-		t.Fatalf("build: %v, inner builds %d", err, built)
-	}
-	if fi, err := os.Stat(path); err != nil || fi.Size() != 300<<20 {
-		t.Errorf("disk: %v, %v; want 300M", fi, err)
-	}
-	_, err = l.Build(microvm.Config{})
-	var f clibase.Failure
-	if !errors.As(err, &f) || !errors.Is(err, os.ErrExist) || built != 1 {
-		t.Errorf("second build: %v, inner builds %d; want a failure for the existing disk and no build", err, built)
-	}
-}
-
 // TestRunDockerNoDockerd: run --docker of a VM whose image has no dockerd
 // (the agent image) exits with Docker's status and its one clear reason,
 // in the foreground and with --detach; the VM is stopped, its record says
@@ -152,7 +100,7 @@ func TestRunDockerNoDockerd(t *testing.T) {
 		if !ok || r.State != vms.StateExited || r.ExitStatus != dockervm.ExitStatus || !strings.Contains(r.ExitReason, "its setup failed") {
 			t.Errorf("%s: record %+v; want exited %d, its setup failed", name, r, dockervm.ExitStatus)
 		}
-		disk := filepath.Join(n.state, "vms", name, dockerDiskFile)
+		disk := filepath.Join(n.state, "vms", name, namedvm.DockerDiskFile)
 		if _, err := os.Stat(disk); err != nil {
 			t.Errorf("%s: the data disk before rm: %v", name, err)
 		}

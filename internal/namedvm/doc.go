@@ -20,6 +20,28 @@
 // Launch.AfterMain (run --cache: the caches unmounted, written back), and
 // the VM powers off.
 //
+// Data flow of run --name's boot (Boot, boot.go), in the process that
+// will own the VM: the CLI's BootRequest (flags as plain data) ->
+// prepareBoot adds run --docker's data disk (DockerDiskPath, in the state
+// directory) to the configuration, then checks the caches out into it
+// (CheckoutCaches; a failure is told on Options.Ready) -> bootLaunch makes
+// the Launch: the record (vms.Record, with ImageDefaults for exec --vm),
+// images.Use for --image, and a Build that writes the agent image to a
+// temporary initrd -> dockerLaunch makes the disk at Build and starts
+// Docker as the Setup; WithCaches mounts the caches before it -> Run ->
+// FinishCaches -> a state directory without sockets is said as such. The
+// CLI maps the typed errors (SetupError, ExitError, FailedError) to exit
+// statuses.
+//
+// Data flow of restore --name (Restore, restore.go): the CLI's
+// RestoreRequest -> microvm.ReadSnapshot -> restoreRecord makes the record
+// from the snapshot's machine and labels (LabelAgent, LabelAgentPort) and
+// the host resources given, with new MACs for a clone that has the agent
+// -> microvm.CheckRestore refuses host resources the command line did not
+// give, before any record or detached process exists -> StartDetached
+// (restore --detach), else Run with a Build that restores the snapshot
+// with what the VM's process owns (restoreHost).
+//
 // Data flow of a detached start (run --detach, restore --detach;
 // detach.go, both ends of the ready line): StartDetached starts the same
 // command again (os.Args through os.Executable) in a session of its own,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/agentvm"
+	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/vms"
 )
 
@@ -83,4 +84,10 @@ func WithDefaults(cmd *agentapi.Cmd, d *vms.Process) {
 		u, g := d.UID, d.GID
 		cmd.UID, cmd.GID = &u, &g
 	}
+}
+
+// ImageDefaults are an image's process settings as a named VM's record
+// keeps them for exec --vm (WithDefaults).
+func ImageDefaults(cfg image.Config) *vms.Process {
+	return &vms.Process{Env: cfg.Env, WorkingDir: cfg.WorkingDir, HasUser: cfg.User != "", UID: cfg.UID, GID: cfg.GID}
 }
