@@ -31,27 +31,23 @@ func CheckoutCaches(ctx context.Context, cfg *microvm.Config, dir string, limits
 // --docker's) once the agent answers, and unmounted when the main process
 // ends 0; env is the environment the mounts run with. A main process that
 // is not root gets each cache's top directory as its own (chownCaches).
-// setupStatus is the VM's status when the mounts fail, where l has no
-// SetupStatus of its own.
+// setupStatus is the VM's status when the mounts fail, whatever l's own
+// setup's status (a cache that does not mount is not Docker's failure:
+// the mounts' errors are SetupErrors of their own); it is also l's
+// SetupStatus where l has none.
 func WithCaches(l Launch, v *execvm.VMCaches, env []string, setupStatus int) Launch {
 	setup, caches := l.Setup, v.Caches()
 	var owner []string
 	if l.Main != nil {
 		owner = cacheOwner(l.Main.UID, l.Main.GID)
 	}
-	l.Setup = func(ctx context.Context, c *agentapi.Client) error {
+	l.Setup = withStep(func(ctx context.Context, c *agentapi.Client) error {
 		r := agentvm.AgentRunner{Client: c, Env: env}
 		if err := v.SetUp(ctx, r); err != nil {
 			return err
 		}
-		if err := chownCaches(ctx, r, caches, owner); err != nil {
-			return err
-		}
-		if setup != nil {
-			return setup(ctx, c)
-		}
-		return nil
-	}
+		return chownCaches(ctx, r, caches, owner)
+	}, setupStatus, setup)
 	if l.SetupStatus == 0 {
 		l.SetupStatus = setupStatus
 	}

@@ -15,7 +15,8 @@
 // agentapi.AdoptMACs); a Launch.Setup (run --docker: Docker started in
 // the guest) runs through the agent once it answers (backend.runSetup),
 // before the main process and before a detached VM reports ready, and
-// stops the VM when it fails (SetupError); an image VM's main process runs
+// stops the VM when it fails (SetupError, with the status of the step that
+// failed: stepStatus); an image VM's main process runs
 // through the agent (backend.runMain), then, when it ended 0, the
 // Launch.AfterMain (run --cache: the caches unmounted, written back), and
 // the VM powers off.
@@ -62,7 +63,9 @@
 // config (execvm.AttachCaches) before the Launch is built -> WithCaches
 // wraps the Launch: its Setup mounts them through the agent before the
 // launch's own setup and gives their top directories to a main process
-// that is not root (chownCaches), its AfterMain unmounts them once the
+// that is not root (chownCaches), a failure there being a step of its own
+// (withStep: the status WithCaches was given, never Docker's), its
+// AfterMain unmounts them once the
 // main process ended 0 -> Run -> FinishCaches commits them when the VM
 // ended with status 0 after the unmount, else discards them with one
 // warning naming them and why.

@@ -32,9 +32,14 @@ type Launch struct {
 	// Setup, when set, runs once the agent answers, before the main
 	// process runs and before a detached VM reports ready (run --docker
 	// starts Docker with it). Its error stops the VM, which then ends
-	// with SetupStatus: Run returns a SetupError.
+	// with the status of the step that failed: Run returns a SetupError.
+	// A step gives its own status by returning a SetupError (WithCaches'
+	// mounts: the generic failure status); any other error is
+	// SetupStatus's.
 	Setup func(ctx context.Context, c *agentapi.Client) error
-	// SetupStatus is the exit status of a VM whose Setup failed.
+	// SetupStatus is the exit status of a VM whose Setup failed with an
+	// error that carries no status of its own (run --docker's 122 for
+	// Docker's start).
 	SetupStatus int
 	// AfterMain, when set, runs through the agent once the main process
 	// has ended with status 0 and before the VM is shut down (run --cache
@@ -98,7 +103,9 @@ func (e FailedError) Error() string { return e.Err.Error() }
 func (e FailedError) Unwrap() error { return e.Err }
 
 // SetupError is Run's error for a VM whose Launch.Setup failed: the VM
-// was stopped, and ends with Status (Launch.SetupStatus).
+// was stopped, and ends with Status (the failed step's, else
+// Launch.SetupStatus). A step of Launch.Setup returns one to give its
+// failure a status of its own.
 type SetupError struct {
 	Status int
 	Err    error

@@ -2,6 +2,7 @@ package namedvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,8 +39,9 @@ func (s *setupRun) run(f func() setupEnd, cancel context.CancelCauseFunc) {
 
 // failure is the VM's exit status, and the error Run returns, for a setup
 // that failed (0, nil when it did not, or has not ended): a SetupError
-// with setupStatus when Setup failed, a FailedError with failureStatus
-// when the agent did not answer.
+// when Setup failed, with the status of the step that failed (stepStatus:
+// setupStatus for a plain error), a FailedError with failureStatus when
+// the agent did not answer.
 func (s *setupRun) failure(name string, setupStatus, failureStatus int) (int, error) {
 	select {
 	case <-s.done:
@@ -50,9 +52,38 @@ func (s *setupRun) failure(name string, setupStatus, failureStatus int) (int, er
 	case !s.end.failed:
 		return 0, nil
 	case s.end.inSetup:
-		return setupStatus, SetupError{Status: setupStatus, Err: fmt.Errorf("VM %s: %w", name, s.end.err)}
+		status := stepStatus(s.end.err, setupStatus)
+		return status, SetupError{Status: status, Err: fmt.Errorf("VM %s: %w", name, s.end.err)}
 	}
 	return failureStatus, FailedError{fmt.Errorf("VM %s: %w (microvm logs %s)", name, s.end.err, name)}
+}
+
+// stepStatus is the VM's status for err, the error of a Launch.Setup that
+// failed: the Status of the SetupError that the step which failed made of
+// its error (WithCaches' mounts), else setupStatus (Launch.SetupStatus:
+// Docker's, for run --docker's start).
+func stepStatus(err error, setupStatus int) int {
+	var se SetupError
+	if errors.As(err, &se) && se.Status > 0 {
+		return se.Status
+	}
+	return setupStatus
+}
+
+// withStep is a Launch.Setup that runs step, then next (when set): a
+// failed step ends the VM with status, whatever next's status would be
+// (a SetupError), and next's errors stay as they are.
+func withStep(step func(context.Context, *agentapi.Client) error, status int,
+	next func(context.Context, *agentapi.Client) error) func(context.Context, *agentapi.Client) error {
+	return func(ctx context.Context, c *agentapi.Client) error {
+		if err := step(ctx, c); err != nil {
+			return SetupError{Status: status, Err: err}
+		}
+		if next != nil {
+			return next(ctx, c)
+		}
+		return nil
+	}
 }
 
 // runSetup waits until the agent answers and runs setup with a client of
