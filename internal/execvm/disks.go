@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/agentvm"
@@ -130,7 +131,7 @@ func (x *extraDisks) setUp(ctx context.Context, r agentvm.Runner) error {
 			return fmt.Errorf("%s: cache %s: mounting it at %s: %w", x.cmd, c.Name, c.GuestPath, err)
 		}
 		if st != 0 {
-			return fmt.Errorf("%s: cache %s: mounting it at %s failed (status %d): %s", x.cmd, c.Name, c.GuestPath, st, out)
+			return fmt.Errorf("%s: cache %s: mounting it at %s failed (status %d): %s", x.cmd, c.Name, c.GuestPath, st, strings.TrimSpace(out))
 		}
 	}
 	if x.docker != nil {
