@@ -104,6 +104,21 @@ func TestCIExitDocker(t *testing.T) {
 		!strings.Contains(msgs.String(), "level=fatal") {
 		t.Errorf("under GitLab Runner: %v, %q; want status 32 and the log", got, msgs.String())
 	}
+	// The job's cache that does not mount, with --docker and
+	// --docker-cache too, is not Docker's failure: a system failure under
+	// GitLab Runner as any, outside it a plain error, never 122.
+	mountErr := errors.New("ci gitlab prepare: VM x: mounting the cache: exit status 32")
+	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "")
+	if got := ciExit(mountErr, &msgs); got != mountErr {
+		t.Errorf("a cache that does not mount, outside GitLab Runner: %#v; want the error as it is", got)
+	}
+	if got := clibase.ExitStatus(ciExit(mountErr, io.Discard), io.Discard); got == dockervm.ExitStatus {
+		t.Errorf("a cache that does not mount exits %d, Docker's status", got)
+	}
+	t.Setenv("SYSTEM_FAILURE_EXIT_CODE", "32")
+	if got := ciExit(mountErr, io.Discard); !errors.As(got, &se) || se.Status != 32 {
+		t.Errorf("a cache that does not mount, under GitLab Runner: %v; want status 32", got)
+	}
 }
 
 // gitlabCommand is `ci gitlab` in app.
