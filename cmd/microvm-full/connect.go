@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -16,9 +13,9 @@ import (
 )
 
 // connectCommand is a host-side client for the vsock Unix socket: it
-// connects to guest port P through the Firecracker handshake
-// (hybrid.Dial) and then copies stdin to the guest and the guest's
-// bytes to stdout, like `socat - UNIX-CONNECT:PATH` after a CONNECT line.
+// connects to guest port P through the Firecracker handshake and then
+// copies stdin to the guest and the guest's bytes to stdout
+// (hybrid.Pipe).
 func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vsock-connect",
@@ -42,36 +39,13 @@ func connectCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	}
 }
 
+// vsockConnect is the command's one call: hybrid.Pipe with --timeout
+// bounding the handshake, its errors prefixed with the command's name.
 func vsockConnect(path string, port uint32, timeout time.Duration, stdin io.Reader, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	uc, err := hybrid.Dial(ctx, path, port)
-	if err != nil {
+	if err := hybrid.Pipe(ctx, path, port, stdin, stdout); err != nil {
 		return fmt.Errorf("vsock-connect: %w", err)
-	}
-	defer uc.Close()
-	// stdin -> guest runs beside guest -> stdout. When the guest side ends
-	// the command returns without waiting for stdin, which may never end (a
-	// terminal); the copying goroutine dies with the process. An error it
-	// already hit is reported.
-	sent := make(chan error, 1)
-	go func() {
-		_, err := io.Copy(uc, stdin)
-		if cerr := uc.CloseWrite(); err == nil {
-			err = cerr
-		}
-		sent <- err
-	}()
-	_, rerr := io.Copy(stdout, uc)
-	if rerr != nil && !errors.Is(rerr, net.ErrClosed) {
-		return fmt.Errorf("vsock-connect: %w", rerr)
-	}
-	select {
-	case err := <-sent:
-		if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) {
-			return fmt.Errorf("vsock-connect: sending: %w", err)
-		}
-	default:
 	}
 	return nil
 }

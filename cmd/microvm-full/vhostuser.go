@@ -1,29 +1,25 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/clibase"
-	"github.com/microvm/microvm/internal/metricsrv"
 	"github.com/microvm/microvm/internal/seccomp"
-	"github.com/microvm/microvm/virtio"
-	"github.com/microvm/microvm/virtio/vhostuser"
+	"github.com/microvm/microvm/internal/vhostuservsock"
 	"github.com/microvm/microvm/vsock"
 )
 
 // vhostUserVsockCommand serves microvm's vsock device to QEMU over
-// vhost-user. Its flag names are those of rust-vmm's vhost-device-vsock, so it
-// is a drop-in replacement.
+// vhost-user (vhostuservsock.Serve). Its flag names are those of rust-vmm's
+// vhost-device-vsock, so it is a drop-in replacement.
 func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
 		Name:         "vhost-user-vsock",
@@ -91,88 +87,39 @@ func vhostUserVsockCommand(stdout, stderr io.Writer) *cli.Command {
 					return clibase.UsageError{Err: err}
 				}
 			}
-			dev, err := vsock.New(vsock.Config{
-				CID:            cid,
-				MaxConns:       lim.MaxConns,
-				ConnBuffer:     lim.ConnBuffer,
-				MaxBuffered:    lim.BufferTotal,
-				ConnectTimeout: lim.ConnectTimeout,
-				QueueSize:      virtio.MaxQueueSize, // accept any ring size the front-end picks
-				Dialer:         vsock.UDSDialer{Path: uds},
-				Options:        &opts.Options,
-				Dgram:          opts.Dgram,
-				DgramUDS:       uds,
-				Log:            log.WithField("device", "vsock"),
+			err = vhostuservsock.Serve(context.Background(), vhostuservsock.Config{
+				Socket:        sock,
+				UDS:           uds,
+				MetricsSocket: msock,
+				Device: vsock.Config{
+					CID:            cid,
+					MaxConns:       lim.MaxConns,
+					ConnBuffer:     lim.ConnBuffer,
+					MaxBuffered:    lim.BufferTotal,
+					ConnectTimeout: lim.ConnectTimeout,
+					Options:        &opts.Options,
+					Dgram:          opts.Dgram,
+				},
+				VsockOpt: formatVsockOpt(opts),
+			}, vhostuservsock.Options{
+				Log:             log,
+				StartCPUProfile: func() (func(), error) { return startCPUProfile(c, log) },
+				Interruptible:   clibase.Interruptible,
+				Confine: func() error {
+					if err := clibase.EnterChroot(root, log); err != nil {
+						return err
+					}
+					return clibase.Confine(c, clibase.Profiled(c, seccomp.VhostUserVsock()), log)
+				},
+				Listening: stderr,
 			})
-			if err != nil {
+			var ce vhostuservsock.ConfigError
+			if errors.As(err, &ce) {
 				return clibase.UsageError{Err: err}
 			}
-			defer dev.Close()
-			log.WithField("vsock-opt", formatVsockOpt(opts)).Info("vsock device options")
-			hs, err := vsock.ListenUDS(uds, dev, lim.ConnectTimeout, log.WithField("device", "vsock-uds"))
-			if err != nil {
-				return err
-			}
-			defer hs.Close()
-			be, err := vhostuser.Listen(sock, vhostuser.Config{Device: dev, Rings: dev.BackendQueues, Log: log})
-			if err != nil {
-				return err
-			}
-			if msock != "" {
-				// Closed (deferred) before the device: a scrape in
-				// flight ends first.
-				srv, err := metricsrv.Start(msock, func(w io.Writer) error {
-					return vhostUserMetrics(dev, opts.Dgram, be).WritePrometheus(w)
-				}, log)
-				if err != nil {
-					be.Close()
-					return err
-				}
-				defer srv.Close()
-			}
-			stopProfile, err := startCPUProfile(c, log)
-			if err != nil {
-				be.Close()
-				return err
-			}
-			defer stopProfile()
-			sigs := make(chan os.Signal, 1)
-			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-			defer signal.Stop(sigs)
-			if err := clibase.EnterChroot(root, log); err != nil {
-				be.Close()
-				return err
-			}
-			if err := clibase.Confine(c, clibase.Profiled(c, seccomp.VhostUserVsock()), log); err != nil {
-				be.Close()
-				return err
-			}
-			go hs.Serve()
-			done := make(chan error, 1)
-			go func() { done <- be.Serve() }()
-			fmt.Fprintf(stderr, "microvm: vhost-user-vsock listening on %s (guest CID %d, host sockets %s)\n", sock, cid, uds)
-			select {
-			case s := <-sigs:
-				log.Infof("stopping on %v", s)
-				be.Close()
-				select {
-				case <-done:
-				case <-time.After(5 * time.Second):
-				}
-				return nil
-			case err := <-done:
-				be.Close()
-				return err
-			}
+			return err
 		},
 	}
-}
-
-// vhostUserMetrics is a snapshot of vhost-user-vsock's counters.
-func vhostUserMetrics(dev *vsock.Device, dgram bool, be *vhostuser.Backend) microvm.VhostUserVsockMetrics {
-	m := microvm.VhostUserVsockMetrics{Vsock: microvm.VsockMetrics{Name: "vsock0", Dgram: dgram, Stats: dev.Stats()}}
-	m.Frontends, m.FrontendErrors, m.DeviceFailures = be.Stats()
-	return m
 }
 
 // needProc checks that dir holds a mounted /proc, which vhost-user-vsock

@@ -3,8 +3,10 @@
 // docs/interop/vhost-user.rst. The front-end owns the machine and guest
 // memory; the back-end owns the rings it is handed and runs the same device
 // code as microvm's own virtio-mmio transport (package vsock). microvm
-// vhost-user-vsock (cmd/microvm-full) is the command around it; docs/vhost-user.md
-// has the protocol subset, the flags and the conformance suite.
+// vhost-user-vsock is the command around it: internal/vhostuservsock
+// (Serve) makes the device, listens with Listen and runs Serve, and
+// cmd/microvm-full reads its flags; docs/vhost-user.md has the protocol
+// subset, the flags and the conformance suite.
 //
 // Data flow: the front-end negotiates features (GET/SET_FEATURES, the
 // protocol features MQ, REPLY_ACK and CONFIG), hands over guest RAM with

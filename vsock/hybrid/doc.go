@@ -37,6 +37,15 @@
 // Machine.DialVsock hands one end of a socketpair straight to the device
 // and waits for the OK line on the other with AwaitOK.
 //
+// # A Pipe's path
+//
+// Pipe is `microvm vsock-connect` as a call: Dial under ctx, then a
+// goroutine copies in to the socket and half-closes it (CloseWrite) at
+// in's end, while Pipe copies the socket to out until the guest's end of
+// the stream; ctx no longer matters once the handshake is done. Pipe
+// returns at the guest's end without waiting for in (a terminal may never
+// end): the goroutine ends at its next read of in, on the closed socket.
+//
 // # Errors
 //
 // Every error names the socket and the port and wraps the cause:
@@ -56,5 +65,6 @@
 //     listens on (the VMM has exited) wraps syscall.ECONNREFUSED.
 //
 // Dial and AwaitOK start no goroutine; the cancellation hook
-// (context.AfterFunc) is removed before they return.
+// (context.AfterFunc) is removed before they return. Pipe starts the one
+// that copies in, described above.
 package hybrid

@@ -29,3 +29,14 @@ func ExampleDial() {
 	_ = c.CloseWrite() // nothing to send
 	_, _ = io.Copy(os.Stdout, c)
 }
+
+// Talk to guest port 52 from the terminal: stdin to the guest, the guest to
+// stdout, as `microvm vsock-connect --uds /run/vm/vsock.sock --port 52`.
+func ExamplePipe() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel() // the deadline bounds the handshake, not the session
+	if err := hybrid.Pipe(ctx, "/run/vm/vsock.sock", 52, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
