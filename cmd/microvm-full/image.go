@@ -20,6 +20,7 @@ import (
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
@@ -60,7 +61,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
-					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(images.Familiar(img.Refs), " "))
 					return nil
 				},
 			},
@@ -103,7 +104,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if err != nil {
 						return clibase.Failure{Err: limitHint(fmt.Errorf("image %w", err))} // "import PATH: ..."
 					}
-					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(images.Familiar(img.Refs), " "))
 					return nil
 				},
 			},
@@ -326,17 +327,6 @@ func imageOptions(platform string, lim imageLimitValues, stderr io.Writer, quiet
 	return o, stop
 }
 
-// familiar shortens stored names as docker shows them: Docker Hub's
-// index.docker.io/library/debian:12 is debian:12.
-func familiar(refs []string) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		r = strings.TrimPrefix(r, "index.docker.io/")
-		out[i] = strings.TrimPrefix(r, "library/")
-	}
-	return out
-}
-
 // phaseWords say what a phase of the store is doing.
 var phaseWords = map[string]string{
 	image.PhaseDownload: "downloading",
@@ -376,7 +366,7 @@ func printImages(w io.Writer, list []image.Image, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tID\tSIZE\tCREATED")
 	for _, img := range list {
-		refs := familiar(img.Refs)
+		refs := images.Familiar(img.Refs)
 		if len(refs) == 0 {
 			refs = []string{"<none>"}
 		}
