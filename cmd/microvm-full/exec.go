@@ -226,9 +226,9 @@ func (o *execOpts) useImage(c *cli.Context, ref string) error {
 		return err
 	}
 	o.img = img
-	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.argv, p.env, p.workdir
+	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.Argv, p.Env, p.Workdir
 	if o.cmd.uid == nil {
-		o.cmd.uid, o.cmd.gid = p.uid, p.gid
+		o.cmd.uid, o.cmd.gid = p.UID, p.GID
 	}
 	return nil
 }

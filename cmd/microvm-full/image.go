@@ -18,7 +18,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
 	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
@@ -378,34 +377,15 @@ func printImages(w io.Writer, list []image.Image, asJSON bool) error {
 	return tw.Flush()
 }
 
-// imageProcess is what a command in an image runs as, the way docker run
-// applies the image's configuration: argv is the Entrypoint followed by the
-// given command, or by the image's Cmd when none is given; the environment
-// is the image's with HOME added when it has none and each --env replacing
-// the variable of its name; the working directory is --workdir, else the
-// image's; the user is the image's.
-type imageProcess struct {
-	argv    []string
-	env     []string
-	workdir string
-	uid     *uint32
-	gid     *uint32
-}
-
-func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imageProcess, error) {
-	var p imageProcess
-	if len(args) > 0 {
-		p.argv = append(append([]string(nil), cfg.Entrypoint...), args...)
-	} else {
-		p.argv = append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)
+// applyImage is namedvm.ImageProcess (docker run's rules for an image's
+// command) with its one refusal as a usage error: the command line must
+// give the command.
+func applyImage(cfg image.Config, args, envFlags []string, workdir string) (namedvm.Process, error) {
+	p, err := namedvm.ImageProcess(cfg, args, envFlags, workdir)
+	if errors.Is(err, namedvm.ErrNoCommand) {
+		return p, clibase.UsageError{Err: fmt.Errorf("%w: give a command (-- CMD [ARG...])", err)}
 	}
-	if len(p.argv) == 0 {
-		return p, clibase.Usagef("the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])")
-	}
-	ac := agentapi.Cmd{Env: envFlags, Dir: workdir}
-	namedvm.WithDefaults(&ac, namedvm.ImageDefaults(cfg))
-	p.env, p.workdir, p.uid, p.gid = ac.Env, ac.Dir, ac.UID, ac.GID
-	return p, nil
+	return p, err
 }
 
 // envFlags reads --env values: K=V sets K; a bare K passes microvm's own

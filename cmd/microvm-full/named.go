@@ -103,7 +103,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 				return err
 			}
 			if p, err := applyImage(img.root.Config, c.Args().Slice(), env, ""); err == nil {
-				img.main = &namedvm.Process{Argv: p.argv, Env: p.env, Workdir: p.workdir, UID: p.uid, GID: p.gid}
+				img.main = &p
 			} else if c.NArg() > 0 {
 				return err
 			}
