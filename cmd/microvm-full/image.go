@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,7 +22,6 @@ import (
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
-	"github.com/microvm/microvm/internal/vms"
 )
 
 // imageCommand is `microvm image pull|import|ls|rm`: OCI and Docker images
@@ -56,7 +54,11 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if err != nil {
 						return err
 					}
-					img, err := pullImage(ctx, c.Args().First(), c.String("platform"), lim, stderr, c.Bool("quiet"))
+					s, err := images.Open("")
+					if err != nil {
+						return clibase.Failure{Err: err}
+					}
+					img, err := pullImage(ctx, s, c.Args().First(), c.String("platform"), lim, stderr, c.Bool("quiet"))
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -88,16 +90,16 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					}
 					ctx, stop := clibase.Interruptible(context.Background())
 					defer stop()
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
 					o, done := imageOptions(c.String("platform"), lim, stderr, c.Bool("quiet"), "image import "+c.Args().First())
 					var img *image.Image
 					if c.Bool("rootfs") {
-						img, err = s.ImportRootfs(ctx, c.Args().First(), c.String("name"), image.Config{}, o)
+						img, err = s.ImportRootfsWith(ctx, c.Args().First(), c.String("name"), images.Config{}, o)
 					} else {
-						img, err = s.Import(ctx, c.Args().First(), c.String("name"), o)
+						img, err = s.ImportWith(ctx, c.Args().First(), c.String("name"), o)
 					}
 					done()
 					if err != nil {
@@ -117,7 +119,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if c.NArg() > 0 {
 						return clibase.Usagef("image ls takes no arguments")
 					}
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -137,7 +139,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if c.NArg() == 0 {
 						return clibase.Usagef("image rm: want at least one name or ID")
 					}
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -253,16 +255,6 @@ func limitHint(err error) error {
 	return err
 }
 
-// openImages opens the image store under the state directory, which must
-// be one vms.CheckStateDir accepts (as for named VMs).
-func openImages() (*image.Store, error) {
-	dir := vms.StateDir()
-	if err := vms.CheckStateDir(dir); err != nil {
-		return nil, err
-	}
-	return image.Open(filepath.Join(dir, "images"))
-}
-
 // shortID is the image ID as ls shows it.
 func shortID(id string) string {
 	if len(id) > 12 {
@@ -271,14 +263,10 @@ func shortID(id string) string {
 	return id
 }
 
-// pullImage pulls ref into the store with a progress bar on a terminal.
-func pullImage(ctx context.Context, ref, platform string, lim imageLimitValues, stderr io.Writer, quiet bool) (*image.Image, error) {
-	s, err := openImages()
-	if err != nil {
-		return nil, err
-	}
+// pullImage pulls ref into s with a progress bar on a terminal.
+func pullImage(ctx context.Context, s *images.Store, ref, platform string, lim imageLimitValues, stderr io.Writer, quiet bool) (*image.Image, error) {
 	o, done := imageOptions(platform, lim, stderr, quiet, "image pull "+ref)
-	img, err := s.Pull(ctx, ref, o)
+	img, err := s.PullWith(ctx, ref, o)
 	done()
 	if err != nil {
 		return nil, limitHint(fmt.Errorf("image %w", err)) // the store's error starts "pull REF: "
@@ -286,25 +274,21 @@ func pullImage(ctx context.Context, ref, platform string, lim imageLimitValues, 
 	return img, nil
 }
 
-// findImage is the image --image names: from the store, else pulled from
-// its registry, as docker run does.
+// findImage is the image --image names (images.Store.Find): from the
+// CLI's store, else pulled from its registry, as docker run does, with
+// the limits of the environment (there are no limit flags).
 func findImage(ctx context.Context, ref string, stderr io.Writer, quiet bool) (*image.Image, error) {
-	s, err := openImages()
+	s, err := images.Open("")
 	if err != nil {
 		return nil, err
 	}
-	img, err := s.Get(ref)
-	if err == nil {
-		return img, nil
-	}
-	if !errors.Is(err, image.ErrNotFound) {
-		return nil, err
-	}
-	lim, err := readImageLimits(envFlag)
-	if err != nil {
-		return nil, err
-	}
-	return pullImage(ctx, ref, "", lim, stderr, quiet)
+	return s.Find(ctx, ref, func(ctx context.Context, ref string) (*image.Image, error) {
+		lim, err := readImageLimits(envFlag)
+		if err != nil {
+			return nil, err
+		}
+		return pullImage(ctx, s, ref, "", lim, stderr, quiet)
+	})
 }
 
 // imageOptions are the store's options with a progress callback that, on a
