@@ -39,22 +39,49 @@ func Open(dir string) (*Store, error) {
 	return &Store{s: s}, nil
 }
 
+// Options tune one pull or import (the With methods): the platform, a
+// progress callback, registry credentials, a warnings log, and the limits
+// on what an image may unpack to (0: the store's default; negative: none;
+// an image past one is refused with a *image.LimitError, nothing kept).
+// The zero value is the plain methods' choice.
+type Options = image.Options
+
+// Progress is one report to Options.Progress: the phase (downloading,
+// reading layers, converting) and its bytes done of a total, 0 when
+// unknown.
+type Progress = image.Progress
+
 // Pull fetches ref from its registry (credentials from docker's config;
 // platform "" is linux/amd64) and stores it, unless it is stored already.
 func (s *Store) Pull(ctx context.Context, ref, platform string) (*Image, error) {
-	return s.s.Pull(ctx, ref, image.Options{Platform: platform})
+	return s.PullWith(ctx, ref, Options{Platform: platform})
+}
+
+// PullWith is Pull with the choices in o.
+func (s *Store) PullWith(ctx context.Context, ref string, o Options) (*Image, error) {
+	return s.s.Pull(ctx, ref, o)
 }
 
 // Import stores an image from a docker save tarball, an OCI archive or an
 // OCI layout directory; name "" takes the name the archive gives.
 func (s *Store) Import(ctx context.Context, path, name string) (*Image, error) {
-	return s.s.Import(ctx, path, name, image.Options{})
+	return s.ImportWith(ctx, path, name, Options{})
+}
+
+// ImportWith is Import with the choices in o.
+func (s *Store) ImportWith(ctx context.Context, path, name string, o Options) (*Image, error) {
+	return s.s.Import(ctx, path, name, o)
 }
 
 // ImportRootfs stores a root file system tarball as the one-layer image
 // name, with cfg as its configuration (docker import).
 func (s *Store) ImportRootfs(ctx context.Context, path, name string, cfg Config) (*Image, error) {
-	return s.s.ImportRootfs(ctx, path, name, cfg, image.Options{})
+	return s.ImportRootfsWith(ctx, path, name, cfg, Options{})
+}
+
+// ImportRootfsWith is ImportRootfs with the choices in o.
+func (s *Store) ImportRootfsWith(ctx context.Context, path, name string, cfg Config, o Options) (*Image, error) {
+	return s.s.ImportRootfs(ctx, path, name, cfg, o)
 }
 
 // Get finds a stored image by name or ID prefix; errors.Is(err,

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,12 +26,8 @@ import (
 	"github.com/microvm/microvm/internal/vms"
 )
 
-// Exec's fixed choices: the agent's vsock port (also agent's default
-// --port) and the guest's CID.
-const (
-	agentPort = agentvm.Port
-	execCID   = 3
-)
+// agentPort is the agent's vsock port (also agent's default --port).
+const agentPort = agentvm.Port
 
 func execCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 	return &cli.Command{
@@ -187,23 +181,16 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 	if err := o.readCacheFlags(c); err != nil {
 		return nil, err
 	}
-	o.kernel = c.String("kernel")
-	if o.kernel == "" {
-		o.kernel = os.Getenv("MICROVM_KERNEL")
-	}
-	defaultKernel := o.kernel == ""
-	if defaultKernel {
-		o.kernel = defaultKernelPath()
-	}
+	var defaultKernel bool
+	o.kernel, defaultKernel = execvm.Kernel(c.String("kernel"))
 	// Everything New would refuse in the configuration is a usage error
 	// now, before an image is built or a file is looked at.
 	if err := o.machineConfig("", nil).Check(); err != nil {
 		return nil, err
 	}
 	if defaultKernel {
-		if _, err := os.Stat(o.kernel); err != nil {
-			return nil, fmt.Errorf("kernel %s: %w (no --kernel and no $MICROVM_KERNEL, so this is the default: build it with make kernel, or give one)",
-				o.kernel, unwrapPathError(err))
+		if err := execvm.CheckDefaultKernel(o.kernel); err != nil {
+			return nil, err
 		}
 	}
 	return o, nil
@@ -226,32 +213,25 @@ func (o *execOpts) useImage(c *cli.Context, ref string) error {
 		return err
 	}
 	o.img = img
-	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.argv, p.env, p.workdir
+	o.cmd.argv, o.cmd.env, o.cmd.workdir = p.Argv, p.Env, p.Workdir
 	if o.cmd.uid == nil {
-		o.cmd.uid, o.cmd.gid = p.uid, p.gid
+		o.cmd.uid, o.cmd.gid = p.UID, p.GID
 	}
 	return nil
-}
-
-// defaultKernelPath is the kernel exec (and run --with-agent) boot without
-// --kernel or $MICROVM_KERNEL: build/kernel/bzImage beside the binary's
-// bin/ (make kernel).
-func defaultKernelPath() string {
-	return filepath.Clean(filepath.Join(clibase.BinDir(), "..", "build", "kernel", "bzImage"))
 }
 
 // machineConfig is the VM exec boots: the kernel, the initrd (none with
 // --root), the devices, the console, the log.
 func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Config {
-	cmdline := "console=ttyS0 reboot=k panic=-1 quiet"
+	cmdline := execvm.AgentCmdline
 	if o.devices.Root != "" {
-		cmdline += " init=/init"
+		cmdline = execvm.WithInit(cmdline)
 	}
 	cfg := microvm.Config{
 		Kernel: o.kernel, Initrd: initrd, CPUs: o.cpus, MemoryBytes: o.memory,
 		Cmdline: cmdline,
 		Console: console, Log: o.log,
-		Vsock: &microvm.VsockConfig{CID: execCID},
+		Vsock: &microvm.VsockConfig{CID: execvm.CID},
 		Disks: o.devices.Disks, Root: o.devices.Root, RNG: o.devices.RNG, Nets: o.devices.Nets,
 		Shares: o.devices.Shares, MetricsSocket: o.devices.MetricsSocket,
 	}
@@ -259,16 +239,6 @@ func (o *execOpts) machineConfig(initrd string, console io.Writer) microvm.Confi
 		images.Use(&cfg, o.img, o.overlay)
 	}
 	return cfg
-}
-
-// unwrapPathError drops *os.PathError's operation and path, which the
-// message already names.
-func unwrapPathError(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // runExec is exec in a fresh VM (or a clone of --snapshot's): the

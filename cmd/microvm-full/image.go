@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -18,12 +17,11 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/microvm/microvm"
-	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/guest/agentimage"
+	"github.com/microvm/microvm/images"
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
-	"github.com/microvm/microvm/internal/vms"
 )
 
 // imageCommand is `microvm image pull|import|ls|rm`: OCI and Docker images
@@ -56,11 +54,15 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if err != nil {
 						return err
 					}
-					img, err := pullImage(ctx, c.Args().First(), c.String("platform"), lim, stderr, c.Bool("quiet"))
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
-					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					img, err := pullImage(ctx, s, c.Args().First(), c.String("platform"), lim, stderr, c.Bool("quiet"))
+					if err != nil {
+						return clibase.Failure{Err: err}
+					}
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(images.Familiar(img.Refs), " "))
 					return nil
 				},
 			},
@@ -88,22 +90,22 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					}
 					ctx, stop := clibase.Interruptible(context.Background())
 					defer stop()
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
 					o, done := imageOptions(c.String("platform"), lim, stderr, c.Bool("quiet"), "image import "+c.Args().First())
 					var img *image.Image
 					if c.Bool("rootfs") {
-						img, err = s.ImportRootfs(ctx, c.Args().First(), c.String("name"), image.Config{}, o)
+						img, err = s.ImportRootfsWith(ctx, c.Args().First(), c.String("name"), images.Config{}, o)
 					} else {
-						img, err = s.Import(ctx, c.Args().First(), c.String("name"), o)
+						img, err = s.ImportWith(ctx, c.Args().First(), c.String("name"), o)
 					}
 					done()
 					if err != nil {
 						return clibase.Failure{Err: limitHint(fmt.Errorf("image %w", err))} // "import PATH: ..."
 					}
-					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(familiar(img.Refs), " "))
+					fmt.Fprintf(stdout, "%s %s\n", shortID(img.ID), strings.Join(images.Familiar(img.Refs), " "))
 					return nil
 				},
 			},
@@ -117,7 +119,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if c.NArg() > 0 {
 						return clibase.Usagef("image ls takes no arguments")
 					}
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -137,7 +139,7 @@ func imageCommand(stdout, stderr io.Writer) *cli.Command {
 					if c.NArg() == 0 {
 						return clibase.Usagef("image rm: want at least one name or ID")
 					}
-					s, err := openImages()
+					s, err := images.Open("")
 					if err != nil {
 						return clibase.Failure{Err: err}
 					}
@@ -253,16 +255,6 @@ func limitHint(err error) error {
 	return err
 }
 
-// openImages opens the image store under the state directory, which must
-// be one vms.CheckStateDir accepts (as for named VMs).
-func openImages() (*image.Store, error) {
-	dir := vms.StateDir()
-	if err := vms.CheckStateDir(dir); err != nil {
-		return nil, err
-	}
-	return image.Open(filepath.Join(dir, "images"))
-}
-
 // shortID is the image ID as ls shows it.
 func shortID(id string) string {
 	if len(id) > 12 {
@@ -271,14 +263,10 @@ func shortID(id string) string {
 	return id
 }
 
-// pullImage pulls ref into the store with a progress bar on a terminal.
-func pullImage(ctx context.Context, ref, platform string, lim imageLimitValues, stderr io.Writer, quiet bool) (*image.Image, error) {
-	s, err := openImages()
-	if err != nil {
-		return nil, err
-	}
+// pullImage pulls ref into s with a progress bar on a terminal.
+func pullImage(ctx context.Context, s *images.Store, ref, platform string, lim imageLimitValues, stderr io.Writer, quiet bool) (*image.Image, error) {
 	o, done := imageOptions(platform, lim, stderr, quiet, "image pull "+ref)
-	img, err := s.Pull(ctx, ref, o)
+	img, err := s.PullWith(ctx, ref, o)
 	done()
 	if err != nil {
 		return nil, limitHint(fmt.Errorf("image %w", err)) // the store's error starts "pull REF: "
@@ -286,25 +274,21 @@ func pullImage(ctx context.Context, ref, platform string, lim imageLimitValues, 
 	return img, nil
 }
 
-// findImage is the image --image names: from the store, else pulled from
-// its registry, as docker run does.
+// findImage is the image --image names (images.Store.Find): from the
+// CLI's store, else pulled from its registry, as docker run does, with
+// the limits of the environment (there are no limit flags).
 func findImage(ctx context.Context, ref string, stderr io.Writer, quiet bool) (*image.Image, error) {
-	s, err := openImages()
+	s, err := images.Open("")
 	if err != nil {
 		return nil, err
 	}
-	img, err := s.Get(ref)
-	if err == nil {
-		return img, nil
-	}
-	if !errors.Is(err, image.ErrNotFound) {
-		return nil, err
-	}
-	lim, err := readImageLimits(envFlag)
-	if err != nil {
-		return nil, err
-	}
-	return pullImage(ctx, ref, "", lim, stderr, quiet)
+	return s.Find(ctx, ref, func(ctx context.Context, ref string) (*image.Image, error) {
+		lim, err := readImageLimits(envFlag)
+		if err != nil {
+			return nil, err
+		}
+		return pullImage(ctx, s, ref, "", lim, stderr, quiet)
+	})
 }
 
 // imageOptions are the store's options with a progress callback that, on a
@@ -324,17 +308,6 @@ func imageOptions(platform string, lim imageLimitValues, stderr io.Writer, quiet
 		return progressBar(phase.Load().(string), doneB.Load(), totalB.Load())
 	})
 	return o, stop
-}
-
-// familiar shortens stored names as docker shows them: Docker Hub's
-// index.docker.io/library/debian:12 is debian:12.
-func familiar(refs []string) []string {
-	out := make([]string, len(refs))
-	for i, r := range refs {
-		r = strings.TrimPrefix(r, "index.docker.io/")
-		out[i] = strings.TrimPrefix(r, "library/")
-	}
-	return out
 }
 
 // phaseWords say what a phase of the store is doing.
@@ -376,7 +349,7 @@ func printImages(w io.Writer, list []image.Image, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tID\tSIZE\tCREATED")
 	for _, img := range list {
-		refs := familiar(img.Refs)
+		refs := images.Familiar(img.Refs)
 		if len(refs) == 0 {
 			refs = []string{"<none>"}
 		}
@@ -388,34 +361,15 @@ func printImages(w io.Writer, list []image.Image, asJSON bool) error {
 	return tw.Flush()
 }
 
-// imageProcess is what a command in an image runs as, the way docker run
-// applies the image's configuration: argv is the Entrypoint followed by the
-// given command, or by the image's Cmd when none is given; the environment
-// is the image's with HOME added when it has none and each --env replacing
-// the variable of its name; the working directory is --workdir, else the
-// image's; the user is the image's.
-type imageProcess struct {
-	argv    []string
-	env     []string
-	workdir string
-	uid     *uint32
-	gid     *uint32
-}
-
-func applyImage(cfg image.Config, args, envFlags []string, workdir string) (imageProcess, error) {
-	var p imageProcess
-	if len(args) > 0 {
-		p.argv = append(append([]string(nil), cfg.Entrypoint...), args...)
-	} else {
-		p.argv = append(append([]string(nil), cfg.Entrypoint...), cfg.Cmd...)
+// applyImage is namedvm.ImageProcess (docker run's rules for an image's
+// command) with its one refusal as a usage error: the command line must
+// give the command.
+func applyImage(cfg image.Config, args, envFlags []string, workdir string) (namedvm.Process, error) {
+	p, err := namedvm.ImageProcess(cfg, args, envFlags, workdir)
+	if errors.Is(err, namedvm.ErrNoCommand) {
+		return p, clibase.UsageError{Err: fmt.Errorf("%w: give a command (-- CMD [ARG...])", err)}
 	}
-	if len(p.argv) == 0 {
-		return p, clibase.Usagef("the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])")
-	}
-	ac := agentapi.Cmd{Env: envFlags, Dir: workdir}
-	namedvm.WithDefaults(&ac, namedvm.ImageDefaults(cfg))
-	p.env, p.workdir, p.uid, p.gid = ac.Env, ac.Dir, ac.UID, ac.GID
-	return p, nil
+	return p, err
 }
 
 // envFlags reads --env values: K=V sets K; a bare K passes microvm's own

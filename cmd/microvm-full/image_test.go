@@ -29,14 +29,14 @@ func TestApplyImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"/entry.sh", "serve", "--port=80"}; !slices.Equal(p.argv, want) {
-		t.Errorf("no command: argv %q, want %q", p.argv, want)
+	if want := []string{"/entry.sh", "serve", "--port=80"}; !slices.Equal(p.Argv, want) {
+		t.Errorf("no command: argv %q, want %q", p.Argv, want)
 	}
-	if want := []string{"PATH=/usr/local/bin:/usr/bin", "LANG=C.UTF-8", "HOME=/root"}; !slices.Equal(p.env, want) {
-		t.Errorf("env %q, want %q", p.env, want)
+	if want := []string{"PATH=/usr/local/bin:/usr/bin", "LANG=C.UTF-8", "HOME=/root"}; !slices.Equal(p.Env, want) {
+		t.Errorf("env %q, want %q", p.Env, want)
 	}
-	if p.workdir != "/src" || p.uid != nil || p.gid != nil {
-		t.Errorf("workdir %q uid %v gid %v: want /src and the agent's user", p.workdir, p.uid, p.gid)
+	if p.Workdir != "/src" || p.UID != nil || p.GID != nil {
+		t.Errorf("workdir %q uid %v gid %v: want /src and the agent's user", p.Workdir, p.UID, p.GID)
 	}
 
 	cfg.User, cfg.UID, cfg.GID = "app", 1000, 1001
@@ -44,18 +44,20 @@ func TestApplyImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"/entry.sh", "sh", "-c", "id"}; !slices.Equal(p.argv, want) {
-		t.Errorf("with a command: argv %q, want %q", p.argv, want)
+	if want := []string{"/entry.sh", "sh", "-c", "id"}; !slices.Equal(p.Argv, want) {
+		t.Errorf("with a command: argv %q, want %q", p.Argv, want)
 	}
-	if want := []string{"PATH=/usr/local/bin:/usr/bin", "LANG=fr_FR.UTF-8", "X=1", "HOME=/"}; !slices.Equal(p.env, want) {
-		t.Errorf("env %q, want %q", p.env, want)
+	if want := []string{"PATH=/usr/local/bin:/usr/bin", "LANG=fr_FR.UTF-8", "X=1", "HOME=/"}; !slices.Equal(p.Env, want) {
+		t.Errorf("env %q, want %q", p.Env, want)
 	}
-	if p.workdir != "/tmp" || p.uid == nil || *p.uid != 1000 || p.gid == nil || *p.gid != 1001 {
-		t.Errorf("workdir %q uid %v gid %v: want /tmp, 1000, 1001", p.workdir, p.uid, p.gid)
+	if p.Workdir != "/tmp" || p.UID == nil || *p.UID != 1000 || p.GID == nil || *p.GID != 1001 {
+		t.Errorf("workdir %q uid %v gid %v: want /tmp, 1000, 1001", p.Workdir, p.UID, p.GID)
 	}
 
 	if _, err := applyImage(image.Config{}, nil, nil, ""); !isUsage(err) {
 		t.Errorf("an image with no command and none given: %v, want a usage error", err)
+	} else if want := "the image has no Entrypoint and no Cmd: give a command (-- CMD [ARG...])"; err.Error() != want {
+		t.Errorf("an image with no command and none given: %q, want %q", err, want)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -24,16 +23,13 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/vms"
 	"github.com/microvm/microvm/named"
 )
-
-// defaultAgentCmdline is the kernel command line of a VM booted with the
-// agent image and no --cmdline.
-const defaultAgentCmdline = "console=ttyS0 reboot=k panic=-1 quiet"
 
 // runNamed is `microvm run` with --name, --detach or --with-agent.
 func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
@@ -103,7 +99,7 @@ func runNamed(c *cli.Context, stdin io.Reader, stdout, stderr io.Writer) error {
 				return err
 			}
 			if p, err := applyImage(img.root.Config, c.Args().Slice(), env, ""); err == nil {
-				img.main = &namedvm.Process{Argv: p.argv, Env: p.env, Workdir: p.workdir, UID: p.uid, GID: p.gid}
+				img.main = &p
 			} else if c.NArg() > 0 {
 				return err
 			}
@@ -173,20 +169,17 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	if cfg.Kernel == "" {
-		if cfg.Kernel = os.Getenv("MICROVM_KERNEL"); cfg.Kernel == "" {
-			cfg.Kernel = defaultKernelPath()
-			if _, err := os.Stat(cfg.Kernel); err != nil {
-				return cfg, fmt.Errorf("kernel %s: %w (no --kernel and no $MICROVM_KERNEL, so this is the default: build it with make kernel, or give one)",
-					cfg.Kernel, unwrapPathError(err))
-			}
+	var defaultKernel bool
+	if cfg.Kernel, defaultKernel = execvm.Kernel(cfg.Kernel); defaultKernel {
+		if err := execvm.CheckDefaultKernel(cfg.Kernel); err != nil {
+			return cfg, err
 		}
 	}
 	if img.build && cfg.Cmdline == "" {
-		cfg.Cmdline = defaultAgentCmdline
+		cfg.Cmdline = execvm.AgentCmdline
 	}
-	if cfg.Root != "" && c.Bool("with-agent") && !strings.Contains(cfg.Cmdline, "init=") {
-		cfg.Cmdline = strings.TrimSpace(cfg.Cmdline + " init=/init")
+	if cfg.Root != "" && c.Bool("with-agent") {
+		cfg.Cmdline = execvm.WithInit(cfg.Cmdline)
 	}
 	// clibase.RunConfigNoKernelCheck made the device from --vsock-cid and the
 	// vsock limits and options; the socket is the state directory's
@@ -195,7 +188,7 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 		cfg.Vsock = &microvm.VsockConfig{}
 	}
 	if cfg.Vsock.CID == 0 {
-		cfg.Vsock.CID = execCID
+		cfg.Vsock.CID = execvm.CID
 	}
 	return cfg, nil
 }

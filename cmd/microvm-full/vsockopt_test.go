@@ -11,6 +11,7 @@ import (
 
 	"github.com/microvm/microvm"
 	"github.com/microvm/microvm/internal/clibase"
+	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/vsock"
 )
 
@@ -150,7 +151,7 @@ func TestNamedConfigVsockCID(t *testing.T) {
 		wantErr   string
 	}{
 		{[]string{"--name", "vm1", "--vsock-cid", "9", "--vsock-max-conns", "5"}, 9, 5, ""},
-		{[]string{"--name", "vm1"}, execCID, vsock.DefaultMaxConns, ""},
+		{[]string{"--name", "vm1"}, execvm.CID, vsock.DefaultMaxConns, ""},
 		{[]string{"--vsock-cid", "9"}, 0, 0, "--vsock-cid and --vsock-uds go together"},
 	} {
 		var got microvm.Config

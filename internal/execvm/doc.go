@@ -21,6 +21,12 @@
 //	     returned as it is; the VM's end or an unresponsive guest becomes
 //	     an error with the guest console's tail (agentvm.TailBuffer)
 //
+// Defaults (defaults.go), shared with named VMs that boot the agent:
+// Kernel picks --kernel, else $MICROVM_KERNEL, else DefaultKernelPath,
+// which CheckDefaultKernel checks with a hint; AgentCmdline is the kernel
+// command line, WithInit adds init=/init for a root disk; CID is the
+// guest's vsock CID.
+//
 // CheckWarmStart reads an exec snapshot directory and computes the key
 // (a digest of what shapes the machine) that it must carry.
 //

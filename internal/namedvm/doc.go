@@ -70,6 +70,12 @@
 // ended with status 0 after the unmount, else discards them with one
 // warning naming them and why.
 //
+// An image's command (exec --image's, and the main process of run
+// --image: BootRequest.Main) is ImageProcess: docker run's rules joining
+// the image's Entrypoint, Cmd, environment, directory and user with the
+// caller's arguments, variables and directory; WithDefaults is the part
+// of it that a later exec --vm applies from the record.
+//
 // Data flow of a command in a running VM (Exec): Live finds the VM's
 // record -> WithDefaults completes the caller's command with the image's
 // defaults the record keeps (vms.Process: environment, directory, user;
