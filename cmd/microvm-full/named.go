@@ -330,20 +330,12 @@ func namedCommands(stdin io.Reader, stdout, stderr io.Writer) []*cli.Command {
 				if c.NArg() == 0 {
 					return clibase.Usagef("rm: want VM names")
 				}
-				store, err := vms.Open(vms.StateDir())
-				if err != nil {
-					return err
-				}
-				var errs []error
 				for _, name := range c.Args().Slice() {
 					if err := vms.CheckName(name); err != nil {
 						return clibase.UsageError{Err: err}
 					}
-					if err := namedvm.Remove(store, name, c.Bool("force")); err != nil {
-						errs = append(errs, err)
-					}
 				}
-				return errors.Join(errs...)
+				return namedvm.Remove(c.Args().Slice(), c.Bool("force"))
 			},
 		},
 		{

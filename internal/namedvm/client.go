@@ -2,6 +2,7 @@ package namedvm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -143,9 +144,26 @@ func List() ([]vms.Entry, error) {
 	return list, nil
 }
 
-// Remove removes the VM name from store; with force a running one is
-// stopped first (Stop, at once), else refused (vms.ErrRunning).
-func Remove(store *vms.Store, name string, force bool) error {
+// Remove removes the VMs named names from the state directory for good
+// (`microvm rm`): with force a running one is stopped first (Stop, at
+// once), else refused (vms.ErrRunning). Every name is tried; the errors
+// are joined.
+func Remove(names []string, force bool) error {
+	store, err := vms.Open(vms.StateDir())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		if err := remove(store, name, force); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// remove removes the VM name from store, as Remove.
+func remove(store *vms.Store, name string, force bool) error {
 	if force {
 		if e, err := store.Get(name); err == nil && e.Alive {
 			if err := Stop(name, true, 0); err != nil {

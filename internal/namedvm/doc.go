@@ -1,6 +1,6 @@
 // Package namedvm is the process of a named VM (`microvm run --name NAME`,
 // `restore --name`) and its client side beyond package named's VM:
-// starting one detached (run --detach), stopping one for good (the API, then its process), removing one, listing
+// starting one detached (run --detach), stopping one for good (the API, then its process), removing them (Remove), listing
 // them with a running VM's own view of its state, looking a running one
 // up, and running a command in one (Exec, exec --vm).
 //
