@@ -88,15 +88,7 @@ func agentExecCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 			cmd.stdin, cmd.stdout, cmd.stderr = stdin, stdout, stderr
 			ctx, stop := clibase.Interruptible(context.Background())
 			defer stop()
-			cc, err := a.Dial(ctx)
-			if err != nil {
-				if serr := clibase.SignalStatus(ctx, log); serr != nil {
-					return serr
-				}
-				return clibase.Failure{Err: fmt.Errorf("%s: %w", name, err)}
-			}
-			defer cc.Close()
-			return commandEnd(agentvm.RunCommand(ctx, cc, cmd.agentCommand(name, log)))
+			return commandEnd(agentvm.Exec(ctx, a, cmd.agentCommand(name, log)))
 		},
 	}
 }

@@ -458,14 +458,11 @@ func namedCpCommand(stdin io.Reader, stdout, stderr io.Writer, usage string) *cl
 			if err != nil {
 				return err
 			}
-			e, err := namedvm.Live(name)
+			a, err := namedvm.Agent(name, 5*time.Second)
 			if err != nil {
 				return clibase.Failure{Err: fmt.Errorf("cp: %w", err)}
 			}
-			if !e.Agent {
-				return clibase.Failure{Err: fmt.Errorf("cp: VM %s runs no agent (start it with --with-agent)", name)}
-			}
-			return copyWithAgent("cp", cp, namedvm.AgentAddr(e, 5*time.Second), stdin, stdout, log)
+			return copyWithAgent("cp", cp, a, stdin, stdout, log)
 		},
 	}
 }

@@ -75,6 +75,23 @@ func (e *CommandError) Error() string {
 
 func (e *CommandError) Unwrap() error { return e.Err }
 
+// Exec dials the agent at a and runs c through it (RunCommand): microvm
+// agent exec. A dial that fails is c.Interrupted's error when a signal
+// cancelled ctx meanwhile, else the dial's error after c.Name.
+func Exec(ctx context.Context, a Addr, c Command) (int, error) {
+	cc, err := a.Dial(ctx)
+	if err != nil {
+		if c.Interrupted != nil {
+			if serr := c.Interrupted(ctx); serr != nil {
+				return 0, serr
+			}
+		}
+		return 0, fmt.Errorf("%s: %w", c.Name, err)
+	}
+	defer cc.Close()
+	return RunCommand(ctx, cc, c)
+}
+
 // RunCommand runs c through the agent on cc and returns its end as a
 // shell tells it: its exit code, 128+N for signal N (a --timeout kill is
 // 137, after a note on Cmd.Stderr), StatusNotFound or StatusCannotRun

@@ -202,3 +202,21 @@ func TestRunCommandTTY(t *testing.T) {
 		t.Errorf("OpenTTY failed: %d, %v; want 0, its error", n, err)
 	}
 }
+
+// TestExecDialFails: Exec's failed dial is the dial's error after the
+// command's name, or the caller's signal status when it has one; nothing
+// runs.
+func TestExecDialFails(t *testing.T) {
+	a := Addr{UDS: filepath.Join(t.TempDir(), "nosuch.sock"), Port: Port, Timeout: time.Second}
+	n, err := Exec(context.Background(), a, Command{Cmd: agentapi.Cmd{Argv: []string{"true"}}, Name: "agent exec",
+		Interrupted: func(context.Context) error { return nil }})
+	if n != 0 || err == nil || !strings.HasPrefix(err.Error(), "agent exec: --uds ") || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("no socket: %d, %v; want the dial's error after the name", n, err)
+	}
+	stopped := errors.New("stopped by a signal")
+	n, err = Exec(context.Background(), a, Command{Cmd: agentapi.Cmd{Argv: []string{"true"}}, Name: "agent exec",
+		Interrupted: func(context.Context) error { return stopped }})
+	if n != 0 || err != stopped {
+		t.Errorf("interrupted: %d, %v; want the caller's error", n, err)
+	}
+}

@@ -19,7 +19,8 @@
 //	     (UnresponsiveError)
 //	  -> End: how the VM ended, for messages
 //
-// and the call itself, in a fresh VM or a running one (RunCommand): the
+// and the call itself, in a fresh VM or a running one (RunCommand; Exec
+// dials a running VM's Addr first, for agent exec): the
 // host terminal opened when the command has a pty (Command.OpenTTY) ->
 // agentapi.Client.Exec streams stdin, stdout and stderr -> the caller's
 // signal status first (Command.Interrupted) -> the end as a shell's

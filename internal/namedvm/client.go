@@ -174,6 +174,30 @@ func remove(store *vms.Store, name string, force bool) error {
 	return store.Remove(name)
 }
 
+// liveAgent is Live for a VM whose agent a command reaches: an error too
+// when it runs none.
+func liveAgent(name string) (vms.Entry, error) {
+	e, err := Live(name)
+	if err != nil {
+		return e, err
+	}
+	if !e.Agent {
+		return e, fmt.Errorf("VM %s runs no agent (start it with --with-agent)", name)
+	}
+	return e, nil
+}
+
+// Agent is where the agent of the running VM named name answers
+// (AgentAddr, timeout bounding the wait for it), or an error when the VM
+// is not running or runs no agent: microvm cp's NAME:/PATH.
+func Agent(name string, timeout time.Duration) (agentvm.Addr, error) {
+	e, err := liveAgent(name)
+	if err != nil {
+		return agentvm.Addr{}, err
+	}
+	return AgentAddr(e, timeout), nil
+}
+
 // AgentAddr is where a named VM's agent answers: its vsock socket in the
 // VM's directory, the agent's port; timeout bounds the wait for it.
 func AgentAddr(e vms.Entry, timeout time.Duration) agentvm.Addr {

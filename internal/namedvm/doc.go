@@ -2,7 +2,8 @@
 // `restore --name`) and its client side beyond package named's VM:
 // starting one detached (run --detach), stopping one for good (the API, then its process), removing them (Remove), listing
 // them with a running VM's own view of its state, looking a running one
-// up, and running a command in one (Exec, exec --vm).
+// up (and its agent's address: Agent, for cp), and running a command in
+// one (Exec, exec --vm).
 //
 // Data flow of the process (Run): vms.Store.Create takes the name (the
 // record and the lock in the state directory) -> Launch.Build makes the

@@ -31,12 +31,9 @@ const execDialTimeout = 10 * time.Second
 // is not running or runs no agent, or whose agent cannot be reached (or
 // Command.Interrupted's error, when a signal cancelled ctx meanwhile).
 func Exec(ctx context.Context, o ExecOptions) (int, error) {
-	e, err := Live(o.VM)
+	e, err := liveAgent(o.VM)
 	if err != nil {
 		return 0, fmt.Errorf("exec: %w", err)
-	}
-	if !e.Agent {
-		return 0, fmt.Errorf("exec: VM %s runs no agent (start it with --with-agent)", o.VM)
 	}
 	c := o.Command
 	WithDefaults(&c.Cmd, e.Process)
