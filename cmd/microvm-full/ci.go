@@ -1,11 +1,9 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,13 +18,6 @@ import (
 // ciCommand is `microvm ci gitlab`, GitLab Runner's custom executor
 // (internal/ci/gitlab, docs/ci.md): its flags, and the contract's exit
 // statuses (ciExit).
-
-// The environment variables in which GitLab Runner gives the custom
-// executor its exit statuses.
-const (
-	envBuildFailure  = "BUILD_FAILURE_EXIT_CODE"
-	envSystemFailure = "SYSTEM_FAILURE_EXIT_CODE"
-)
 
 // ciRuntime is what the executor takes from this program.
 var ciRuntime = gitlab.Runtime{Executable: os.Executable, Interruptible: clibase.Interruptible}
@@ -95,40 +86,21 @@ func ciCommand(stdout, stderr io.Writer) *cli.Command {
 	}
 }
 
-// ciExit maps an executor error to the contract's statuses: a build
-// failure (the job's script failed) to $BUILD_FAILURE_EXIT_CODE, anything
-// else to $SYSTEM_FAILURE_EXIT_CODE; without the variables (not run by
-// GitLab Runner) microvm's own statuses stay, Docker's failure to start
-// (prepare --docker) being dockervm.ExitStatus as for exec.
+// ciExit is an executor error as the command's end: the status
+// gitlab.ExitStatus gives it (GitLab Runner's contract), its message on
+// stderr where that says so, else err as it is.
 func ciExit(err error, stderr io.Writer) error {
 	if err == nil {
 		return nil
 	}
-	var bf gitlab.BuildFailure
-	code, ok := exitCodeEnv(envSystemFailure)
-	if errors.As(err, &bf) {
-		code, ok = exitCodeEnv(envBuildFailure)
-	}
+	status, say, ok := gitlab.ExitStatus(err)
 	if !ok {
-		var de *dockervm.Error
-		switch {
-		case errors.As(err, &bf):
-			return clibase.StatusError{Status: bf.Status}
-		case errors.As(err, &de):
-			fmt.Fprintf(stderr, "microvm: %v\n", err)
-			return clibase.StatusError{Status: dockervm.ExitStatus}
-		}
 		return err
 	}
-	if !errors.As(err, &bf) { // a failed script's own output says why
+	if say {
 		fmt.Fprintf(stderr, "microvm: %v\n", err)
 	}
-	return clibase.StatusError{Status: code}
-}
-
-func exitCodeEnv(name string) (int, bool) {
-	n, err := strconv.Atoi(os.Getenv(name))
-	return n, err == nil && n > 0 && n < 256
+	return clibase.StatusError{Status: status}
 }
 
 // gitlabPrepare is `ci gitlab prepare`: the job's identity, the flags,

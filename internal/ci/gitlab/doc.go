@@ -6,7 +6,8 @@
 // happened. The job's variables come as CUSTOM_ENV_*; a failure of the
 // job's own script exits $BUILD_FAILURE_EXIT_CODE, a failure of microvm
 // or the VM $SYSTEM_FAILURE_EXIT_CODE, so GitLab tells a failed job from
-// a broken runner.
+// a broken runner (ExitStatus maps an error to its status, which the CLI
+// exits with).
 //
 // One named VM per job (gitlab-JOB-HASH, HASH from the job's token: see
 // cijob.go for what keys isolation) from the job's image (or
