@@ -72,9 +72,9 @@ func (s *Store) info(name string) (Info, error) {
 }
 
 // Remove deletes a cache: its versions and its clones, abandoned ones
-// and those in use. A job still running on a clone keeps its open file, but its Commit then fails (the clone is
-// gone) and commits nothing. Removing a name that is not there is an
-// error matching fs.ErrNotExist.
+// and those in use. A job still running on a clone keeps its open file,
+// but its Commit then fails (the clone is gone) and commits nothing.
+// Removing a name that is not there is an error matching fs.ErrNotExist.
 func (s *Store) Remove(name string) error {
 	if err := CheckName(name); err != nil {
 		return err
