@@ -109,8 +109,12 @@ func restoreCommand(stdin io.Reader, stdout, stderr io.Writer) *cli.Command {
 // setup to fail (run --docker's ran before the snapshot), so nothing is
 // said on stderr.
 func restoreNamed(c *cli.Context, name, dir string, host microvm.Config, stdin io.Reader, stdout io.Writer, log *logrus.Logger) error {
-	req := namedvm.RestoreRequest{Name: name, Dir: dir, Host: host, Detach: c.Bool("detach")}
-	return namedExit(namedvm.Restore(req, namedOptions(c, namedvm.IsDetached(), false, stdin, stdout, log)), io.Discard)
+	// Asked before namedOptions takes the ready descriptor, which ends
+	// what IsDetached sees: the detached process runs the VM, it does
+	// not start another.
+	detached := namedvm.IsDetached()
+	req := namedvm.RestoreRequest{Name: name, Dir: dir, Host: host, Detach: c.Bool("detach") && !detached}
+	return namedExit(namedvm.Restore(req, namedOptions(c, detached, false, stdin, stdout, log)), io.Discard)
 }
 
 // restoreNets parses restore's --net values (each run's ParseNet) and

@@ -32,15 +32,16 @@ type RestoreRequest struct {
 // Restore is the process of the named VM req restores (restore --name):
 // the snapshot read and checked against req.Host before the VM's record
 // or a detached process exists (prepareRestore), then started detached
-// when req.Detach asks and this is not already the detached process, else
-// Run with o. Its errors are Run's and StartDetached's, a FailedError for
-// a snapshot whose labels are bad, and microvm.CheckRestore's refusals.
+// when req.Detach asks and this is not already the detached process
+// (startsDetached), else Run with o. Its errors are Run's and
+// StartDetached's, a FailedError for a snapshot whose labels are bad, and
+// microvm.CheckRestore's refusals.
 func Restore(req RestoreRequest, o Options) error {
 	l, err := prepareRestore(req)
 	if err != nil {
 		return err
 	}
-	if req.Detach && !IsDetached() {
+	if startsDetached(req, o) {
 		wait := time.Duration(0)
 		if l.Record.Agent {
 			wait = o.BootTimeout
@@ -48,6 +49,17 @@ func Restore(req RestoreRequest, o Options) error {
 		return StartDetached(req.Name, wait)
 	}
 	return Run(l, o)
+}
+
+// startsDetached says whether Restore starts req's VM in a detached
+// process of its own rather than running it here: when req.Detach asks
+// and this is not the detached process already. That process is known by
+// DetachFDEnv (IsDetached) until it takes its ready descriptor, and by
+// o.Ready after: TakeReady unsets DetachFDEnv, so a caller that filled
+// o.Ready before calling Restore would otherwise start the command again
+// from every detached process, each waiting on the next.
+func startsDetached(req RestoreRequest, o Options) bool {
+	return req.Detach && o.Ready == nil && !IsDetached()
 }
 
 // prepareRestore is req's Launch: the record from the snapshot's machine

@@ -3,6 +3,7 @@ package namedvm
 import (
 	"bytes"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -87,5 +88,38 @@ func TestRestoreMissingSnapshot(t *testing.T) {
 	}
 	if list, lerr := List(); lerr != nil || len(list) != 0 {
 		t.Errorf("VMs after the refusal: %v, %v; want none", list, lerr)
+	}
+}
+
+// TestRestoreDetachedProcessRunsAfterTakeReady: restore --detach's
+// detached process runs the VM rather than starting the command again,
+// also once it has taken its ready descriptor (TakeReady unsets
+// DetachFDEnv, so IsDetached no longer says so): each detached process
+// would otherwise start another and wait on it, without end.
+func TestRestoreDetachedProcessRunsAfterTakeReady(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, tc := range []struct {
+		name   string
+		detach bool
+		env    string
+		ready  *os.File
+		want   bool
+	}{
+		{"no --detach", false, "", nil, false},
+		{"the command run by the user", true, "", nil, true},
+		{"the detached process, descriptor not yet taken", true, "3", nil, false},
+		{"the detached process, descriptor taken", true, "", w, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(DetachFDEnv, tc.env)
+			if got := startsDetached(RestoreRequest{Name: "r1", Detach: tc.detach}, Options{Ready: tc.ready}); got != tc.want {
+				t.Errorf("startsDetached = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
