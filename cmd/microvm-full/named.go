@@ -223,7 +223,9 @@ func namedExit(err error, stderr io.Writer) error {
 // (namedvm.Boot, Run): its seccomp filter (with cache commits after the VM
 // when cacheCommits), SIGINT/SIGTERM and SIGUSR1 handling, exec's failure
 // status, and the ready line when the process is detached (the run
-// --detach that started it waits for it: namedvm.IsDetached).
+// --detach that started it waits for it: namedvm.IsDetached). Taking
+// that descriptor (namedvm.TakeReady) ends what IsDetached says: a caller
+// asks IsDetached before it calls namedOptions.
 func namedOptions(c *cli.Context, detached, cacheCommits bool, stdin io.Reader, stdout io.Writer, log logrus.FieldLogger) namedvm.Options {
 	policy := func(cfg microvm.Config) seccomp.Policy {
 		p := clibase.VMMPolicy(cfg).WithSnapshots()
