@@ -39,6 +39,15 @@ func bootConfig() microvm.Config {
 		Cmdline: "console=ttyS0", Disks: []microvm.DiskConfig{{Path: "/data.img"}}, Vsock: &microvm.VsockConfig{CID: 3}}
 }
 
+// dockerCacheRequest is run --name d1 with a main process, --docker and
+// one cache, go at /root/go, in a store of the test's own.
+func dockerCacheRequest(t *testing.T) BootRequest {
+	return BootRequest{Name: "d1", Config: bootConfig(), Agent: true, Main: &Process{Argv: []string{"make"}},
+		Docker:   &execvm.Docker{Start: dockervm.Options{Timeout: time.Second}},
+		Caches:   []execvm.Cache{{Name: "go", GuestPath: "/root/go", Size: 8 << 20}},
+		CacheDir: filepath.Join(t.TempDir(), "caches")}
+}
+
 // TestBootLaunchRecord: the record of run --name's VM says what it boots:
 // the agent image (not a file) when Boot builds it, the image by the name
 // the user gave with its process defaults, and every disk in the machine's
@@ -102,10 +111,7 @@ func TestBootEnv(t *testing.T) {
 func TestPrepareBootDisks(t *testing.T) {
 	needMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
-	req := BootRequest{Name: "d1", Config: bootConfig(), Agent: true, Main: &Process{Argv: []string{"make"}},
-		Docker:   &execvm.Docker{Start: dockervm.Options{Timeout: time.Second}},
-		Caches:   []execvm.Cache{{Name: "go", GuestPath: "/root/go", Size: 8 << 20}},
-		CacheDir: filepath.Join(t.TempDir(), "caches")}
+	req := dockerCacheRequest(t)
 	l, caches, err := prepareBoot(req, 125)
 	if err != nil {
 		t.Fatal(err)

@@ -8,14 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/dockervm"
-	"github.com/microvm/microvm/internal/execvm"
 )
 
 // TestSetupFailure: a setup that has not ended, or that ended well or
@@ -148,10 +146,7 @@ func TestBootSetupStatus(t *testing.T) {
 	needMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	client := failingAgent(t)
-	req := BootRequest{Name: "d1", Config: bootConfig(), Agent: true, Main: &Process{Argv: []string{"make"}},
-		Docker:   &execvm.Docker{Start: dockervm.Options{Timeout: time.Second}},
-		Caches:   []execvm.Cache{{Name: "go", GuestPath: "/root/go", Size: 8 << 20}},
-		CacheDir: filepath.Join(t.TempDir(), "caches")}
+	req := dockerCacheRequest(t)
 	l, caches, err := prepareBoot(req, 125)
 	if err != nil {
 		t.Fatal(err)
