@@ -22,9 +22,9 @@ import (
 // reads end of stream and may still answer. Pipe returns when the guest's
 // side ends, without waiting for in to end: in may never end (a terminal),
 // and the goroutine copying from it stays blocked in in.Read until the
-// read returns, then finds the socket closed and ends. An error that
-// goroutine already hit is reported, unless the guest had closed its end
-// (net.ErrClosed, EPIPE).
+// read returns, then finds the socket closed and ends. When in had ended
+// by then, its error (or the half-close's) is reported, unless the guest
+// had closed its end (net.ErrClosed, EPIPE).
 //
 // Errors: Dial's (they wrap ErrRefused, ErrTimeout, ErrNotVsock, ...); a
 // failed read from the guest or write to out, as the copy returned it;
@@ -36,8 +36,10 @@ func Pipe(ctx context.Context, udsPath string, port uint32, in io.Reader, out io
 	}
 	defer uc.Close()
 	sent := make(chan error, 1) // buffered: the goroutine never blocks on it
+	inEnded := make(chan struct{})
 	go func() {
 		_, err := io.Copy(uc, in)
+		close(inEnded) // before the half-close that the guest may answer
 		if cerr := uc.CloseWrite(); err == nil {
 			err = cerr
 		}
@@ -47,8 +49,9 @@ func Pipe(ctx context.Context, udsPath string, port uint32, in io.Reader, out io
 		return err
 	}
 	select {
-	case err := <-sent:
-		if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) {
+	case <-inEnded:
+		// Only the half-close is left to it: its result comes at once.
+		if err := <-sent; err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, syscall.EPIPE) {
 			return fmt.Errorf("sending: %w", err)
 		}
 	default:

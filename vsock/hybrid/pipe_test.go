@@ -97,10 +97,9 @@ func TestPipeSendError(t *testing.T) {
 	errIn := errors.New("in broke")
 	path, _ := fakeVMM(t, func(c *net.UnixConn, line string) {
 		_, _ = c.Write([]byte("OK 5\n"))
-		_, _ = io.ReadAll(c) // the half-close after the failed read
-		// Pipe's goroutine reports right after the half-close; give it
-		// time before the guest's end makes Pipe return.
-		time.Sleep(200 * time.Millisecond)
+		// The half-close after the failed read; the guest's end then
+		// finds in ended, and Pipe waits for the goroutine's report.
+		_, _ = io.ReadAll(c)
 	})
 	err := pipeT(t, path, 5, io.MultiReader(strings.NewReader("x"), errReader{errIn}), io.Discard)
 	if !errors.Is(err, errIn) || !strings.HasPrefix(err.Error(), "sending: ") {
