@@ -60,10 +60,19 @@ func CheckDefaultKernel(path string) error {
 
 // WithInit adds init=/init to cmdline unless it names an init= of its
 // own: a root disk (--root) holds the agent as /init, which the kernel
-// would not look for there.
+// would not look for there. Only the init= parameter counts: rdinit=
+// names the initramfs's program, not the root disk's.
 func WithInit(cmdline string) string {
-	if strings.Contains(cmdline, "init=") {
-		return cmdline
+	fields := strings.Fields(cmdline)
+	for i, f := range fields {
+		if f == "--" {
+			// What follows is init's own arguments: the kernel's
+			// parameter goes before it.
+			return strings.Join(append(append(fields[:i:i], "init=/init"), fields[i:]...), " ")
+		}
+		if strings.HasPrefix(f, "init=") {
+			return cmdline
+		}
 	}
 	return strings.TrimSpace(cmdline + " init=/init")
 }
