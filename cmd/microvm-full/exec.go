@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/kernelpath"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/vms"
 )
@@ -182,14 +184,14 @@ func execOptions(c *cli.Context) (*execOpts, error) {
 		return nil, err
 	}
 	var defaultKernel bool
-	o.kernel, defaultKernel = execvm.Kernel(c.String("kernel"))
+	o.kernel, defaultKernel = kernelpath.Choose(c.String("kernel"), os.Getenv, kernelpath.BinDir())
 	// Everything New would refuse in the configuration is a usage error
 	// now, before an image is built or a file is looked at.
 	if err := o.machineConfig("", nil).Check(); err != nil {
 		return nil, err
 	}
 	if defaultKernel {
-		if err := execvm.CheckDefaultKernel(o.kernel); err != nil {
+		if err := kernelpath.CheckDefault(o.kernel); err != nil {
 			return nil, err
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/microvm/microvm/internal/clibase"
 	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/kernelpath"
 	"github.com/microvm/microvm/internal/namedvm"
 	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/internal/vms"
@@ -170,8 +172,8 @@ func namedConfig(c *cli.Context, img imageOpts) (microvm.Config, error) {
 		return cfg, err
 	}
 	var defaultKernel bool
-	if cfg.Kernel, defaultKernel = execvm.Kernel(cfg.Kernel); defaultKernel {
-		if err := execvm.CheckDefaultKernel(cfg.Kernel); err != nil {
+	if cfg.Kernel, defaultKernel = kernelpath.Choose(cfg.Kernel, os.Getenv, kernelpath.BinDir()); defaultKernel {
+		if err := kernelpath.CheckDefault(cfg.Kernel); err != nil {
 			return cfg, err
 		}
 	}

@@ -4,14 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/kernelpath"
 	"github.com/microvm/microvm/internal/seccomp"
 	"github.com/microvm/microvm/vsock"
 )
@@ -22,8 +21,7 @@ var Version = "dev"
 // BinDir is the directory of the running microvm binary, where the default
 // agent and kernel are looked for.
 func BinDir() string {
-	exe, _ := os.Executable()
-	return filepath.Dir(exe)
+	return kernelpath.BinDir()
 }
 
 // RunOpts are `microvm run`'s flags, for both builds' parsers.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/microvm/microvm"
+	"github.com/microvm/microvm/internal/kernelpath"
 )
 
 // Config is what the shim boots each VM with. containerd starts its shims
@@ -26,16 +27,16 @@ type Config struct {
 // shim binary's path self.
 func ConfigFromEnv(getenv func(string) string, self string) (Config, error) {
 	dir := filepath.Dir(self)
+	// The CLIs' kernel rule, from the directory of the path the shim was
+	// started by rather than os.Executable's.
+	kernel, _ := kernelpath.Choose("", getenv, dir)
 	c := Config{
-		Kernel:      filepath.Clean(filepath.Join(dir, "..", "build", "kernel", "bzImage")),
+		Kernel:      kernel,
 		Agent:       filepath.Join(dir, "microvm-agent"),
 		CPUs:        1,
 		Memory:      512 << 20,
 		BootTimeout: 2 * time.Minute,
 		Rootfs:      RootfsExt4,
-	}
-	if v := getenv("MICROVM_KERNEL"); v != "" {
-		c.Kernel = v
 	}
 	if v := getenv("MICROVM_AGENT"); v != "" {
 		c.Agent = v
@@ -68,7 +69,7 @@ func ConfigFromEnv(getenv func(string) string, self string) (Config, error) {
 		}
 		c.Rootfs = m
 	}
-	for what, p := range map[string]string{"kernel (MICROVM_KERNEL)": c.Kernel, "guest agent (MICROVM_AGENT)": c.Agent} {
+	for what, p := range map[string]string{"kernel (" + kernelpath.Env + ")": c.Kernel, "guest agent (MICROVM_AGENT)": c.Agent} {
 		if _, err := os.Stat(p); err != nil {
 			return c, fmt.Errorf("%s: %w", what, err)
 		}

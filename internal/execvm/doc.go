@@ -21,9 +21,9 @@
 //	     returned as it is; the VM's end or an unresponsive guest becomes
 //	     an error with the guest console's tail (agentvm.TailBuffer)
 //
-// Defaults (defaults.go), shared with named VMs that boot the agent:
-// Kernel picks --kernel, else $MICROVM_KERNEL, else DefaultKernelPath,
-// which CheckDefaultKernel checks with a hint; AgentCmdline is the kernel
+// Defaults (defaults.go), shared with named VMs that boot the agent (the
+// kernel is internal/kernelpath's: --kernel, else $MICROVM_KERNEL, else
+// build/kernel/bzImage beside bin/): AgentCmdline is the kernel
 // command line, WithInit adds init=/init for a root disk; CID is the
 // guest's vsock CID.
 //
