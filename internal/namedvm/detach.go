@@ -33,8 +33,7 @@ var detachGrace = 30 * time.Second
 const readyLineMax = 16 << 10
 
 // IsDetached reports whether this process is a detached VM's process
-// that has not yet taken its ready descriptor (TakeReady) or told its
-// failure on it (TellDetached).
+// that has not yet taken its ready descriptor (TakeReady).
 func IsDetached() bool { return os.Getenv(DetachFDEnv) != "" }
 
 // TakeReady is, in a detached VM's process, the descriptor DetachFDEnv
@@ -47,16 +46,6 @@ func TakeReady() *os.File {
 		return nil
 	}
 	return os.NewFile(uintptr(fd), "detach")
-}
-
-// TellDetached, in a detached VM's process that fails before Run (whose
-// diagnostics have no file yet), tells the StartDetached that started it
-// why, on the descriptor DetachFDEnv names. Elsewhere it does nothing.
-func TellDetached(err error) {
-	if f := TakeReady(); f != nil {
-		fmt.Fprintln(f, ReadyError(err))
-		f.Close()
-	}
 }
 
 // ReadyError is the line a detached VM's process writes on Options.Ready

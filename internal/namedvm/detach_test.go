@@ -37,10 +37,10 @@ func standIn(what string) int {
 	case "ready":
 		say("ready")
 	case "setup":
-		TellDetached(SetupError{Status: dockervm.ExitStatus, Err: errors.New("VM d1: docker: the image has no dockerd")})
+		say(ReadyError(SetupError{Status: dockervm.ExitStatus, Err: errors.New("VM d1: docker: the image has no dockerd")}))
 		return dockervm.ExitStatus
 	case "error":
-		TellDetached(errors.New("boom"))
+		say(ReadyError(errors.New("boom")))
 		return 1
 	case "garbage":
 		say("hello")
@@ -143,14 +143,13 @@ func TestReadyError(t *testing.T) {
 	}
 }
 
-// TestTellDetachedElsewhere: outside a detached VM's process TellDetached
-// writes nothing, and TakeReady has no descriptor to give.
-func TestTellDetachedElsewhere(t *testing.T) {
+// TestTakeReadyElsewhere: outside a detached VM's process TakeReady has
+// no descriptor to give.
+func TestTakeReadyElsewhere(t *testing.T) {
 	t.Setenv(DetachFDEnv, "")
 	if IsDetached() {
 		t.Fatal("IsDetached with DetachFDEnv empty")
 	}
-	TellDetached(errors.New("boom")) // on no descriptor
 	if f := TakeReady(); f != nil {
 		t.Errorf("TakeReady = %v, want nil", f.Name())
 	}

@@ -53,8 +53,7 @@
 // VM runs (its agent answering, its setup done, when it has them) or its
 // failure (ReadyError: "error STATUS: MESSAGE" for a SetupError, else
 // "error: MESSAGE"); a failure before Run (Boot's checkout of the caches)
-// is written on Options.Ready the same way (TellDetached where the
-// process holds no Options) ->
+// is written on Options.Ready the same way ->
 // StartDetached reads the line (parseReadyLine) and returns nil, a
 // SetupError or a FailedError; a process that ends without a line, or has
 // none after 30 s more than the caller's wait (it is killed), is a
