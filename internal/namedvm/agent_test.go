@@ -12,12 +12,7 @@ import (
 // TestAgent: Agent refuses a VM that does not run or runs no agent, and
 // gives a running one's agent address in its state directory.
 func TestAgent(t *testing.T) {
-	state := t.TempDir()
-	t.Setenv("MICROVM_STATE_DIR", state)
-	store, err := vms.Open(state)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testStore(t)
 	for _, rec := range []vms.Record{{Name: "plain"}, {Name: "withagent", Agent: true, AgentPort: agentvm.Port}} {
 		l, err := store.Create(rec)
 		if err != nil {

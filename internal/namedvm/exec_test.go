@@ -122,12 +122,7 @@ func (l hybridListener) Accept() (net.Conn, error) {
 // defaults applied to the command, and returns the command's status; a
 // signal that cancelled the dial is the caller's error.
 func TestExec(t *testing.T) {
-	state := t.TempDir()
-	t.Setenv("MICROVM_STATE_DIR", state)
-	store, err := vms.Open(state)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testStore(t)
 	create := func(rec vms.Record) {
 		l, err := store.Create(rec)
 		if err != nil {

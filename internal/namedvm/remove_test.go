@@ -11,12 +11,7 @@ import (
 // joins the errors of those it cannot: an unknown name, a running VM
 // without force.
 func TestRemove(t *testing.T) {
-	state := t.TempDir()
-	t.Setenv("MICROVM_STATE_DIR", state)
-	store, err := vms.Open(state)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := testStore(t)
 	for _, name := range []string{"gone", "up"} {
 		l, err := store.Create(vms.Record{Name: name})
 		if err != nil {
@@ -28,7 +23,7 @@ func TestRemove(t *testing.T) {
 			t.Cleanup(func() { l.Release() })
 		}
 	}
-	err = Remove([]string{"gone", "nope", "up"}, false)
+	err := Remove([]string{"gone", "nope", "up"}, false)
 	if !errors.Is(err, vms.ErrNotFound) || !errors.Is(err, vms.ErrRunning) {
 		t.Errorf("Remove: %v; want not found and running", err)
 	}
