@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -61,20 +59,7 @@ func TestExecRefusesImpossibleStatus(t *testing.T) {
 // until the test ends, and returns a connection to it.
 func serveFakeAgent(ctx context.Context, t *testing.T, impl AgentServer) *Conn {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "agent") // short: sun_path has 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	sock := filepath.Join(dir, "s.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	RegisterAgentServer(srv, impl)
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	sock := serveUnix(t, func(srv *grpc.Server) { RegisterAgentServer(srv, impl) })
 	cc, err := Connect(ctx, func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)

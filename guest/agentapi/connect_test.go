@@ -22,7 +22,14 @@ import (
 // its path.
 func healthServer(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "connect") // short: sun_path has 108 bytes
+	return serveUnix(t, func(s *grpc.Server) { healthpb.RegisterHealthServer(s, health.NewServer()) })
+}
+
+// serveUnix serves a gRPC server, with what register adds, on a Unix
+// socket of its own until the test ends, and returns the socket's path.
+func serveUnix(t *testing.T, register func(*grpc.Server)) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "agent") // short: sun_path has 108 bytes
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +40,7 @@ func healthServer(t *testing.T) string {
 		t.Fatal(err)
 	}
 	s := grpc.NewServer()
-	healthpb.RegisterHealthServer(s, health.NewServer())
+	register(s)
 	go s.Serve(ln)
 	t.Cleanup(s.Stop)
 	return sock
