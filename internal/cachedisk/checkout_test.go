@@ -7,9 +7,10 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"os/exec"
 	"sync"
 	"testing"
+
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestCheckoutEmptyStore: a name with no version gives a fresh sparse
@@ -38,11 +39,7 @@ func TestCheckoutEmptyStore(t *testing.T) {
 // TestCheckoutMkfs: the store's own fresh disk is a real ext4 image
 // (mkfs.ext4), sparse, that passes the commit check.
 func TestCheckoutMkfs(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err != nil {
-			t.Skip("mkfs.ext4 not installed (e2fsprogs)")
-		}
-	}
+	testenv.NeedMkfs(t)
 	s, err := Open(t.TempDir(), Limits{}, nil)
 	if err != nil {
 		t.Fatal(err)

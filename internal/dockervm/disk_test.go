@@ -6,19 +6,16 @@ import (
 	"errors"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 func TestCreateDisk(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err != nil {
-			t.Skip("mkfs.ext4 not installed (e2fsprogs)")
-		}
-	}
+	testenv.NeedMkfs(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "docker.img")
 	const size = 256 << 20

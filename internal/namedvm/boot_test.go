@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,19 +17,9 @@ import (
 	"github.com/microvm/microvm/internal/dockervm"
 	"github.com/microvm/microvm/internal/execvm"
 	"github.com/microvm/microvm/internal/image"
+	"github.com/microvm/microvm/internal/testing/testenv"
 	"github.com/microvm/microvm/internal/vms"
 )
-
-// needMkfs skips t where mkfs.ext4, which makes Docker's disk and the
-// caches, is not installed.
-func needMkfs(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err != nil {
-			t.Skip("mkfs.ext4 not installed (e2fsprogs)")
-		}
-	}
-}
 
 // bootConfig is a checked configuration as run --name gives Boot: one
 // disk of the user's and exec's vsock device.
@@ -109,7 +98,7 @@ func TestBootEnv(t *testing.T) {
 // them all); Docker's start is the setup, after the caches' mounts, and
 // its status is Docker's. The request's configuration is left as it was.
 func TestPrepareBootDisks(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	req := dockerCacheRequest(t)
 	l, caches, err := prepareBoot(req, 125)
@@ -183,7 +172,7 @@ func TestBootCheckoutFailure(t *testing.T) {
 // it; a disk that exists already is refused, not reused; Docker's start
 // is the launch's setup, with its exit status.
 func TestDockerLaunch(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	path, err := DockerDiskPath("d1")
 	if err != nil {

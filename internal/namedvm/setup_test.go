@@ -14,6 +14,7 @@ import (
 
 	"github.com/microvm/microvm/guest/agentapi"
 	"github.com/microvm/microvm/internal/dockervm"
+	"github.com/microvm/microvm/internal/testing/testenv"
 )
 
 // TestSetupFailure: a setup that has not ended, or that ended well or
@@ -143,7 +144,7 @@ func checkSetupStatus(t *testing.T, err error, setupStatus, want int, cause erro
 // not with Docker's 122 (which launch-runner reads as "Docker did not come
 // up"); with Docker and no cache, Docker's start fails with 122.
 func TestBootSetupStatus(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", t.TempDir())
 	client := failingAgent(t)
 	req := dockerCacheRequest(t)

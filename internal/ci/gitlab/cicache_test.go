@@ -16,16 +16,6 @@ import (
 	"github.com/microvm/microvm/internal/vms"
 )
 
-// needMkfs skips where the store cannot make a fresh cache disk.
-func needMkfs(t *testing.T) {
-	t.Helper()
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		if _, err := os.Stat("/usr/sbin/mkfs.ext4"); err != nil {
-			testenv.Missing(t, "mkfs.ext4 not installed (e2fsprogs)")
-		}
-	}
-}
-
 // cacheMark is where the tests write into a cache disk: past its ext4
 // head, in what mkfs leaves free.
 const cacheMark = 8 << 20
@@ -35,7 +25,7 @@ const cacheMark = 8 << 20
 // checked out); it returns the clone.
 func commitCache(t *testing.T, dir, slot, mark string, commit bool) cachedisk.Clone {
 	t.Helper()
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	store, err := cachedisk.Open(dir, cachedisk.Limits{}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -230,7 +220,7 @@ func TestRunRecordsOutcome(t *testing.T) {
 // before starting the VM and records it; when the VM does not start,
 // cleanup discards the clone and commits nothing.
 func TestPrepareFailureDiscardsClone(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
 	cacheDir := t.TempDir()
 	ciJobEnv(t, "tok-prep", 6, 0, nil)
@@ -260,7 +250,7 @@ func TestPrepareFailureDiscardsClone(t *testing.T) {
 // evicted version is untouched and still commits. Without a limit each
 // cache keeps its two newest versions.
 func TestCleanupCacheLimit(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	for _, tc := range []struct {
 		name  string
 		limit int64

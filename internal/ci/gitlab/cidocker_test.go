@@ -45,7 +45,7 @@ func runRecorder(t *testing.T) (rt Runtime, args, ls string) {
 // (the slot's offer stays). The VM did not start: prepare removes the
 // disk, and cleanup, finding none, is fine.
 func TestPrepareDockerDisk(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
 	ciJobEnv(t, "tok-docker", 12, 0, map[string]string{"CI_JOB_ID": "../../x"})
 	id, err := JobIdentity()
@@ -253,7 +253,7 @@ func TestDockerCacheVerdict(t *testing.T) {
 // when the VM does not start, cleanup discards the clone and commits
 // nothing.
 func TestPrepareDockerCache(t *testing.T) {
-	needMkfs(t)
+	testenv.NeedMkfs(t)
 	t.Setenv("MICROVM_STATE_DIR", shortStateDir(t))
 	ciJobEnv(t, "tok-dcache", 22, 0, nil)
 	id, err := JobIdentity()
