@@ -243,8 +243,8 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 
 // TestSnapshotLinuxClonesReseed: two clones restored from one snapshot of
 // a Linux guest must not share the kernel's random numbers. The guest's
-// /init (scenario urandom) waits for two minutes of uptime, asks the
-// kernel to reseed its RNG, listens, and is snapshotted there; each of two
+// /init (scenario urandom) waits for cloneUptime of uptime, asks the kernel
+// to reseed its RNG, listens, and is snapshotted there; each of two
 // restores, with its own CID, gets a new VM generation ID and the Generic
 // Event Device's interrupt, on which Linux's vmgenid driver reseeds the
 // RNG with the ID ("crng reseeded due to virtual machine fork" on the
@@ -253,13 +253,20 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 // differ.
 //
 // Without the interrupt they would be the same: same memory, same key,
-// same CPU, and the kernel's own reseed (which would mix in each clone's
-// interrupt timings) is a minute after the one before the snapshot, while
-// the clones are read within about half that (the snapshot, the restores
-// and at most 30 s of waiting for the reseed line, for both clones at
-// once). Both irqchip models: the interrupt reaches the guest through
-// microvm's IOAPIC routes (split) or KVM's IOAPIC (kernel); the two run
-// side by side, as each spends most of its time waiting for the uptime.
+// same CPU, as long as the kernel's own reseed (which would mix in each
+// clone's interrupt timings) has not come. Linux 6.1 reseeds by itself
+// once the key is older than half the uptime (a minute at most): 20 s
+// after the reseed at 40 s of uptime. The clones are read a few seconds
+// after the snapshot; the test fails if they were read so late that the
+// kernel's own reseed could have made the bytes differ. (The wait was two
+// minutes, a whole box-minute more, for a margin nothing needed.) Both
+// irqchip models: the interrupt reaches the guest through microvm's IOAPIC
+// routes (split) or KVM's IOAPIC (kernel); the two run side by side, as
+// each spends most of its time waiting for the uptime.
+// cloneUptime is how long TestSnapshotLinuxClonesReseed's guest waits
+// after boot before it reseeds and listens.
+const cloneUptime = 40 * time.Second
+
 func TestSnapshotLinuxClonesReseed(t *testing.T) {
 	testenv.RequireKVM(t, testenv.NeedLinux)
 	kernel, initrd := testenv.BzImage(t), testenv.Initrd(t)
@@ -269,8 +276,8 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 			const port = 1024
 			// timeout=10m: the scenario's clock runs on across the
 			// snapshot (a restore moves the guest's clock on).
-			cmdline := fmt.Sprintf("%s microvm.scenarios=urandom microvm.urandom.port=%d microvm.urandom.conns=1 microvm.urandom.uptime=2m microvm.timeout=10m",
-				linuxCmdline, port)
+			cmdline := fmt.Sprintf("%s microvm.scenarios=urandom microvm.urandom.port=%d microvm.urandom.conns=1 microvm.urandom.uptime=%v microvm.timeout=10m",
+				linuxCmdline, port, cloneUptime)
 			g := newVsockGuestConfig(t, "", func(c *microvm.Config) {
 				c.Kernel, c.Initrd, c.Cmdline, c.CPUs, c.MemoryBytes, c.IRQChip = kernel, initrd, cmdline, 2, 128<<20, chip
 			})
@@ -279,6 +286,7 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 			if !g.console.WaitFor(listening, 6*time.Minute, g.done) {
 				t.Fatalf("Linux not listening; console:\n%s\nlog:\n%s", g.console, g.log)
 			}
+			reseededAt := time.Now() // no earlier than the guest's reseed
 			dir := filepath.Join(t.TempDir(), "snap")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -321,6 +329,13 @@ func TestSnapshotLinuxClonesReseed(t *testing.T) {
 				got = append(got, b)
 			}
 			t.Logf("clones' /dev/urandom, %v after they started: % x | % x", time.Since(start).Round(time.Millisecond), got[0], got[1])
+			// The guest's clock runs no faster than the host's, across
+			// the restore too; the listening line was seen after the
+			// reseed, so a second of slack covers the guest's side.
+			if late := time.Since(reseededAt) + time.Second; late >= cloneUptime/2 {
+				t.Errorf("the clones were read %v after the snapshot's reseed, past the kernel's own reseed interval (%v at %v of uptime): differing bytes would not show the generation ID's reseed",
+					late.Round(time.Millisecond), cloneUptime/2, cloneUptime)
+			}
 			if bytes.Equal(got[0], got[1]) {
 				t.Errorf("both clones read the same 32 bytes from /dev/urandom: % x", got[0])
 			}
