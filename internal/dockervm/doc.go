@@ -14,16 +14,17 @@
 //	host, once the agent answers (Start, each step one Runner.Run):
 //	  probe:  sh -c: command -v dockerd, docker, setsid, mount; a missing
 //	          one is an *Error ("the image has no dockerd; ...")
-//	  ping:   docker version: a daemon that answers already (a second
-//	          Start in the same VM) ends Start here
+//	  ping:   docker version, once /var/run/docker.sock exists: a daemon
+//	          that answers already (a second Start in the same VM) ends
+//	          Start here
 //	  mount:  the disk whose /sys/block/vdX/serial is DiskSerial, mounted
 //	          (ext4) at /var/lib/docker: overlay2 cannot work on the
 //	          image's own root, an overlay on tmpfs
-//	  start:  setsid dockerd (it starts its own containerd), its output
-//	          appended to /var/log/dockerd.log, its pid in
-//	          /run/microvm-dockerd.pid; the launching shell returns once
-//	          dockerd has left its process group, which the agent kills
-//	          when the shell exits
+//	  start:  setsid: containerd, then, once its socket exists, dockerd
+//	          pointed at it; their output appended to /var/log/dockerd.log,
+//	          dockerd's pid in /run/microvm-dockerd.pid; the launching
+//	          shell returns once they have left its process group, which
+//	          the agent kills when the shell exits
 //	  wait:   ping again, with backoff from firstPoll up to maxPoll, until
 //	          the daemon answers, dockerd exits, or Options.Timeout passes;
 //	          the last two are an *Error carrying dockerd.log's last lines

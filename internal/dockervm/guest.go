@@ -14,6 +14,12 @@ const (
 	LogPath = "/var/log/dockerd.log"
 	// pidPath holds dockerd's pid while it runs.
 	pidPath = "/run/microvm-dockerd.pid"
+	// dockerSocket is where dockerd serves its API by default, and where
+	// the docker client looks.
+	dockerSocket = "/var/run/docker.sock"
+	// containerdSocket is where the containerd Start starts listens, and
+	// where dockerd finds it.
+	containerdSocket = "/run/containerd/containerd.sock"
 )
 
 // sbinPath appends the sbin directories, where Debian keeps dockerd and
@@ -32,47 +38,57 @@ const (
 )
 
 // probeScript checks that the image has what Start runs.
-const probeScript = sbinPath + `for p in dockerd docker containerd ctr setsid mount; do
+const probeScript = sbinPath + `for p in dockerd docker containerd setsid mount; do
 	command -v "$p" >/dev/null 2>&1 || { echo "$p"; exit 3; }
 done
 `
 
-// pingScript ($1: the pid file) prints the server's version and exits 0
-// when the daemon answers; it exits 4 when dockerd is gone, 1 otherwise.
-const pingScript = sbinPath + `docker version --format '{{.Server.Version}}' 2>&1 && exit 0
+// pingScript ($1: the pid file, $2: dockerd's socket) prints the server's
+// version and exits 0 when the daemon answers; it exits 4 when dockerd is
+// gone, 1 otherwise. The docker client is asked only once the socket
+// exists (dockerd makes it last, when its API listens): the client is a
+// large Go program whose every start costs a slow guest a second or more
+// of a vCPU, which the daemon starting beside it needs.
+const pingScript = sbinPath + `[ -S "$2" ] && docker version --format '{{.Server.Version}}' 2>&1 && exit 0
 pid=$(cat "$1" 2>/dev/null) || exit 1
 kill -0 "$pid" 2>/dev/null || exit 4
 exit 1
 `
 
-// startScript ($1: the pid file, $2: the log, then dockerd's arguments)
-// starts containerd and then dockerd, pointed at it, in a session of their
-// own, detached from the agent's process group, which the agent kills when
-// this script exits. The session's shell writes its pid, which dockerd
-// keeps (exec), and containerd's beside it ($1.containerd). dockerd is
-// started only once containerd answers (ctr version): dockerd's own wait
-// for a containerd it starts itself is short and fixed, and containerd
-// reopening a data root takes longer than that where the guest is slow
-// (the nested-KVM box); the host's wait (Options.Timeout) bounds this one.
-// The script returns once the pid is written, that is, once setsid has
-// run: a few milliseconds, bounded at ten seconds.
-const startScript = sbinPath + `pidf=$1 log=$2
-shift 2
-rm -f "$pidf" "$pidf.containerd"
+// startScript ($1: the pid file, $2: the log, $3: containerd's socket,
+// then dockerd's arguments) starts containerd and then dockerd, pointed at
+// it, in a session of their own, detached from the agent's process group,
+// which the agent kills when this script exits. The session's shell writes
+// its pid, which dockerd keeps (exec), and containerd's beside it
+// ($1.containerd). dockerd is started only once containerd listens, that
+// is, once its socket exists (a stale one is removed first; containerd
+// makes it after loading its plugins): dockerd's own wait for a containerd
+// it starts itself is short and fixed, and containerd reopening a data
+// root takes longer than that where the guest is slow (the nested-KVM
+// box); the host's wait (Options.Timeout) bounds this one. (Asking with
+// ctr version, as before, cost a slow guest a cold start of one more large
+// Go program, and gRPC's reconnect backoff whenever ctr came before the
+// socket: 9 s there.) The script returns once the pid is written, that is,
+// once setsid has run: a few milliseconds, bounded at ten seconds.
+const startScript = sbinPath + `pidf=$1 log=$2 sock=$3
+shift 3
+rm -f "$pidf" "$pidf.containerd" "$sock"
 mkdir -p "${log%/*}"
 setsid sh -c '
 echo $$ >"$0.new" && mv "$0.new" "$0" || exit 1
-containerd &
+sock=$1
+shift
+containerd --address "$sock" &
 echo $! >"$0.containerd"
 i=0
-until ctr --address /run/containerd/containerd.sock version >/dev/null 2>&1; do
-	kill -0 "$(cat "$0.containerd")" 2>/dev/null || { echo "microvm: containerd exited before it answered"; exit 1; }
+until [ -e "$sock" ]; do
+	kill -0 "$(cat "$0.containerd")" 2>/dev/null || { echo "microvm: containerd exited before it listened"; exit 1; }
 	i=$((i + 1))
-	[ "$i" -le 6000 ] || { echo "microvm: containerd did not answer within 10m"; exit 1; }
+	[ "$i" -le 6000 ] || { echo "microvm: containerd did not listen within 10m"; exit 1; }
 	sleep 0.1
 done
-exec dockerd --containerd=/run/containerd/containerd.sock "$@"
-' "$pidf" "$@" </dev/null >>"$log" 2>&1 &
+exec dockerd --containerd="$sock" "$@"
+' "$pidf" "$sock" "$@" </dev/null >>"$log" 2>&1 &
 i=0
 while [ ! -s "$pidf" ]; do
 	i=$((i + 1))

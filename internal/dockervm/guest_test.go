@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,7 +76,6 @@ func TestProbeScript(t *testing.T) {
 		t.Errorf("without containerd: %v", err)
 	}
 	fakeProgram(t, dir, "containerd", "exit 0\n")
-	fakeProgram(t, dir, "ctr", "exit 0\n")
 	if err := probe(context.Background(), r); err != nil {
 		t.Errorf("with every program: %v", err)
 	}
@@ -85,12 +85,18 @@ func TestStartScriptDetaches(t *testing.T) {
 	needHostTools(t)
 	dir := t.TempDir()
 	r := hostRunner{dir}
-	fakeProgram(t, dir, "dockerd", "echo \"dockerd $*\"\nexec sleep 60\n")
-	fakeProgram(t, dir, "containerd", "exec sleep 60\n")
-	// ctr answers on its second call: dockerd waits for it.
-	fakeProgram(t, dir, "ctr", "[ -e \"$0.asked\" ] && exit 0\ntouch \"$0.asked\"\nexit 1\n")
+	// dockerd notes whether containerd listened before it started.
+	fakeProgram(t, dir, "dockerd", "s=${1#--containerd=}\ngrep -q listening \"$s\" 2>/dev/null || echo \"dockerd started before containerd listened\"\necho \"dockerd $*\"\nexec sleep 60\n")
+	// containerd listens (makes its socket, given as --address, here a
+	// file that says so) a moment after it starts; a stale socket from an
+	// earlier one is there before.
+	sock := filepath.Join(dir, "containerd.sock")
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fakeProgram(t, dir, "containerd", "[ \"$1\" = --address ] || exit 9\nsleep 0.3\necho listening >\"$2\"\nexec sleep 60\n")
 	pidf, logf := filepath.Join(dir, "dockerd.pid"), filepath.Join(dir, "log", "dockerd.log")
-	st, out, err := sh(context.Background(), r, startScript, pidf, logf, "--debug", "--iptables=false")
+	st, out, err := sh(context.Background(), r, startScript, pidf, logf, sock, "--debug", "--iptables=false")
 	if err != nil || st != 0 {
 		t.Fatalf("start: status %d, %v: %s", st, err, out)
 	}
@@ -121,8 +127,21 @@ func TestStartScriptDetaches(t *testing.T) {
 	}
 	// Its output goes to the log; the script waited until the pid was
 	// written, and exec keeps the pid, so the log may still be empty here.
-	if st, out, _ := sh(context.Background(), r, pingScript, pidf); st != 1 {
+	if st, out, _ := sh(context.Background(), r, pingScript, pidf, filepath.Join(dir, "docker.sock")); st != 1 {
 		t.Errorf("ping with dockerd running and no answer: status %d (%s), want 1", st, out)
+	}
+	// dockerd starts pointed at the socket, once containerd listened there.
+	want := "dockerd --containerd=" + sock + " --debug --iptables=false"
+	var got []byte
+	for deadline := time.Now().Add(10 * time.Second); !bytes.Contains(got, []byte(want)) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		got, _ = os.ReadFile(logf)
+	}
+	if !bytes.Contains(got, []byte(want)) {
+		t.Errorf("dockerd's log %q, want %q", got, want)
+	}
+	if bytes.Contains(got, []byte("before containerd listened")) {
+		t.Errorf("dockerd started before containerd's socket existed (the stale one was not removed?):\n%s", got)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 }
@@ -142,19 +161,28 @@ func TestPingScript(t *testing.T) {
 	needHostTools(t)
 	dir := t.TempDir()
 	r := hostRunner{dir}
-	pidf := filepath.Join(dir, "pid")
+	pidf, sockf := filepath.Join(dir, "pid"), filepath.Join(dir, "docker.sock")
 	fakeProgram(t, dir, "docker", "echo 'Cannot connect to the Docker daemon' >&2\nexit 1\n")
-	if st, _, _ := sh(context.Background(), r, pingScript, pidf); st != 1 {
+	if st, _, _ := sh(context.Background(), r, pingScript, pidf, sockf); st != 1 {
 		t.Errorf("no pid file (never started): status %d, want 1", st)
 	}
 	if err := os.WriteFile(pidf, []byte("999999999\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if st, _, _ := sh(context.Background(), r, pingScript, pidf); st != statusExited {
+	if st, _, _ := sh(context.Background(), r, pingScript, pidf, sockf); st != statusExited {
 		t.Errorf("dockerd gone: status %d, want %d", st, statusExited)
 	}
 	fakeProgram(t, dir, "docker", "[ \"$*\" = \"version --format {{.Server.Version}}\" ] || exit 9\necho 20.10.24\n")
-	if st, out, _ := sh(context.Background(), r, pingScript, pidf); st != 0 || strings.TrimSpace(out) != "20.10.24" {
+	// No socket yet: the client is not asked (it would answer here).
+	if st, out, _ := sh(context.Background(), r, pingScript, pidf, sockf); st != statusExited || out != "" {
+		t.Errorf("no socket yet: status %d, output %q; want %d and no client asked", st, out, statusExited)
+	}
+	ln, err := net.Listen("unix", sockf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if st, out, _ := sh(context.Background(), r, pingScript, pidf, sockf); st != 0 || strings.TrimSpace(out) != "20.10.24" {
 		t.Errorf("daemon answering: status %d, output %q", st, out)
 	}
 }

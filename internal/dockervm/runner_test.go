@@ -94,8 +94,7 @@ func TestAgentKeepsDockerd(t *testing.T) {
 	// installed, must not start (as root, on the host's data root and
 	// socket) and outlive the test.
 	fakeProgram(t, dir, "dockerd", "exec sleep 60\n")
-	fakeProgram(t, dir, "containerd", "exec sleep 60\n")
-	fakeProgram(t, dir, "ctr", "exit 0\n")
+	fakeProgram(t, dir, "containerd", "touch \"$2\"\nexec sleep 60\n")
 	pidf := filepath.Join(dir, "dockerd.pid")
 	t.Cleanup(func() {
 		if b, err := os.ReadFile(pidf + ".containerd"); err == nil {
@@ -104,7 +103,7 @@ func TestAgentKeepsDockerd(t *testing.T) {
 			}
 		}
 	})
-	st, out, err := sh(agentCtx(t), r, startScript, pidf, filepath.Join(dir, "dockerd.log"))
+	st, out, err := sh(agentCtx(t), r, startScript, pidf, filepath.Join(dir, "dockerd.log"), filepath.Join(dir, "containerd.sock"))
 	if err != nil || st != 0 {
 		t.Fatalf("start: status %d, %v: %s", st, err, out)
 	}

@@ -66,7 +66,7 @@ func start(ctx context.Context, r agentvm.Runner, o Options, c clock) error {
 	} else if st != 0 {
 		return &Error{Reason: fmt.Sprintf("mounting the data disk at %s failed (status %d): %s", DataRoot, st, lastLine(out))}
 	}
-	args := append([]string{pidPath, LogPath}, o.DockerdArgs...)
+	args := append([]string{pidPath, LogPath, containerdSocket}, o.DockerdArgs...)
 	if st, out, err := sh(ctx, r, startScript, args...); err != nil {
 		return fmt.Errorf("docker: starting dockerd: %w", err)
 	} else if st != 0 {
@@ -99,7 +99,7 @@ func noProgram(program string) *Error {
 // ping asks whether the daemon answers (up) or, if not, whether the
 // dockerd that startScript started has exited.
 func ping(ctx context.Context, r agentvm.Runner) (up, exited bool, err error) {
-	st, _, err := sh(ctx, r, pingScript, pidPath)
+	st, _, err := sh(ctx, r, pingScript, pidPath, dockerSocket)
 	if err != nil {
 		return false, false, fmt.Errorf("docker: asking dockerd: %w", err)
 	}

@@ -155,7 +155,7 @@ func TestStartUpAfterPolls(t *testing.T) {
 	if got, want := f.args["mount"], []string{DiskSerial, DataRoot}; !reflect.DeepEqual(got, want) {
 		t.Errorf("mount's arguments %q, want %q", got, want)
 	}
-	if got, want := f.args["start"], []string{pidPath, LogPath, "--iptables=false", "--debug"}; !reflect.DeepEqual(got, want) {
+	if got, want := f.args["start"], []string{pidPath, LogPath, containerdSocket, "--iptables=false", "--debug"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("start's arguments %q, want %q", got, want)
 	}
 }
