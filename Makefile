@@ -69,7 +69,7 @@ CRICTL      := $(TOOLS)/crictl
 GO_TEST_FLAGS ?= -race -timeout 20m
 BENCH_RUNS  ?= 20
 
-.PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test guest-test kernel docker-check-config conformance fuzz fuzz-smoke \
+.PHONY: check clean-cache all run test test-steps deps-run deps-test vet fmt-check staticcheck go-test go-test-box go-test-rest guest-test kernel docker-check-config conformance fuzz fuzz-smoke \
 	bench bench-boot bench-usernet bench-images bench-ci bench-docker bench-containerd bench-snapshot bench-vsock bench-device clean distclean bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/containerd-shim-microvm-v2 bin/testguest initramfs kvmbox debian-kernel \
 	build/nettest debian-image debian-build-image debian-docker-image test-net test-start box-test test-summary bench-linux-boot bench-exec bench-blk bench-net examples \
 	soak soak-conns soak-bytes soak-cycles build/bench/soak
@@ -171,10 +171,12 @@ check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/contai
 
 # make test's stages, in order; scripts/test-stages runs each and times it,
 # scripts/test-times prints the table (and build/test-record/times.json).
-# box-test+fuzz-smoke: the fuzz smoke runs niced beside the box stage,
+# go-test-box runs the packages whose tests may queue for the box, before
+# it; box-test+go-test-rest+...: the other packages' tests, the fuzz smoke,
+# vet and staticcheck run niced, one after another, beside the box stage,
 # which leaves most of a core idle (docs/testing.md).
 TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image debian-docker-image kernel docker-check-config initramfs kvmbox conformance \
-	vet fmt-check staticcheck go-test guest-test box-test+fuzz-smoke
+	fmt-check go-test-box guest-test box-test+go-test-rest+fuzz-smoke+vet+staticcheck
 
 test:
 	@$(MAKE) --no-print-directory test-start
@@ -213,6 +215,15 @@ staticcheck: $(STATICCHECK)
 # /dev/kvm or either artefact is missing.
 go-test: bin/testguest $(CRICTL)
 	$(TEST_ENV) MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) ./...
+
+# go-test in two halves for make test (scripts/test-packages): the packages
+# whose tests may queue for the box, then, beside the box, the rest, where
+# a test that would still queue itself fails (MICROVM_BOX_QUEUE_CLOSED).
+go-test-box: bin/testguest $(CRICTL)
+	$(TEST_ENV) MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) $$(GO=$(GO) scripts/test-packages box)
+
+go-test-rest: bin/testguest $(CRICTL)
+	$(TEST_ENV) MICROVM_BOX_QUEUE_CLOSED=1 MICROVM_CONFORMANCE=off $(GO) test $(GO_TEST_FLAGS) $$(GO=$(GO) scripts/test-packages rest)
 
 # The tests go-test and conformance queued because this host's KVM cannot
 # run them (Linux, guest interrupts; everything without /dev/kvm), run in the

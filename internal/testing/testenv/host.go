@@ -43,6 +43,11 @@ const EnvHostKVM = "MICROVM_HOST_KVM"
 // EnvInBox is set to 1 inside the nested-KVM box (internal/testing/kvmbox).
 const EnvInBox = "MICROVM_IN_BOX"
 
+// EnvBoxQueueClosed, set (make test's go-test-rest sets it), says the box
+// stage has read its queue already: a test that would queue itself fails
+// instead of being left out of the box (scripts/test-packages).
+const EnvBoxQueueClosed = "MICROVM_BOX_QUEUE_CLOSED"
+
 // EnvTestRecord names a directory where tests record which layer ran where
 // (record.txt) and which tests are left to the box (queue.txt); make test
 // sets it, scripts/box-test runs the queue, scripts/test-summary reads both.
@@ -186,6 +191,10 @@ func Record(tb testing.TB, layer, where string) {
 // when there is no queue (the test runs outside make test).
 func queue(tb testing.TB, alone bool) bool {
 	line := fmt.Sprintf("%s %s", packageDir(tb), topName(tb))
+	if os.Getenv(EnvTestRecord) != "" && os.Getenv(EnvBoxQueueClosed) != "" {
+		tb.Fatalf("%s would be queued for the nested-KVM box, but this package's tests run beside the box stage, after it read its queue: scripts/test-packages puts a package before the box when its test files call testenv.RequireKVM themselves", line)
+		return false
+	}
 	if alone {
 		line += " alone"
 	}

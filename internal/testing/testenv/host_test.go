@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,7 @@ func TestNeedCanRunOn(t *testing.T) {
 func TestRecordAndQueue(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(EnvTestRecord, dir)
+	t.Setenv(EnvBoxQueueClosed, "")
 	t.Run("sub", func(t *testing.T) {
 		Record(t, "kvm", "native")
 		if !queue(t, false) || !queue(t, true) {
@@ -53,6 +55,32 @@ func TestRecordAndQueue(t *testing.T) {
 	t.Setenv(EnvTestRecord, "")
 	if queue(t, false) {
 		t.Error("queue reported success with no $MICROVM_TEST_RECORD")
+	}
+}
+
+// fatalTB records Fatalf instead of ending the test.
+type fatalTB struct {
+	*testing.T
+	fatal string
+}
+
+func (f *fatalTB) Fatalf(format string, args ...any) { f.fatal = fmt.Sprintf(format, args...) }
+
+// TestQueueClosed: once the box read its queue (make test's go-test-rest),
+// a test that would queue itself fails, naming itself, and queues nothing.
+func TestQueueClosed(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(EnvTestRecord, dir)
+	t.Setenv(EnvBoxQueueClosed, "1")
+	f := &fatalTB{T: t}
+	if queue(f, false) {
+		t.Error("queue reported success with the queue closed")
+	}
+	if !strings.Contains(f.fatal, "internal/testing/testenv TestQueueClosed would be queued") {
+		t.Errorf("Fatalf %q, want one naming the test", f.fatal)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "queue.txt")); !os.IsNotExist(err) {
+		t.Errorf("queue.txt: %v, want none", err)
 	}
 }
 
