@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestImportRootfs: a root file system tarball, plain or gzipped, becomes
@@ -36,6 +37,15 @@ func TestImportRootfs(t *testing.T) {
 	zipped := filepath.Join(td, "rootfs.tar.gz")
 	if err := os.WriteFile(zipped, zb.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	// The image's Created is the file's mtime: the same for both, or a
+	// second boundary between the two writes (a loaded host) makes two
+	// images of one content.
+	mtime := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, f := range []string{plain, zipped} {
+		if err := os.Chtimes(f, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	cfg := Config{Env: []string{"PATH=/usr/bin:/bin"}, WorkingDir: "/home/build", User: "build", Cmd: []string{"/bin/sh"}}
