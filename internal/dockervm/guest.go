@@ -66,10 +66,11 @@ exit 1
 // it starts itself is short and fixed, and containerd reopening a data
 // root takes longer than that where the guest is slow (the nested-KVM
 // box); the host's wait (Options.Timeout) bounds this one. (Asking with
-// ctr version, as before, cost a slow guest a cold start of one more large
-// Go program, and gRPC's reconnect backoff whenever ctr came before the
-// socket: 9 s there.) The script returns once the pid is written, that is,
-// once setsid has run: a few milliseconds, bounded at ten seconds.
+// ctr version, as before, cost a slow guest the start of one more large Go
+// program, 23 MB read from the image first: in the box a cold start of
+// such a program took seconds, dockerd --version 6.3 s cold and 2.2 s
+// warm.) The script returns once the pid is written, that is, once setsid
+// has run: a few milliseconds, bounded at ten seconds.
 const startScript = sbinPath + `pidf=$1 log=$2 sock=$3
 shift 3
 rm -f "$pidf" "$pidf.containerd" "$sock"
