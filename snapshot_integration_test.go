@@ -258,9 +258,8 @@ func TestSnapshotNewGenerationID(t *testing.T) {
 // once the key is older than half the uptime (a minute at most): 20 s
 // after the reseed at 40 s of uptime. The clones are read a few seconds
 // after the snapshot; the test fails if they were read so late that the
-// kernel's own reseed could have made the bytes differ. (The wait was two
-// minutes, a whole box-minute more, for a margin nothing needed.) Both
-// irqchip models: the interrupt reaches the guest through microvm's IOAPIC
+// kernel's own reseed could have made the bytes differ. Both irqchip
+// models: the interrupt reaches the guest through microvm's IOAPIC
 // routes (split) or KVM's IOAPIC (kernel); the two run side by side, as
 // each spends most of its time waiting for the uptime.
 // cloneUptime is how long TestSnapshotLinuxClonesReseed's guest waits
