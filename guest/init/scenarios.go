@@ -143,7 +143,10 @@ func dial(ctx context.Context, env *Env, t dialTarget) (Conn, func(), error) {
 }
 
 // bindConn applies ctx's deadline to c and closes c when ctx ends. The
-// returned func undoes the binding and closes c.
+// returned func undoes the binding and closes c, waiting up to lingerSecs
+// for the host to have taken what c sent: a scenario's result is reported
+// only after that close, so the host never finds fewer bytes than the
+// guest reported.
 func bindConn(ctx context.Context, c io.Closer) func() {
 	if d, ok := ctx.Deadline(); ok {
 		if dc, ok := c.(interface{ SetDeadline(time.Time) error }); ok {
@@ -153,9 +156,20 @@ func bindConn(ctx context.Context, c io.Closer) func() {
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	return func() {
 		stop()
+		if l, ok := c.(interface{ SetLinger(int) error }); ok {
+			_ = l.SetLinger(lingerSecs)
+		}
 		c.Close()
 	}
 }
+
+// lingerSecs bounds a closing connection's wait for the device's answer to
+// the guest's SHUTDOWN, which comes once the host socket has taken every
+// byte sent (vsocknet.Conn.SetLinger). /init powers the guest off as soon
+// as the last scenario reports, and the reset drops whatever is still in
+// the guest's send queue or the TX ring: without the wait, an echo could
+// report every byte while the host got a clean EOF short of them.
+const lingerSecs = 10
 
 // sendPayload writes n bytes of seed's payload to w, hashing what it writes.
 func sendPayload(w io.Writer, seed uint64, n int64) (*digest, error) {
@@ -268,8 +282,8 @@ func runEcho(ctx context.Context, env *Env, p *ScenarioParams) (string, error) {
 			}
 			go func() {
 				release := bindConn(ctx, c)
-				defer release()
 				n, err := io.CopyBuffer(c, c, make([]byte, bufSize))
+				release() // before the result: see bindConn
 				select {
 				case results <- served{id, n, err}:
 				case <-ctx.Done():

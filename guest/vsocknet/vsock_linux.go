@@ -340,6 +340,28 @@ func (c *Conn) shutdown(how int) error {
 	return nil
 }
 
+// SetLinger sets SO_LINGER, as net.TCPConn.SetLinger does: sec < 0 (the
+// default) lets Close return at once while the kernel sends what is
+// queued; sec >= 0 makes Close wait up to sec seconds for the peer to end
+// the connection. Over virtio-vsock the device answers the guest's
+// SHUTDOWN only once the host socket has taken every byte the guest sent,
+// so a lingering Close is how a guest that is about to power off knows its
+// data left it (a reboot drops what is still queued).
+func (c *Conn) SetLinger(sec int) error {
+	l := unix.Linger{}
+	if sec >= 0 {
+		l.Onoff, l.Linger = 1, int32(sec)
+	}
+	var serr error
+	if err := c.rc.Control(func(fd uintptr) { serr = unix.SetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER, &l) }); err != nil {
+		return wrapErr("setsockopt", c.local, c.remote, net.ErrClosed)
+	}
+	if serr != nil {
+		return wrapErr("setsockopt", c.local, c.remote, os.NewSyscallError("setsockopt", serr))
+	}
+	return nil
+}
+
 // LocalAddr returns this side's *Addr.
 func (c *Conn) LocalAddr() net.Addr { return c.local }
 

@@ -197,3 +197,29 @@ func TestConnMessages(t *testing.T) {
 		t.Fatalf("after the peer's shutdown: %v, want io.EOF", err)
 	}
 }
+
+// TestConnSetLinger checks what SetLinger asks the kernel for (read back
+// with getsockopt), and that a closed Conn refuses it.
+func TestConnSetLinger(t *testing.T) {
+	a, _ := connPair(t)
+	for _, tc := range []struct {
+		sec        int
+		on, linger int32
+	}{{10, 1, 10}, {0, 1, 0}, {-1, 0, 0}} {
+		if err := a.SetLinger(tc.sec); err != nil {
+			t.Fatalf("SetLinger(%d): %v", tc.sec, err)
+		}
+		var got *unix.Linger
+		var gerr error
+		if err := a.rc.Control(func(fd uintptr) { got, gerr = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) }); err != nil || gerr != nil {
+			t.Fatalf("getsockopt: %v, %v", err, gerr)
+		}
+		if got.Onoff != tc.on || tc.on != 0 && got.Linger != tc.linger {
+			t.Errorf("SetLinger(%d): SO_LINGER = %+v, want onoff=%d linger=%d", tc.sec, *got, tc.on, tc.linger)
+		}
+	}
+	a.Close()
+	if err := a.SetLinger(1); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("SetLinger on a closed Conn: %v, want net.ErrClosed", err)
+	}
+}
