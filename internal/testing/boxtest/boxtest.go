@@ -7,7 +7,7 @@
 //
 // Data flow:
 //
-//	queue.txt ──▶ ReadQueue ──▶ per package: go test -c on the host (TCG is slow)
+//	queue.txt ──▶ ReadQueue ──▶ per package: go test -c on the host (TCG is slow), while the boxes run
 //	  round 0..Reruns: per package with tests left (and per "alone" test), one fresh box:
 //	    scripts/kvmbox --timeout BoxTimeout --quiet-timeout QuietTimeout -- sh -c 'cd PKG && BIN -test.run ^(T1|T2)$ -test.v -test.timeout TestTimeout'
 //	    stdout+stderr ──▶ Out and RECORD/box-PKG[.rerunN].log ──▶ ParseLog ──▶ Judge
@@ -19,11 +19,14 @@
 // reports, QuietTimeout ends a box whose output stopped, and Budget bounds
 // the whole stage: no box starts after it, and a rerun gets what is left.
 //
-// Everything runs on the caller's goroutine, one box at a time.
+// The test binaries are built one after another on a goroutine of their
+// own, in the order the boxes run (a box waits for its own binary only);
+// the boxes run on the caller's goroutine, one at a time (Parallel: more).
 package boxtest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -137,8 +140,12 @@ func (c Config) build(ctx context.Context, pkg, bin string) error {
 		return c.Build(ctx, pkg, bin)
 	}
 	cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", bin, "./"+pkg)
-	cmd.Dir, cmd.Stdout, cmd.Stderr = c.Root, c.Out, c.Out
-	return cmd.Run()
+	cmd.Dir = c.Root
+	out, err := cmd.CombinedOutput()
+	if err != nil && len(out) > 0 {
+		return fmt.Errorf("%w\n%s", err, bytes.TrimRight(out, "\n"))
+	}
+	return err
 }
 
 // ExitBoxFailure is scripts/kvmbox's status when the box itself failed.
@@ -155,19 +162,16 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 	if err := os.MkdirAll(bindir, 0o755); err != nil {
 		return err
 	}
-	bins := map[string]string{}
 	total := 0
 	for _, p := range pkgs {
-		if bins[p.Dir] == "" {
-			bin := filepath.Join(bindir, fileName(p.Dir)+".test")
-			if err := c.build(ctx, p.Dir, bin); err != nil {
-				return fmt.Errorf("box-test: go test -c ./%s: %w", p.Dir, err)
-			}
-			bins[p.Dir] = bin
-		}
 		total += len(p.Tests)
 		fmt.Fprintf(c.Out, "box-test: %s: %d test(s): %s\n", p.box(), len(p.Tests), strings.Join(p.Tests, " "))
 	}
+	// Built while the first boxes run; the build goroutine ends with ctx
+	// or its last build, and a box waits for its own binary only.
+	bctx, stopBuilds := context.WithCancel(ctx)
+	defer stopBuilds()
+	bins := c.buildAll(bctx, pkgs, bindir)
 	fmt.Fprintf(c.Out, "box-test: %d test(s) in %d box(es), one fresh box per package and per lone test (box timeout %v, test timeout %v, quiet timeout %v, stage budget %v)\n",
 		total, len(pkgs), c.BoxTimeout, c.TestTimeout, c.QuietTimeout, c.Budget)
 
@@ -208,12 +212,61 @@ func Run(ctx context.Context, c Config, pkgs []Package) error {
 	return fmt.Errorf("box-test: %d test(s) failed in the box:%s", len(keys), b.String())
 }
 
+// binary is one package's test binary, built on buildAll's goroutine:
+// path and err are set before done closes.
+type binary struct {
+	path string
+	err  error
+	done chan struct{}
+}
+
+// buildAll builds the test binary of each package in pkgs into bindir, one
+// after another in pkgs' order (the order their boxes run), on a goroutine
+// of its own: the first box starts once its own binary is linked instead
+// of after all of them (about 20 s of links on 2 cores with a warm build
+// cache), and the builds fill the core a box leaves idle. A build's output
+// is kept and shown with its error, so it does not interleave with a
+// streaming box.
+func (c Config) buildAll(ctx context.Context, pkgs []Package, bindir string) map[string]*binary {
+	bins := map[string]*binary{}
+	var order []*binary
+	var dirs []string
+	for _, p := range pkgs {
+		if bins[p.Dir] == nil {
+			b := &binary{path: filepath.Join(bindir, fileName(p.Dir)+".test"), done: make(chan struct{})}
+			bins[p.Dir] = b
+			order = append(order, b)
+			dirs = append(dirs, p.Dir)
+		}
+	}
+	go func() {
+		for i, b := range order {
+			b.err = c.build(ctx, dirs[i], b.path)
+			if b.err != nil {
+				b.err = fmt.Errorf("box-test: go test -c ./%s: %w", dirs[i], b.err)
+			}
+			close(b.done)
+		}
+	}()
+	return bins
+}
+
+// wait returns b's path once it is built.
+func (b *binary) wait(ctx context.Context) (string, error) {
+	select {
+	case <-b.done:
+		return b.path, b.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
 // runRound runs one round's boxes, c.Parallel at a time, adding to failed
 // what failed for good, and returns the packages whose tests the boxes'
 // own artefacts explain (to rerun), in pending's order. A box starts only
 // while the stage's budget lasts (limits); the tests of those that cannot
 // start fail as not run.
-func (c Config) runRound(ctx context.Context, pending []Package, bins map[string]string, round int, start time.Time, failed map[string]string) ([]Package, error) {
+func (c Config) runRound(ctx context.Context, pending []Package, bins map[string]*binary, round int, start time.Time, failed map[string]string) ([]Package, error) {
 	var (
 		mu    sync.Mutex // guards failed, reruns, firstErr and the reruns record
 		wg    sync.WaitGroup
@@ -249,7 +302,11 @@ func (c Config) runRound(ctx context.Context, pending []Package, bins map[string
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			v, err := c.runBox(ctx, p, bins[p.Dir], round, lim)
+			bin, err := bins[p.Dir].wait(ctx)
+			var v Verdict
+			if err == nil {
+				v, err = c.runBox(ctx, p, bin, round, lim)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

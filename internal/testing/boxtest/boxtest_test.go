@@ -494,3 +494,50 @@ func TestStallEvidence(t *testing.T) {
 		t.Errorf("StallEvidence without a vmlinux = %q", got)
 	}
 }
+
+// TestRunBuildsWhileBoxesRun: the first box starts once its own binary is
+// built, not after every package's; a build that fails fails the stage
+// with its output.
+func TestRunBuildsWhileBoxesRun(t *testing.T) {
+	root := t.TempDir()
+	rec := filepath.Join(root, "rec")
+	for _, d := range []string{"a", "b", "c", "rec"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pass := "=== RUN   TestX\n--- PASS: TestX (1.00s)\nPASS\nexit 0"
+	logs := map[string][]string{"a": {pass}, "b": {pass}, "c": {pass}}
+	fake := fakeBuild(t, root, logs)
+	var aBin string
+	build := func(ctx context.Context, pkg, bin string) error {
+		switch pkg {
+		case "a":
+			aBin = bin
+		case "b":
+			// b's build ends only after a's box ran its binary.
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if _, err := os.Stat(aBin + ".count"); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("a's box did not run while b was built")
+				}
+			}
+		case "c":
+			return fmt.Errorf("exit status 1\n./c/c_test.go:1:1: broken")
+		}
+		return fake(ctx, pkg, bin)
+	}
+	var out bytes.Buffer
+	c := Config{Root: root, Record: rec, Kvmbox: []string{fakeBox(t, root)}, BoxTimeout: time.Minute,
+		TestTimeout: 30 * time.Second, Budget: time.Hour, Out: &out, Build: build}
+	err := Run(context.Background(), c, []Package{{Dir: "a", Tests: []string{"TestX"}}, {Dir: "b", Tests: []string{"TestX"}}, {Dir: "c", Tests: []string{"TestX"}}})
+	if err == nil || !strings.Contains(err.Error(), "go test -c ./c") || !strings.Contains(err.Error(), "c_test.go:1:1: broken") {
+		t.Errorf("Run: %v; want c's build error with its output\n%s", err, out.String())
+	}
+	boxes, _ := os.ReadFile(filepath.Join(rec, "boxes.txt"))
+	if got := strings.Fields(string(boxes)); len(got) < 10 || got[0] != "a" || got[5] != "b" {
+		t.Errorf("boxes.txt:\n%s\nwant a's box, then b's", boxes)
+	}
+}
