@@ -175,8 +175,31 @@ const (
 	repoOpts9p = opts9p + ",cache=mmap"
 )
 
+// cachedArtefacts are the repository's paths that the box's tests execute
+// or read again and again: the CLIs, crictl, the test binaries, the
+// kernels and initramfs. They are built on the host before the box starts
+// and nothing in the box writes them, so they are bound from the host
+// root's read-only, cached 9p view over the repository's uncached one,
+// where every exec reads each page through 9p again (crictl --version:
+// 0.7 s each time from the repository's mount, 0.2 s cached).
+var cachedArtefacts = []string{"bin", "build/tools", "build/boxtest", "build/examples", "build/nettest", "build/kernel", "build/linux"}
+
+// bind is a bind mount of source on target.
+type bind struct{ source, target string }
+
+// artefactBinds are the bind mounts of cachedArtefacts for the repository
+// at repo (an absolute host path, the same inside the box).
+func artefactBinds(repo string) []bind {
+	var out []bind
+	for _, p := range cachedArtefacts {
+		out = append(out, bind{filepath.Join("/mnt/lower", repo, p), filepath.Join(newRoot, repo, p)})
+	}
+	return out
+}
+
 // buildRoot assembles newRoot: an overlay of a tmpfs on the host's root, the
-// repository on top at its own path, and fresh /proc, /sys, /dev, /tmp.
+// repository on top at its own path (its built artefacts bound read-only
+// from the host's root: cachedArtefacts), and fresh /proc, /sys, /dev, /tmp.
 func buildRoot(repo string) error {
 	steps := []mount{
 		{"hostroot", "/mnt/lower", "9p", unix.MS_RDONLY, rootOpts9p},
@@ -209,6 +232,19 @@ func buildRoot(repo string) error {
 	for _, m := range steps {
 		if err := m.do(); err != nil {
 			return err
+		}
+	}
+	for _, b := range artefactBinds(repo) {
+		// Both must exist (a file or a directory each): a missing one
+		// is not built, and a test that needs it says so.
+		if _, err := os.Stat(b.source); err != nil {
+			continue
+		}
+		if _, err := os.Stat(b.target); err != nil {
+			continue
+		}
+		if err := unix.Mount(b.source, b.target, "", unix.MS_BIND, ""); err != nil {
+			logf("bind %s on %s: %v (the repository's uncached view stays)", b.source, b.target, err)
 		}
 	}
 	// devtmpfs has none of the links programs expect (`echo >/dev/stderr`
