@@ -221,15 +221,10 @@ func startGitServer(t *testing.T, files map[string]string) *gitServer {
 // (SIGTERM: its VM is gone after cleanup), two jobs at once, and a stage
 // run without a VM (a system failure).
 func TestGitLabExecutor(t *testing.T) {
-	buildImage := testenv.DebianBuildImage(t)     // built on the host, before the box
-	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
+	images := hostImport(t, "ci-build", "ci-build:1", testenv.DebianBuildImage(t))
 	r := &ciRunner{t: t, bin: testenv.Binary(t), kernel: testenv.BzImage(t), agent: testenv.Agent(t),
 		state: t.TempDir(), image: "ci-build:1", scripts: t.TempDir()}
-	imp := exec.Command(r.bin, "image", "import", "--rootfs", "--name", r.image, buildImage)
-	imp.Env = append(os.Environ(), "MICROVM_STATE_DIR="+r.state)
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("image import: %v\n%s", err, out)
-	}
+	linkImages(t, r.state, images)
 	srv := startGitServer(t, map[string]string{
 		"hello.c":  "#include <stdio.h>\n#include <string.h>\nint main(int c, char **v) {\n  if (c > 1 && !strcmp(v[1], \"fail\")) return 3;\n  puts(\"hello from the job\");\n  return 0;\n}\n",
 		"Makefile": "hello: hello.c\n\tgcc -O2 -o hello hello.c\ntest: hello\n\t./hello | grep -q 'hello from the job'\n",

@@ -80,11 +80,10 @@ func writeBusyboxImage(t *testing.T, extra ...tarEntry) string {
 // effect and the image's owners, writes go to the VM's own layer (a second
 // VM does not see them) and the image's file is untouched; a named VM from
 // the image gives exec --vm the same defaults. Then Debian 12, built from
-// Debian's archive, imported as a root file system tarball: dpkg and apt
-// run in it.
+// Debian's archive, imported as a root file system tarball (on the host,
+// before the box: hostImport): dpkg and apt run in it.
 func TestExecImage(t *testing.T) {
-	debian := testenv.DebianImage(t)              // built on the host, before the box
-	testenv.RequireKVMAlone(t, testenv.NeedLinux) // minutes in the box: a box of its own
+	debian := hostImport(t, "debian", "debian:12", testenv.DebianImage(t))
 	oci := writeBusyboxImage(t)
 	state := t.TempDir()
 	bin, kernel, agent := testenv.Binary(t), testenv.BzImage(t), testenv.Agent(t)
@@ -187,8 +186,10 @@ func TestExecImage(t *testing.T) {
 	}
 	must("rm", "mainvm")
 
-	// Debian 12 from Debian's archive.
-	must("image", "import", "--rootfs", "--name", "debian:12", debian)
+	// Debian 12 from Debian's archive, which hostImport imported (a store
+	// of its own, as this state's VMs live in a temporary directory).
+	state = t.TempDir()
+	linkImages(t, state, debian)
 	out = execImage("debian:12", "sh", "-c",
 		"cat /etc/debian_version; dpkg-query -W -f='${Package} ${Status}\\n' dpkg; apt-get --version | head -n 1; "+
 			"echo x > /usr/local/w && cat /usr/local/w")
