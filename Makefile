@@ -184,7 +184,7 @@ check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/contai
 # scripts/test-times prints the table (and build/test-record/times.json).
 # go-test-box runs the packages whose tests may queue for the box, before
 # it; box-test+go-test-rest+...: the other packages' tests, the fuzz smoke,
-# vet and staticcheck run niced, one after another, beside the box stage,
+# vet and staticcheck run at idle priority, one after another, beside the box stage,
 # which leaves most of a core idle (docs/testing.md).
 TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image debian-docker-image kernel docker-check-config initramfs kvmbox conformance \
 	fmt-check go-test-box guest-test box-test+go-test-rest+fuzz-smoke+vet+staticcheck
