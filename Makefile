@@ -185,8 +185,12 @@ check: bin/microvm bin/microvm-full bin/microvm-net bin/microvm-agent bin/contai
 # go-test-box runs the packages whose tests may queue for the box, before
 # it; box-test+go-test-rest+...: the other packages' tests, the fuzz smoke,
 # vet and staticcheck run at idle priority, one after another, beside the box stage,
-# which leaves most of a core idle (docs/testing.md).
-TEST_STAGES := deps-test all examples build/nettest debian-image debian-build-image debian-docker-image kernel docker-check-config initramfs kvmbox conformance \
+# which leaves most of a core idle (docs/testing.md). all+debian-image+...:
+# the three Debian images (downloads and dpkg, about one busy core) are
+# built at idle priority beside the binaries and the test kernel, where a
+# first run on a machine spends its first ten minutes; a second clone finds
+# all of them cached.
+TEST_STAGES := deps-test all+debian-image+debian-build-image+debian-docker-image examples build/nettest kernel docker-check-config initramfs kvmbox conformance \
 	fmt-check go-test-box guest-test box-test+go-test-rest+fuzz-smoke+vet+staticcheck
 
 test:
