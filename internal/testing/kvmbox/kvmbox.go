@@ -14,8 +14,9 @@
 //	 Stderr ◀─ copy ◀─ pipe ◀── virtio-serial "stderr" ◀───┤
 //	 status ◀─ file ◀────────── virtio-serial "status" ◀───┤ "exit N" | "signal N" | "box-error ..."
 //	 watchdog ◀─ file size ◀─── virtio-serial "heartbeat" ◀┤ a byte every HeartbeatInterval
-//	 console log file ◀──────── serial ttyS0 ◀─────────────┘ kernel and init chatter,
-//	                                                         the init's report on a silent command
+//	 console log file ◀──────── serial ttyS0 ◀─────────────┤ kernel and init chatter,
+//	                 │                                     │ the init's report on a silent command
+//	                 └◀ vCPU registers ◀─ human monitor ◀──┘ asked at a stall (monitor.go)
 //
 // Goroutines: Run owns QEMU and two copiers (one per output pipe) that end
 // when QEMU closes its end; Run waits for both before it returns. Run's own
@@ -23,7 +24,8 @@
 // for StallTimeout (an L1 kernel that hung, or a QEMU stuck in TCG), or when
 // the command printed nothing for QuietTimeout (output that stopped flowing
 // while the L1 still beats), so a dead box costs minutes, not the whole
-// Timeout. The copiers stamp the time of the last output (OutputClock) for it.
+// Timeout; before the kill it asks QEMU's monitor where the L1's vCPUs
+// are. The copiers stamp the time of the last output (OutputClock) for it.
 package kvmbox
 
 import (
@@ -233,6 +235,14 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 	}
 	statusPath := filepath.Join(work, "status")
 	beatPath := filepath.Join(work, HeartbeatPort)
+	// The monitor's socket in a short directory of its own: WorkDir may be
+	// deep enough for a Unix socket path (108 bytes) to overflow.
+	monDir, err := os.MkdirTemp("", "kvmbox-mon-")
+	if err != nil {
+		return 0, &BoxError{Msg: "kvmbox: monitor directory: " + err.Error()}
+	}
+	defer os.RemoveAll(monDir)
+	monPath := filepath.Join(monDir, "monitor")
 
 	if o.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -249,7 +259,7 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		outW.Close()
 		return 0, err
 	}
-	cmd := exec.Command(o.QEMU, qemuArgs(o, initrd, statusPath, beatPath, khz)...)
+	cmd := exec.Command(o.QEMU, qemuArgs(o, initrd, statusPath, beatPath, monPath, khz)...)
 	// QEMU opens /dev/fd/3 and /dev/fd/4 as its file chardevs: the write
 	// ends of the two pipes, whatever the caller's stdout is.
 	cmd.ExtraFiles = []*os.File{outW, errW}
@@ -284,6 +294,12 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 	end := watchdog{beat: beatPath, stall: o.StallTimeout, quiet: o.QuietTimeout, output: out}.watch(ctx, waitErr)
 	qerr := end.qemuErr
 	if !end.exited {
+		// Where the L1's vCPUs are, asked before QEMU dies (monitor.go).
+		var regs, where string
+		var regsErr error
+		if end.stalled || end.quiet {
+			regs, where, regsErr = vcpuSnapshot(monPath, monitorTimeout, time.Second)
+		}
 		_ = cmd.Process.Kill()
 		<-waitErr
 		copies.Wait()
@@ -295,6 +311,15 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 			msg = fmt.Sprintf("kvmbox: the command printed nothing for %v (its L1 still beating)", o.QuietTimeout)
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
+		}
+		if end.stalled || end.quiet {
+			switch {
+			case regsErr != nil:
+				msg += fmt.Sprintf("; no L1 registers (%v)", regsErr)
+			default:
+				msg += "; L1 " + where
+			}
+			appendConsole(o.ConsoleLog, regs, regsErr)
 		}
 		return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
 	}
@@ -500,7 +525,7 @@ func (o *Options) defaults() error {
 // qemuArgs is the QEMU command line (../shared/NESTED-KVM.md): QEMU's
 // microvm machine without ACPI (virtio-mmio devices on the kernel command
 // line), TCG with every host core, an EPYC CPU with SVM and nested paging.
-func qemuArgs(o Options, initrd, status, heartbeat string, khz int) []string {
+func qemuArgs(o Options, initrd, status, heartbeat, monitor string, khz int) []string {
 	cmdline := strings.Join([]string{
 		"console=ttyS0", "reboot=t", "panic=-1", "loglevel=4",
 		fmt.Sprintf("tsc_early_khz=%d", khz), "tsc=reliable",
@@ -537,6 +562,8 @@ func qemuArgs(o Options, initrd, status, heartbeat string, khz int) []string {
 		"-device", "virtserialport,chardev=status,name=status",
 		"-chardev", "file,id=beat,path=" + heartbeat,
 		"-device", "virtserialport,chardev=beat,name=" + HeartbeatPort,
+		// The human monitor, for the vCPUs' registers at a stall.
+		"-monitor", "unix:" + monitor + ",server=on,wait=off",
 	}
 }
 

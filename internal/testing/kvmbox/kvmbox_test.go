@@ -46,7 +46,7 @@ func TestHostTSCKHz(t *testing.T) {
 func TestQEMUArgs(t *testing.T) {
 	o := Options{Kernel: "/k/bzImage", Repo: "/work/repo", CPUs: 2, MemoryMiB: 3072, ConsoleLog: "/w/console.log",
 		CPU: DefaultCPU, L1Append: "kvm_amd.npt=1"}
-	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", "/w/heartbeat", 2445432)
+	args := qemuArgs(o, "/w/initramfs.cpio", "/w/status", "/w/heartbeat", "/m/monitor", 2445432)
 	joined := strings.Join(args, " ")
 	for _, want := range []string{
 		"-M microvm,acpi=off", "-cpu EPYC-v1,+svm,+npt", "-smp 2", "-m 3072M", "-no-reboot",
@@ -55,7 +55,7 @@ func TestQEMUArgs(t *testing.T) {
 		"path=/,security_model=passthrough,readonly=on", "path=/work/repo,security_model=passthrough,multidevs=remap",
 		"file,id=out,path=/dev/fd/3", "name=stdout", "file,id=err,path=/dev/fd/4", "name=stderr",
 		"file,id=status,path=/w/status", "name=status",
-		"file,id=beat,path=/w/heartbeat", "name=" + HeartbeatPort,
+		"file,id=beat,path=/w/heartbeat", "name=" + HeartbeatPort, "-monitor unix:/m/monitor,server=on,wait=off",
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("QEMU arguments lack %q:\n%s", want, joined)
