@@ -313,10 +313,9 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
 		}
 		if end.stalled || end.quiet {
-			switch {
-			case regsErr != nil:
+			if regsErr != nil {
 				msg += fmt.Sprintf("; no L1 registers (%v)", regsErr)
-			default:
+			} else {
 				msg += "; L1 " + where
 			}
 			appendConsole(o.ConsoleLog, regs, regsErr)
