@@ -25,7 +25,10 @@
 // the command printed nothing for QuietTimeout (output that stopped flowing
 // while the L1 still beats), so a dead box costs minutes, not the whole
 // Timeout; before the kill it asks QEMU's monitor where the L1's vCPUs
-// are. The copiers stamp the time of the last output (OutputClock) for it.
+// are. From SpinCheckAfter without a heartbeat it asks the monitor sooner,
+// and a box whose vCPUs all spin with interrupts off (a hang nothing can
+// end) is killed then. The copiers stamp the time of the last output
+// (OutputClock) for it.
 package kvmbox
 
 import (
@@ -67,6 +70,13 @@ const (
 // included, which takes seconds under TCG) before it counts as dead.
 const DefaultStallTimeout = 3 * time.Minute
 
+// SpinCheckAfter is how long a box may send no heartbeat before the
+// watchdog asks QEMU's monitor whether the L1 is certainly hung (every
+// vCPU spinning with interrupts off, vcpuSample.spinning); such a box
+// ends then instead of after the whole stall timeout. It is asked again
+// every SpinCheckAfter/3 until the stall timeout.
+const SpinCheckAfter = 45 * time.Second
+
 // EnvInBox is set to "1" in the command's environment inside the box, so
 // tests can tell where they run.
 const EnvInBox = "MICROVM_IN_BOX"
@@ -98,7 +108,8 @@ type Options struct {
 	// Timeout bounds the whole run (0: none).
 	Timeout time.Duration
 	// StallTimeout ends the box when its L1 sent no heartbeat for this
-	// long (0: DefaultStallTimeout; negative: never).
+	// long (0: DefaultStallTimeout; negative: never), or sooner, from
+	// SpinCheckAfter on, when every L1 vCPU spins with interrupts off.
 	StallTimeout time.Duration
 	// QuietTimeout ends the box when the command wrote nothing to its
 	// stdout or stderr for this long (0: never). Seen once in CI: a test
@@ -291,34 +302,41 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	end := watchdog{beat: beatPath, stall: o.StallTimeout, quiet: o.QuietTimeout, output: out}.watch(ctx, waitErr)
+	probe := func() vcpuSample { return sampleVCPUs(monPath, monitorTimeout, time.Second) }
+	end := watchdog{beat: beatPath, stall: o.StallTimeout, spinCheck: SpinCheckAfter, probe: probe,
+		quiet: o.QuietTimeout, output: out}.watch(ctx, waitErr)
 	qerr := end.qemuErr
 	if !end.exited {
-		// Where the L1's vCPUs are, asked before QEMU dies (monitor.go).
-		var regs, where string
-		var regsErr error
-		if end.stalled || end.quiet {
-			regs, where, regsErr = vcpuSnapshot(monPath, monitorTimeout, time.Second)
+		// Where the L1's vCPUs are, asked before QEMU dies (monitor.go),
+		// unless the watchdog's own sample ended the box.
+		var sample vcpuSample
+		if end.sample != nil {
+			sample = *end.sample
+		} else if end.stalled || end.quiet {
+			sample = probe()
 		}
 		_ = cmd.Process.Kill()
 		<-waitErr
 		copies.Wait()
 		msg := "kvmbox: interrupted"
 		switch {
+		case end.stalled && end.sample != nil:
+			msg = fmt.Sprintf("kvmbox: the box stopped answering: no heartbeat from its L1 for %v, every vCPU spinning with interrupts off",
+				end.silent.Round(time.Second))
 		case end.stalled:
-			msg = fmt.Sprintf("kvmbox: the box stopped answering: no heartbeat from its L1 for %v", o.StallTimeout)
+			msg = fmt.Sprintf("kvmbox: the box stopped answering: no heartbeat from its L1 for %v", end.silent.Round(time.Second))
 		case end.quiet:
 			msg = fmt.Sprintf("kvmbox: the command printed nothing for %v (its L1 still beating)", o.QuietTimeout)
 		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			msg = fmt.Sprintf("kvmbox: timed out after %v", o.Timeout)
 		}
 		if end.stalled || end.quiet {
-			if regsErr != nil {
-				msg += fmt.Sprintf("; no L1 registers (%v)", regsErr)
+			if sample.err != nil {
+				msg += fmt.Sprintf("; no L1 registers (%v)", sample.err)
 			} else {
-				msg += "; L1 " + where
+				msg += "; L1 " + sample.summary()
 			}
-			appendConsole(o.ConsoleLog, regs, regsErr)
+			appendConsole(o.ConsoleLog, sample.raw, sample.err)
 		}
 		return 0, &BoxError{Msg: msg, ConsoleLog: keepLog(o)}
 	}
@@ -352,28 +370,36 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 
 // boxEnd is how watch saw a box end.
 type boxEnd struct {
-	exited  bool  // QEMU exited by itself
-	qemuErr error // and what its Wait said
-	stalled bool  // not exited: the heartbeat stopped
-	quiet   bool  // not exited: the command's output stopped
+	exited  bool          // QEMU exited by itself
+	qemuErr error         // and what its Wait said
+	stalled bool          // not exited: the heartbeat stopped
+	silent  time.Duration // stalled: for this long
+	sample  *vcpuSample   // stalled early: the probe's sample that showed it
+	quiet   bool          // not exited: the command's output stopped
 }
 
 // watchdog is what watch checks besides QEMU's exit and the context.
 type watchdog struct {
-	beat   string        // the heartbeat file, growing while the L1 runs
-	stall  time.Duration // no growth for this long: stalled (<= 0: never)
-	quiet  time.Duration // no output for this long: quiet (<= 0: never)
-	output *OutputClock  // the command's, when quiet > 0
+	beat  string        // the heartbeat file, growing while the L1 runs
+	stall time.Duration // no growth for this long: stalled (<= 0: never)
+	// spinCheck: no growth for this long (and again every spinCheck/3),
+	// ask probe; a sample whose vCPUs all spin is a stall now (<= 0 or
+	// no probe: never).
+	spinCheck time.Duration
+	probe     func() vcpuSample
+	quiet     time.Duration // no output for this long: quiet (<= 0: never)
+	output    *OutputClock  // the command's, when quiet > 0
 }
 
 // watch waits for QEMU to exit, ctx to end, the heartbeat file to stop
-// growing for w.stall, or the command's output to stop for w.quiet. The
-// clocks start now: the L1 boot counts against both.
+// growing for w.stall (or for w.spinCheck, with a sample that shows every
+// vCPU spinning), or the command's output to stop for w.quiet. The clocks
+// start now: the L1 boot counts against both.
 func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 	var tick <-chan time.Time
 	if w.stall > 0 || w.quiet > 0 {
 		every := HeartbeatInterval
-		for _, d := range []time.Duration{w.stall, w.quiet} {
+		for _, d := range []time.Duration{w.stall, w.quiet, w.spinCheck} {
 			if d > 0 {
 				every = min(every, d/4)
 			}
@@ -384,6 +410,7 @@ func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 	}
 	var size int64
 	last := time.Now()
+	var probed time.Time // the last spin check
 	for {
 		select {
 		case err := <-waitErr:
@@ -395,7 +422,12 @@ func (w watchdog) watch(ctx context.Context, waitErr <-chan error) boxEnd {
 				if fi, err := os.Stat(w.beat); err == nil && fi.Size() != size {
 					size, last = fi.Size(), now
 				} else if now.Sub(last) >= w.stall {
-					return boxEnd{stalled: true}
+					return boxEnd{stalled: true, silent: now.Sub(last)}
+				} else if w.spinCheck > 0 && w.probe != nil && now.Sub(last) >= w.spinCheck && now.Sub(probed) >= w.spinCheck/3 {
+					probed = now
+					if s := w.probe(); s.spinning() {
+						return boxEnd{stalled: true, silent: time.Since(last), sample: &s}
+					}
 				}
 			}
 			if w.quiet > 0 && now.Sub(w.output.Last()) >= w.quiet {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +117,63 @@ func TestWatch(t *testing.T) {
 	end = watchdog{beat: beat + ".none", stall: -1}.watch(ctx, make(chan error))
 	if end.stalled || end.exited || ctx.Err() == nil {
 		t.Errorf("cancelled box: %+v (ctx %v), want neither exited nor stalled", end, ctx.Err())
+	}
+}
+
+// TestWatchSpinCheck: a silent box whose vCPUs all spin ends at the spin
+// check, long before the stall timeout, with the sample that showed it;
+// one whose sample does not show a spin waits for the stall timeout; a
+// beating box is never sampled.
+func TestWatchSpinCheck(t *testing.T) {
+	const stall, check = 3 * time.Second, 200 * time.Millisecond
+	beat := filepath.Join(t.TempDir(), "heartbeat")
+	spinning := vcpuSample{first: []vcpuRegs{{CPU: 0, RIP: 0x1234, RFlags: 0x86}}, second: []vcpuRegs{{CPU: 0, RIP: 0x1234, RFlags: 0x86}}}
+	moving := vcpuSample{first: spinning.first, second: []vcpuRegs{{CPU: 0, RIP: 0x1300, RFlags: 0x86}}}
+	var probes atomic.Int32
+	probe := func(s vcpuSample) func() vcpuSample {
+		return func() vcpuSample { probes.Add(1); return s }
+	}
+
+	start := time.Now()
+	end := watchdog{beat: beat, stall: stall, spinCheck: check, probe: probe(spinning)}.watch(context.Background(), make(chan error))
+	d := time.Since(start)
+	if !end.stalled || end.sample == nil || !end.sample.spinning() || end.silent < check {
+		t.Errorf("spinning silent box: %+v, want stalled with the spinning sample after %v", end, check)
+	}
+	if d < check || d >= stall {
+		t.Errorf("spinning silent box ended after %v, want between %v and the %v stall timeout", d, check, stall)
+	}
+
+	probes.Store(0)
+	start = time.Now()
+	end = watchdog{beat: beat, stall: time.Second, spinCheck: check, probe: probe(moving)}.watch(context.Background(), make(chan error))
+	if !end.stalled || end.sample != nil || time.Since(start) < time.Second {
+		t.Errorf("silent box that moves: %+v after %v, want stalled without a sample at the 1s timeout", end, time.Since(start))
+	}
+	if n := probes.Load(); n < 2 {
+		t.Errorf("silent box that moves: sampled %d times, want again every %v", n, check/3)
+	}
+
+	// Beating for 5 checks, then QEMU exits: never sampled.
+	f, err := os.Create(beat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	waitErr := make(chan error, 1)
+	go func() {
+		for range 50 {
+			if _, err := f.Write([]byte{'.'}); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(check / 10)
+		}
+		waitErr <- nil
+	}()
+	probes.Store(0)
+	end = watchdog{beat: beat, stall: stall, spinCheck: check, probe: probe(spinning)}.watch(context.Background(), waitErr)
+	if !end.exited || end.stalled || probes.Load() != 0 {
+		t.Errorf("beating box: %+v after %d samples, want exited and never sampled", end, probes.Load())
 	}
 }
 

@@ -173,30 +173,66 @@ func summarizeRegisters(first, second []vcpuRegs) string {
 	return strings.Join(parts, "; ")
 }
 
-// vcpuSnapshot asks the monitor at path for two samples of every vCPU's
-// registers, gap apart, each answer within timeout. It returns the raw
-// answers (for the console log) and the summary; err says why there is
-// none (a monitor that does not answer: QEMU's main loop is stuck).
-func vcpuSnapshot(path string, timeout, gap time.Duration) (raw, summary string, err error) {
+// vcpuSample is what QEMU's monitor said about the L1's vCPUs: two
+// answers to `info registers -a`, a gap apart.
+type vcpuSample struct {
+	raw           string // both answers, for the console log
+	first, second []vcpuRegs
+	err           error // why there are no samples (a monitor that does not answer: QEMU's main loop is stuck)
+}
+
+// sampleVCPUs asks the monitor at path for two samples of every vCPU's
+// registers, gap apart, each answer within timeout.
+func sampleVCPUs(path string, timeout, gap time.Duration) vcpuSample {
 	m, err := dialMonitor(path, timeout)
 	if err != nil {
-		return "", "", err
+		return vcpuSample{err: err}
 	}
 	defer m.Close()
 	a, err := m.command("info registers -a", timeout)
 	if err != nil {
-		return a, "", err
+		return vcpuSample{raw: a, err: err}
 	}
 	time.Sleep(gap) // the second sample is the point: has anything moved?
 	b, err := m.command("info registers -a", timeout)
 	if err != nil {
-		return a + b, "", err
+		return vcpuSample{raw: a + b, err: err}
 	}
-	first, second := parseRegisters(a), parseRegisters(b)
-	if len(first) == 0 {
-		return a + b, "", errors.New("QEMU monitor: no vCPU registers in its answer")
+	s := vcpuSample{raw: a + b, first: parseRegisters(a), second: parseRegisters(b)}
+	if len(s.first) == 0 {
+		s.err = errors.New("QEMU monitor: no vCPU registers in its answer")
 	}
-	return a + b, summarizeRegisters(first, second), nil
+	return s
+}
+
+// summary is the box error's clause ("" without samples).
+func (s vcpuSample) summary() string {
+	if s.err != nil {
+		return ""
+	}
+	return summarizeRegisters(s.first, s.second)
+}
+
+// spinning says the L1 cannot beat again: every vCPU was running with
+// interrupts off at the same address in both samples, so no timer
+// interrupt can reach its scheduler (the shape of every silent L1 stall
+// seen, docs/testing.md). A halted vCPU, one with interrupts on or one
+// that moved may yet recover, so it is not spinning.
+func (s vcpuSample) spinning() bool {
+	if s.err != nil || len(s.first) == 0 || len(s.second) != len(s.first) {
+		return false
+	}
+	later := map[int]vcpuRegs{}
+	for _, r := range s.second {
+		later[r.CPU] = r
+	}
+	for _, r := range s.first {
+		l, ok := later[r.CPU]
+		if !ok || r.Halted || l.Halted || r.interruptsOn() || l.interruptsOn() || l.RIP != r.RIP {
+			return false
+		}
+	}
+	return true
 }
 
 // monitorTimeout bounds each of the monitor's answers at a stall.

@@ -61,12 +61,13 @@ func fakeMonitor(t *testing.T, silent bool, answers ...string) string {
 	return path
 }
 
-func TestVCPUSnapshot(t *testing.T) {
+func TestSampleVCPUs(t *testing.T) {
 	path := fakeMonitor(t, false, registersAnswer("ffffffff810a1b2c"), registersAnswer("ffffffff810a1b40"))
-	raw, summary, err := vcpuSnapshot(path, 5*time.Second, 0)
-	if err != nil {
-		t.Fatal(err)
+	s := sampleVCPUs(path, 5*time.Second, 0)
+	if s.err != nil {
+		t.Fatal(s.err)
 	}
+	raw, summary := s.raw, s.summary()
 	want := "vCPU 0 halted at 0xffffffff81002c23 (CPL 0, interrupts on, unchanged 1 s later); " +
 		"vCPU 1 running at 0xffffffff810a1b2c (CPL 0, interrupts off, 1 s later at 0xffffffff810a1b40)"
 	if summary != want {
@@ -79,18 +80,18 @@ func TestVCPUSnapshot(t *testing.T) {
 
 // A QEMU whose main loop is stuck accepts on its monitor socket and never
 // answers: the snapshot gives up after its timeout with an error saying so.
-func TestVCPUSnapshotSilentMonitor(t *testing.T) {
+func TestSampleVCPUsSilentMonitor(t *testing.T) {
 	path := fakeMonitor(t, true)
 	start := time.Now()
-	_, summary, err := vcpuSnapshot(path, 200*time.Millisecond, 0)
-	if err == nil || !strings.Contains(err.Error(), "no prompt") || summary != "" {
-		t.Fatalf("silent monitor: summary %q, err %v; want a no-prompt error", summary, err)
+	s := sampleVCPUs(path, 200*time.Millisecond, 0)
+	if s.err == nil || !strings.Contains(s.err.Error(), "no prompt") || s.summary() != "" || s.spinning() {
+		t.Fatalf("silent monitor: summary %q, err %v; want a no-prompt error", s.summary(), s.err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("gave up after %v, want about the 200ms timeout", d)
 	}
 	// And no monitor at all (QEMU gone): an error, not a hang.
-	if _, _, err := vcpuSnapshot(filepath.Join(t.TempDir(), "none"), time.Second, 0); err == nil {
+	if s := sampleVCPUs(filepath.Join(t.TempDir(), "none"), time.Second, 0); s.err == nil {
 		t.Error("missing monitor socket: no error")
 	}
 }
@@ -115,5 +116,43 @@ func TestParseRegisters(t *testing.T) {
 		"CPU#1\r\nRIP=zz RFL=00000246 CPL=0 HLT=0\r\nRIP=ffffffff81000000 (no CPU line)\r\n")
 	if len(got) != 1 || got[0] != (vcpuRegs{CPU: 0, RIP: 0xf01e1, RFlags: 6, Halted: true}) {
 		t.Errorf("32-bit and bad lines: got %+v", got)
+	}
+}
+
+// TestSpinning: only a sample in which every vCPU ran with interrupts off
+// at the same address in both answers is a certain hang; a halted vCPU,
+// interrupts on, a vCPU that moved or one missing from an answer is not.
+func TestSpinning(t *testing.T) {
+	spin := func(cpu int, rip uint64) vcpuRegs { return vcpuRegs{CPU: cpu, RIP: rip, RFlags: 0x86} }
+	a, b := spin(0, 0xffffffff8135c252), spin(1, 0xffffffff8108d82f)
+	halted, irqOn, moved := b, b, b
+	halted.Halted = true
+	irqOn.RFlags |= 0x200
+	moved.RIP += 4
+	for _, tc := range []struct {
+		name          string
+		first, second []vcpuRegs
+		want          bool
+	}{
+		{"both spin", []vcpuRegs{a, b}, []vcpuRegs{a, b}, true},
+		{"one vCPU spins", []vcpuRegs{a}, []vcpuRegs{a}, true},
+		{"one halted", []vcpuRegs{a, b}, []vcpuRegs{a, halted}, false},
+		{"interrupts on", []vcpuRegs{a, irqOn}, []vcpuRegs{a, irqOn}, false},
+		{"one moved", []vcpuRegs{a, b}, []vcpuRegs{a, moved}, false},
+		{"one missing later", []vcpuRegs{a, b}, []vcpuRegs{a}, false},
+		{"other vCPU later", []vcpuRegs{a, b}, []vcpuRegs{a, spin(2, b.RIP)}, false},
+		{"no vCPUs", nil, nil, false},
+	} {
+		if got := (vcpuSample{first: tc.first, second: tc.second}).spinning(); got != tc.want {
+			t.Errorf("%s: spinning %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if (vcpuSample{first: []vcpuRegs{a}, second: []vcpuRegs{a}, err: net.ErrClosed}).spinning() {
+		t.Error("a sample with an error: spinning")
+	}
+	// The fake monitor's vCPU 0 is halted: not spinning.
+	s := sampleVCPUs(fakeMonitor(t, false, registersAnswer("ffffffff810a1b2c"), registersAnswer("ffffffff810a1b2c")), 5*time.Second, 0)
+	if s.err != nil || s.spinning() {
+		t.Errorf("halted vCPU 0 from the monitor: spinning %v (err %v), want false", s.spinning(), s.err)
 	}
 }
