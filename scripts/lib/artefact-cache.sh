@@ -32,8 +32,11 @@ artefact_key() {
 artefact_get() {
 	local entry
 	entry="$(artefact_cache_root)/$1/$2"
-	[[ -f "$entry/SHA256SUMS" ]] || return 1
-	if ! (cd "$entry" && sha256sum --quiet --strict -c SHA256SUMS) >/dev/null 2>&1; then
+	[[ -d "$entry" ]] || return 1
+	# An entry appears by a rename with its SHA256SUMS inside, so one
+	# without it is not a store in progress but a damaged entry, which
+	# would otherwise stand in the way of every later store of the key.
+	if [[ ! -f "$entry/SHA256SUMS" ]] || ! (cd "$entry" && sha256sum --quiet --strict -c SHA256SUMS) >/dev/null 2>&1; then
 		printf 'cache: %s/%s does not match its SHA256SUMS; removing it and building again\n' "$1" "$2" >&2
 		# Renamed first, so that a reader at the same time sees it gone
 		# rather than half removed.
