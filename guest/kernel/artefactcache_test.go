@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,11 +20,13 @@ import (
 // most one clear line and a build, never a wrong artefact.
 
 // cacheShell runs script in bash with the library sourced and the cache
-// at dir; it returns stdout, stderr and the exit status.
-func cacheShell(t *testing.T, dir, script string) (stdout, stderr string, status int) {
+// at dir, under the command wrap when given (unshare -rm); it returns
+// stdout, stderr and the exit status.
+func cacheShell(t *testing.T, dir, script string, wrap ...string) (stdout, stderr string, status int) {
 	t.Helper()
 	lib := cacheLib(t)
-	cmd := exec.Command("bash", "-euo", "pipefail", "-c", ". \"$LIB\"\n"+script)
+	argv := append(wrap, "bash", "-euo", "pipefail", "-c", ". \"$LIB\"\n"+script)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "LIB="+lib, "MICROVM_CACHE_DIR="+dir)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e
@@ -65,11 +68,24 @@ func leftovers(t *testing.T, dir string, keep ...string) []string {
 	}
 	var out []string
 	for _, e := range ents {
-		if !strings.Contains(strings.Join(keep, "\x00")+"\x00", e.Name()+"\x00") {
+		if !slices.Contains(keep, e.Name()) {
 			out = append(out, e.Name())
 		}
 	}
 	return out
+}
+
+// wantBuildOneLine checks a read that must fall back to a build: stdout
+// is BUILD (and nothing else: no HIT, no leftovers listed) and stderr is
+// one line containing line.
+func wantBuildOneLine(t *testing.T, what, stdout, stderr, line string) {
+	t.Helper()
+	if strings.TrimSpace(stdout) != "BUILD" {
+		t.Errorf("%s: stdout %q, want BUILD", what, stdout)
+	}
+	if lines := strings.Split(strings.TrimSpace(stderr), "\n"); len(lines) != 1 || !strings.Contains(lines[0], line) {
+		t.Errorf("%s: stderr %q, want one line with %q", what, stderr, line)
+	}
 }
 
 func TestArtefactCacheRoundTripAndCorruption(t *testing.T) {
@@ -92,12 +108,7 @@ func TestArtefactCacheRoundTripAndCorruption(t *testing.T) {
 		t.Fatal(err)
 	}
 	stdout, errOut, _ := cacheShell(t, cache, `if artefact_get kernel k1; then echo HIT; else echo BUILD; fi`)
-	if strings.TrimSpace(stdout) != "BUILD" {
-		t.Errorf("corrupt entry: %q, want BUILD", stdout)
-	}
-	if lines := strings.Split(strings.TrimSpace(errOut), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "does not match its SHA256SUMS; removing it and building again") {
-		t.Errorf("corrupt entry: stderr %q, want one line saying it is rebuilt", errOut)
-	}
+	wantBuildOneLine(t, "corrupt entry", stdout, errOut, "does not match its SHA256SUMS; removing it and building again")
 	if _, err := os.Stat(entry); !os.IsNotExist(err) {
 		t.Errorf("corrupt entry still there (%v)", err)
 	}
@@ -122,12 +133,7 @@ func TestArtefactCacheHalfWritten(t *testing.T) {
 		}
 	}
 	stdout, errOut, _ := cacheShell(t, cache, `if artefact_get kernel k2; then echo HIT; else echo BUILD; fi`)
-	if strings.TrimSpace(stdout) != "BUILD" {
-		t.Errorf("half-written entry: stdout %q, want BUILD", stdout)
-	}
-	if lines := strings.Split(strings.TrimSpace(errOut), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "kernel/k2") {
-		t.Errorf("half-written entry: stderr %q, want one line naming it", errOut)
-	}
+	wantBuildOneLine(t, "half-written entry", stdout, errOut, "kernel/k2")
 	// The store after the build takes the key, and the next read finds it.
 	t.Setenv("ART", writeArtefact(t, "bzImage", 100))
 	if _, errOut, st := cacheShell(t, cache, `artefact_put kernel k2 "$ART"`); st != 0 || !strings.Contains(errOut, "stored kernel/k2") {
@@ -169,28 +175,14 @@ func TestArtefactCacheUnwritableAndFull(t *testing.T) {
 		testenv.Missing(t, "a mount namespace for a small tmpfs (unshare -rm): %v: %s", err, out)
 		return
 	}
-	lib := cacheLib(t)
-	dir := t.TempDir()
-	script := `set -euo pipefail
-mount -t tmpfs -o size=16k tmpfs "$CACHE"
-. "$LIB"
+	stdout, errOut, st := cacheShell(t, t.TempDir(), `mount -t tmpfs -o size=16k tmpfs "$MICROVM_CACHE_DIR"
 artefact_put kernel k4 "$ART"
 if artefact_get kernel k4 >/dev/null; then echo HIT; else echo BUILD; fi
-ls -A "$CACHE/kernel" 2>/dev/null | sed 's/^/left: /'
-`
-	cmd := exec.Command("unshare", "-rm", "bash", "-c", script)
-	cmd.Env = append(os.Environ(), "LIB="+lib, "CACHE="+dir, "MICROVM_CACHE_DIR="+dir)
-	var o, e strings.Builder
-	cmd.Stdout, cmd.Stderr = &o, &e
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("full disk: %v (the caller's run must go on)\nstdout %q\nstderr %q", err, o.String(), e.String())
+ls -A "$MICROVM_CACHE_DIR/kernel" 2>/dev/null | sed 's/^/left: /'`, "unshare", "-rm")
+	if st != 0 {
+		t.Fatalf("full disk: status %d (the caller's run must go on)\nstdout %q\nstderr %q", st, stdout, errOut)
 	}
-	if strings.TrimSpace(o.String()) != "BUILD" {
-		t.Errorf("full disk: stdout %q, want BUILD and nothing left", o.String())
-	}
-	if lines := strings.Split(strings.TrimSpace(e.String()), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "disk full?") {
-		t.Errorf("full disk: stderr %q, want one line", e.String())
-	}
+	wantBuildOneLine(t, "full disk", stdout, errOut, "disk full?")
 }
 
 // Two runs storing the same key at once keep one whole entry and leave no

@@ -67,6 +67,29 @@ func TestQEMUArgs(t *testing.T) {
 	}
 }
 
+// beatThenExit plays a beating box: it creates the heartbeat file at path,
+// adds a byte every interval, beats times, then sends exit on the returned
+// channel as QEMU's Wait would.
+func beatThenExit(t *testing.T, path string, beats int, every time.Duration, exit error) <-chan error {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	waitErr := make(chan error, 1)
+	go func() {
+		for range beats {
+			if _, err := f.Write([]byte{'.'}); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(every)
+		}
+		waitErr <- exit
+	}()
+	return waitErr
+}
+
 // TestWatch: a box whose heartbeat file keeps growing runs on until QEMU
 // exits; one whose heartbeat stops (or never starts) is stalled after the
 // stall timeout, not before; a cancelled context ends the watch.
@@ -75,21 +98,7 @@ func TestWatch(t *testing.T) {
 	beat := filepath.Join(t.TempDir(), "heartbeat")
 
 	// Beats for 3 stall timeouts, then QEMU exits: no stall.
-	f, err := os.Create(beat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	waitErr := make(chan error, 1)
-	go func() {
-		for range 30 {
-			if _, err := f.Write([]byte{'.'}); err != nil {
-				t.Error(err)
-			}
-			time.Sleep(stall / 10)
-		}
-		waitErr <- errors.New("exit status 3")
-	}()
+	waitErr := beatThenExit(t, beat, 30, stall/10, errors.New("exit status 3"))
 	end := watchdog{beat: beat, stall: stall}.watch(context.Background(), waitErr)
 	if !end.exited || end.stalled || end.qemuErr == nil || end.qemuErr.Error() != "exit status 3" {
 		t.Errorf("beating box: %+v, want exited with QEMU's error", end)
@@ -155,22 +164,8 @@ func TestWatchSpinCheck(t *testing.T) {
 	}
 
 	// Beating for 5 checks, then QEMU exits: never sampled.
-	f, err := os.Create(beat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	waitErr := make(chan error, 1)
-	go func() {
-		for range 50 {
-			if _, err := f.Write([]byte{'.'}); err != nil {
-				t.Error(err)
-			}
-			time.Sleep(check / 10)
-		}
-		waitErr <- nil
-	}()
 	probes.Store(0)
+	waitErr := beatThenExit(t, beat, 50, check/10, nil)
 	end = watchdog{beat: beat, stall: stall, spinCheck: check, probe: probe(spinning)}.watch(context.Background(), waitErr)
 	if !end.exited || end.stalled || probes.Load() != 0 {
 		t.Errorf("beating box: %+v after %d samples, want exited and never sampled", end, probes.Load())
