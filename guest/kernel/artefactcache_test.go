@@ -25,7 +25,7 @@ import (
 func cacheShell(t *testing.T, dir, script string, wrap ...string) (stdout, stderr string, status int) {
 	t.Helper()
 	lib := cacheLib(t)
-	argv := append(wrap, "bash", "-euo", "pipefail", "-c", ". \"$LIB\"\n"+script)
+	argv := slices.Concat(wrap, []string{"bash", "-euo", "pipefail", "-c", ". \"$LIB\"\n" + script})
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "LIB="+lib, "MICROVM_CACHE_DIR="+dir)
 	var o, e strings.Builder
